@@ -1,0 +1,109 @@
+"""QLinear: one Linear layer of a package, run either by its format's pure-torch reference or by
+its Triton template (contract 4).
+
+The weight object is the kernels' own layout (DenseWeight / Fp8Weight / Int4Weight /
+Nvfp4Weight), as the loader built it. "reference" is the exact numerics (the CPU
+path and the explicit emulation); "triton" picks the format's template from
+vsr.kernels.registry and asks a tile resolver for the tile of this call's row bucket.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from vsr.autotune.buckets import bucket_for
+from vsr.kernels import dense, fp8, int4, nvfp4
+
+MODES = ("reference", "triton")
+_REFERENCE: dict[str, ModuleType] = {"dense": dense, "fp8": fp8, "int4": int4, "nvfp4": nvfp4}
+_RUN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def to_run_dtype(weight: Any, dtype: torch.dtype) -> Any:
+    """A DenseWeight converted to `dtype` (for --dtype float32|bfloat16|float16); quantized weights are
+    returned untouched: their stored dtypes are their format, never converted to another one."""
+    if dtype not in _RUN_DTYPES:
+        raise ValueError(f"run dtype must be one of float32, bfloat16, float16, got {dtype}")
+    if weight.format != "dense":
+        return weight
+    return dense.DenseWeight(weight.weight.to(dtype), None if weight.bias is None else weight.bias.to(dtype))
+
+
+class QLinear(torch.nn.Module):
+    """forward(x[..., K]) -> [..., N] in x's dtype."""
+
+    def __init__(self, weight: Any, mode: str = "reference", tiles: Any = None, emulate: bool = False):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"QLinear mode must be one of {MODES}, got {mode!r}")
+        if weight.format not in _REFERENCE:
+            raise ValueError(f"QLinear: unknown weight format {weight.format!r}")
+        if mode == "triton" and tiles is None:
+            # No silent default: the caller decides the miss policy through its resolver.
+            raise ValueError("QLinear mode 'triton' needs a tile resolver (tiles=...), e.g. "
+                             "vsr.autotune.resolver.TileResolver")
+        self.weight = weight
+        self.mode = mode
+        self.tiles = tiles
+        # Only with an explicit opt-in may "triton" pick an emulating template (nvfp4_emulated).
+        self.emulate = emulate
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.K
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.N
+
+    @property
+    def format(self) -> str:
+        return self.weight.format
+
+    def nbytes(self) -> int:
+        return self.weight.nbytes()
+
+    def extra_repr(self) -> str:
+        return f"format={self.weight.format}, N={self.weight.N}, K={self.weight.K}, mode={self.mode}"
+
+    def _apply(self, fn, recurse=True):
+        # The weight is a dataclass of tensors, not parameters: follow Module.to()/.cuda() moves here.
+        # A dtype change (module.to(torch.float16)) converts a dense weight only; quantized tensors
+        # keep their stored dtypes (fp8/e4m3 tensors are "floating point" to torch and would be cast).
+        # Two probes: one float32 probe cannot tell .float() from a pure device move.
+        p32, p16 = fn(torch.empty(0)), fn(torch.empty(0, dtype=torch.float16))
+        if p32.device != self._device():
+            self.weight = self.weight.to(p32.device)
+        target = p32.dtype if p32.dtype != torch.float32 else (p16.dtype if p16.dtype != torch.float16 else None)
+        if target in _RUN_DTYPES:
+            self.weight = to_run_dtype(self.weight, target)
+        return super()._apply(fn, recurse)
+
+    def _device(self) -> torch.device:
+        t = self.weight.weight if self.weight.format in ("dense", "fp8") else self.weight.packed
+        return t.device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.shape[-1] != w.K:
+            raise ValueError(f"QLinear({w.format}, N={w.N}, K={w.K}): input has {x.shape[-1]} features")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, w.K)
+        if x2.shape[0] == 0:
+            return x.new_empty(*lead, w.N)
+        if self.mode == "reference":
+            y = _REFERENCE[w.format].reference_linear(x2, w)
+        else:
+            y = self._triton(x2)
+        return y.reshape(*lead, w.N)
+
+    def _triton(self, x2: torch.Tensor) -> torch.Tensor:
+        # Imported here: the registry pulls in Triton, which the reference path never needs.
+        from vsr.kernels import registry
+
+        template = registry.template_for(self.weight, x2.dtype, emulate=self.emulate)
+        problem = template.problem(self.weight, bucket_for(x2.shape[0]), x2.dtype)
+        tile = self.tiles.tile(template, problem)
+        return template.launch(x2.contiguous(), self.weight, tile)

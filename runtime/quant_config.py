@@ -1,0 +1,253 @@
+"""Reading a package's `quantization_config` (compressed-tensors) from config.json alone.
+
+The block is parsed leniently, as FORMATS.md §2 says: QuantizationArgs keys take
+their library defaults when missing (files written by ct 0.20 leave nulls out),
+a missing `strategy` is inferred from `group_size`, unknown keys are ignored and
+dtypes are strings such as "torch.float8_e4m3fn". Each config group is then
+classified into one of our weight formats ("fp8", "int4", "nvfp4"); anything we
+cannot run exactly is refused here, by group name, before a weight is read.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from vsr.runtime.errors import PackageError
+
+FORMATS = ("dense", "fp8", "int4", "nvfp4")
+
+# compressed-tensors storage formats and what we make of them.
+_SUPPORTED_STORAGE = {"float-quantized": "fp8", "pack-quantized": "int4", "nvfp4-pack-quantized": "nvfp4"}
+# Storage formats the library knows but we do not run: named in the error so the user sees why.
+_KNOWN_UNSUPPORTED_STORAGE = {
+    "naive-quantized", "int-quantized", "dense", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
+    "mxfp8-quantized", "marlin-24", "sparse-24-bitmask", "sparse-bitmask",
+}
+
+_STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
+
+
+@dataclass(frozen=True)
+class QArgs:
+    """One QuantizationArgs block with the library's defaults filled in."""
+
+    num_bits: int = 8
+    type: str = "int"
+    symmetric: bool = True
+    group_size: int | None = None
+    strategy: str = "tensor"
+    block_structure: tuple[int, ...] | None = None
+    dynamic: bool | str = False
+    actorder: str | None = None
+    scale_dtype: str | None = None
+    zp_dtype: str | None = None
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> "QArgs | None":
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise PackageError(f"{where}: expected a QuantizationArgs object, got {raw!r}")
+        group_size = raw.get("group_size")
+        strategy = raw.get("strategy")
+        if strategy is None:
+            # The library infers it: no group size -> tensor, -1 -> channel, > 0 -> group.
+            strategy = "tensor" if group_size is None else ("channel" if group_size == -1 else "group")
+        strategy = str(strategy).lower()
+        if strategy not in _STRATEGIES:
+            raise PackageError(f"{where}: unknown quantization strategy {strategy!r}")
+        dynamic = raw.get("dynamic", False)
+        if isinstance(dynamic, str):
+            dynamic = dynamic.lower()
+            if dynamic in ("true", "false"):
+                dynamic = dynamic == "true"
+        actorder = raw.get("actorder")
+        if actorder is True:  # legacy boolean spelling of "group"
+            actorder = "group"
+        elif actorder is False:
+            actorder = None
+        bs = raw.get("block_structure")
+        try:
+            return cls(
+                num_bits=int(raw.get("num_bits", 8)),
+                type=str(raw.get("type", "int")).lower(),
+                symmetric=bool(raw.get("symmetric", True)),
+                group_size=None if group_size is None else int(group_size),
+                strategy=strategy,
+                block_structure=None if bs is None else tuple(int(v) for v in bs),
+                dynamic=dynamic,
+                actorder=None if actorder is None else str(actorder).lower(),
+                scale_dtype=_dtype_name(raw.get("scale_dtype")),
+                zp_dtype=_dtype_name(raw.get("zp_dtype")),
+            )
+        except (TypeError, ValueError) as e:
+            raise PackageError(f"{where}: malformed quantization arguments {raw!r}: {e}") from None
+
+
+def _dtype_name(v: Any) -> str | None:
+    """"torch.float8_e4m3fn" -> "float8_e4m3fn"; None stays None."""
+    return None if v is None else str(v).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One config group, classified: `format` is ours, `storage` is compressed-tensors' name."""
+
+    group: str
+    format: str
+    storage: str
+    targets: tuple[str, ...]
+    weights: QArgs
+    input_activations: QArgs | None
+
+    @property
+    def group_size(self) -> int | None:
+        return self.weights.group_size
+
+    @property
+    def symmetric(self) -> bool:
+        return self.weights.symmetric
+
+    @property
+    def legacy_act_order(self) -> bool:
+        """actorder "group" (alias "dynamic"): files written by ct <= 0.18 carry weight_g_idx."""
+        return self.weights.actorder in ("group", "dynamic")
+
+
+def _classify(group: str, storage: str, w: QArgs | None, a: QArgs | None, out: QArgs | None) -> str:
+    """Our format for a group, or PackageError naming the group and what is unsupported."""
+    where = f"quantization_config group {group!r}"
+    if storage not in _SUPPORTED_STORAGE:
+        kind = "unsupported" if storage in _KNOWN_UNSUPPORTED_STORAGE else "unknown"
+        raise PackageError(f"{where}: {kind} compression format {storage!r} "
+                           f"(supported: {', '.join(sorted(_SUPPORTED_STORAGE))})")
+    if w is None:
+        raise PackageError(f"{where}: format {storage!r} without a weights block is unsupported")
+    if out is not None:
+        raise PackageError(f"{where}: output activation quantization is unsupported")
+    fmt = _SUPPORTED_STORAGE[storage]
+    desc = f"weights {w.type} {w.num_bits}-bit {w.strategy}"
+    if fmt == "fp8":
+        if not (w.type == "float" and w.num_bits == 8 and w.strategy == "channel" and w.symmetric
+                and w.dynamic is False):
+            raise PackageError(f"{where}: float-quantized {desc} (symmetric={w.symmetric}) is unsupported; "
+                               "only FP8 per-channel static weights (FP8_DYNAMIC) are")
+        if a is None or not (a.type == "float" and a.num_bits == 8 and a.strategy == "token"
+                             and a.dynamic is True and a.symmetric):
+            got = "none" if a is None else f"{a.type} {a.num_bits}-bit {a.strategy} dynamic={a.dynamic}"
+            raise PackageError(f"{where}: FP8 weights with input activations {got} are unsupported; "
+                               "only per-token dynamic FP8 activations (FP8_DYNAMIC) are")
+    elif fmt == "int4":
+        if not (w.type == "int" and w.num_bits == 4 and w.strategy == "group" and (w.group_size or 0) > 0
+                and w.dynamic is False):
+            raise PackageError(f"{where}: pack-quantized {desc} (group_size={w.group_size}) is unsupported; "
+                               "only int 4-bit group weights (W4A16) are")
+        if w.actorder not in (None, "static", "weight", "group", "dynamic"):
+            raise PackageError(f"{where}: unknown actorder {w.actorder!r}")
+        if a is not None:
+            raise PackageError(f"{where}: int4 weights with quantized input activations "
+                               f"({a.type} {a.num_bits}-bit) are unsupported; only W4A16 is")
+    else:  # nvfp4
+        if not (w.type == "float" and w.num_bits == 4 and w.strategy == "tensor_group" and w.group_size == 16
+                and w.symmetric):
+            raise PackageError(f"{where}: nvfp4-pack-quantized {desc} (group_size={w.group_size}) is "
+                               "unsupported; only NVFP4 (float 4-bit, tensor_group of 16) is")
+        if a is not None and not (a.type == "float" and a.num_bits == 4 and a.strategy == "tensor_group"
+                                  and a.group_size == 16 and a.dynamic == "local"):
+            raise PackageError(f"{where}: NVFP4 weights with input activations {a.type} {a.num_bits}-bit "
+                               f"{a.strategy} dynamic={a.dynamic!r} are unsupported; only dynamic 'local' "
+                               "NVFP4 activations (or none, NVFP4A16) are")
+    return fmt
+
+
+def _matches(entry: str, name: str, classes: Iterable[str]) -> str | None:
+    """How `entry` matches module `name`: "exact", "regex", "class" or None (FORMATS.md §2)."""
+    if entry == name:
+        return "exact"
+    if entry.startswith("re:"):
+        return "regex" if re.match(entry[3:], name) else None
+    return "class" if entry in classes else None
+
+
+class QuantConfig:
+    """A parsed quantization_config: its classified groups, ignore list and kv-cache scheme."""
+
+    def __init__(self, raw: dict):
+        if not isinstance(raw, dict):
+            raise PackageError(f"config.json: quantization_config must be an object, got {type(raw).__name__}")
+        method = raw.get("quant_method", "compressed-tensors")
+        if method != "compressed-tensors":
+            raise PackageError(f"config.json: quantization method {method!r} is unsupported "
+                               "(only compressed-tensors packages are)")
+        if raw.get("transform_config"):
+            raise PackageError("config.json: a non-empty transform_config (Hadamard/rotation transforms) "
+                               "is unsupported")
+        sparsity = raw.get("sparsity_config")
+        if sparsity and sparsity.get("format") not in (None, "dense"):
+            raise PackageError(f"config.json: sparsity_config format {sparsity.get('format')!r} is unsupported")
+        global_format = raw.get("format")
+        groups = raw.get("config_groups") or {}
+        if not isinstance(groups, dict):
+            raise PackageError("config.json: quantization_config.config_groups must be an object")
+        self.schemes: dict[str, Scheme] = {}
+        for gname, g in groups.items():
+            where = f"quantization_config group {gname!r}"
+            if not isinstance(g, dict):
+                raise PackageError(f"{where}: expected an object")
+            targets = g.get("targets") or []
+            if isinstance(targets, str):
+                targets = [targets]
+            storage = g.get("format") or global_format
+            if storage is None or storage == "mixed-precision":
+                raise PackageError(f"{where}: no compression format (neither the group's nor a global one)")
+            w = QArgs.parse(g.get("weights"), f"{where} weights")
+            a = QArgs.parse(g.get("input_activations"), f"{where} input_activations")
+            o = QArgs.parse(g.get("output_activations"), f"{where} output_activations")
+            fmt = _classify(gname, storage, w, a, o)
+            self.schemes[gname] = Scheme(gname, fmt, storage, tuple(targets), w, a)
+        ignore = raw.get("ignore") or []
+        self.ignore: tuple[str, ...] = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+        # A quantized KV cache is accepted and recorded; the attention path decides what to do with it.
+        self.kv_cache_scheme = QArgs.parse(raw.get("kv_cache_scheme"), "quantization_config kv_cache_scheme")
+
+    def scheme_for(self, module_name: str, classes: Iterable[str] = ("Linear",)) -> Scheme | None:
+        """The group that quantizes `module_name` (a Linear layer unless `classes` says otherwise),
+        or None when it is ignored or no group targets it (it is then stored dense)."""
+        classes = tuple(classes)
+        if any(_matches(e, module_name, classes) for e in self.ignore):
+            return None
+        rank = {"exact": 0, "regex": 1, "class": 2}
+        best: tuple[int, str, Scheme] | None = None
+        for s in self.schemes.values():
+            for t in s.targets:
+                kind = _matches(t, module_name, classes)
+                if kind is None:
+                    continue
+                cand = (rank[kind], t, s)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+        return None if best is None else best[2]
+
+    def formats(self) -> set[str]:
+        """Quantized formats of the groups, plus "dense" when some Linear layer may stay unquantized
+        (an ignore list, or no group that targets every Linear layer)."""
+        out = {s.format for s in self.schemes.values()}
+        covers_all = any("Linear" in s.targets for s in self.schemes.values())
+        if self.ignore or not covers_all:
+            out.add("dense")
+        return out
+
+
+def parse_quant_config(config: dict) -> QuantConfig | None:
+    """The package's QuantConfig, or None for a dense package (no quantization_config)."""
+    raw = config.get("quantization_config")
+    if raw is None:
+        return None
+    return QuantConfig(raw)
+
+
+def package_formats(config: dict) -> set[str]:
+    """The format names the package's Linear layers use, from config.json alone (contract 2)."""
+    qc = parse_quant_config(config)
+    return {"dense"} if qc is None else qc.formats()
