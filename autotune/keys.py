@@ -1,0 +1,92 @@
+"""The autotune cache key: defined once, here.
+
+A key names everything a recorded tile depends on (issue 5 point 1): the device
+identity (vendor, name, compute capability or gfx arch, multiprocessor count),
+the Triton version, the template's name and source hash, the format parameters,
+N, K, the row bucket and the activation dtype. Two problems that differ in any
+of these never share a tile. The canonical form is sorted, compact JSON; its
+sha256 prefix is the row id in the store.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from vsr.autotune.device_id import DeviceIdentity
+
+KEY_FIELDS = ("device", "triton", "template", "source_hash", "params", "N", "K", "bucket", "act_dtype")
+
+
+def triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """'bfloat16' for torch.bfloat16 (or the string as given, minus a 'torch.' prefix)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def canonical_params(params: Any) -> str:
+    """Format parameters (a tuple of (name, value) pairs or a dict) as sorted, compact JSON."""
+    d = dict(params or ())
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    device: str        # DeviceIdentity.key(): canonical JSON of the whole identity
+    triton: str
+    template: str
+    source_hash: str
+    params: str        # canonical JSON of the format parameters
+    N: int
+    K: int
+    bucket: int
+    act_dtype: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical(self) -> str:
+        """The one string form of the key: compact JSON, keys sorted."""
+        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """Row id: sha256 of the canonical form (24 hex digits; collisions are not a practical concern)."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()[:24]
+
+    @property
+    def identity(self) -> DeviceIdentity:
+        return DeviceIdentity.from_key(self.device)
+
+    def short(self) -> str:
+        """A human label for messages and progress lines (the digest disambiguates)."""
+        ident = self.identity
+        return (f"{ident.name}/{ident.arch} {self.template} N={self.N} K={self.K} "
+                f"bucket={self.bucket} {self.act_dtype} [{self.digest()[:10]}]")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CacheKey":
+        missing = [f.name for f in fields(cls) if f.name not in d]
+        if missing:
+            raise ValueError(f"cache key lacks field(s) {', '.join(missing)}: {d!r}")
+        return cls(device=str(d["device"]), triton=str(d["triton"]), template=str(d["template"]),
+                   source_hash=str(d["source_hash"]), params=str(d["params"]), N=int(d["N"]), K=int(d["K"]),
+                   bucket=int(d["bucket"]), act_dtype=str(d["act_dtype"]))
+
+    @classmethod
+    def from_canonical(cls, s: str) -> "CacheKey":
+        return cls.from_dict(json.loads(s))
+
+
+def make_key(template, problem, identity: DeviceIdentity, triton: str | None = None) -> CacheKey:
+    """The key of `problem` solved by `template` on the device `identity` (Triton version: the installed one)."""
+    return CacheKey(device=identity.key(), triton=triton or triton_version(), template=template.name,
+                    source_hash=template.source_hash, params=canonical_params(problem.params),
+                    N=int(problem.N), K=int(problem.K), bucket=int(problem.bucket),
+                    act_dtype=dtype_name(problem.act_dtype))

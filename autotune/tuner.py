@@ -1,0 +1,338 @@
+"""The tile search: prune, compile in parallel, check against the reference, time, pick.
+
+`sweep(template, weight, x)` returns one dict per candidate tile, best first:
+{"tile", "ms", "ok", "error", "index", "graph"}. A candidate may win only if it
+compiled, its output matched the template's reference within the tolerance of
+the activation dtype, and two runs gave byte-identical outputs (the cache
+promises bit-identical answers across processes). Times are medians of CUDA
+graph replays (eager on CPU, or when a launcher cannot be captured; the result
+says which). Ties (within TIE_FRACTION of the best) go to the earliest
+candidate in search-space order, so the default tile, listed first, wins ties
+and re-tuning is stable.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import statistics
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from vsr.autotune.buckets import bucket_for
+
+TIE_FRACTION = 0.01
+
+# (rtol, atol as a fraction of max|reference|) by output dtype. fp32 products
+# are IEEE (no tf32), so only the accumulation order differs from the reference.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (2e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 8e-3),
+}
+
+# Process-wide count of timing calls: a process that only loads hits must end with 0.
+_timing_lock = threading.Lock()
+TIMING_CALLS = 0
+
+Timer = Callable[[Callable[[], Any]], float]
+
+
+def timing_calls() -> int:
+    return TIMING_CALLS
+
+
+def _count_timing() -> None:
+    global TIMING_CALLS
+    with _timing_lock:
+        TIMING_CALLS += 1
+
+
+def tile_json(tile: dict) -> str:
+    return json.dumps(tile, sort_keys=True, separators=(",", ":"))
+
+
+# --- pruning -------------------------------------------------------------------------------
+
+def _get(tile: dict, *names: str, default=None):
+    for n in names:
+        if n in tile:
+            return tile[n]
+    return default
+
+
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory one block may use on `device` (None where unknown, e.g. CPU)."""
+    if device.type != "cuda":
+        return None
+    try:
+        from triton.runtime import driver
+        return int(driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"])
+    except Exception:  # older/newer Triton layouts: fall back on torch's figure
+        props = torch.cuda.get_device_properties(device)
+        return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
+
+
+_WEIGHT_BYTES = {"fp8": 1.0, "int4": 0.5, "nvfp4": 0.5}
+
+
+def prune_reason(tile: dict, weight, x: torch.Tensor, smem_limit: int | None) -> str | None:
+    """Why `tile` cannot fit (shared memory or registers), or None. Only tiles that name their
+    block sizes can be judged; anything else is left to the compiler (a failure is a rejection)."""
+    bm = _get(tile, "BLOCK_M", "BM")
+    bn = _get(tile, "BLOCK_N", "BN")
+    bk = _get(tile, "BLOCK_K", "BK")
+    warps = _get(tile, "num_warps", "warps", default=4)
+    stages = _get(tile, "num_stages", "stages", default=1)
+    if not all(isinstance(v, int) for v in (bm, bn, bk, warps, stages)):
+        return None
+    fmt = getattr(weight, "format", "dense")
+    w_bytes = _WEIGHT_BYTES.get(fmt, float(getattr(getattr(weight, "weight", None), "element_size", lambda: 2)()))
+    # Lower bound: quantizing formats may stage activations at one byte; overestimating would prune good tiles.
+    a_bytes = 1.0 if fmt in ("fp8", "nvfp4") else float(x.element_size())
+    smem = stages * (bm * bk * a_bytes + bn * bk * w_bytes)
+    if smem_limit is not None and smem > smem_limit:
+        return f"pruned: needs ~{int(smem)} B of shared memory, the device has {smem_limit}"
+    acc_regs = bm * bn / (32 * max(1, warps))  # fp32 accumulator registers per thread
+    if acc_regs > 255:
+        return f"pruned: the accumulator alone needs {acc_regs:.0f} registers per thread (max 255)"
+    return None
+
+
+# --- timing --------------------------------------------------------------------------------
+
+def eager_timer(fn: Callable[[], Any], reps: int = 5) -> float:
+    """Median wall time of `reps` calls (CPU or, with synchronisation, a GPU)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7) -> float:
+    """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
+        fn()
+        start.record(stream)
+        fn()
+        end.record(stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end), 1e-3)
+    n = max(1, min(200, math.ceil(target_ms / est)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    del graph
+    return statistics.median(times)
+
+
+def default_timer(device: torch.device, graph: bool) -> tuple[Timer, bool]:
+    if device.type == "cuda":
+        return (cuda_graph_timer, True) if graph else (eager_timer, False)
+    return eager_timer, False
+
+
+def _weight_copies(weight, device: torch.device, l2_bytes: int = 120 << 20, most: int = 8) -> list:
+    """Copies of the weight to rotate through while timing, so a layer that fits in L2 is not
+    timed from L2 (BENCHMARKS.md method). One copy on CPU."""
+    if device.type != "cuda":
+        return [weight]
+    nbytes = max(1, int(weight.nbytes()) if hasattr(weight, "nbytes") else 1)
+    k = max(1, min(most, math.ceil(l2_bytes / nbytes)))
+    return [weight] + [copy.deepcopy(weight) for _ in range(k - 1)]
+
+
+# --- checking ------------------------------------------------------------------------------
+
+def check_output(y: torch.Tensor, ref: torch.Tensor, out_dtype: torch.dtype,
+                 tolerance: tuple[float, float] | None = None) -> str | None:
+    """None when y matches the reference; else a short reason."""
+    if tuple(y.shape) != tuple(ref.shape):
+        return f"shape {tuple(y.shape)} != reference {tuple(ref.shape)}"
+    if y.dtype != out_dtype:
+        return f"dtype {y.dtype} != {out_dtype}"
+    yf, rf = y.float(), ref.float()
+    finite = torch.isfinite(rf)
+    if not torch.equal(torch.isfinite(yf), finite):
+        return "non-finite outputs where the reference is finite (or the reverse)"
+    rtol, atol_frac = tolerance or TOLERANCES.get(out_dtype, TOLERANCES[torch.bfloat16])
+    scale = rf[finite].abs().max().item() if finite.any() else 0.0
+    err = (yf - rf).abs()[finite]
+    bound = (atol_frac * scale + rtol * rf.abs())[finite]
+    bad = err > bound
+    if bad.any():
+        return (f"{int(bad.sum())} of {err.numel()} outputs off the reference "
+                f"(max error {err.max().item():.3g}, max |ref| {scale:.3g}, rtol {rtol}, atol {atol_frac}*max|ref|)")
+    return None
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads and signed zeros included), for any dtype."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+# --- the sweep -----------------------------------------------------------------------------
+
+def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *, check: bool = True,
+          graph: bool = True, timer: Timer | None = None, jobs: int | None = None, problem=None,
+          tolerance: tuple[float, float] | None = None, deadline: float | None = None,
+          progress: Callable[[int, int, dict], None] | None = None) -> list[dict]:
+    """Time every candidate tile of `template` for `weight` and activations `x` [M, K]; best first.
+
+    tiles: candidates (default: template.search_space(problem), default tile first).
+    timer: fn -> ms (default: CUDA-graph median on a GPU, eager median elsewhere); tests inject fakes.
+    jobs: compile threads (default 8 on a GPU; 1 under the interpreter, which is not thread-safe).
+    deadline: time.monotonic() after which untimed candidates are skipped (a time budget).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"sweep needs x as [M, K], got shape {tuple(x.shape)}")
+    M = x.shape[0]
+    if problem is None:
+        problem = template.problem(weight, bucket_for(M), x.dtype)
+    cands = list(tiles) if tiles is not None else list(template.search_space(problem))
+    if not cands:
+        raise ValueError(f"template {template.name} offers no candidate tiles for N={problem.N} K={problem.K} "
+                         f"bucket={problem.bucket}")
+    seen: set[str] = set()
+    results: list[dict] = []
+    for i, t in enumerate(cands):
+        tj = tile_json(t)
+        if tj in seen:
+            continue
+        seen.add(tj)
+        results.append({"tile": dict(t), "ms": None, "ok": False, "error": None, "index": i, "graph": False})
+
+    device = x.device
+    smem = max_shared_memory(device)
+    for r in results:
+        r["error"] = prune_reason(r["tile"], weight, x, smem)
+    live = [r for r in results if r["error"] is None]
+
+    # Compile (first launch) in parallel. A failure in a thread is retried once alone, so a
+    # race inside the JIT can never reject a good tile; a second failure is a real rejection.
+    if jobs is None:
+        jobs = 8 if device.type == "cuda" else 1
+
+    def warm(r: dict) -> None:
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            template.launch(x, weight, r["tile"])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            r["error"] = None
+        except Exception as e:  # compile failure / out of resources: a rejected candidate
+            r["error"] = f"compile/launch failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+    if jobs > 1 and len(live) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(warm, live))
+        for r in live:
+            if r["error"] is not None:
+                warm(r)
+    else:
+        for r in live:
+            warm(r)
+    live = [r for r in live if r["error"] is None]
+
+    ref = template.reference(x, weight) if check else None
+    run_timer, use_graph = (timer, graph) if timer is not None else default_timer(device, graph)
+    copies = _weight_copies(weight, device) if timer is None else [weight]
+    total = len(results)
+    done = total - len(live)
+    for r in live:
+        tile = r["tile"]
+        if deadline is not None and time.monotonic() > deadline:
+            r["error"] = "skipped: time budget spent"
+            continue
+        if check:
+            y1 = template.launch(x, weight, tile)
+            reason = check_output(y1, ref, x.dtype, tolerance)
+            if reason is None:
+                y2 = template.launch(x, weight, tile)
+                if not same_bytes(y1, y2):
+                    reason = "two runs of the same tile gave different bytes (non-deterministic)"
+            if reason is not None:
+                r["error"] = f"reference check failed: {reason}"
+                done += 1
+                if progress:
+                    progress(done, total, tile)
+                continue
+        state = {"i": 0}
+
+        def call(tile=tile, state=state):
+            w = copies[state["i"] % len(copies)]
+            state["i"] += 1
+            return template.launch(x, w, tile)
+
+        try:
+            _count_timing()
+            r["ms"] = float(run_timer(call))
+            r["graph"] = use_graph
+        except Exception as e:
+            if use_graph and timer is None:
+                # An uncapturable launcher (host sync, allocation pattern): time it eagerly and say so.
+                warnings.warn(f"{template.name} tile {tile_json(tile)}: CUDA graph capture failed "
+                              f"({type(e).__name__}); timed eagerly", stacklevel=2)
+                torch.cuda.synchronize()
+                r["ms"] = float(eager_timer(call))
+                r["graph"] = False
+            else:
+                r["error"] = f"timing failed: {type(e).__name__}: {e}"
+        if r["ms"] is not None:
+            if not math.isfinite(r["ms"]) or r["ms"] < 0:
+                r["error"], r["ms"] = f"timing failed: timer returned {r['ms']}", None
+            else:
+                r["ok"] = True
+        done += 1
+        if progress:
+            progress(done, total, tile)
+    return rank(results)
+
+
+def rank(results: list[dict]) -> list[dict]:
+    """Best first: the earliest candidate within TIE_FRACTION of the fastest, then the rest by
+    (ms, index), then rejected candidates in search-space order. Deterministic for equal inputs."""
+    ok = [r for r in results if r["ok"]]
+    bad = sorted((r for r in results if not r["ok"]), key=lambda r: r["index"])
+    if not ok:
+        return bad
+    best_ms = min(r["ms"] for r in ok)
+    winner = min((r for r in ok if r["ms"] <= best_ms * (1 + TIE_FRACTION)), key=lambda r: r["index"])
+    rest = sorted((r for r in ok if r is not winner), key=lambda r: (r["ms"], r["index"]))
+    return [winner] + rest + bad
+
+
+def best_tile(results: list[dict]) -> dict:
+    """The winning tile of a sweep, or a ValueError listing why every candidate was rejected."""
+    if results and results[0]["ok"]:
+        return results[0]["tile"]
+    reasons = "; ".join(f"{tile_json(r['tile'])}: {r['error']}" for r in results[:6])
+    raise ValueError(f"no candidate tile passed ({len(results)} tried): {reasons}")

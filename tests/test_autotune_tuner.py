@@ -1,0 +1,101 @@
+"""The tuner: a wrong tile never wins, ties are deterministic, pruning and compile failures reject."""
+import pytest
+import torch
+
+from vsr.autotune import tuner
+from vsr.autotune.fake import BROKEN_BLOCK_K, FAKE_DENSE
+from vsr.autotune.keys import CacheKey, make_key
+from vsr.autotune.device_id import DeviceIdentity
+from vsr.kernels.dense import DenseWeight
+
+
+def _wx(M=5, N=48, K=96, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = DenseWeight(torch.randn(N, K, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype))
+    x = torch.randn(M, K, generator=g).to(dtype)
+    return w, x
+
+
+def test_wrong_tile_never_wins_even_when_fastest():
+    w, x = _wx()
+    # The fake timer calls the launcher (as a real timer would) and makes the broken tile the fastest.
+    def timer(fn):
+        fn()
+        return 0.001 if fn.__defaults__[0]["BLOCK_K"] == BROKEN_BLOCK_K else 1.0 / fn.__defaults__[0]["BLOCK_K"]
+    res = tuner.sweep(FAKE_DENSE, w, x, timer=timer)
+    assert res[0]["ok"] and res[0]["tile"]["BLOCK_K"] == 64
+    broken = [r for r in res if r["tile"]["BLOCK_K"] == BROKEN_BLOCK_K]
+    assert broken and all(not r["ok"] and "reference check failed" in r["error"] for r in broken)
+    assert [r["ok"] for r in res] == sorted((r["ok"] for r in res), reverse=True)  # rejected last
+    oks = [r["ms"] for r in res if r["ok"]]
+    assert oks == sorted(oks)
+
+
+def test_ties_go_to_the_earliest_candidate_and_reruns_agree():
+    w, x = _wx(dtype=torch.float16)
+    timer = lambda fn: 1.0  # noqa: E731  every tile equally fast
+    a = tuner.sweep(FAKE_DENSE, w, x, timer=timer)
+    b = tuner.sweep(FAKE_DENSE, w, x, timer=timer)
+    assert a[0]["index"] == 0 and a[0]["tile"] == FAKE_DENSE.default_tile(FAKE_DENSE.problem(w, 8, x.dtype))
+    assert [r["tile"] for r in a] == [r["tile"] for r in b]
+    # within 1% is a tie; 2% faster is not
+    ms = {0: 1.0, 1: 0.995, 2: 0.98}
+    cands = FAKE_DENSE.search_space(FAKE_DENSE.problem(w, 8, x.dtype))
+    timer2 = lambda fn: ms.get(cands.index(fn.__defaults__[0]), 1.0)  # noqa: E731
+    res = tuner.sweep(FAKE_DENSE, w, x, tiles=cands, timer=timer2)
+    assert res[0]["index"] == 2
+
+
+def test_timing_counter_and_time_budget():
+    w, x = _wx()
+    before = tuner.timing_calls()
+    res = tuner.sweep(FAKE_DENSE, w, x, timer=lambda fn: 1.0)
+    timed = sum(r["ms"] is not None for r in res)
+    assert tuner.timing_calls() - before == timed > 0
+    res = tuner.sweep(FAKE_DENSE, w, x, timer=lambda fn: 1.0, deadline=0.0)
+    assert not any(r["ok"] for r in res) and all("time budget" in r["error"] or "reference" in r["error"] for r in res)
+    with pytest.raises(ValueError, match="no candidate tile passed"):
+        tuner.best_tile(res)
+
+
+def test_pruning_and_compile_failures_reject_without_crashing():
+    w, x = _wx()
+    huge = {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
+    assert "shared memory" in tuner.prune_reason(huge, w, x, smem_limit=228 * 1024)
+    assert "registers" in tuner.prune_reason({**huge, "BLOCK_K": 16, "num_stages": 1}, w, x, smem_limit=None)
+    assert tuner.prune_reason({"path": "gemv"}, w, x, 1000) is None  # unknown layout: left to the compiler
+    bad = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4}  # no BLOCK_K: the launcher raises KeyError
+    good = FAKE_DENSE.search_space(FAKE_DENSE.problem(w, 8, x.dtype))[0]
+    res = tuner.sweep(FAKE_DENSE, w, x, tiles=[bad, good], timer=lambda fn: 1.0)
+    assert res[0]["tile"] == good and res[0]["ok"]
+    assert "compile/launch failed" in res[1]["error"]
+
+
+def test_check_output_catches_unwritten_and_wrong_outputs():
+    w, x = _wx(dtype=torch.float16)
+    ref = FAKE_DENSE.reference(x, w)
+    assert tuner.check_output(ref.clone(), ref, torch.float16) is None
+    y = ref.clone()
+    y[0, 0] = float("nan")
+    assert "non-finite" in tuner.check_output(y, ref, torch.float16)
+    y = ref.clone()
+    y[1, 3] += 0.5 * ref.abs().max()
+    assert "1 of" in tuner.check_output(y, ref, torch.float16)
+    assert "dtype" in tuner.check_output(ref.float(), ref, torch.float16)
+
+
+def test_key_differs_in_every_field_and_round_trips():
+    w, x = _wx()
+    p = FAKE_DENSE.problem(w, 8, x.dtype)
+    ident = DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 132)
+    k = make_key(FAKE_DENSE, p, ident, triton="3.6.0")
+    assert CacheKey.from_canonical(k.canonical()) == k
+    others = [
+        make_key(FAKE_DENSE, p, DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 78), triton="3.6.0"),
+        make_key(FAKE_DENSE, p, DeviceIdentity("nvidia", "NVIDIA H100", (9, 0), None, 132), triton="3.6.0"),
+        make_key(FAKE_DENSE, p, ident, triton="3.7.0"),
+        make_key(FAKE_DENSE, FAKE_DENSE.problem(w, 16, x.dtype), ident, triton="3.6.0"),
+        make_key(FAKE_DENSE, FAKE_DENSE.problem(w, 8, torch.float16), ident, triton="3.6.0"),
+        make_key(FAKE_DENSE, FAKE_DENSE.problem(DenseWeight(w.weight.half()), 8, x.dtype), ident, triton="3.6.0"),
+    ]
+    assert len({o.digest() for o in others} | {k.digest()}) == len(others) + 1
