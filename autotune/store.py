@@ -1,0 +1,327 @@
+"""The on-disk autotune cache: one SQLite file (the working form) or its canonical JSON export
+(the shipped, reviewed form). Both hold one entry per key; the runtime reads either.
+
+SQLite: through sqlite-utils, WAL, a `meta` table with the kind and schema version,
+a `tiles` table with one row per key digest. Writers are serialised by a filelock on
+`<file>.lock`; each entry is committed as soon as it is tuned, so a killed tuner loses at
+most the key in flight. The JSON form is rewritten atomically (temp file + rename) under the
+same kind of lock, so a reader never sees half a file.
+
+Every problem with a file (not SQLite, truncated, corrupt, another program's schema, a newer
+schema) raises CacheError naming the file and what is wrong; the resolver then applies the
+miss policy.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from filelock import FileLock
+
+from vsr.autotune.keys import CacheKey
+
+KIND = "vsr-autotune-cache"
+SCHEMA_VERSION = 1
+SQLITE_MAGIC = b"SQLite format 3\x00"
+LOCK_TIMEOUT_S = 120
+
+
+class CacheError(Exception):
+    """An autotune cache file cannot be used; the message names the file and the reason."""
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tool_versions() -> dict[str, str]:
+    import platform
+
+    import torch
+    import triton
+    return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+
+
+@dataclass
+class Entry:
+    key: CacheKey
+    tile: dict
+    ms: float | None = None
+    candidates: list = field(default_factory=list)   # [{"tile", "ms", "ok", "error"}, ...] best first
+    versions: dict = field(default_factory=dict)
+    tuned_at: str = ""
+
+    @property
+    def digest(self) -> str:
+        return self.key.digest()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key.as_dict(), "digest": self.digest, "tile": self.tile, "ms": self.ms,
+                "candidates": self.candidates, "versions": self.versions, "tuned_at": self.tuned_at}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Entry":
+        key = CacheKey.from_dict(d["key"])
+        if "digest" in d and d["digest"] != key.digest():
+            raise ValueError(f"entry digest {d['digest']} does not match its key ({key.digest()})")
+        if not isinstance(d.get("tile"), dict) or not d["tile"]:
+            raise ValueError(f"entry {key.digest()} has no tile")
+        return cls(key=key, tile=d["tile"], ms=d.get("ms"), candidates=d.get("candidates") or [],
+                   versions=d.get("versions") or {}, tuned_at=d.get("tuned_at") or "")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def canonical_json(entries: Iterable[Entry]) -> str:
+    """The export: entries sorted by their canonical key; keys sorted; one trailing newline.
+    Byte-stable: the same entries always give the same bytes."""
+    ents = sorted(entries, key=lambda e: e.key.canonical())
+    doc = {"kind": KIND, "schema_version": SCHEMA_VERSION,
+           "devices": sorted({e.key.device for e in ents}),
+           "entries": [e.to_json() for e in ents]}
+    return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=True) + "\n"
+
+
+class Store:
+    """Common interface of both forms."""
+
+    path: Path
+
+    def get(self, digest: str) -> Entry | None:
+        raise NotImplementedError
+
+    def entries(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def put(self, entry: Entry, *, replace: bool = False) -> bool:
+        """Record `entry`; False (and nothing written) when its key is present and not `replace`."""
+        raise NotImplementedError
+
+    def devices(self) -> set[str]:
+        return {e.key.device for e in self.entries()}
+
+    def lock(self) -> FileLock:
+        return FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+    def close(self) -> None:
+        pass
+
+
+class SqliteStore(Store):
+    def __init__(self, path: str | Path, *, create: bool = True):
+        import sqlite_utils
+
+        self.path = Path(path)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            if not create:
+                raise CacheError(f"autotune cache {self.path} does not exist" if not self.path.exists()
+                                 else f"autotune cache {self.path} is empty (0 bytes): truncated")
+            self._create()
+        self._check_header()
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout=30000")
+            self.db = sqlite_utils.Database(conn)
+            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise CacheError(f"autotune cache {self.path} is corrupt (SQLite quick_check: {ok})")
+            tables = set(self.db.table_names())
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"autotune cache {self.path} cannot be read as SQLite ({e}): "
+                             "truncated or corrupt") from None
+        if "meta" not in tables or "tiles" not in tables:
+            raise CacheError(f"{self.path} is an SQLite file but not a vsr autotune cache "
+                             f"(tables: {', '.join(sorted(tables)) or 'none'}): foreign schema")
+        meta = {r["key"]: r["value"] for r in self.db["meta"].rows}
+        if meta.get("kind") != KIND:
+            raise CacheError(f"{self.path} is not a vsr autotune cache (meta kind {meta.get('kind')!r}): foreign schema")
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise CacheError(f"autotune cache {self.path} has schema version {meta.get('schema_version')}; "
+                             f"this vsr reads version {SCHEMA_VERSION}")
+
+    def _check_header(self) -> None:
+        with open(self.path, "rb") as f:
+            head = f.read(100)
+        if not head.startswith(SQLITE_MAGIC):
+            raise CacheError(f"autotune cache {self.path} is not an SQLite file (no SQLite header): corrupt, "
+                             "or a JSON cache without the .json suffix")
+        if len(head) < 100:
+            raise CacheError(f"autotune cache {self.path} is truncated ({len(head)} bytes)")
+
+    def _create(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock():
+            if self.path.exists() and self.path.stat().st_size > 0:
+                return  # another process created it while we waited
+            conn = sqlite3.connect(str(self.path), isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+                conn.execute("""CREATE TABLE tiles (digest TEXT PRIMARY KEY, key TEXT NOT NULL, device TEXT,
+                    triton TEXT, template TEXT, source_hash TEXT, params TEXT, N INTEGER, K INTEGER,
+                    bucket INTEGER, act_dtype TEXT, tile TEXT NOT NULL, ms REAL, candidates TEXT,
+                    versions TEXT, tuned_at TEXT)""")
+                conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                                 [("kind", KIND), ("schema_version", str(SCHEMA_VERSION)), ("created", now_utc())])
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+    @staticmethod
+    def _row_to_entry(r: dict) -> Entry:
+        return Entry(key=CacheKey.from_canonical(r["key"]), tile=json.loads(r["tile"]), ms=r["ms"],
+                     candidates=json.loads(r["candidates"] or "[]"), versions=json.loads(r["versions"] or "{}"),
+                     tuned_at=r["tuned_at"] or "")
+
+    def get(self, digest: str) -> Entry | None:
+        try:
+            rows = list(self.db.query("SELECT * FROM tiles WHERE digest = ?", [digest]))
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"autotune cache {self.path} cannot be read ({e})") from None
+        return self._row_to_entry(rows[0]) if rows else None
+
+    def entries(self) -> list[Entry]:
+        try:
+            rows = list(self.db.query("SELECT * FROM tiles ORDER BY key"))
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"autotune cache {self.path} cannot be read ({e})") from None
+        return [self._row_to_entry(r) for r in rows]
+
+    def devices(self) -> set[str]:
+        return {r["device"] for r in self.db.query("SELECT DISTINCT device FROM tiles")}
+
+    def put(self, entry: Entry, *, replace: bool = False) -> bool:
+        k = entry.key
+        row = {"digest": k.digest(), "key": k.canonical(), "device": k.device, "triton": k.triton,
+               "template": k.template, "source_hash": k.source_hash, "params": k.params, "N": k.N, "K": k.K,
+               "bucket": k.bucket, "act_dtype": k.act_dtype, "tile": _dumps(entry.tile), "ms": entry.ms,
+               "candidates": _dumps(entry.candidates), "versions": _dumps(entry.versions),
+               "tuned_at": entry.tuned_at}
+        with self.lock():
+            with self.db.conn:  # one transaction per entry: committed as soon as it is tuned
+                if not replace and self.get(row["digest"]) is not None:
+                    return False
+                self.db["tiles"].insert(row, pk="digest", replace=True)
+        return True
+
+    def integrity_check(self) -> str:
+        return self.db.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+
+class JsonStore(Store):
+    """The canonical export as a store: read whole; each put rewrites the file atomically."""
+
+    def __init__(self, path: str | Path, *, create: bool = True):
+        self.path = Path(path)
+        self._entries: dict[str, Entry] = {}
+        if self.path.exists():
+            self._entries = self._read()
+        elif not create:
+            raise CacheError(f"autotune cache {self.path} does not exist")
+
+    def _read(self) -> dict[str, Entry]:
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CacheError(f"autotune cache {self.path} cannot be read ({e})") from None
+        if not text.strip():
+            raise CacheError(f"autotune cache {self.path} is empty: truncated")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CacheError(f"autotune cache {self.path} is not valid JSON ({e}): truncated or corrupt") from None
+        if not isinstance(doc, dict) or doc.get("kind") != KIND:
+            raise CacheError(f"{self.path} is not a vsr autotune cache (no \"kind\": \"{KIND}\"): foreign schema")
+        if doc.get("schema_version") != SCHEMA_VERSION:
+            raise CacheError(f"autotune cache {self.path} has schema version {doc.get('schema_version')}; "
+                             f"this vsr reads version {SCHEMA_VERSION}")
+        out: dict[str, Entry] = {}
+        for i, d in enumerate(doc.get("entries") or []):
+            try:
+                e = Entry.from_json(d)
+            except (KeyError, TypeError, ValueError) as err:
+                raise CacheError(f"autotune cache {self.path}: entry {i} is malformed ({err})") from None
+            out[e.digest] = e
+        return out
+
+    def get(self, digest: str) -> Entry | None:
+        return self._entries.get(digest)
+
+    def entries(self) -> list[Entry]:
+        return sorted(self._entries.values(), key=lambda e: e.key.canonical())
+
+    def refresh(self) -> None:
+        if self.path.exists():
+            self._entries = self._read()
+
+    def put(self, entry: Entry, *, replace: bool = False) -> bool:
+        with self.lock():
+            self.refresh()  # another process may have written since we read
+            if not replace and entry.digest in self._entries:
+                return False
+            self._entries[entry.digest] = entry
+            write_atomic(self.path, canonical_json(self._entries.values()))
+        return True
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def is_json_path(path: str | Path) -> bool:
+    return str(path).endswith(".json")
+
+
+def open_store(path: str | Path, *, create: bool = True) -> Store:
+    """A .json path is the canonical export; anything else is the SQLite form."""
+    return JsonStore(path, create=create) if is_json_path(path) else SqliteStore(path, create=create)
+
+
+def export_json(store: Store, out: str | Path) -> int:
+    """Write `store` in canonical JSON to `out` (atomically); the number of entries."""
+    ents = store.entries()
+    write_atomic(Path(out), canonical_json(ents))
+    return len(ents)
+
+
+def merge(dst: Store, src: Store, *, prefer_incoming: bool = False) -> dict[str, Any]:
+    """Merge `src` into `dst` in canonical key order. Same key and tile: nothing to do. Same key,
+    different tile: a conflict, reported; the existing tile is kept unless prefer_incoming."""
+    report: dict[str, Any] = {"added": 0, "identical": 0, "conflicts": [], "replaced": 0}
+    for e in sorted(src.entries(), key=lambda e: e.key.canonical()):
+        cur = dst.get(e.digest)
+        if cur is None:
+            dst.put(e)
+            report["added"] += 1
+        elif _dumps(cur.tile) == _dumps(e.tile):
+            report["identical"] += 1
+        else:
+            report["conflicts"].append({"key": e.key.as_dict(), "digest": e.digest, "existing": cur.tile,
+                                        "incoming": e.tile, "kept": "incoming" if prefer_incoming else "existing"})
+            if prefer_incoming:
+                dst.put(e, replace=True)
+                report["replaced"] += 1
+    return report

@@ -1,0 +1,188 @@
+"""The store and the resolver: hits time nothing, exports are byte-stable, merges report conflicts,
+and broken or foreign cache files are detected with a clear message before the miss policy applies."""
+import json
+import sqlite3
+import warnings
+
+import pytest
+import torch
+
+from vsr.autotune import tuner
+from vsr.autotune.device_id import DeviceIdentity
+from vsr.autotune.fake import FAKE_DENSE
+from vsr.autotune.resolver import CacheMiss, TileResolver, shipped_cache_for
+from vsr.autotune.store import CacheError, Entry, JsonStore, SqliteStore, export_json, merge, open_store
+
+H200 = DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 132)
+H100 = DeviceIdentity("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), None, 132)
+CPU = DeviceIdentity("cpu", "x86_64", None, None, 2)
+
+
+def fake_timer(fn):
+    fn()
+    return 1.0 / fn.__defaults__[0]["BLOCK_K"] + 0.001 * fn.__defaults__[0]["BLOCK_N"]
+
+
+def no_timer(fn):
+    raise AssertionError("a cache hit must not time anything")
+
+
+def problems(Ns=(40, 72), K=64, buckets=(1, 4, 16), dtype=torch.float32):
+    from vsr.kernels.dense import DenseWeight
+    out = []
+    for N in Ns:
+        w = DenseWeight(torch.randn(N, K))
+        out += [FAKE_DENSE.problem(w, b, dtype) for b in buckets]
+    return out
+
+
+def tuned_db(path, identity=CPU, ps=None):
+    r = TileResolver(path, "tune", "cpu", identity=identity, timer=fake_timer)
+    tiles = [r.tile(FAKE_DENSE, p) for p in (ps or problems())]
+    r.store.close()
+    return tiles
+
+
+def test_hit_does_no_timing_and_returns_the_recorded_tiles(tmp_path):
+    db = tmp_path / "c.db"
+    tiles = tuned_db(db)
+    assert all(t["BLOCK_K"] == 64 for t in tiles)  # the fastest under the fake timer
+    before = tuner.timing_calls()
+    r = TileResolver(db, "error", "cpu", identity=CPU, timer=no_timer)
+    assert [r.tile(FAKE_DENSE, p) for p in problems()] == tiles
+    assert r.timing_calls == 0 and tuner.timing_calls() == before
+    # the exported JSON serves the same tiles, untimed
+    export_json(open_store(db), tmp_path / "c.json")
+    r2 = TileResolver(tmp_path / "c.json", "error", "cpu", identity=CPU, timer=no_timer)
+    assert [r2.tile(FAKE_DENSE, p) for p in problems()] == tiles and r2.timing_calls == 0
+
+
+def test_export_import_round_trip_is_byte_stable(tmp_path):
+    db = tmp_path / "a.db"
+    tuned_db(db)
+    export_json(open_store(db), tmp_path / "a.json")
+    # import into a fresh db, export again: the same bytes
+    fresh = SqliteStore(tmp_path / "b.db")
+    rep = merge(fresh, JsonStore(tmp_path / "a.json", create=False))
+    assert rep["added"] == len(problems()) and not rep["conflicts"]
+    export_json(fresh, tmp_path / "b.json")
+    a, b = (tmp_path / "a.json").read_bytes(), (tmp_path / "b.json").read_bytes()
+    assert a == b
+    doc = json.loads(a)
+    assert doc["devices"] == [CPU.key()]
+    keys = [json.dumps(e["key"], sort_keys=True) for e in doc["entries"]]
+    assert keys == sorted(keys)
+
+
+def test_merge_reports_conflicts_and_keeps_existing_unless_told(tmp_path):
+    tuned_db(tmp_path / "a.db")
+    a = SqliteStore(tmp_path / "a.db")
+    b = JsonStore(tmp_path / "b.json")
+    ents = a.entries()
+    changed = Entry(ents[0].key, {**ents[0].tile, "BLOCK_N": 999}, 0.5, [], {}, "2026-01-01T00:00:00Z")
+    b.put(changed)
+    b.put(ents[1])
+    rep = merge(a, b)
+    assert rep["identical"] == 1 and rep["added"] == 0 and len(rep["conflicts"]) == 1
+    c = rep["conflicts"][0]
+    assert c["existing"] == ents[0].tile and c["incoming"]["BLOCK_N"] == 999 and c["kept"] == "existing"
+    assert a.get(ents[0].digest).tile == ents[0].tile
+    rep = merge(a, b, prefer_incoming=True)
+    assert rep["replaced"] == 1 and a.get(ents[0].digest).tile["BLOCK_N"] == 999
+
+
+def _broken_files(tmp_path):
+    tuned_db(tmp_path / "good.db")
+    export_json(open_store(tmp_path / "good.db"), tmp_path / "good.json")
+    raw = (tmp_path / "good.db").read_bytes()
+    out = {}
+    (tmp_path / "trunc.db").write_bytes(raw[:60])
+    out["trunc.db"] = "truncated"
+    (tmp_path / "trunc2.db").write_bytes(raw[: len(raw) // 2])
+    out["trunc2.db"] = "truncated or corrupt|corrupt"
+    bad = bytearray(raw)
+    bad[100:4096] = b"\xa5" * (4096 - 100)
+    (tmp_path / "corrupt.db").write_bytes(bytes(bad))
+    out["corrupt.db"] = "corrupt"
+    (tmp_path / "notsqlite.db").write_bytes(b"hello world, this is not a database" * 10)
+    out["notsqlite.db"] = "not an SQLite file"
+    con = sqlite3.connect(tmp_path / "foreign.db")
+    con.execute("CREATE TABLE users (id INTEGER)")
+    con.commit()
+    con.close()
+    out["foreign.db"] = "foreign schema"
+    txt = (tmp_path / "good.json").read_text()
+    (tmp_path / "trunc.json").write_text(txt[: len(txt) // 2])
+    out["trunc.json"] = "truncated or corrupt"
+    (tmp_path / "foreign.json").write_text(json.dumps({"tiles": []}))
+    out["foreign.json"] = "foreign schema"
+    (tmp_path / "future.json").write_text(txt.replace('"schema_version": 1', '"schema_version": 7'))
+    out["future.json"] = "schema version 7"
+    return out
+
+
+def test_broken_files_are_detected_and_the_miss_policy_applies(tmp_path):
+    import re
+    cases = _broken_files(tmp_path)
+    p = problems()[0]
+    default = FAKE_DENSE.default_tile(p)
+    for name, pattern in cases.items():
+        path = tmp_path / name
+        with pytest.raises(CacheError, match=pattern) as ei:
+            open_store(path, create=False)
+        assert name in str(ei.value)
+        # policy "error": fatal, with the reason
+        with pytest.raises(CacheError, match=re.escape(name)):
+            TileResolver(path, "error", "cpu", identity=CPU, timer=no_timer)
+        # policy "default": a warning naming the file, then default tiles, untimed
+        with pytest.warns(UserWarning, match=re.escape(name)):
+            r = TileResolver(path, "default", "cpu", identity=CPU, timer=no_timer)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert r.tile(FAKE_DENSE, p) == default
+            assert r.tile(FAKE_DENSE, p) == default  # warned once per key
+        assert len([x for x in w if "miss" in str(x.message)]) == 1 and r.timing_calls == 0
+        # policy "tune": tunes in memory, never overwrites the broken file
+        before = path.read_bytes()
+        with pytest.warns(UserWarning, match="memory"):
+            r = TileResolver(path, "tune", "cpu", identity=CPU, timer=fake_timer)
+        assert r.tile(FAKE_DENSE, p)["BLOCK_K"] == 64 and r.timing_calls > 0
+        assert path.read_bytes() == before
+
+
+def test_other_device_cache_is_detected(tmp_path):
+    tuned_db(tmp_path / "h200.db", identity=H200)
+    with pytest.raises(CacheError, match="NVIDIA H200.*none for this device.*other device"):
+        TileResolver(tmp_path / "h200.db", "error", "cpu", identity=H100, timer=no_timer)
+    with pytest.warns(UserWarning, match="other device"):
+        r = TileResolver(tmp_path / "h200.db", "default", "cpu", identity=H100, timer=no_timer)
+    p = problems()[0]
+    with pytest.warns(UserWarning, match="miss"):
+        assert r.tile(FAKE_DENSE, p) == FAKE_DENSE.default_tile(p)
+    # "tune" still records into the file, for this device, beside the other device's tiles
+    with pytest.warns(UserWarning, match="other device"):
+        r = TileResolver(tmp_path / "h200.db", "tune", "cpu", identity=H100, timer=fake_timer)
+    r.tile(FAKE_DENSE, p)
+    assert open_store(tmp_path / "h200.db").devices() == {H200.key(), H100.key()}
+
+
+def test_error_policy_names_the_key_and_a_missing_file(tmp_path):
+    tuned_db(tmp_path / "c.db", ps=problems(Ns=(40,)))
+    r = TileResolver(tmp_path / "c.db", "error", "cpu", identity=CPU)
+    with pytest.raises(CacheMiss, match=r"fake_dense N=72 K=64 bucket=1"):
+        r.tile(FAKE_DENSE, problems(Ns=(72,))[0])
+    with pytest.raises(CacheError, match="does not exist"):
+        TileResolver(tmp_path / "missing.db", "error", "cpu", identity=CPU)
+
+
+def test_shipped_cache_is_picked_by_exact_identity(tmp_path):
+    nvl = DeviceIdentity("nvidia", "NVIDIA H200 NVL", (9, 0), None, 132)
+    fewer = DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 114)
+    for ident, name in ((nvl, "a-nvidia-h200-nvl.json"), (H200, "b-nvidia-h200.json"), (fewer, "a-nvidia-h200.json")):
+        tuned_db(tmp_path / "t.db", identity=ident)
+        export_json(open_store(tmp_path / "t.db"), tmp_path / name)
+        (tmp_path / "t.db").unlink()
+    assert shipped_cache_for(H200, [tmp_path]).name == "b-nvidia-h200.json"
+    assert shipped_cache_for(nvl, [tmp_path]).name == "a-nvidia-h200-nvl.json"
+    assert shipped_cache_for(fewer, [tmp_path]).name == "a-nvidia-h200.json"
+    assert shipped_cache_for(H100, [tmp_path]) is None
