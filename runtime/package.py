@@ -1,0 +1,253 @@
+"""Packages: resolving a name, the device check, and the identity check against MODEL_MANIFEST.json.
+
+A package is the folder llm-compressor writes (config.json, safetensors weights,
+tokenizer files) plus MODEL_MANIFEST.json:
+
+    {"name": ..., "revision": ..., "format": ...,
+     "files": {"<relative path>": {"size": <bytes>, "sha256": "<hex>"}, ...}}
+
+`open_package` works in a fixed order so that a device that cannot run a package
+refuses it before any weight file is opened: resolve the name -> read config.json ->
+device check -> identity check -> return. The weights are loaded later, by the engine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vsr.autotune.device_id import DeviceIdentity, current_device_identity
+from vsr.runtime import device as device_table
+from vsr.runtime.errors import PackageError
+
+MANIFEST = "MODEL_MANIFEST.json"
+CONFIG = "config.json"
+_CHUNK = 8 << 20  # hash in 8 MiB pieces: a 50 GB shard never sits in memory
+
+# The built-in siblings' name suffixes and the format each holds (the vllm-sr/d3 naming
+# the seeds use). Only used to refuse a built-in package before it is built into the
+# user cache (building a sibling means compressing weights); the real check reads its
+# config.json once it exists.
+_BUILTIN_SUFFIX_FORMAT = (("-NVFP4-AWQ", "nvfp4"), ("-NVFP4", "nvfp4"), ("-FP8", "fp8"),
+                          ("-W4A16-GPTQ", "int4"), ("-W4A16-AWQ", "int4"))
+
+
+@dataclass
+class OpenedPackage:
+    path: Path
+    name: str
+    revision: str | None
+    formats: set[str]
+    config: dict
+    model_dtype: torch.dtype
+    identity_status: str           # "verified" | "unverified"
+    support: str                   # device check level: yes / not measured / not validated / emulated
+    device: DeviceIdentity | None = None
+    builtin: bool = False
+    manifest: dict | None = field(default=None, repr=False)
+
+
+# ---- manifest ---------------------------------------------------------------------------
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _package_files(root: Path) -> dict[str, Path]:
+    """Every file of the package folder but the manifest, by POSIX relative path."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            p = Path(dirpath, fn)
+            rel = p.relative_to(root).as_posix()
+            if rel != MANIFEST:
+                out[rel] = p
+    return out
+
+
+def write_manifest(package_dir: str | Path, name: str, revision: str, format: str) -> Path:
+    """Write MODEL_MANIFEST.json for every file now in `package_dir`; returns its path.
+
+    Written to a temporary file and renamed, so a reader never sees half a manifest.
+    """
+    root = Path(package_dir)
+    if not root.is_dir():
+        raise PackageError(f"cannot write a manifest: {root} is not a folder")
+    files = {}
+    for rel, p in _package_files(root).items():
+        files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    manifest = {"name": name, "revision": revision, "format": format, "files": files}
+    out = root / MANIFEST
+    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def read_manifest(package_dir: str | Path) -> dict | None:
+    """The parsed manifest, None when the folder has none; PackageError when it is malformed."""
+    path = Path(package_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackageError(f"{path}: cannot read the manifest: {e}") from None
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict):
+        raise PackageError(f"{path}: a manifest is an object with a \"files\" object")
+    for key in ("name", "revision", "format"):
+        if not isinstance(m.get(key), str):
+            raise PackageError(f"{path}: the manifest has no {key!r} string")
+    for rel, entry in m["files"].items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str)):
+            raise PackageError(f"{path}: the entry for {rel!r} needs an integer size and a sha256")
+    return m
+
+
+def verify_manifest(package_dir: str | Path, manifest: dict) -> None:
+    """Check every file against the manifest: none missing, none extra, none changed.
+
+    Sizes are compared for every file first, so a truncated or grown file is named without
+    hashing anything; then each file's sha256. Raises PackageError naming the file.
+    """
+    root = Path(package_dir)
+    present = _package_files(root)
+    listed = manifest["files"]
+    missing = sorted(set(listed) - set(present))
+    if missing:
+        raise PackageError(f"{root}: file {missing[0]} is listed in {MANIFEST} but missing"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    extra = sorted(set(present) - set(listed))
+    if extra:
+        raise PackageError(f"{root}: file {extra[0]} is not listed in {MANIFEST}: the package was changed"
+                           + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    for rel in sorted(listed):
+        st = os.stat(present[rel])
+        if not stat.S_ISREG(st.st_mode):
+            raise PackageError(f"{root}: {rel} is not a regular file")
+        if st.st_size != listed[rel]["size"]:
+            raise PackageError(f"{root}: file {rel} changed: {st.st_size} bytes, the manifest says "
+                               f"{listed[rel]['size']}")
+    for rel in sorted(listed):
+        digest = sha256_file(present[rel])
+        if digest != listed[rel]["sha256"].lower():
+            raise PackageError(f"{root}: file {rel} changed: its sha256 is {digest}, the manifest says "
+                               f"{listed[rel]['sha256']}")
+
+
+# ---- resolving and opening --------------------------------------------------------------
+
+def _builtin_resolver():
+    """vsr.runtime.builtin.resolve, or None while no built-in packages exist in this install."""
+    try:
+        from vsr.runtime import builtin
+    except ImportError:
+        return None, ()
+    return builtin.resolve, tuple(getattr(builtin, "BUILTINS", ()))
+
+
+def builtin_names() -> tuple[str, ...]:
+    return _builtin_resolver()[1]
+
+
+def _builtin_format_hint(name: str) -> set[str]:
+    for suffix, fmt in _BUILTIN_SUFFIX_FORMAT:
+        if name.endswith(suffix):
+            return {fmt}
+    return {"dense"}
+
+
+def read_config(package_dir: Path) -> dict:
+    path = package_dir / CONFIG
+    if not path.is_file():
+        raise PackageError(f"{package_dir}: no {CONFIG}: not a package folder")
+    try:
+        config = json.loads(path.read_text())
+    except UnicodeDecodeError as e:
+        raise PackageError(f"{path}: not UTF-8 text: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PackageError(f"{path}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    if not isinstance(config, dict):
+        raise PackageError(f"{path}: expected a JSON object")
+    return config
+
+
+def model_dtype_of(config: dict) -> torch.dtype:
+    """The model dtype: transformers 5 writes "dtype", older versions "torch_dtype"."""
+    value = config.get("dtype", config.get("torch_dtype"))
+    try:
+        return device_table.parse_dtype(value)
+    except PackageError as e:
+        raise PackageError(f"{CONFIG}: {e}") from None
+
+
+def _identity(device) -> DeviceIdentity:
+    if isinstance(device, DeviceIdentity):
+        return device
+    try:
+        return current_device_identity(device)
+    except (RuntimeError, AssertionError, ValueError) as e:
+        raise PackageError(f"device {device!r} is not available here: {e}") from None
+
+
+def open_package(name_or_path: str | Path, *, revision: str | None = None, allow_unverified: bool = False,
+                 device=None, emulate: bool = False,
+                 probes: device_table.Probes | None = None) -> OpenedPackage:
+    """Resolve, device-check and identity-check a package; no weight file is read before the device check.
+
+    `device` is a torch device (string or object), a DeviceIdentity (tests simulate devices
+    this way), or None for the current default device. `probes` overrides the software
+    probes of the NVFP4 check (tests).
+    """
+    from vsr.runtime.quant_config import package_formats  # lazy: the formats slice
+
+    identity = _identity(device)
+    name = str(name_or_path)
+    resolve, names = _builtin_resolver()
+    is_builtin = resolve is not None and name in names
+    if is_builtin:
+        # Refuse a built-in sibling the device cannot run before it is built into the cache.
+        device_table.check_package(_builtin_format_hint(name), torch.float32, identity, emulate, probes)
+    path = resolve(name) if resolve is not None else None
+    is_builtin = path is not None
+    if path is None:
+        path = Path(name_or_path).expanduser()
+        if not path.is_dir():
+            raise PackageError(f"no package {name!r}: it is not a built-in package and there is no folder "
+                               f"{path} (vsr-run --list shows the built-in packages)")
+    path = Path(path)
+
+    config = read_config(path)
+    formats = package_formats(config)
+    model_dtype = model_dtype_of(config)
+    # The device check comes before the manifest is read and before any weight is hashed.
+    support = device_table.check_package(formats, model_dtype, identity, emulate, probes)
+
+    manifest = read_manifest(path)
+    if manifest is None:
+        if not allow_unverified:
+            raise PackageError(f"{path} has no {MANIFEST}, so its identity cannot be checked; "
+                               "--allow-unverified loads it anyway, reported unverified")
+        if revision is not None:
+            raise PackageError(f"revision {revision} was asked for, but {path} has no {MANIFEST} to "
+                               "confirm any revision")
+        return OpenedPackage(path, name if is_builtin else path.name, None, formats, config, model_dtype,
+                             "unverified", support, identity, is_builtin, None)
+    if revision is not None and revision != manifest["revision"]:
+        raise PackageError(f"revision {revision} was asked for, but {path} is revision "
+                           f"{manifest['revision']} (its {MANIFEST})")
+    verify_manifest(path, manifest)
+    return OpenedPackage(path, name if is_builtin else manifest["name"], manifest["revision"], formats,
+                         config, model_dtype, "verified", support, identity, is_builtin, manifest)
+
