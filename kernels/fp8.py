@@ -2,13 +2,22 @@
 
 Weights: e4m3 [N, K] with one scale per output channel. Activations: e4m3 with
 one dynamic scale per row (token), computed as each call runs. FORMATS.md §4.
-The Triton template for this format joins this module.
+Below the reference: the Triton template "fp8_w8a8": a prologue kernel quantizes each
+row of x exactly as quantize_activation does (same roundings: the division in x's
+dtype, then e4m3 round-to-nearest-even), then an fp8 tl.dot GEMM with fp32
+accumulation applies row scale × channel scale and the bias in its epilogue.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
+
+from vsr.kernels import common
+from vsr.kernels.template import Problem, Template
 
 FP8_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -82,3 +91,136 @@ def reference_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     if w.bias is not None:
         y = y + w.bias.float()
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Triton template "fp8_w8a8"
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
+    s = amax/448 (rounded to x's dtype, eps for an all-zero row),
+    xq = e4m3_rne(x / s) with the quotient rounded to x's dtype first, as the reference does."""
+    row = tl.program_id(0).to(tl.int64)
+    xrow = x_ptr + row * stride_xm
+    offs = tl.arange(0, BLOCK_K)
+    if ONE_PASS:
+        xv = tl.load(xrow + offs, mask=offs < K, other=0.0)
+        amax = tl.max(tl.abs(xv.to(tl.float32)), axis=0)
+    else:
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
+            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
+        amax = tl.max(amax, axis=0)
+    s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+    s = tl.where(s == 0.0, EPS, s)
+    tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
+    if ONE_PASS:
+        q = tl.div_rn(xv.to(tl.float32), s).to(x_ptr.dtype.element_ty).to(tl.float32)
+        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+        tl.store(xq_ptr + row * K + offs, common.e4m3_encode(q), mask=offs < K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
+            q = tl.div_rn(v.to(tl.float32), s).to(x_ptr.dtype.element_ty).to(tl.float32)
+            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+            tl.store(xq_ptr + row * K + k0 + offs, common.e4m3_encode(q), mask=k0 + offs < K)
+
+
+def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype)."""
+    M, K = x.shape
+    xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty((M,), dtype=x.dtype, device=x.device)
+    one_pass = K <= 32768
+    bk = triton.next_power_of_2(K) if one_pass else 4096
+    warps = 4 if bk <= 2048 else 8 if bk <= 8192 else 16
+    # Codes are written as uint8 (see common.e4m3_encode) into the e4m3 buffer.
+    _act_quant_kernel[(M,)](x, xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype), ONE_PASS=one_pass, BLOCK_K=bk,
+                            num_warps=warps)
+    return xq, s
+
+
+@triton.jit
+def _fp8_kernel(xq_ptr, w_ptr, y_ptr, ws_ptr, xs_ptr, wsc_ptr, bias_ptr, M, N, K, stride_wn, stride_ym, K_SPLIT,
+                HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_ptrs = xq_ptr + rm[:, None] * K + offs_k[None, :]
+        b_ptrs = w_ptr + rn[None, :] * stride_wn + offs_k[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
+        acc = tl.dot(a, b, acc)
+    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, xs_ptr, wsc_ptr, bias_ptr, SPLIT_K, HAS_BIAS, True, True, False)
+
+
+_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype."""
+    common.check_tile(tile)
+    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
+    assert x.dtype in _ACT_DTYPES, f"fp8 kernel takes bf16/fp16/fp32 activations, got {x.dtype}"
+    assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
+    assert x.device == w.weight.device, f"x on {x.device}, W on {w.weight.device}"
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    M, K = x.shape
+    N = w.N
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    xq, xs = quantize_activation_triton(x)
+    k_split, split = common.split_plan(K, tile)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    bias = w.bias if w.bias is not None else y
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+    _fp8_kernel[grid](xq, w.weight, y, ws, xs, w.weight_scale, bias, M, N, K, w.weight.stride(0), y.stride(0),
+                      k_split, HAS_BIAS=w.bias is not None, EVEN_K=(K % bk == 0 and k_split % bk == 0),
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                      num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, w.bias, xs, w.weight_scale, None)
+    return y
+
+
+def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
+    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
+
+
+def default_tile(p: Problem) -> dict:
+    t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
+    if p.bucket <= 16:  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
+        t["BLOCK_K"] = 256
+        t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16)
+    elif t["path"] == "tiled":
+        t["BLOCK_K"] = 128
+    return t
+
+
+def search_space(p: Problem) -> list[dict]:
+    return common.gemm_space(p.bucket, p.N, p.K, 1, 1, default_tile(p), bk_choices=(64, 128, 256))
+
+
+TEMPLATE = Template(name="fp8_w8a8", module=sys.modules[__name__], search_space=search_space,
+                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)

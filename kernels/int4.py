@@ -5,13 +5,25 @@ least-significant nibble first; one scale per (n, group of G columns); AWQ adds
 a zero point per (n, group) in the signed domain. Activations stay in bf16/fp16.
 Legacy act-order files (g_idx) are turned at load into a column permutation of
 the packed weight plus the same permutation of x, so groups are contiguous.
-FORMATS.md §3, §5, §6. The Triton template for this format joins this module.
+FORMATS.md §3, §5, §6.
+
+Below the reference: the Triton template "int4_w4a16". One kernel family, a constexpr
+switch for the zero point (GPTQ symmetric: zu = 8; AWQ: zu from zero_point). Nibbles are
+unpacked in registers; each BLOCK_K tile lies inside one quantization group, so the
+tile's product is taken on the integers (u - zu), exact in bf16/fp16, and the group
+scale multiplies the fp32 partial product: the same sum as the reference's, in fp32.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
+
+from vsr.kernels import common
+from vsr.kernels.template import Problem, Template
 
 
 def unpack_int4(packed: torch.Tensor, length: int, dim: int = -1) -> torch.Tensor:
@@ -110,3 +122,122 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     if w.bias is not None:
         y = y + w.bias.float()
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Triton template "int4_w4a16"
+
+
+@triton.jit
+def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, stride_xm, stride_ym, K_SPLIT,
+                 GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    K8 = tl.cdiv(K, 8)
+    KG = tl.cdiv(K, GROUP)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    shifts = (tl.arange(0, 8) * 4)[None, :, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        a_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
+        q_ptrs = q_ptr + rn[None, :] * K8 + offs_w[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            words = tl.load(q_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
+            words = tl.load(q_ptrs, mask=offs_w[:, None] < K8, other=0)
+        # [BK/8, BN] words -> [BK/8, 8, BN] nibbles -> [BK, BN] with k = 8·word + nibble.
+        u = (words[:, None, :] >> shifts) & 0xF
+        u = tl.reshape(u, (BLOCK_K, BLOCK_N))
+        g = k0 // GROUP
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g)
+            b = (u - zu[None, :]).to(x_ptr.dtype.element_ty)
+        else:
+            b = (u - 8).to(x_ptr.dtype.element_ty)
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        part = tl.dot(a, b)
+        acc += part * scale[None, :]
+    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
+
+
+_ACT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16)."""
+    common.check_tile(tile)
+    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
+    assert x.dtype in _ACT_DTYPES, f"int4 W4A16 kernel takes bf16/fp16 activations, got {x.dtype}"
+    assert x.device == w.packed.device, f"x on {x.device}, weight on {w.packed.device}"
+    assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
+    assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
+        "zero_point must be contiguous int32 (unpacked u-domain)"
+    bk = tile["BLOCK_K"]
+    assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
+    assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
+    if w.act_perm is not None:
+        # Legacy act-order: the weight was permuted once at load; x follows per call.
+        x = x.index_select(1, w.act_perm)
+    elif x.stride(1) != 1:
+        x = x.contiguous()
+    M, K = x.shape
+    N = w.N
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    k_split, split = common.split_plan(K, tile)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    bias = w.bias if w.bias is not None else y
+    zp = w.zero_point if w.zero_point is not None else w.packed
+    bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+    _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, x.stride(0), y.stride(0), k_split,
+                       GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
+                       EVEN_K=(K % bk == 0 and k_split % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                       SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                       num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
+    return y
+
+
+def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
+    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
+
+
+def _bk_choices(group: int) -> tuple[int, ...]:
+    return tuple(b for b in (32, 64, 128, 256) if group % b == 0)
+
+
+def default_tile(p: Problem) -> dict:
+    group = p.param("group", 128)
+    t = common.default_gemm_tile(p.bucket, p.N, p.K, 2, 0.5)
+    bks = _bk_choices(group)
+    if not bks:
+        raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
+    t["BLOCK_K"] = max(b for b in bks if b <= 128) if any(b <= 128 for b in bks) else bks[0]
+    if t["SPLIT_K"] > 1:
+        t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"],
+                                         16 if p.bucket <= 16 else 4)
+    return t
+
+
+def search_space(p: Problem) -> list[dict]:
+    return common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, default_tile(p),
+                             bk_choices=_bk_choices(p.param("group", 128)))
+
+
+TEMPLATE = Template(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
+                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)
