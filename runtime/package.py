@@ -192,7 +192,8 @@ def model_dtype_of(config: dict) -> torch.dtype:
         raise PackageError(f"{CONFIG}: {e}") from None
 
 
-def _identity(device) -> DeviceIdentity:
+def device_identity(device=None) -> DeviceIdentity:
+    """The identity of a torch device given by name (None: the default device), or a DeviceIdentity as is."""
     if isinstance(device, DeviceIdentity):
         return device
     try:
@@ -212,7 +213,7 @@ def open_package(name_or_path: str | Path, *, revision: str | None = None, allow
     """
     from vsr.runtime.quant_config import package_formats  # lazy: the formats slice
 
-    identity = _identity(device)
+    identity = device_identity(device)
     name = str(name_or_path)
     resolve, names = _builtin_resolver()
     is_builtin = resolve is not None and name in names

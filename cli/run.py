@@ -1,0 +1,269 @@
+"""vsr-run: answer requests with a router package; --check-device; `vsr-run eval` for the agreement record.
+
+    vsr-run --text "turn on the kitchen lights"            # the built-in router
+    vsr-run vsr/intent-minilm-FP8 --input requests.jsonl --json --emulate
+    vsr-run --check-device --json
+    vsr-run eval vsr/intent-minilm-FP8 --against vsr/intent-minilm
+
+Order of work: parse the requests -> open the package (device check before any weight is
+read, then the identity check) -> load the engine -> answer. A request that cannot be
+answered (empty, broken JSONL line, over-long) is reported by its number while the others
+are still answered; the exit code says whether anything failed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import click
+
+from vsr.cli.common import (EXIT_CODES_HELP, EXIT_MISMATCH, EXIT_OK, EXIT_REQUEST_FAILED, describe_text,
+                            echo_json, reports_errors)
+from vsr.runtime.errors import PackageError
+
+DEFAULT_PACKAGE = "vsr/intent-minilm"
+BATCH = 64   # requests per engine call: bounds activation memory, keeps the order fixed
+
+
+@dataclass
+class Request:
+    number: int                # 1-based, in the order given: --text first, then --input lines
+    text: str | None
+    where: str                 # "--text 2" or "requests.jsonl line 7": how the user finds it
+    error: str | None = None
+    extra: dict | None = None  # "line" (JSONL line number) and an "id" from the line, echoed back
+
+
+class _DefaultToRun(click.Group):
+    """`vsr-run eval ...` and `vsr-run check-device` are subcommands; anything else is `run`."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+class _RootPathContext(click.Context):
+    @property
+    def command_path(self) -> str:
+        return self.find_root().command_path
+
+
+class _RunCommand(click.Command):
+    """`run` is the default command: usage and hints read `vsr-run [OPTIONS] [PACKAGE]`, not `vsr-run run`."""
+    context_class = _RootPathContext
+
+
+@click.group(cls=_DefaultToRun, context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Run quantized router packages. See `vsr-run --help` (inference) and `vsr-run eval --help`."""
+
+
+def _read_requests(texts: tuple[str, ...], input_file) -> list[Request]:
+    reqs = [Request(i + 1, t, f"--text {i + 1}") for i, t in enumerate(texts)]
+    if input_file is None:
+        return reqs
+    src = "stdin" if input_file.name in ("<stdin>", "-") else input_file.name
+    for lineno, raw in enumerate(input_file, start=1):
+        if not raw.strip():
+            continue   # blank lines (a trailing newline, spacing) are not requests
+        r = Request(len(reqs) + 1, None, f"{src} line {lineno}", extra={"line": lineno})
+        reqs.append(r)
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            r.error = f"not UTF-8 text ({e.reason} at byte {e.start})"
+            continue
+        except json.JSONDecodeError as e:
+            r.error = f"broken JSON: {e.msg} at column {e.colno}"
+            continue
+        if not isinstance(obj, dict) or "text" not in obj:
+            r.error = 'expected a JSON object with a "text" field, e.g. {"text": "turn on the lights"}'
+        elif not isinstance(obj["text"], str):
+            r.error = f'"text" must be a string, got {type(obj["text"]).__name__}'
+        else:
+            r.text = obj["text"]
+            if "id" in obj:
+                r.extra["id"] = obj["id"]
+    return reqs
+
+
+def _human_line(r: Request, result: dict, mode: str) -> str:
+    tag = "  [emulated]" if mode == "emulated" else ""
+    if "embedding" in result:
+        emb = result["embedding"]
+        head = ", ".join(f"{v:.4f}" for v in emb[:4])
+        return f"[{r.number}] embedding[{len(emb)}] ({head}, ...){tag}"
+    top = ", ".join(f"{label} {prob:.4f}" for label, prob in result["top"])
+    return f"[{r.number}] {result['choice']}  ({top}){tag}"
+
+
+def _default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _list_builtins(as_json: bool) -> None:
+    from vsr.runtime.package import builtin_names
+    names = list(builtin_names())
+    if as_json:
+        echo_json({"builtin_packages": names, "default": DEFAULT_PACKAGE})
+        return
+    if not names:
+        click.echo("no built-in packages in this install", err=True)
+    for n in names:
+        click.echo(n + ("  (default)" if n == DEFAULT_PACKAGE else ""))
+
+
+def _check_device(device: str | None, as_json: bool) -> None:
+    from vsr.runtime.device import describe
+    from vsr.runtime.package import device_identity
+    info = describe(device_identity(device))
+    if as_json:
+        echo_json(info)
+    else:
+        click.echo(describe_text(info))
+
+
+@main.command("run", cls=_RunCommand, epilog=EXIT_CODES_HELP)
+@click.argument("package", required=False, default=DEFAULT_PACKAGE)
+@click.option("--text", "texts", multiple=True, metavar="TEXT", help="A request; repeat for several.")
+@click.option("--input", "input_file", type=click.File("rb"), metavar="FILE",
+              help='JSONL requests, one {"text": ...} per line ("-" reads stdin); an "id" field is echoed back.')
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per request (and per error) on stdout.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="auto: the package's precision (kernels on a GPU); an explicit dtype runs "
+                                      "the same weights in that precision with exact kernels.")
+@click.option("--revision", metavar="REV", help="Refuse the package unless its manifest has this revision.")
+@click.option("--device", metavar="DEVICE", help="torch device, e.g. cpu, cuda, cuda:1 (default: a GPU if any).")
+@click.option("--allow-unverified", is_flag=True,
+              help="Load a package without MODEL_MANIFEST.json; its identity is reported unverified.")
+@click.option("--emulate", is_flag=True,
+              help="Run FP8/NVFP4 packages the device refuses with the reference numerics; every output is "
+                   "labelled emulated.")
+@click.option("--self-check", is_flag=True,
+              help="Compare the package's answers with its recorded reference answers: verified, mismatch "
+                   "or unverified (not a built-in package).")
+@click.option("--autotune-cache", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Autotune cache (SQLite or JSON export) to load tiles from, untimed.")
+@click.option("--miss-policy", type=click.Choice(["default", "tune", "error"]), default="default",
+              show_default=True, help="What a key missing from the autotune cache does.")
+@click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
+              help="How many labels and probabilities to show per request.")
+@click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
+@click.option("--check-device", is_flag=True,
+              help="Show this device and which formats it runs, refuses (with the reason) or runs unmeasured.")
+@reports_errors
+def run(package, texts, input_file, as_json, dtype, revision, device, allow_unverified, emulate, self_check,
+        autotune_cache, miss_policy, top_k, list_only, check_device):
+    """Answer each request with PACKAGE (default vsr/intent-minilm): its top choice and probabilities.
+
+    PACKAGE is a built-in name (see --list) or a package folder. The device is checked
+    before any weight is read, then the package's identity against its MODEL_MANIFEST.json.
+
+    Subcommands: `vsr-run eval PACKAGE... --against vsr/intent-minilm` (the agreement
+    record) and `vsr-run check-device` (same as --check-device).
+    """
+    if list_only:
+        _list_builtins(as_json)
+        return
+    if check_device:
+        _check_device(device, as_json)
+        return
+    if not texts and input_file is None and not self_check:
+        raise click.UsageError("give requests with --text TEXT or --input FILE (or run --self-check)")
+
+    requests = _read_requests(texts, input_file)
+
+    from vsr.runtime.package import open_package
+    dev = device or _default_device()
+    pkg = open_package(package, revision=revision, allow_unverified=allow_unverified, device=dev, emulate=emulate)
+    try:
+        from vsr.runtime.engine import load_engine
+    except ImportError as e:
+        raise PackageError(f"the inference engine (vsr.runtime.engine) is not available in this install: {e}")
+    engine = load_engine(pkg, device=dev, dtype=dtype, emulate=emulate, autotune_cache=autotune_cache,
+                         miss_policy=miss_policy)
+    mode = engine.mode
+    if pkg.support == "emulated" and mode != "emulated":
+        raise PackageError(f"the device check chose the emulation but the engine runs {mode!r}; refusing "
+                           "to label its answers wrongly")
+    click.echo(f"vsr-run: {pkg.name} revision {pkg.revision or '-'} (identity {pkg.identity_status}); "
+               f"formats {', '.join(sorted(pkg.formats))}; device {dev}: {pkg.support}; mode {mode}", err=True)
+
+    mismatch = self_check and _self_check(engine, pkg.name, as_json) == "mismatch"
+
+    for r in requests:
+        if r.error is None:
+            r.error = _request_problem(engine, r.text)
+    ok = [r for r in requests if r.error is None]
+    results = {}
+    for i in range(0, len(ok), BATCH):
+        chunk = ok[i:i + BATCH]
+        for r, res in zip(chunk, engine.predict([r.text for r in chunk], top_k=top_k), strict=True):
+            results[r.number] = res
+
+    failed = False
+    for r in requests:
+        if r.error is not None:
+            failed = True
+            click.echo(f"vsr-run: request {r.number} ({r.where}): {r.error}", err=True)
+            if as_json:
+                echo_json({"request": r.number, **(r.extra or {}), "error": r.error})
+            continue
+        res = results[r.number]
+        if as_json:
+            echo_json({"request": r.number, **(r.extra or {}), **res, "mode": mode})
+        else:
+            click.echo(_human_line(r, res, mode))
+    sys.exit(EXIT_MISMATCH if mismatch else EXIT_REQUEST_FAILED if failed else EXIT_OK)
+
+
+def _request_problem(engine, text: str) -> str | None:
+    if not text.strip():
+        return "empty text"
+    return engine.check_request(text)
+
+
+def _self_check(engine, name: str, as_json: bool) -> str:
+    try:
+        from vsr.runtime.builtin import self_check
+    except ImportError as e:
+        raise PackageError(f"--self-check needs the built-in packages (vsr.runtime.builtin): {e}")
+    result = self_check(engine, name)
+    status = result["status"]
+    if as_json:
+        echo_json({"self_check": result})
+    else:
+        detail = {k: v for k, v in result.items() if k != "status" and not isinstance(v, (list, dict))}
+        extra = ", ".join(f"{k} {v}" for k, v in detail.items())
+        click.echo(f"self-check: {status}" + (f" ({extra})" if extra else ""))
+        for item in (result.get("mismatches") or [])[:10]:
+            click.echo(f"  differs: {json.dumps(item, ensure_ascii=False)}")
+    return status
+
+
+@main.command("check-device")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--device", metavar="DEVICE", help="torch device to describe (default: a GPU if any, else the CPU).")
+@reports_errors
+def check_device_cmd(as_json, device):
+    """Show this device and which formats it runs, refuses (with the reason) or runs unmeasured."""
+    _check_device(device, as_json)
+
+
+@main.command("eval")
+@click.argument("packages", nargs=-1, required=True)
+@click.option("--against", default=DEFAULT_PACKAGE, show_default=True,
+              help="The reference package whose top choices the agreement is measured against.")
+@click.option("--json-out", type=click.Path(dir_okay=False), metavar="PATH", help="Also write the record here.")
+@reports_errors
+def eval_cmd(packages, against, json_out):
+    """Measure PACKAGE... on the test split: accuracy, agreement, weight memory, requests per second."""
+    try:
+        from vsr.runtime.evaluate import evaluate
+    except ImportError as e:
+        raise PackageError(f"vsr-run eval needs vsr.runtime.evaluate, which is not available: {e}")
+    record = evaluate(list(packages), against=against, json_out=json_out)
+    click.echo(json.dumps(record, indent=2, ensure_ascii=False) if not isinstance(record, str) else record)
