@@ -98,26 +98,28 @@ class Scheme:
     format: str
     storage: str
     targets: tuple[str, ...]
-    weights: QArgs
+    weights: QArgs | None  # None only for an unquantized ("dense") group
     input_activations: QArgs | None
 
     @property
     def group_size(self) -> int | None:
-        return self.weights.group_size
+        return None if self.weights is None else self.weights.group_size
 
     @property
     def symmetric(self) -> bool:
-        return self.weights.symmetric
+        return True if self.weights is None else self.weights.symmetric
 
     @property
     def legacy_act_order(self) -> bool:
         """actorder "group" (alias "dynamic"): files written by ct <= 0.18 carry weight_g_idx."""
-        return self.weights.actorder in ("group", "dynamic")
+        return self.weights is not None and self.weights.actorder in ("group", "dynamic")
 
 
 def _classify(group: str, storage: str, w: QArgs | None, a: QArgs | None, out: QArgs | None) -> str:
     """Our format for a group, or PackageError naming the group and what is unsupported."""
     where = f"quantization_config group {group!r}"
+    if storage == "dense" and w is None and a is None and out is None:
+        return "dense"  # the UNQUANTIZED preset: its layers keep plain weights
     if storage not in _SUPPORTED_STORAGE:
         kind = "unsupported" if storage in _KNOWN_UNSUPPORTED_STORAGE else "unknown"
         raise PackageError(f"{where}: {kind} compression format {storage!r} "
@@ -211,9 +213,10 @@ class QuantConfig:
         # A quantized KV cache is accepted and recorded; the attention path decides what to do with it.
         self.kv_cache_scheme = QArgs.parse(raw.get("kv_cache_scheme"), "quantization_config kv_cache_scheme")
 
-    def scheme_for(self, module_name: str, classes: Iterable[str] = ("Linear",)) -> Scheme | None:
+    def scheme_for(self, module_name: str, classes: Iterable[str] = ("Linear", "Module")) -> Scheme | None:
         """The group that quantizes `module_name` (a Linear layer unless `classes` says otherwise),
-        or None when it is ignored or no group targets it (it is then stored dense)."""
+        or None when it is ignored or no group targets it (it is then stored dense).
+        `classes` are the class names in the module's MRO (a class-name target matches on any)."""
         classes = tuple(classes)
         if any(_matches(e, module_name, classes) for e in self.ignore):
             return None
@@ -225,7 +228,9 @@ class QuantConfig:
                 if kind is None:
                     continue
                 cand = (rank[kind], t, s)
-                if best is None or cand[:2] < best[:2]:
+                # "<=": a target listed in two groups belongs to the later one, as in the library,
+                # whose target -> scheme map is filled in group order.
+                if best is None or cand[:2] <= best[:2]:
                     best = cand
         return None if best is None else best[2]
 
