@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import click
 
-from vsr.cli.common import (EXIT_CODES_HELP, EXIT_MISMATCH, EXIT_OK, EXIT_REQUEST_FAILED, describe_text,
+from vsr.cli.common import (EXIT_CODES_HELP, EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, EXIT_REQUEST_FAILED, describe_text,
                             echo_json, reports_errors)
 from vsr.runtime.errors import PackageError
 
@@ -239,7 +239,7 @@ def _self_check(engine, name: str, as_json: bool) -> str:
         detail = {k: v for k, v in result.items() if k != "status" and not isinstance(v, (list, dict))}
         extra = ", ".join(f"{k} {v}" for k, v in detail.items())
         click.echo(f"self-check: {status}" + (f" ({extra})" if extra else ""))
-        for item in (result.get("mismatches") or [])[:10]:
+        for item in (result.get("differ") or [])[:10]:
             click.echo(f"  differs: {json.dumps(item, ensure_ascii=False)}")
     return status
 
@@ -257,13 +257,44 @@ def check_device_cmd(as_json, device):
 @click.argument("packages", nargs=-1, required=True)
 @click.option("--against", default=DEFAULT_PACKAGE, show_default=True,
               help="The reference package whose top choices the agreement is measured against.")
-@click.option("--json-out", type=click.Path(dir_okay=False), metavar="PATH", help="Also write the record here.")
+@click.option("--json-out", type=click.Path(dir_okay=False), metavar="PATH", help="Write the record (JSON) here.")
+@click.option("--record-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write the record as DIR/record-<device>-<date>.json (e.g. benchmarks/results).")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as JSON instead of the table.")
+@click.option("--limit", type=click.IntRange(min=1), help="Use this many test sentences (spread over the split).")
+@click.option("--device", metavar="DEVICE", default="cpu", show_default=True, help="torch device to measure on.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True)
+@click.option("--emulate", is_flag=True,
+              help="Run packages the device refuses (FP8, NVFP4) with the reference numerics, labelled emulated; "
+                   "without it their rows record the refusal.")
+@click.option("--speed-requests", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Requests timed for requests per second.")
+@click.option("--no-st", is_flag=True, help="Skip the sentence-transformers speed comparison.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads.")
 @reports_errors
-def eval_cmd(packages, against, json_out):
-    """Measure PACKAGE... on the test split: accuracy, agreement, weight memory, requests per second."""
+def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dtype, emulate, speed_requests,
+             no_st, threads):
+    """Measure PACKAGE... on the test split: accuracy, agreement with --against, weight memory, requests/s.
+
+    Prints a table shaped like the seeds' format table (or the JSON record with --json).
+    """
     try:
-        from vsr.runtime.evaluate import evaluate
+        from vsr.runtime import evaluate as ev
     except ImportError as e:
         raise PackageError(f"vsr-run eval needs vsr.runtime.evaluate, which is not available: {e}")
-    record = evaluate(list(packages), against=against, json_out=json_out)
-    click.echo(json.dumps(record, indent=2, ensure_ascii=False) if not isinstance(record, str) else record)
+    record = ev.evaluate(list(packages), against=against, limit=limit, device=device, dtype=dtype,
+                         emulate=emulate, speed_requests=speed_requests, compare_st=not no_st, threads=threads,
+                         progress=lambda msg: click.echo(f"vsr-run eval: {msg}", err=True))
+    if json_out:
+        from pathlib import Path
+        Path(json_out).write_text(json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+        click.echo(f"vsr-run eval: wrote {json_out}", err=True)
+    if record_dir:
+        click.echo(f"vsr-run eval: wrote {ev.write_record(record, record_dir)}", err=True)
+    if as_json:
+        echo_json(record)
+    else:
+        click.echo(ev.format_table(record))
+    if any("refused" in row for row in record.get("rows", [])):
+        sys.exit(EXIT_REFUSED)

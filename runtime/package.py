@@ -202,6 +202,9 @@ def device_identity(device=None) -> DeviceIdentity:
         raise PackageError(f"device {device!r} is not available here: {e}") from None
 
 
+_identity = device_identity  # the name vsr.runtime.evaluate imports
+
+
 def open_package(name_or_path: str | Path, *, revision: str | None = None, allow_unverified: bool = False,
                  device=None, emulate: bool = False,
                  probes: device_table.Probes | None = None) -> OpenedPackage:
