@@ -73,8 +73,10 @@ class QLinear(torch.nn.Module):
         # A dtype change (module.to(torch.float16)) converts a dense weight only; quantized tensors
         # keep their stored dtypes (fp8/e4m3 tensors are "floating point" to torch and would be cast).
         # Two probes: one float32 probe cannot tell .float() from a pure device move.
-        p32, p16 = fn(torch.empty(0)), fn(torch.empty(0, dtype=torch.float16))
-        if p32.device != self._device():
+        # Probes live on the weight's device, so a dtype-only conversion moves nothing.
+        dev = self._device()
+        p32, p16 = fn(torch.empty(0, device=dev)), fn(torch.empty(0, dtype=torch.float16, device=dev))
+        if p32.device != dev:
             self.weight = self.weight.to(p32.device)
         target = p32.dtype if p32.dtype != torch.float32 else (p16.dtype if p16.dtype != torch.float16 else None)
         if target in _RUN_DTYPES:

@@ -277,3 +277,26 @@ def test_qlinear_triton_mode_matches_reference():
     x = torch.randn(2, 3, 64, generator=gen)
     torch.testing.assert_close(lin(x), QLinear(dw)(x), rtol=1e-5, atol=1e-5)
     assert tiles.calls == 1 and registry.template_for(dw, torch.float32).name == "dense"
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int4_g_idx", "int4_awq", "nvfp4_emulated"])
+def test_loaded_layouts_run_on_the_triton_templates(tmp_path, fmt):
+    """The loader's layouts (permuted g_idx weight, unpacked zero points, [N] fp8 scales) are what
+    the Triton templates expect: triton mode equals reference mode on the same loaded weight."""
+    pytest.importorskip("vsr.kernels.registry", reason="vsr.kernels.registry (the Triton templates) is not there")
+    gen = torch.Generator().manual_seed(13)
+    emulate = False
+    if fmt == "fp8":
+        t, group = _fp8_tensors(gen, N=20, K=64), FP8_GROUP
+    elif fmt.startswith("int4"):
+        t, _ = int4_tensors(20, 64, fmt == "int4_g_idx", g_idx=fmt == "int4_g_idx", bias=True, gen=gen)
+        group = int4_group(fmt == "int4_g_idx", "group" if fmt == "int4_g_idx" else None)
+    else:
+        t, group, emulate = _nvfp4_tensors(gen, N=20, K=64), NVFP4_GROUP, True
+    t = {k: (v.half() if v.dtype == torch.float32 and "global" not in k else v) for k, v in t.items()}
+    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin")
+    # fp16 activations: the Triton interpreter's bf16 tl.dot is wrong.
+    x = torch.randn(5, 64, generator=gen).half()
+    y = QLinear(w, "triton", tiles=_DefaultTiles(), emulate=emulate)(x)
+    ref = QLinear(w, "reference")(x)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-3, atol=2e-3 * ref.abs().max().item())
