@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,46 @@ class OpenedPackage:
 
 
 # ---- manifest ---------------------------------------------------------------------------
+
+# Hashing a 27B-class package (tens of GB) on every start would cost minutes, so the sha256
+# of a large file is remembered per (real path, size, mtime_ns, ctime_ns, inode), as git's
+# index does. Any write to a file changes its ctime, which no user-level call can set back,
+# so a changed file is always hashed again. Small files are always hashed.
+# A file changed within the filesystem's timestamp tick of the hash could keep all its stat
+# fields ("racy git"), so files touched less than this long ago are never remembered.
+HASH_CACHE_MIN_BYTES = 16 << 20
+HASH_CACHE_SETTLE_NS = 2_000_000_000
+_HASH_CACHE = "verified-sha256.json"
+
+
+def _cache_root() -> Path:
+    """The user cache directory: VSR_CACHE_DIR, else ~/.cache/vsr (the built-in packages' too)."""
+    env = os.environ.get("VSR_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "vsr"
+
+
+def _stat_key(path: Path, st: os.stat_result) -> str:
+    return f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+
+
+def _load_hash_cache() -> dict:
+    try:
+        data = json.loads((_cache_root() / _HASH_CACHE).read_text())
+    except (OSError, ValueError):
+        return {}   # absent or unreadable: hash everything (the cache only saves time)
+    return data if isinstance(data, dict) else {}
+
+
+def _save_hash_cache(entries: dict) -> None:
+    root = _cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{_HASH_CACHE}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(entries, sort_keys=True))
+        os.replace(tmp, root / _HASH_CACHE)   # atomic: a concurrent reader sees old or new
+    except OSError:
+        pass   # a read-only home still verifies packages; it only hashes them again next time
+
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
@@ -139,11 +180,23 @@ def verify_manifest(package_dir: str | Path, manifest: dict) -> None:
         if st.st_size != listed[rel]["size"]:
             raise PackageError(f"{root}: file {rel} changed: {st.st_size} bytes, the manifest says "
                                f"{listed[rel]['size']}")
+    cache = _load_hash_cache()
+    fresh = {}
     for rel in sorted(listed):
-        digest = sha256_file(present[rel])
+        p = present[rel]
+        st = os.stat(p)
+        key = _stat_key(p, st) if st.st_size >= HASH_CACHE_MIN_BYTES else None
+        digest = cache.get(key) if key else None
+        if digest is None:
+            digest = sha256_file(p)
+            if key and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > HASH_CACHE_SETTLE_NS:
+                fresh[key] = digest
         if digest != listed[rel]["sha256"].lower():
             raise PackageError(f"{root}: file {rel} changed: its sha256 is {digest}, the manifest says "
                                f"{listed[rel]['sha256']}")
+    if fresh:
+        # Only hashes that matched the manifest are remembered.
+        _save_hash_cache({k: v for k, v in {**cache, **fresh}.items() if os.path.exists(k.split("|", 1)[0])})
 
 
 # ---- resolving and opening --------------------------------------------------------------

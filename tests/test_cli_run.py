@@ -19,6 +19,12 @@ A100 = DeviceIdentity("nvidia", "NVIDIA A100-SXM4-80GB", (8, 0), None, 108)
 CPU_FP8 = dev.FP8_REFUSAL
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Remembered hashes (and anything else vsr caches) go to a per-test folder, not ~/.cache/vsr."""
+    monkeypatch.setenv("VSR_CACHE_DIR", str(tmp_path / "vsr-cache"))
+
+
 def invoke(*args, input=None):
     return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
 

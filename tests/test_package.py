@@ -240,3 +240,39 @@ def test_builtin_names_resolve_through_builtin(tmp_path, monkeypatch):
     with pytest.raises(DeviceRefusal, match="FP8 weights need"):
         pkg.open_package("vsr/intent-minilm-FP8", device=CPU)
     assert built == ["vsr/intent-minilm"]   # the refused FP8 sibling was never built
+
+
+def test_remembered_hashes_still_catch_a_change(tmp_path, monkeypatch):
+    """Large files' hashes are remembered by stat fields; a same-size change is still caught."""
+    import time
+    monkeypatch.setenv("VSR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pkg, "HASH_CACHE_MIN_BYTES", 0)
+    monkeypatch.setattr(pkg, "HASH_CACHE_SETTLE_NS", 0)
+    root = make_package(tmp_path / "p")
+    pkg.open_package(root, device=CPU)
+    remembered = json.loads((tmp_path / "cache" / pkg._HASH_CACHE).read_text())
+    assert len(remembered) == 3   # config.json, model.safetensors, tokenizer.json
+
+    hashed = []
+    real = pkg.sha256_file
+    monkeypatch.setattr(pkg, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    pkg.open_package(root, device=CPU)
+    assert hashed == []   # every hash came from the cache
+
+    time.sleep(0.05)      # past the filesystem's timestamp tick
+    with open(root / "model.safetensors", "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-5, os.SEEK_END)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(PackageError, match="model.safetensors changed: its sha256"):
+        pkg.open_package(root, device=CPU)
+    assert hashed == ["model.safetensors"]
+
+
+def test_recent_files_are_not_remembered(tmp_path, monkeypatch):
+    monkeypatch.setenv("VSR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pkg, "HASH_CACHE_MIN_BYTES", 0)
+    root = make_package(tmp_path / "p")
+    pkg.open_package(root, device=CPU)   # files written just now: inside the settle window
+    assert not (tmp_path / "cache" / pkg._HASH_CACHE).exists()
