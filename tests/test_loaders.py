@@ -300,3 +300,36 @@ def test_loaded_layouts_run_on_the_triton_templates(tmp_path, fmt):
     y = QLinear(w, "triton", tiles=_DefaultTiles(), emulate=emulate)(x)
     ref = QLinear(w, "reference")(x)
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["dense", "fp8", "int4_g_idx", "int4_awq", "nvfp4a16", "nvfp4_emulated"])
+def test_qlinear_cuda_triton_bf16(tmp_path, fmt):
+    """On a GPU: Module.cuda() carries the loaded weight over, a dtype-only .to() keeps it there, and
+    the Triton templates with bf16 activations agree with the reference over small and large buckets."""
+    pytest.importorskip("vsr.kernels.registry", reason="vsr.kernels.registry (the Triton templates) is not there")
+    gen = torch.Generator().manual_seed(17)
+    N, K = 196, 256
+    emulate = fmt == "nvfp4_emulated"
+    if fmt == "dense":
+        t, group = {"lin.weight": torch.randn(N, K, generator=gen), "lin.bias": torch.randn(N, generator=gen)}, None
+    elif fmt == "fp8":
+        t, group = _fp8_tensors(gen, N=N, K=K), FP8_GROUP
+    elif fmt.startswith("int4"):
+        t, _ = int4_tensors(N, K, fmt == "int4_g_idx", g_idx=fmt == "int4_g_idx", bias=True, gen=gen)
+        group = int4_group(fmt == "int4_g_idx", "group" if fmt == "int4_g_idx" else None)
+    else:
+        t = _nvfp4_tensors(gen, N=N, K=K, act=emulate)
+        group = NVFP4_GROUP if emulate else {**NVFP4_GROUP, "input_activations": None}
+    t = {k: (v.bfloat16() if v.dtype == torch.float32 and "global" not in k else v) for k, v in t.items()}
+    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin")
+    lin = QLinear(w, "triton", tiles=_DefaultTiles(), emulate=emulate).cuda()
+    lin.to(torch.bfloat16)
+    assert lin._device().type == "cuda"
+    ref = QLinear(w, "reference")
+    for M in (1, 7, 300):
+        x = torch.randn(M, K, generator=gen).bfloat16()
+        y = lin(x.cuda()).cpu().float()
+        r = ref(x).float()
+        assert not torch.isnan(y).any()
+        torch.testing.assert_close(y, r, rtol=2**-7, atol=2**-7 * r.abs().max().item())
