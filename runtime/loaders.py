@@ -224,6 +224,9 @@ class PackageLoader:
         perm = None
         if self.has(f"{m}.weight_g_idx"):
             perm = act_order_perm(self.tensor(f"{m}.weight_g_idx"), K, G, f"{m}.weight_g_idx")
+            if torch.equal(perm, torch.arange(K)):
+                perm = None  # groups already contiguous: no gather of x per call
+        if perm is not None:
             # Permute the weight's columns once, here, so every group is contiguous: after the
             # permutation column j belongs to group j // G, which is what scale/zero already index.
             u = unpack_int4(packed, K)

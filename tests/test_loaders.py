@@ -118,6 +118,14 @@ def test_int4_without_g_idx_and_stray_zero_point(tmp_path, symmetric):
     assert torch.equal(int4.dequantize(w), truth["W"])
 
 
+def test_identity_g_idx_needs_no_permutation(tmp_path):
+    gen = torch.Generator().manual_seed(4)
+    t, truth = int4_tensors(24, 64, True, g_idx=False, bias=False, gen=gen)
+    t["lin.weight_g_idx"] = (torch.arange(64) // G).to(torch.int32)   # act-order file whose order is natural
+    w = PackageLoader(*write_pkg(tmp_path, t, int4_group(True, "group"))).linear("lin")
+    assert w.act_perm is None and torch.equal(int4.dequantize(w), truth["W"])
+
+
 def test_g_idx_with_uneven_groups_is_refused():
     g = (torch.arange(64) // 16).to(torch.int32)
     g[0] = 1                                       # group 0 now has 15 columns, group 1 has 17
