@@ -222,3 +222,21 @@ def test_self_check_mismatch_exits_5(router, fake_builtin):
     assert r.exit_code == 5, r.output
     assert fake_builtin.calls == ["test/router"]
     assert "self-check: mismatch" in r.stdout and '"expected": "a"' in r.stdout
+
+
+@pytest.mark.slow
+def test_llm_compressor_fp8_package_end_to_end(router):
+    """A package as llm-compressor writes it (no manifest): refused on the CPU, then run emulated."""
+    from tinypkgs import compressed
+    fp8 = compressed(router, "FP8_DYNAMIC")
+    r = invoke(str(fp8), "--text", "turn on the lights", "--device", "cpu")
+    assert r.exit_code == 3 and CPU_FP8 in r.stderr          # refused before the identity question
+    r = invoke(str(fp8), "--text", "turn on the lights", "--device", "cpu", "--emulate")
+    assert r.exit_code == 4 and "--allow-unverified" in r.stderr
+    r = invoke(str(fp8), "--text", "turn on the lights", "--text", "", "--device", "cpu", "--emulate",
+               "--allow-unverified", "--json")
+    assert r.exit_code == 1
+    out = json_lines(r.stdout)
+    assert out[0]["mode"] == "emulated" and out[0]["choice"] == out[0]["top"][0][0]
+    assert out[1] == {"request": 2, "error": "empty text"}
+    assert "identity unverified" in r.stderr and "mode emulated" in r.stderr
