@@ -24,7 +24,7 @@ import torch
 
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.runtime import device as device_table
-from vsr.runtime.errors import PackageError
+from vsr.runtime.errors import DeviceRefusal, PackageError
 
 MANIFEST = "MODEL_MANIFEST.json"
 CONFIG = "config.json"
@@ -252,7 +252,8 @@ def device_identity(device=None) -> DeviceIdentity:
     try:
         return current_device_identity(device)
     except (RuntimeError, AssertionError, ValueError) as e:
-        raise PackageError(f"device {device!r} is not available here: {e}") from None
+        # torch says why: not a device name, or a CPU-only build asked for CUDA.
+        raise DeviceRefusal(f"device {device!r} is not available here: {e}") from None
 
 
 _identity = device_identity  # the name vsr.runtime.evaluate imports

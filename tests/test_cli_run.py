@@ -240,3 +240,11 @@ def test_llm_compressor_fp8_package_end_to_end(router):
     assert out[0]["mode"] == "emulated" and out[0]["choice"] == out[0]["top"][0][0]
     assert out[1] == {"request": 2, "error": "empty text"}
     assert "identity unverified" in r.stderr and "mode emulated" in r.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_is_named():
+    r = invoke("--check-device", "--device", "cuda:0")
+    assert r.exit_code == 3 and "'cuda:0' is not available here" in r.stderr
+    r = invoke("--text", "hi", "--device", "tpu-ish")
+    assert r.exit_code == 3 and "'tpu-ish'" in r.stderr
