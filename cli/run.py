@@ -194,29 +194,27 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
 
     mismatch = self_check and _self_check(engine, pkg.name, as_json) == "mismatch"
 
-    for r in requests:
-        if r.error is None:
-            r.error = _request_problem(engine, r.text)
-    ok = [r for r in requests if r.error is None]
-    results = {}
-    for i in range(0, len(ok), BATCH):
-        chunk = ok[i:i + BATCH]
-        for r, res in zip(chunk, engine.predict([r.text for r in chunk], top_k=top_k), strict=True):
-            results[r.number] = res
-
     failed = False
-    for r in requests:
-        if r.error is not None:
-            failed = True
-            click.echo(f"vsr-run: request {r.number} ({r.where}): {r.error}", err=True)
-            if as_json:
-                echo_json({"request": r.number, **(r.extra or {}), "error": r.error})
-            continue
-        res = results[r.number]
-        if as_json:
-            echo_json({"request": r.number, **(r.extra or {}), **res, "mode": mode})
-        else:
-            click.echo(_human_line(r, res, mode))
+    # BATCH requests at a time, in order: answers stream out, memory stays bounded, and the
+    # same requests always form the same batches (so the same bits).
+    for i in range(0, len(requests), BATCH):
+        chunk = requests[i:i + BATCH]
+        for r in chunk:
+            if r.error is None:
+                r.error = _request_problem(engine, r.text)
+        ok = [r for r in chunk if r.error is None]
+        results = dict(zip((r.number for r in ok), engine.predict([r.text for r in ok], top_k=top_k)
+                           if ok else [], strict=True))
+        for r in chunk:
+            if r.error is not None:
+                failed = True
+                click.echo(f"vsr-run: request {r.number} ({r.where}): {r.error}", err=True)
+                if as_json:
+                    echo_json({"request": r.number, **(r.extra or {}), "error": r.error})
+            elif as_json:
+                echo_json({"request": r.number, **(r.extra or {}), **results[r.number], "mode": mode})
+            else:
+                click.echo(_human_line(r, results[r.number], mode))
     sys.exit(EXIT_MISMATCH if mismatch else EXIT_REQUEST_FAILED if failed else EXIT_OK)
 
 

@@ -248,3 +248,18 @@ def test_unavailable_device_is_named():
     assert r.exit_code == 3 and "'cuda:0' is not available here" in r.stderr
     r = invoke("--text", "hi", "--device", "tpu-ish")
     assert r.exit_code == 3 and "'tpu-ish'" in r.stderr
+
+
+def test_more_requests_than_one_batch_stay_in_order(router, tmp_path):
+    from vsr.cli.run import BATCH
+    n = BATCH + 6
+    lines = [json.dumps({"text": f"turn on light number {i}", "id": i}) if i % 17 else "{oops"
+             for i in range(n)]
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    r = invoke(str(router), "--input", str(tmp_path / "r.jsonl"), "--json", "--device", "cpu", "--top-k", "1")
+    assert r.exit_code == 1
+    out = json_lines(r.stdout)
+    assert [o["request"] for o in out] == list(range(1, n + 1))
+    assert [o["line"] for o in out] == list(range(1, n + 1))
+    assert all(("error" in o) == (i % 17 == 0) for i, o in enumerate(out))
+    assert all(o["id"] == i for i, o in enumerate(out) if i % 17)
