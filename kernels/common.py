@@ -78,7 +78,8 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
     idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     acc = tl.load(ws_ptr + idx, mask=mask, other=0.0)
     for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * M.to(tl.int64) * N + idx, mask=mask, other=0.0)
+        # (M may arrive as a plain int: Triton specialises arguments equal to 1.)
+        acc += tl.load(ws_ptr + tl.full((), s, tl.int64) * M * N + idx, mask=mask, other=0.0)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],

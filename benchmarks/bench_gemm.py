@@ -1,0 +1,277 @@
+"""GEMM benchmark: every vsr format x the 27B-class shapes x M, beside the peers, in one run.
+
+    python benchmarks/bench_gemm.py [--ms 1,16,64,256,1024,4096] [--shapes ...] [--formats ...]
+                                    [--sweep N] [--no-peers] [--out FILE]
+
+BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
+measured in the same run; random data; every row checked against its reference before
+its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
+for M <= 16 also CUDA-graph replays cycling through weight copies that together exceed
+twice the L2. vsr tiles come from vsr.autotune.tuner.sweep over the template's search
+space (--sweep N candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
+"Results file"; a ratio table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import SHAPES, check, copies_for, eager_ms, graph_ms, make_weight  # noqa: E402
+
+from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.kernels import fp8 as fp8mod  # noqa: E402
+from vsr.kernels import int4 as int4mod  # noqa: E402
+from vsr.kernels import registry  # noqa: E402
+
+VSR_FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4-emulated")
+
+
+def ceilings() -> dict:
+    dev = "cuda"
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
+    b = torch.empty_like(a)
+    t = eager_ms(lambda: b.copy_(a))
+    copy = 2 * a.numel() / (t * 1e-3) / 1e12
+    del a, b
+    n = 8192
+    x = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    y = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    t = eager_ms(lambda: x @ y)
+    bf16 = 2 * n ** 3 / (t * 1e-3) / 1e12
+    xq = x.to(torch.float8_e4m3fn)
+    yq = y.to(torch.float8_e4m3fn).t().contiguous().t()
+    sa = torch.ones(n, 1, device=dev)
+    sb = torch.ones(1, n, device=dev)
+    t = eager_ms(lambda: torch._scaled_mm(xq, yq, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True))
+    fp8 = 2 * n ** 3 / (t * 1e-3) / 1e12
+    return {"copy_TBps": round(copy, 3), "bf16_TFLOPs": round(bf16, 1), "fp8_TFLOPs": round(fp8, 1)}
+
+
+def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float:
+    moved = wbytes + M * K * 2 + M * N * 2
+    rate = ceil["fp8_TFLOPs"] if fmt in ("fp8", "nvfp4") else ceil["bf16_TFLOPs"]
+    return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
+
+
+def timings(fns, M: int) -> list[tuple[bool, float]]:
+    """[(graph, ms)]: eager always; CUDA graph too for M <= 16."""
+    out = [(False, eager_ms(fns[0]))]
+    if M <= 16:
+        out.append((True, graph_ms(fns)))
+    return out
+
+
+def subset(space: list, n: int) -> list:
+    """The default (first) plus an evenly strided pick of the rest: n candidates in all."""
+    if n <= 0 or len(space) <= n:
+        return space if n > 0 else space[:1]
+    step = (len(space) - 1) / (n - 1)
+    return [space[0]] + [space[1 + int(i * step)] for i in range(n - 1)]
+
+
+def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
+    from vsr.autotune.tuner import sweep
+    dev = torch.device("cuda")
+    w0 = make_weight(fmt, N, K, dev, seed=0)
+    wb = w0.nbytes()
+    ws = [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(wb))]
+    t = registry.template_for(w0, torch.bfloat16, emulate=fmt == "nvfp4-emulated")
+    rows = []
+    for M in ms:
+        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        p = t.problem(w0, bucket_for(M), x.dtype)
+        tile, swept = t.default_tile(p), 0
+        if n_sweep > 0:
+            res = sweep(t, w0, x, tiles=subset(t.search_space(p), n_sweep))
+            swept = len(res)
+            if res and res[0]["ok"]:
+                tile = res[0]["tile"]
+        y = torch.full((M, N), float("nan"), dtype=x.dtype, device=dev)
+        t.launch(x, w0, tile, out=y)
+        ok, rel = check(y, t.reference(x, w0))
+        for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws], M):
+            rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": "vsr", "graph": graph,
+                         "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok,
+                         "max_rel_err": rel, "template": t.name, "tile": tile, "candidates_swept": swept})
+        log(rows[-1])
+    return rows
+
+
+def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
+    dev = torch.device("cuda")
+    rows = []
+    # cuBLAS bf16
+    wd = make_weight("bf16", N, K, dev, seed=0)
+    wds = [wd] + [make_weight("bf16", N, K, dev, seed=i) for i in range(1, copies_for(wd.nbytes()))]
+    # FP8 _scaled_mm with row-wise scales
+    w8 = make_weight("fp8", N, K, dev, seed=0)
+    w8s = [w8] + [make_weight("fp8", N, K, dev, seed=i) for i in range(1, copies_for(w8.nbytes()))]
+    sb = [w.weight_scale.float()[None, :].contiguous() for w in w8s]
+
+    def torch_quant(x):
+        # The reference's own torch-op quantization (per-token amax, division in x's dtype).
+        q, s = fp8mod.quantize_activation(x)
+        return q, s.float()
+
+    # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
+    wi = make_weight("int4-gptq", N, K, dev, seed=0)
+    nis = copies_for(wi.nbytes())
+    wis = [wi] + [make_weight("int4-gptq", N, K, dev, seed=i) for i in range(1, nis)]
+    tg = []
+    for w in wis:
+        u = int4mod.unpack_int4(w.packed, K)
+        pk = ((u[:, ::2] << 4) | u[:, 1::2]).to(torch.uint8)
+        wp = torch._convert_weight_to_int4pack(pk.contiguous(), 8)
+        sz = torch.stack([w.scale.t(), torch.zeros_like(w.scale.t())], dim=-1).contiguous()
+        tg.append((wp, sz))
+    gl = []
+    if with_gemlite:
+        try:
+            from gemlite import DType, GemLiteLinearTriton
+            for w in wis:
+                u = int4mod.unpack_int4(w.packed, K).to(torch.uint8)
+                g = GemLiteLinearTriton(4, group_size=128, in_features=K, out_features=N,
+                                        input_dtype=DType.BF16, output_dtype=DType.BF16)
+                g.pack(u, w.scale, torch.full_like(w.scale, 8), bias=None)
+                gl.append(g)
+        except Exception as e:
+            log({"gemlite": f"unavailable: {type(e).__name__}: {e}"})
+            gl = []
+    for M in ms:
+        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        y = x @ wd.weight.t()
+        ok = check(y, registry.TEMPLATES["dense"].reference(x, wd))
+        provs = [("bf16", "cublas-bf16", [lambda w=w: x @ w.weight.t() for w in wds], ok, wd.nbytes())]
+        xq, sa = torch_quant(x)
+        ref8 = fp8mod.reference_linear(x, w8)
+        y = torch._scaled_mm(xq, w8.weight.t(), sa, sb[0], out_dtype=torch.bfloat16, use_fast_accum=True)
+        ok8 = check(y, ref8)
+        provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: torch._scaled_mm(
+            xq, w.weight.t(), sa, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(w8s, sb)],
+            ok8, w8.nbytes()))
+
+        def sq(w, s):
+            q, a = torch_quant(x)
+            return torch._scaled_mm(q, w.weight.t(), a, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+        ok8q = check(sq(w8, sb[0]), ref8)
+        provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)], ok8q,
+                      w8.nbytes()))
+        refi = int4mod.reference_linear(x, wi)
+        y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
+        okt = check(y, refi)
+        provs.append(("int4-gptq", "tinygemm", [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1])
+                                                for p in tg], okt, wi.nbytes()))
+        if gl:
+            try:
+                for g in gl:  # gemlite's own warm-up (autotune) for this M
+                    g(x)
+                okg = check(gl[0](x), refi)
+                provs.append(("int4-gptq", "gemlite", [lambda g=g: g(x) for g in gl], okg, wi.nbytes()))
+            except Exception as e:
+                log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
+        for fmt, prov, fns, ok, wb in provs:
+            try:
+                tms = timings(fns, M)
+            except Exception as e:
+                log({"provider": prov, "M": M, "error": f"{type(e).__name__}: {e}"})
+                continue
+            for graph, ms_ in tms:
+                rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": prov, "graph": graph,
+                             "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok[0],
+                             "max_rel_err": ok[1]})
+                log(rows[-1])
+    return rows
+
+
+def ratio_table(rows, ceil) -> str:
+    """vsr speed-up over cuBLAS bf16 (graph figures where both have them), per format/M/shape."""
+    def pick(fmt, prov, sh, M):
+        c = [r for r in rows if r["format"] == fmt and r["provider"] == prov and r["shape"] == sh and r["M"] == M]
+        g = [r for r in c if r["graph"]]
+        return (g or c or [None])[0]
+    shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
+    ms = sorted({r["M"] for r in rows})
+    lines = ["| format | M | " + " | ".join(f"{s} vs cuBLAS" for s in shapes) + " | geomean | note |",
+             "|---|---|" + "---|" * (len(shapes) + 2)]
+    for fmt in VSR_FORMATS:
+        for M in ms:
+            rs, note = [], []
+            for sh in shapes:
+                v, c = pick(fmt, "vsr", sh, M), pick("bf16", "cublas-bf16", sh, M)
+                rs.append(c["ms"] / v["ms"] if v and c else float("nan"))
+                if v and not v["checked"]:
+                    note.append(f"{sh} UNCHECKED")
+                if fmt == "int4-gptq" and v:
+                    for peer in ("tinygemm", "gemlite"):
+                        pr = pick("int4-gptq", peer, sh, M)
+                        if pr:
+                            note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x {peer}")
+                if fmt == "fp8" and v:
+                    pr = pick("fp8", "scaled_mm+quant", sh, M)
+                    if pr:
+                        note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x sm+q")
+                if M == 1 and v:
+                    moved = v["floor_ms"] * ceil["copy_TBps"]  # floor at M=1 is the byte floor
+                    note.append(f"{sh} {moved / (v['ms'] * ceil['copy_TBps']):.0%} BW")
+            good = [r for r in rs if r == r]
+            gm = math.exp(sum(math.log(r) for r in good) / len(good)) if good else float("nan")
+            lines.append(f"| {fmt} | {M} | " + " | ".join(f"{r:.2f}x" for r in rs) + f" | {gm:.2f}x | "
+                         + "; ".join(note) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1,16,64,256,1024,4096")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--formats", default=",".join(VSR_FORMATS))
+    ap.add_argument("--sweep", type=int, default=12, help="candidates per key from the search space (0: default tile)")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-gemlite", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    t_start = time.time()
+    log = (lambda r: None) if a.quiet else (lambda r: print(json.dumps(r, default=str), flush=True))
+    ceil = ceilings()
+    print("ceilings", ceil, flush=True)
+    ms = [int(m) for m in a.ms.split(",")]
+    rows = []
+    for sh in a.shapes.split(","):
+        N, K = SHAPES[sh]
+        if not a.no_peers:
+            rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite)
+            torch.cuda.empty_cache()
+        for fmt in a.formats.split(","):
+            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log)
+            torch.cuda.empty_cache()
+    # The device copy of the tree has no git history: the caller passes the commit measured.
+    commit = os.environ.get("VSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                            text=True).stdout.strip() or "unknown"
+    name = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    out = Path(a.out or f"benchmarks/results/gemm-{name.lower().replace(' ', '-')}-{date}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
+                               "triton": triton.__version__, "commit": commit, "ceilings": ceil,
+                               "sweep_candidates": a.sweep, "wall_s": round(time.time() - t_start, 1),
+                               "rows": rows}, indent=1))
+    print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)")
+    print(ratio_table(rows, ceil))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

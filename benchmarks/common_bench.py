@@ -1,0 +1,107 @@
+"""Weights, timers and checks shared by bench_gemm.py and gpu_check.py (benchmarks only)."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from vsr.kernels import dense, fp8, int4, nvfp4
+
+SHAPES = {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408)}
+L2_BYTES = 60 << 20
+
+# Benchmark format name -> (weight maker, template name).
+FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4", "nvfp4-emulated")
+
+
+def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):
+    """Random weights of realistic magnitudes (never zeros) in the kernels' layouts."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b = (torch.randn(N, generator=g) * 0.1).to(torch.bfloat16).to(device) if bias else None
+    if fmt == "bf16":
+        return dense.DenseWeight((torch.randn(N, K, generator=g) * K ** -0.5).to(torch.bfloat16).to(device), b)
+    if fmt == "fp8":
+        q = fp8.e4m3_rne(torch.randn(N, K, generator=g) * 64).to(device)
+        s = (torch.rand(N, generator=g) * 0.01 + 1e-3).to(torch.bfloat16).to(device)
+        return fp8.Fp8Weight(q, s, b)
+    if fmt in ("int4-gptq", "int4-awq"):
+        G = 128
+        u = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
+        scale = (torch.rand(N, K // G, generator=g) * 0.02 + 1e-3).to(torch.bfloat16)
+        zp = torch.randint(0, 16, (N, K // G), generator=g, dtype=torch.int32) if fmt == "int4-awq" else None
+        return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, None).to(device) if b is None else \
+            int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, b.cpu()).to(device)
+    if fmt in ("nvfp4", "nvfp4-emulated"):
+        packed = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+        bs = (torch.rand(N, K // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
+        w = nvfp4.Nvfp4Weight(packed, bs, torch.tensor(448.0 * 6 / 2), torch.tensor(448.0 * 6 / 4),
+                              None if b is None else b.cpu())
+        return w.to(device)
+    raise ValueError(fmt)
+
+
+def weight_bytes(w) -> int:
+    return int(w.nbytes())
+
+
+def copies_for(nbytes: int, most: int = 8) -> int:
+    """How many weight copies to rotate so the rotation is at least twice the L2."""
+    return max(1, min(most, math.ceil(2 * L2_BYTES / max(1, nbytes))))
+
+
+def eager_ms(fn) -> float:
+    """Median per call; triton's do_bench clears the L2 before every call."""
+    import triton.testing
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
+    """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    st.record()
+    for f in fns:
+        f()
+    en.record()
+    torch.cuda.synchronize()
+    est = max(st.elapsed_time(en) / len(fns), 1e-3)
+    rounds = max(1, min(64, math.ceil(target_ms / (est * len(fns)))))
+    n = rounds * len(fns)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(rounds):
+            for f in fns:
+                f()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        st.record()
+        g.replay()
+        en.record()
+        en.synchronize()
+        ts.append(st.elapsed_time(en) / n)
+    del g
+    return statistics.median(ts)
+
+
+TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
+
+
+def check(y: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
+    """(ok, max error / max|ref|): every element within rtol·|ref| + atol·max|ref|, no NaN."""
+    rtol, atol = TOL[ref.dtype]
+    yf, rf = y.float(), ref.float()
+    if not torch.isfinite(yf).all():
+        return False, float("nan")
+    scale = rf.abs().max().item() or 1.0
+    err = (yf - rf).abs()
+    ok = bool((err <= atol * scale + rtol * rf.abs()).all())
+    return ok, err.max().item() / scale
