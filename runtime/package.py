@@ -282,8 +282,11 @@ def open_package(name_or_path: str | Path, *, revision: str | None = None, allow
     if path is None:
         path = Path(name_or_path).expanduser()
         if not path.is_dir():
+            import difflib
+            close = difflib.get_close_matches(name.lower(), [n.lower() for n in names], n=1, cutoff=0.8)
+            maybe = f"; did you mean {names[[n.lower() for n in names].index(close[0])]}?" if close else ""
             raise PackageError(f"no package {name!r}: it is not a built-in package and there is no folder "
-                               f"{path} (vsr-run --list shows the built-in packages)")
+                               f"{path} (vsr-run --list shows the built-in packages){maybe}")
     path = Path(path)
 
     config = read_config(path)

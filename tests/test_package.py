@@ -240,6 +240,8 @@ def test_builtin_names_resolve_through_builtin(tmp_path, monkeypatch):
     with pytest.raises(DeviceRefusal, match="FP8 weights need"):
         pkg.open_package("vsr/intent-minilm-FP8", device=CPU)
     assert built == ["vsr/intent-minilm"]   # the refused FP8 sibling was never built
+    with pytest.raises(PackageError, match="did you mean vsr/intent-minilm-FP8"):
+        pkg.open_package("vsr/intent-minilm-fp8", device=CPU)
 
 
 def test_remembered_hashes_still_catch_a_change(tmp_path, monkeypatch):
