@@ -84,9 +84,37 @@ class CacheKey:
         return cls.from_dict(json.loads(s))
 
 
+_source_hashes: dict[str, str] = {}
+
+
+def kernel_source_hash(template) -> str:
+    """The template's source hash, extended by the vsr.kernels modules its module uses (shared
+    kernels such as the split-K reduction live in kernels/common.py): a change to any of them
+    changes the key, so a changed kernel never reuses old tiles."""
+    mod = template.module
+    name = getattr(mod, "__name__", template.name)
+    if name in _source_hashes:
+        return _source_hashes[name]
+    import inspect
+    import types
+    deps = sorted({m.__name__ for m in vars(mod).values()
+                   if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
+                   and m.__name__ not in (name, "vsr.kernels.template")})
+    if not deps:
+        h = template.source_hash
+    else:
+        import sys
+        hs = hashlib.sha256(template.source_hash.encode())
+        for d in deps:
+            hs.update(d.encode() + inspect.getsource(sys.modules[d]).encode())
+        h = hs.hexdigest()[:16]
+    _source_hashes[name] = h
+    return h
+
+
 def make_key(template, problem, identity: DeviceIdentity, triton: str | None = None) -> CacheKey:
     """The key of `problem` solved by `template` on the device `identity` (Triton version: the installed one)."""
     return CacheKey(device=identity.key(), triton=triton or triton_version(), template=template.name,
-                    source_hash=template.source_hash, params=canonical_params(problem.params),
+                    source_hash=kernel_source_hash(template), params=canonical_params(problem.params),
                     N=int(problem.N), K=int(problem.K), bucket=int(problem.bucket),
                     act_dtype=dtype_name(problem.act_dtype))

@@ -6,6 +6,7 @@ TileResolver(cache, policy, device).tile(template, problem):
                   under it, so concurrent processes never tune the same key twice);
           "default": the template's deterministic default tile, with a warning once per key;
           "error": CacheMiss naming the key.
+TileResolver(None) reads the shipped cache of this exact device, if any (use_shipped=False: none).
 A cache file that cannot be used (truncated, corrupt, foreign schema, tuned on another device)
 is reported with the reason; under "error" that is fatal, otherwise the policy applies to
 every lookup (and "tune" keeps what it tunes in memory: a broken file is never overwritten).
@@ -39,7 +40,7 @@ class CacheMiss(CacheError):
 class TileResolver:
     def __init__(self, cache: str | Path | None = None, policy: str = "default", device=None, *,
                  identity: DeviceIdentity | None = None, timer=None, graph: bool = True, jobs: int | None = None,
-                 on_tuned=None):
+                 on_tuned=None, use_shipped: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"miss policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = policy
@@ -48,6 +49,13 @@ class TileResolver:
         self.device = torch.device(device)
         self.identity = identity or current_device_identity(self.device)
         self.cache_path = Path(cache) if cache is not None else None
+        # No cache named: the shipped file for this exact device, read-only (tiles tuned under
+        # policy "tune" then stay in memory; the shipped file is never written by the runtime).
+        self.read_only = False
+        if self.cache_path is None and use_shipped:
+            shipped = shipped_cache_for(self.identity)
+            if shipped is not None:
+                self.cache_path, self.read_only = shipped, True
         self.timer, self.graph, self.jobs, self.on_tuned = timer, graph, jobs, on_tuned
         self.timing_calls = 0
         self.tuned: list[CacheKey] = []
@@ -62,7 +70,7 @@ class TileResolver:
 
     def _open(self) -> None:
         try:
-            self.store = open_store(self.cache_path, create=(self.policy == "tune"))
+            self.store = open_store(self.cache_path, create=(self.policy == "tune" and not self.read_only))
             mine = self.identity.key()
             self._loaded = {e.digest: e.tile for e in self.store.entries() if e.key.device == mine}
             devices = self.store.devices()
@@ -129,13 +137,13 @@ class TileResolver:
         return self._tune(template, problem, key, weight, x)
 
     def _key_lock(self, key: CacheKey) -> FileLock | None:
-        if self.store is None:
+        if self.store is None or self.read_only:
             return None
         lockdir = Path(str(self.cache_path) + ".locks")
         lockdir.mkdir(parents=True, exist_ok=True)
         return FileLock(str(lockdir / f"{key.digest()}.lock"))
 
-    def _tune(self, template, problem, key: CacheKey, weight, x, deadline=None, progress=None) -> dict:
+    def _tune(self, template, problem, key: CacheKey, weight, x, deadline=None, progress=None, tiles=None) -> dict:
         lock = self._key_lock(key)
         if lock is not None:
             lock.acquire()
@@ -143,10 +151,12 @@ class TileResolver:
             found = self._lookup_store(key.digest())  # tuned by another process while we waited
             if found is not None:
                 return found
-            if weight is None or x is None:
-                weight, x = synth.for_problem(template, problem, self.device)
+            if weight is None:
+                weight, _ = synth.for_problem(template, problem, self.device)
+            if x is None:  # the most rows the bucket serves
+                x = synth.random_activations(problem.bucket, problem.K, problem.act_dtype, self.device)
             before = tuner.timing_calls()
-            results = tuner.sweep(template, weight, x, problem=problem, timer=self.timer, graph=self.graph,
+            results = tuner.sweep(template, weight, x, tiles=tiles, problem=problem, timer=self.timer, graph=self.graph,
                                   jobs=self.jobs, deadline=deadline, progress=progress)
             self.timing_calls += tuner.timing_calls() - before
             try:
@@ -156,7 +166,7 @@ class TileResolver:
             entry = Entry(key=key, tile=tile, ms=results[0]["ms"],
                           candidates=[{k: r[k] for k in ("tile", "ms", "ok", "error", "graph")} for r in results],
                           versions=tool_versions(), tuned_at=now_utc())
-            if self.store is not None:
+            if self.store is not None and not self.read_only:
                 self.store.put(entry)
             self.tuned.append(key)
             if self.on_tuned is not None:
@@ -166,8 +176,10 @@ class TileResolver:
             if lock is not None:
                 lock.release()
 
-    def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None) -> tuple[dict, bool]:
-        """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now)."""
+    def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None,
+             tiles=None) -> tuple[dict, bool]:
+        """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). `tiles`
+        narrows the candidates (default: the template's whole search space)."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:
@@ -176,7 +188,7 @@ class TileResolver:
                 self._memo[d] = tile
                 return dict(tile), False
             n = len(self.tuned)
-            tile = self._tune(template, problem, key, weight, x, deadline, progress)
+            tile = self._tune(template, problem, key, weight, x, deadline, progress, tiles)
             self._memo[d] = tile
             return dict(tile), len(self.tuned) > n
 

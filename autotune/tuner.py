@@ -203,13 +203,14 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *, check: bool = True,
           graph: bool = True, timer: Timer | None = None, jobs: int | None = None, problem=None,
           tolerance: tuple[float, float] | None = None, deadline: float | None = None,
-          progress: Callable[[int, int, dict], None] | None = None) -> list[dict]:
+          progress: Callable[[int, int, dict], None] | None = None, timed: bool = True) -> list[dict]:
     """Time every candidate tile of `template` for `weight` and activations `x` [M, K]; best first.
 
     tiles: candidates (default: template.search_space(problem), default tile first).
     timer: fn -> ms (default: CUDA-graph median on a GPU, eager median elsewhere); tests inject fakes.
     jobs: compile threads (default 8 on a GPU; 1 under the interpreter, which is not thread-safe).
     deadline: time.monotonic() after which untimed candidates are skipped (a time budget).
+    timed: False checks candidates (compile, reference, determinism) without timing them (verify).
     """
     if x.dim() != 2:
         raise ValueError(f"sweep needs x as [M, K], got shape {tuple(x.shape)}")
@@ -285,6 +286,12 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
                 if progress:
                     progress(done, total, tile)
                 continue
+        if not timed:
+            r["ok"] = True
+            done += 1
+            if progress:
+                progress(done, total, tile)
+            continue
         state = {"i": 0}
 
         def call(tile=tile, state=state):
@@ -320,7 +327,10 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
 def rank(results: list[dict]) -> list[dict]:
     """Best first: the earliest candidate within TIE_FRACTION of the fastest, then the rest by
     (ms, index), then rejected candidates in search-space order. Deterministic for equal inputs."""
-    ok = [r for r in results if r["ok"]]
+    ok = [r for r in results if r["ok"] and r["ms"] is not None]
+    if not ok:  # untimed sweeps (verify): passing candidates in search-space order
+        ok_untimed = sorted((r for r in results if r["ok"]), key=lambda r: r["index"])
+        return ok_untimed + sorted((r for r in results if not r["ok"]), key=lambda r: r["index"])
     bad = sorted((r for r in results if not r["ok"]), key=lambda r: r["index"])
     if not ok:
         return bad

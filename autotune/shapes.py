@@ -1,0 +1,123 @@
+"""Shape specs and record-format names for vsr-tune: what to tune when no package is named.
+
+A shape spec is "27b" (the 27B-class backbone of BENCHMARKS.md), "minilm" (the built-in
+router's encoder), or "NxK[,NxK...]" (N outputs, K inputs). A record format is one of the
+names BENCHMARKS.md uses (bf16, fp8, int4-gptq, int4-awq, nvfp4, nvfp4-emulated) plus the
+dense fp16/fp32 variants; each becomes a weight layout, an activation dtype and a template.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import torch
+
+from vsr.autotune import synth
+
+SHAPES_27B: tuple[tuple[str, int, int], ...] = (
+    ("qkv", 10240, 5120), ("o", 5120, 8192), ("gate_up", 34816, 5120), ("down", 5120, 17408))
+# all-MiniLM-L6-v2: hidden 384, intermediate 1536 (q/k/v/o share 384x384).
+SHAPES_MINILM: tuple[tuple[str, int, int], ...] = (("qkvo", 384, 384), ("up", 1536, 384), ("down", 384, 1536))
+NAMED = {"27b": SHAPES_27B, "minilm": SHAPES_MINILM}
+
+_DT = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+       "fp32": torch.float32, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    name: str          # record name
+    fmt: str           # weight format
+    params: tuple      # format parameters for the synthetic weight
+    emulate: bool = False
+
+
+FORMATS: dict[str, FormatSpec] = {
+    "bf16": FormatSpec("bf16", "dense", (("wdtype", "bfloat16"),)),
+    "fp16": FormatSpec("fp16", "dense", (("wdtype", "float16"),)),
+    "fp32": FormatSpec("fp32", "dense", (("wdtype", "float32"),)),
+    "fp8": FormatSpec("fp8", "fp8", ()),
+    "int4-gptq": FormatSpec("int4-gptq", "int4", (("group", 128), ("symmetric", True))),
+    "int4-awq": FormatSpec("int4-awq", "int4", (("group", 128), ("symmetric", False))),
+    "nvfp4": FormatSpec("nvfp4", "nvfp4", (("act", "e2m1-block16-dynamic"),)),
+    "nvfp4-emulated": FormatSpec("nvfp4-emulated", "nvfp4", (("act", "e2m1-block16-dynamic"),), emulate=True),
+}
+
+
+def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """'27b' | 'minilm' | 'NxK[,NxK...]' (names may be combined: '27b,minilm,64x128')."""
+    out: list[tuple[str, int, int]] = []
+    for part in spec.lower().split(","):
+        part = part.strip()
+        if part in NAMED:
+            out += list(NAMED[part])
+            continue
+        m = re.fullmatch(r"(\d+)x(\d+)", part)
+        if not m:
+            raise ValueError(f"shape spec {part!r} is not one of {', '.join(NAMED)} or NxK (e.g. 10240x5120)")
+        n, k = int(m.group(1)), int(m.group(2))
+        if n < 1 or k < 1:
+            raise ValueError(f"shape {part!r}: N and K must be positive")
+        out.append((part, n, k))
+    seen, uniq = set(), []
+    for name, n, k in out:
+        if (n, k) not in seen:
+            seen.add((n, k))
+            uniq.append((name, n, k))
+    return uniq
+
+
+def looks_like_shape_spec(target: str) -> bool:
+    try:
+        parse_shapes(target)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_formats(spec: str) -> list[FormatSpec]:
+    out = []
+    for f in spec.split(","):
+        f = f.strip().lower()
+        if f not in FORMATS:
+            raise ValueError(f"format {f!r} is not one of {', '.join(FORMATS)}")
+        out.append(FORMATS[f])
+    return out
+
+
+def act_dtype_for(spec: FormatSpec, act: str | None) -> torch.dtype:
+    if spec.fmt == "dense":
+        return _DT[dict(spec.params)["wdtype"]]
+    return _DT[act or "bf16"]
+
+
+def device_formats(identity) -> list[str]:
+    """The record formats this device runs natively (the H200: bf16, fp8, int4-gptq, int4-awq)."""
+    out = ["bf16", "int4-gptq", "int4-awq"]
+    if identity.vendor == "nvidia" and identity.capability and tuple(identity.capability) >= (8, 9):
+        out.insert(1, "fp8")
+    if identity.vendor == "nvidia" and identity.capability and identity.capability[0] in (10, 12):
+        out.append("nvfp4")
+    return out
+
+
+def weight_for(spec: FormatSpec, N: int, K: int, act_dtype: torch.dtype, device, seed: int = 0):
+    return synth.random_weight(spec.fmt, N, K, dict(spec.params), act_dtype, device, seed)
+
+
+def format_label(key) -> str:
+    """The record-format name of a cache key (ls --json's "format")."""
+    params = json.loads(key.params)
+    if key.template == "dense" or key.template.endswith("dense"):
+        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(params.get("wdtype", key.act_dtype),
+                                                                             key.act_dtype)
+    if key.template.startswith("fp8"):
+        return "fp8"
+    if key.template.startswith("int4"):
+        return "int4-gptq" if params.get("symmetric", True) else "int4-awq"
+    if key.template == "nvfp4_emulated":
+        return "nvfp4-emulated"
+    if key.template.startswith("nvfp4"):
+        return "nvfp4"
+    return key.template

@@ -1,0 +1,392 @@
+"""vsr-tune: pre-record tiles into the shared autotune cache, and inspect / ship / check it.
+
+    vsr-tune PACKAGE-or-SHAPES --autotune-cache PATH [--buckets 1,16|all] [--formats ...]
+             [--jobs N] [--time-budget S] [--json]
+    vsr-tune ls|show KEY|export|import SRC|merge SRC|verify|coverage PACKAGE --autotune-cache PATH
+
+SHAPES is "27b", "minilm" or "NxK[,NxK]" (with --formats); a PACKAGE is a built-in name or a
+folder, whose Linear layers give (format, N, K). Tuning is resumable: recorded keys are skipped
+and every key is committed as soon as it is tuned.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import click
+from click_default_group import DefaultGroup
+
+from vsr.autotune.buckets import parse_buckets
+from vsr.autotune.device_id import DeviceIdentity
+from vsr.autotune.keys import CacheKey
+from vsr.autotune.store import CacheError, export_json, merge, open_store
+from vsr.runtime.errors import VsrError
+
+
+def _echo_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def _device(device: str | None):
+    import torch
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def _dtype(name: str | None):
+    from vsr.autotune.shapes import _DT
+    if name is None:
+        return None
+    if name not in _DT:
+        raise click.BadParameter(f"{name!r} is not one of {', '.join(_DT)}")
+    return _DT[name]
+
+
+# --- what to tune ----------------------------------------------------------------------------
+
+def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
+    """(label, template, weight, problem) for every distinct Linear layer shape of a package."""
+    from vsr.kernels.dense import DenseWeight
+    from vsr.kernels.registry import template_for
+    from vsr.runtime.loaders import PackageLoader
+    from vsr.runtime.models import bert, qwen3
+    from vsr.runtime.package import open_package
+
+    pkg = open_package(target, allow_unverified=True, device=device)
+    config = pkg.config
+    loader = PackageLoader(pkg.path, config)
+    mt = config.get("model_type")
+    if mt == "bert":
+        names = bert.linear_names(config, loader)
+    elif mt == "qwen3":
+        names = qwen3.linear_names(config, loader)
+    else:
+        raise VsrError(f"{target}: model_type {mt!r} has no Linear-layer list (bert, qwen3)")
+    act_dtype = _dtype(act) or pkg.model_dtype
+    jobs, seen = [], set()
+    try:
+        for name in names:
+            w = loader.linear(name)
+            if w.format == "dense" and w.weight.dtype != act_dtype:
+                w = DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))
+            template = template_for(w, act_dtype, emulate=False)
+            sig = (template.name, w.N, w.K, tuple(w.params()))
+            if sig in seen:
+                continue
+            seen.add(sig)
+            w = w.to(device)
+            for b in buckets:
+                jobs.append({"label": f"{name} ({w.format})", "template": template, "weight": w,
+                             "problem": template.problem(w, b, act_dtype)})
+    finally:
+        loader.close()
+    return jobs
+
+
+def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: str | None) -> list[dict]:
+    from vsr.autotune import shapes
+    from vsr.kernels.registry import template_for
+
+    fmts = shapes.parse_formats(formats) if formats else shapes.parse_formats(",".join(shapes.device_formats(identity)))
+    jobs = []
+    for fs in fmts:
+        act_dtype = shapes.act_dtype_for(fs, act)
+        for label, N, K in shapes.parse_shapes(spec):
+            w = shapes.weight_for(fs, N, K, act_dtype, device)
+            template = template_for(w, act_dtype, emulate=fs.emulate)
+            for b in buckets:
+                jobs.append({"label": f"{label} {fs.name}", "template": template, "weight": w,
+                             "problem": template.problem(w, b, act_dtype)})
+    return jobs
+
+
+def build_jobs(target, formats, device, identity, buckets, act):
+    from vsr.autotune import shapes
+    if shapes.looks_like_shape_spec(target) and not Path(target).exists():
+        return shape_jobs(target, formats, device, identity, buckets, act)
+    if formats:
+        raise click.UsageError("--formats applies to shape specs; a package's formats come from its config")
+    try:
+        return package_jobs(target, device, buckets, act)
+    except VsrError as e:
+        if target[:1].isdigit():  # most likely a mistyped shape spec
+            try:
+                shapes.parse_shapes(target)
+            except ValueError as shape_err:
+                raise VsrError(f"{e}; as a shape spec: {shape_err}") from None
+        raise
+
+
+# --- the command group -----------------------------------------------------------------------
+
+cache_option = click.option("--autotune-cache", "cache", required=True, type=click.Path(dir_okay=False),
+                            help="The cache file: .db (SQLite, the working form) or .json (the shipped form).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(cls=DefaultGroup, default="tune", default_if_no_args=False)
+def main():
+    """Record, inspect and ship autotune tiles."""
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"vsr-tune: {msg}", err=True)
+    sys.exit(2)
+
+
+@main.command("tune")
+@click.argument("target")
+@cache_option
+@click.option("--buckets", default="all", show_default=True, help="Row buckets, e.g. 1,16,256, or all.")
+@click.option("--formats", default=None, help="For shape specs: bf16,fp16,fp32,fp8,int4-gptq,int4-awq,nvfp4,"
+              "nvfp4-emulated (default: what this device runs).")
+@click.option("--act-dtype", default=None, help="Activation dtype of quantized formats (default: bf16, or "
+              "the package's dtype).")
+@click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
+@click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
+@click.option("--max-candidates", default=None, type=int,
+              help="Try only the first N tiles of each search space (the default tile comes first).")
+@click.option("--device", default=None, help="torch device (default: cuda if present, else cpu).")
+@json_option
+def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
+    """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
+    from vsr.autotune.resolver import TileResolver
+
+    t0 = time.monotonic()
+    dev = _device(device)
+    try:
+        bks = parse_buckets(buckets)
+        resolver = TileResolver(cache, "tune", dev, jobs=jobs)
+        if resolver.problem and resolver.store is None:
+            _fail(f"{resolver.problem}; not tuning into it (move it away or name another file)")
+        work = build_jobs(target, formats, dev, resolver.identity, bks, act_dtype)
+    except (VsrError, CacheError, ValueError) as e:
+        _fail(str(e))
+    report = {"cache": str(cache), "target": target, "device": resolver.identity.name,
+              "keys": len(work), "tuned": [], "recorded_before": 0, "skipped": [], "failed": []}
+    deadline = None if time_budget is None else t0 + time_budget
+    tuned_s: list[float] = []
+    tty = sys.stderr.isatty()
+    for i, job in enumerate(work, 1):
+        key = resolver.key(job["template"], job["problem"])
+        if deadline is not None and time.monotonic() > deadline:
+            report["skipped"].append(key.short())
+            continue
+        k0 = time.monotonic()
+
+        def progress(done, total, tile, i=i, key=key, k0=k0):
+            if not tty:  # logs get one line per key (below), not a line per candidate
+                return
+            left = _eta(tuned_s, len(work) - i)
+            click.echo(f"\r[{i}/{len(work)}] {key.short()}  candidates {done}/{total}  "
+                       f"{time.monotonic() - k0:5.1f}s{left}", err=True, nl=False)
+        try:
+            tiles = (None if max_candidates is None
+                     else job["template"].search_space(job["problem"])[:max(1, max_candidates)])
+            _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
+                                         progress=progress, tiles=tiles)
+        except (CacheError, ValueError, RuntimeError) as e:
+            report["failed"].append({"key": key.short(), "error": str(e)})
+            click.echo(f"\n[{i}/{len(work)}] {key.short()}: FAILED: {e}", err=True)
+            continue
+        if tuned_now:
+            tuned_s.append(time.monotonic() - k0)
+            report["tuned"].append(key.short())
+            click.echo(("\n" if tty else "") + f"[{i}/{len(work)}] {key.short()} tuned in "
+                       f"{tuned_s[-1]:.1f}s{_eta(tuned_s, len(work) - i)}", err=True)
+        else:
+            report["recorded_before"] += 1
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    report["timing_calls"] = resolver.timing_calls
+    if as_json:
+        _echo_json(report)
+    else:
+        click.echo(f"{len(report['tuned'])} keys tuned, {report['recorded_before']} already recorded, "
+                   f"{len(report['skipped'])} skipped (time budget), {len(report['failed'])} failed, "
+                   f"in {report['seconds']:.1f} s -> {cache}")
+    sys.exit(1 if report["failed"] else 0)
+
+
+def _eta(tuned_s: list[float], remaining: int) -> str:
+    if not tuned_s:
+        return ""
+    return f"  ~{sum(tuned_s) / len(tuned_s) * remaining:.0f}s left"
+
+
+def _open(cache, create=False):
+    try:
+        return open_store(cache, create=create)
+    except CacheError as e:
+        _fail(str(e))
+
+
+def entry_row(e) -> dict:
+    from vsr.autotune.shapes import format_label
+    ident = DeviceIdentity.from_key(e.key.device)
+    return {"device": ident.name, "arch": ident.arch, "multiprocessors": ident.multiprocessors,
+            "device_identity": json.loads(e.key.device), "format": format_label(e.key),
+            "template": e.key.template, "N": e.key.N, "K": e.key.K, "bucket": e.key.bucket,
+            "act_dtype": e.key.act_dtype, "params": json.loads(e.key.params), "tile": e.tile, "ms": e.ms,
+            "triton": e.key.triton, "source_hash": e.key.source_hash, "digest": e.digest, "tuned_at": e.tuned_at}
+
+
+@main.command("ls")
+@cache_option
+@json_option
+def ls_cmd(cache, as_json):
+    """List the cache's entries."""
+    rows = [entry_row(e) for e in _open(cache).entries()]
+    if as_json:
+        _echo_json(rows)
+        return
+    click.echo(f"{'digest':12} {'device':22} {'format':14} {'N':>6} {'K':>6} {'bucket':>6} {'ms':>9}  tile")
+    for r in rows:
+        ms = f"{r['ms']:.4f}" if r["ms"] is not None else "-"
+        t = {k: v for k, v in r["tile"].items()}
+        click.echo(f"{r['digest'][:12]:12} {r['device'][:22]:22} {r['format']:14} {r['N']:>6} {r['K']:>6} "
+                   f"{r['bucket']:>6} {ms:>9}  {json.dumps(t, sort_keys=True)}")
+    click.echo(f"{len(rows)} entries", err=True)
+
+
+@main.command("show")
+@click.argument("key")
+@cache_option
+@json_option
+def show_cmd(key, cache, as_json):
+    """One entry in full (KEY: a digest, a unique digest prefix, or a canonical key)."""
+    store = _open(cache)
+    if key.startswith("{"):
+        key = CacheKey.from_canonical(key).digest()
+    hits = [e for e in store.entries() if e.digest.startswith(key)]
+    if len(hits) != 1:
+        _fail(f"{len(hits)} entries match {key!r} in {cache}" + (" (give more digits)" if hits else ""))
+    e = hits[0]
+    doc = {**entry_row(e), "candidates": e.candidates, "versions": e.versions}
+    if as_json:
+        _echo_json(doc)
+    else:
+        for k, v in doc.items():
+            click.echo(f"{k}: {json.dumps(v, sort_keys=True) if not isinstance(v, str) else v}")
+
+
+@main.command("export")
+@cache_option
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The JSON file to write.")
+@json_option
+def export_cmd(cache, out, as_json):
+    """Write the cache as canonical, sorted JSON (the shipped and reviewed form; byte-stable)."""
+    n = export_json(_open(cache), out)
+    if as_json:
+        _echo_json({"exported": n, "out": out})
+    else:
+        click.echo(f"{n} entries -> {out}")
+
+
+def _merge(src, cache, prefer_incoming, as_json):
+    dst = _open(cache, create=True)
+    report = merge(dst, _open(src), prefer_incoming=prefer_incoming)
+    if as_json:
+        _echo_json(report)
+    else:
+        click.echo(f"{report['added']} added, {report['identical']} identical, {len(report['conflicts'])} "
+                   f"conflicts ({report['replaced']} replaced by the incoming tile)")
+        for c in report["conflicts"]:
+            k = CacheKey.from_dict(c["key"])
+            click.echo(f"  conflict {k.short()}: existing {json.dumps(c['existing'], sort_keys=True)} "
+                       f"incoming {json.dumps(c['incoming'], sort_keys=True)} -> kept {c['kept']}")
+    sys.exit(1 if report["conflicts"] and not prefer_incoming else 0)
+
+
+for _name in ("import", "merge"):
+    @main.command(_name)
+    @click.argument("src", type=click.Path(exists=True, dir_okay=False))
+    @cache_option
+    @click.option("--prefer-incoming", is_flag=True, help="On a conflict take SRC's tile (default: keep ours).")
+    @json_option
+    def _merge_cmd(src, cache, prefer_incoming, as_json):
+        """Merge SRC (.db or .json) into the cache; conflicts are reported (exit 1 unless resolved)."""
+        _merge(src, cache, prefer_incoming, as_json)
+
+
+@main.command("verify")
+@cache_option
+@click.option("--device", default=None)
+@json_option
+def verify_cmd(cache, device, as_json):
+    """Re-check every entry of this device: its kernel source is current, it compiles, and it
+    passes the reference check (nothing is timed)."""
+    from vsr.autotune import synth, tuner
+    from vsr.autotune.keys import kernel_source_hash
+    from vsr.autotune.device_id import current_device_identity
+    from vsr.autotune.shapes import _DT as _DT_BY_NAME
+    from vsr.kernels.registry import TEMPLATES
+
+    dev = _device(device)
+    mine = current_device_identity(dev).key()
+    rows = []
+    for e in _open(cache).entries():
+        if e.key.device != mine:
+            continue
+        t = TEMPLATES.get(e.key.template)
+        row = {"digest": e.digest, "key": e.key.short(), "ok": False, "error": None}
+        if t is None:
+            row["error"] = f"no template named {e.key.template!r} in this vsr"
+        elif kernel_source_hash(t) != e.key.source_hash:
+            row["error"] = "stale: the template's source changed since this tile was tuned"
+        else:
+            act = _DT_BY_NAME[e.key.act_dtype]
+            w = synth.random_weight(synth.weight_format(t.name), e.key.N, e.key.K, json.loads(e.key.params),
+                                    act, dev)
+            x = synth.random_activations(e.key.bucket, e.key.K, act, dev)
+            res = tuner.sweep(t, w, x, tiles=[e.tile], problem=t.problem(w, e.key.bucket, act), timed=False)
+            row["ok"], row["error"] = res[0]["ok"], res[0]["error"]
+        rows.append(row)
+    bad = [r for r in rows if not r["ok"]]
+    if as_json:
+        _echo_json({"checked": len(rows), "failed": len(bad), "entries": rows})
+    else:
+        for r in bad:
+            click.echo(f"FAIL {r['key']}: {r['error']}")
+        click.echo(f"{len(rows) - len(bad)} of {len(rows)} entries of this device pass")
+    sys.exit(1 if bad else 0)
+
+
+@main.command("coverage")
+@click.argument("target")
+@cache_option
+@click.option("--buckets", default="all", show_default=True)
+@click.option("--formats", default=None)
+@click.option("--act-dtype", default=None)
+@click.option("--device", default=None)
+@json_option
+def coverage_cmd(target, cache, buckets, formats, act_dtype, device, as_json):
+    """Which of a PACKAGE's (or shape spec's) keys this device has in the cache."""
+    from vsr.autotune.resolver import TileResolver
+
+    dev = _device(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an other-device file is simply zero coverage here
+        try:
+            resolver = TileResolver(cache, "default", dev)
+            work = build_jobs(target, formats, dev, resolver.identity, parse_buckets(buckets), act_dtype)
+        except (VsrError, CacheError, ValueError) as e:
+            _fail(str(e))
+    have = {e.digest for e in resolver.store.entries()} if resolver.store is not None else set()
+    rows = []
+    for job in work:
+        k = resolver.key(job["template"], job["problem"])
+        rows.append({"layer": job["label"], "template": k.template, "N": k.N, "K": k.K, "bucket": k.bucket,
+                     "digest": k.digest(), "recorded": k.digest() in have})
+    n_have = sum(r["recorded"] for r in rows)
+    doc = {"target": target, "device": resolver.identity.name, "keys": len(rows), "recorded": n_have,
+           "missing": [r for r in rows if not r["recorded"]], "problem": resolver.problem}
+    if as_json:
+        _echo_json(doc)
+    else:
+        click.echo(f"{n_have} of {len(rows)} keys recorded for {resolver.identity.name}")
+        for r in doc["missing"]:
+            click.echo(f"  missing: {r['layer']} {r['template']} N={r['N']} K={r['K']} bucket={r['bucket']}")

@@ -1,0 +1,112 @@
+"""vsr-tune on CPU (the Triton interpreter, fp16/fp32 so tl.dot is exact): tune a shape spec and a
+package, ls/show/export/import/merge/verify/coverage, resumability, --json everywhere."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vsr.cli.tune import main
+
+SHAPES = ["40x64,24x32", "--formats", "fp16,fp32", "--buckets", "1,4"]
+
+
+def run(*args, ok=True):
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    if ok is not None:
+        assert (res.exit_code == 0) == ok, f"exit {res.exit_code}: {res.output}\n{res.exception!r}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tune")
+    res = run(*SHAPES, "--autotune-cache", d / "c.db", "--json")
+    return d, json.loads(res.stdout)
+
+
+def test_tune_records_every_key_and_resumes(tuned):
+    d, rep = tuned
+    assert rep["keys"] == 8 and len(rep["tuned"]) == 8 and not rep["failed"] and rep["timing_calls"] > 0
+    again = json.loads(run(*SHAPES, "--autotune-cache", d / "c.db", "--json").stdout)
+    assert again["tuned"] == [] and again["recorded_before"] == 8 and again["timing_calls"] == 0
+
+
+def test_ls_json_has_the_issue_fields(tuned):
+    d, _ = tuned
+    rows = json.loads(run("ls", "--autotune-cache", d / "c.db", "--json").stdout)
+    assert len(rows) == 8
+    for r in rows:
+        assert {"device", "format", "N", "K", "bucket", "tile"} <= set(r)
+        assert r["format"] in ("fp16", "fp32") and r["bucket"] in (1, 4) and (r["N"], r["K"]) in ((40, 64), (24, 32))
+        assert r["tile"]["BLOCK_K"] > 0
+    shown = json.loads(run("show", rows[0]["digest"][:10], "--autotune-cache", d / "c.db", "--json").stdout)
+    assert shown["tile"] == rows[0]["tile"] and shown["candidates"][0]["ok"]
+    assert run("show", "ffffffffff", "--autotune-cache", d / "c.db", ok=False).exit_code == 2
+
+
+def test_export_import_and_merge_conflicts(tuned, tmp_path):
+    d, _ = tuned
+    run("export", "--autotune-cache", d / "c.db", "--out", tmp_path / "a.json")
+    run("import", tmp_path / "a.json", "--autotune-cache", tmp_path / "b.db")
+    run("export", "--autotune-cache", tmp_path / "b.db", "--out", tmp_path / "b.json")
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["entries"][0]["tile"]["BLOCK_N"] = 32 if doc["entries"][0]["tile"]["BLOCK_N"] != 32 else 64
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    res = run("merge", tmp_path / "c.json", "--autotune-cache", tmp_path / "b.db", "--json", ok=False)
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 1 and len(rep["conflicts"]) == 1 and rep["identical"] == 7 and rep["conflicts"][0]["kept"] == "existing"
+    rep = json.loads(run("merge", tmp_path / "c.json", "--autotune-cache", tmp_path / "b.db", "--prefer-incoming",
+                         "--json").stdout)
+    assert rep["replaced"] == 1
+
+
+def test_verify_passes_and_catches_a_bad_tile(tuned, tmp_path):
+    d, _ = tuned
+    rep = json.loads(run("verify", "--autotune-cache", d / "c.db", "--json").stdout)
+    assert rep["checked"] == 8 and rep["failed"] == 0
+    run("export", "--autotune-cache", d / "c.db", "--out", tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["entries"][0]["tile"]["BLOCK_K"] = 3  # not a power of two: cannot compile
+    doc["entries"][1]["key"]["source_hash"] = "0" * 16
+    for e in doc["entries"][:2]:
+        e.pop("digest")
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    res = run("verify", "--autotune-cache", tmp_path / "bad.json", "--json", ok=False)
+    rep = json.loads(res.stdout)
+    assert rep["failed"] == 2
+    errors = " ".join(r["error"] for r in rep["entries"] if not r["ok"])
+    assert "stale" in errors and "failed" in errors
+
+
+def test_coverage_of_shapes(tuned):
+    d, _ = tuned
+    rep = json.loads(run("coverage", "40x64,8x16", "--formats", "fp16", "--buckets", "1,4,16",
+                         "--autotune-cache", d / "c.db", "--json").stdout)
+    assert rep["keys"] == 6 and rep["recorded"] == 2
+    assert {(m["N"], m["bucket"]) for m in rep["missing"]} == {(40, 16), (8, 1), (8, 4), (8, 16)}
+
+
+def test_bad_inputs_are_named(tmp_path):
+    assert "not one of" in run("12x", "--autotune-cache", tmp_path / "x.db", ok=False).output
+    assert "not a row bucket" in run("8x16", "--buckets", "3", "--autotune-cache", tmp_path / "x.db", ok=False).output
+    (tmp_path / "junk.db").write_bytes(b"junk" * 100)
+    out = run("8x16", "--formats", "fp32", "--autotune-cache", tmp_path / "junk.db", ok=False).output
+    assert "junk.db" in out and "not an SQLite file" in out
+
+
+def test_package_coverage_and_tune(tmp_path):
+    from tinypkgs import build_tiny_qwen3
+    pkg = build_tiny_qwen3(tmp_path / "q3")
+    cache = tmp_path / "p.db"
+    rep = json.loads(run("coverage", pkg, "--buckets", "1", "--act-dtype", "float16", "--autotune-cache", cache,
+                         "--json").stdout)
+    # the decoder's Linear layers: q/o 128x128, k/v 64x128, gate/up 256x128, down 128x256
+    assert rep["recorded"] == 0 and {(m["N"], m["K"]) for m in rep["missing"]} == {
+        (128, 128), (64, 128), (256, 128), (128, 256)}
+    tr = json.loads(run(pkg, "--buckets", "1", "--act-dtype", "float16", "--max-candidates", "1",
+                        "--autotune-cache", cache, "--json").stdout)
+    assert len(tr["tuned"]) == rep["keys"] == 4
+    rep = json.loads(run("coverage", pkg, "--buckets", "1", "--act-dtype", "float16", "--autotune-cache", cache,
+                         "--json").stdout)
+    assert rep["recorded"] == 4 and rep["missing"] == []
