@@ -41,7 +41,7 @@ def _model_dtype(pkg, config: dict) -> torch.dtype:
 
 class Engine:
     def __init__(self, model, tokenizer: PackageTokenizer, *, mode: str, device: torch.device,
-                 act_dtype: torch.dtype, weight_bytes: int, resolver=None):
+                 act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None):
         self.model = model
         self.tokenizer = tokenizer
         self.mode = mode
@@ -49,6 +49,7 @@ class Engine:
         self.act_dtype = act_dtype
         self.weight_bytes = weight_bytes
         self.resolver = resolver
+        self.linears: dict = linears or {}  # module name -> QLinear, for tests and tools
         self.labels: list[str] | None = model.labels
 
     def check_request(self, text) -> str | None:
@@ -151,4 +152,5 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         loader.close()
     tok = PackageTokenizer(path, config)
     return Engine(model, tok, mode=mode, device=dev, act_dtype=act,
-                  weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver)
+                  weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver,
+                  linears=builder.linears)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from vsr.kernels.dense import DenseWeight
+from vsr.runtime.linear import to_run_dtype
 
 
 class Builder:
@@ -25,17 +25,16 @@ class Builder:
         self.convert_dense = convert_dense
         self.linear_bytes = 0
         self.other_bytes = 0
-        self.linear_names: list[str] = []
+        self.linears: dict[str, torch.nn.Module] = {}
 
     def linear(self, name: str) -> torch.nn.Module:
         w = self.loader.linear(name)
-        if self.convert_dense and w.format == "dense":
-            w = DenseWeight(w.weight.to(self.act_dtype),
-                            None if w.bias is None else w.bias.to(self.act_dtype))
+        if self.convert_dense:
+            w = to_run_dtype(w, self.act_dtype)  # dense only; quantized weights stay as stored
         w = w.to(self.device)
         self.linear_bytes += w.nbytes()
-        self.linear_names.append(name)
-        return self.make_linear(w)
+        self.linears[name] = self.make_linear(w)
+        return self.linears[name]
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A plain tensor (embedding, norm, head), in `dtype` if given, else as stored."""

@@ -1,0 +1,96 @@
+"""llm-compressor packages of both models load and run through our engine and agree with transformers.
+
+Built once per session with vsr.runtime.compress.compress_package (tinypkgs). transformers
+decompresses / fake-quantizes compressed-tensors packages on load, so it is an independent
+implementation of the same numerics. Two levels:
+- every Linear layer: our QLinear on the exact input transformers fed that layer must give
+  its output (tight tolerances: the formats' numerics are the same);
+- the whole model: logits / probabilities within a per-format tolerance (quantized
+  activations flip a few rounding decisions that then compound over layers), and the same
+  top choice wherever transformers' own margin is clear.
+NVFP4 runs in bf16 on both sides: transformers cannot run an fp32 NVFP4 package (pitfall 10).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinypkgs import TEST_TEXTS, Pkg, compressed, minilm_router, pkg_root, tiny_qwen3  # noqa: F401
+from vsr.runtime.engine import load_engine
+
+pytestmark = pytest.mark.slow
+
+FORMAT = {"FP8_DYNAMIC": "fp8", "W4A16": "int4", "W4A16_ASYM": "int4", "NVFP4": "nvfp4", "NVFP4-AWQ": "nvfp4"}
+# Whole-model tolerance, relative to the largest reference output.
+MODEL_TOL = {"FP8_DYNAMIC": 0.05, "W4A16": 1e-5, "W4A16_ASYM": 1e-5, "NVFP4": 0.5, "NVFP4-AWQ": 0.5}
+CASES = [("qwen3", s) for s in FORMAT] + [("minilm", s) for s in ("FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "NVFP4")]
+
+
+def _hf_model(kind, path, dtype):
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    cls = AutoModelForSequenceClassification if kind == "qwen3" else AutoModel
+    return cls.from_pretrained(path, dtype=dtype).eval()
+
+
+def _outputs(kind, e, hf, b):
+    """(ours, transformers') scores: Qwen3 logits, MiniLM pooled embeddings."""
+    with torch.no_grad():
+        h = e.model.encode(b.input_ids, b.attention_mask)
+        if kind == "qwen3":
+            ours = e.model.logits(h[torch.arange(h.shape[0]), b.lengths - 1])
+            ref = hf(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+        else:
+            ours = e.model.pool(h, b.attention_mask)
+            hh = hf(input_ids=b.input_ids, attention_mask=b.attention_mask).last_hidden_state.float()
+            m = b.attention_mask[..., None].float()
+            ref = F.normalize((hh * m).sum(1) / m.sum(1), dim=-1)
+    return ours, ref
+
+
+@pytest.mark.parametrize("kind,scheme", CASES, ids=[f"{k}-{s}" for k, s in CASES])
+def test_compressed_package_agrees_with_transformers(kind, scheme, request):
+    src = request.getfixturevalue("tiny_qwen3" if kind == "qwen3" else "minilm_router")
+    path = compressed(src, scheme)
+    bf16 = scheme.startswith("NVFP4")
+    e = load_engine(Pkg(path), dtype="bfloat16" if bf16 else "auto")
+    assert e.mode == "reference"
+    assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
+    hf = _hf_model(kind, path, torch.bfloat16 if bf16 else torch.float32)
+
+    # Layer level: capture what transformers fed and got from every Linear we run.
+    seen = {}
+
+    def capture(n):
+        def hook(mod, inp, out):  # returns None: the module's output is left as it is
+            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
+        return hook
+
+    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in e.linears]
+    b = e.tokenizer.batch(TEST_TEXTS)
+    ours, ref = _outputs(kind, e, hf, b)
+    for h in hooks:
+        h.remove()
+    assert set(seen) == set(e.linears)
+    for n, (x, y_ref) in seen.items():
+        with torch.no_grad():
+            y = e.linears[n](x.to(e.act_dtype)).float()
+        y_ref = y_ref.float()
+        # bf16: two ulps of the layer's largest output; fp32: accumulation-order noise.
+        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.abs().max())
+        err = float((y - y_ref).abs().max())
+        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
+
+    # Model level.
+    scale = float(ref.abs().max())
+    err = float((ours - ref).abs().max())
+    assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: model outputs differ by {err:.3g} (scale {scale:.3g})"
+    if kind == "qwen3":
+        top2 = ref.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * err
+        assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    else:
+        # Embeddings: each request is still nearest to its own reference embedding.
+        assert torch.equal((ours @ ref.t()).argmax(-1), torch.arange(len(TEST_TEXTS)))
+    # And the engine answers end to end.
+    res = e.predict(TEST_TEXTS[:2])
+    assert all("choice" in r for r in res)
