@@ -1,0 +1,129 @@
+"""The engine (contract 9), the tokenizer's request checks and the package builder's contract."""
+import hashlib
+import json
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tinypkgs import (CALIBRATION, ROUTER_LABELS, TEST_TEXTS, Pkg, compressed, minilm_router, pkg_root,  # noqa: F401
+                      tiny_qwen3)
+from vsr.runtime.compress import compress_package
+from vsr.runtime.engine import load_engine
+from vsr.runtime.errors import PackageError, RequestError
+
+
+@pytest.fixture(scope="module")
+def router(minilm_router):  # noqa: F811
+    return load_engine(Pkg(minilm_router))
+
+
+def test_predict_shape_order_and_top_k(router):
+    res = router.predict(TEST_TEXTS, top_k=3)
+    assert len(res) == len(TEST_TEXTS)
+    for r in res:
+        assert r["choice"] == r["top"][0][0] and len(r["top"]) == 3
+        probs = [p for _, p in r["top"]]
+        assert probs == sorted(probs, reverse=True) and all(0 <= p <= 1 for p in probs)
+        assert all(lab in ROUTER_LABELS for lab, _ in r["top"])
+    full = router.predict(TEST_TEXTS, top_k=100)  # clipped to the number of labels, summing to 1
+    assert all(len(r["top"]) == len(ROUTER_LABELS) for r in full)
+    assert all(abs(sum(p for _, p in r["top"]) - 1) < 1e-5 for r in full)
+    # Answers follow the request order whatever the batching (length-sorted inside).
+    rev = router.predict(TEST_TEXTS[::-1], top_k=3)
+    assert [r["choice"] for r in rev] == [r["choice"] for r in res][::-1]
+    for a, b in zip(rev, res[::-1]):
+        assert a["top"][0][1] == pytest.approx(b["top"][0][1], abs=1e-6)
+
+
+def test_batches_larger_than_one_chunk(router, monkeypatch):
+    import vsr.runtime.engine as eng
+
+    texts = [f"turn on light number {i}" + " please" * (i % 5) for i in range(11)]
+    whole = router.forward(texts)
+    monkeypatch.setattr(eng, "BATCH_SIZE", 4)
+    torch.testing.assert_close(router.forward(texts), whole, atol=1e-6, rtol=1e-5)
+    assert torch.isfinite(whole).all()
+
+
+def test_request_checks(router):
+    assert router.check_request("turn on the lights") is None
+    assert "empty" in router.check_request("")
+    assert "empty" in router.check_request("   \n")
+    long = "lights " * 300
+    msg = router.check_request(long)
+    assert "too long" in msg and "256" in msg  # MiniLM's sentence-transformers limit, not truncated
+    with pytest.raises(RequestError, match="request 1: empty"):
+        router.predict(["fine", ""])
+    with pytest.raises(RequestError, match="request 0: text is too long"):
+        router.predict([long])
+
+
+def test_modes_labels_and_weight_bytes(minilm_router):  # noqa: F811
+    e = load_engine(Pkg(minilm_router), emulate=True)
+    assert e.mode == "emulated"
+    # Every tensor the model runs on, counted once: all of the file but the unused pooler and the
+    # position_ids buffer; token_type_embeddings is counted whole (row 0 is a view of it).
+    with safe_open(minilm_router / "model.safetensors", "pt") as f:
+        total = sum(f.get_tensor(k).nbytes for k in f.keys()
+                    if not k.startswith("pooler.") and k != "embeddings.position_ids")
+    assert e.weight_bytes == total
+    with pytest.raises(ValueError, match="dtype 'float64'"):
+        load_engine(Pkg(minilm_router), dtype="float64")
+
+
+def test_quantized_weight_bytes_are_smaller(minilm_router, router):  # noqa: F811
+    e = load_engine(Pkg(compressed(minilm_router, "W4A16")))
+    assert e.weight_bytes < router.weight_bytes * 0.75
+    assert {q.weight.format for q in e.linears.values()} == {"int4"}
+
+
+def _digest(d):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def test_compress_is_byte_identical_on_rebuild(tmp_path, tiny_qwen3):  # noqa: F811
+    # GPTQ: calibration data decides the weights, so the order and threads must be fixed.
+    threads = torch.get_num_threads()
+    a = compress_package(tiny_qwen3, tmp_path / "a", "W4A16", CALIBRATION[:6])
+    b = compress_package(tiny_qwen3, tmp_path / "b", "W4A16", CALIBRATION[:6])
+    assert _digest(a) == _digest(b)
+    c = compress_package(tiny_qwen3, tmp_path / "c", "W4A16", CALIBRATION[6:12])
+    assert _digest(c)["model.safetensors"] != _digest(a)["model.safetensors"]  # the data does matter
+    assert torch.get_num_threads() == threads  # the one-thread build leaves the caller's setting alone
+
+
+def test_compress_keeps_the_head_and_tokenizer(tmp_path, minilm_router):  # noqa: F811
+    a = compress_package(minilm_router, tmp_path / "a", "FP8_DYNAMIC", CALIBRATION[:4])
+    # Tokenizer files verbatim, head tensors and config keys kept.
+    for f in ("tokenizer.json", "vocab.txt", "sentence_bert_config.json"):
+        assert (a / f).read_bytes() == (minilm_router / f).read_bytes()
+    cfg = json.loads((a / "config.json").read_text())
+    src = json.loads((minilm_router / "config.json").read_text())
+    assert cfg["vsr_classifier"] == src["vsr_classifier"] and cfg["id2label"] == src["id2label"]
+    assert "classifier" not in json.dumps(cfg["quantization_config"]["config_groups"])
+    with safe_open(a / "model.safetensors", "pt") as f, safe_open(minilm_router / "model.safetensors", "pt") as g:
+        for k in ("classifier.weight", "classifier.bias"):
+            assert torch.equal(f.get_tensor(k), g.get_tensor(k))
+        assert f.get_tensor("encoder.layer.0.attention.self.query.weight").dtype == torch.float8_e4m3fn
+    e = load_engine(Pkg(a))
+    assert e.labels == ROUTER_LABELS
+
+
+def test_compress_errors(tmp_path, tiny_qwen3, monkeypatch):  # noqa: F811
+    with pytest.raises(PackageError, match="unknown compression scheme 'W3A3'"):
+        compress_package(tiny_qwen3, tmp_path / "x", "W3A3", CALIBRATION)
+    with pytest.raises(PackageError, match="calibration_texts is empty"):
+        compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", [])
+    monkeypatch.setitem(sys.modules, "llmcompressor", None)  # as if the extra were not installed
+    with pytest.raises(PackageError, match=r"pip install 'vsr\[quant\]'"):
+        compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", CALIBRATION)
+
+
+@pytest.mark.gpu
+def test_cuda_engine_runs_triton_and_agrees_with_the_cpu_reference(minilm_router, router):  # noqa: F811
+    e = load_engine(Pkg(minilm_router), device="cuda")
+    assert e.mode == "triton" and e.act_dtype == torch.float32
+    got = e.forward(TEST_TEXTS)
+    torch.testing.assert_close(got, router.forward(TEST_TEXTS), atol=1e-4, rtol=1e-3)
