@@ -152,8 +152,7 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                 for split in (1, 2, 4, 8, 16):
                     if K // split < bk:
                         continue
-                    for stages in (3, 4, 5):
-                        cands.append(tile("splitk", 16, bn, bk, split, 4, stages))
+                    cands.append(tile("splitk", 16, bn, bk, split, 4, 4))
     elif bucket <= 128:
         for bm in (16, 32, 64):
             if bm > bucket:

@@ -125,7 +125,17 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Triton template "int4_w4a16"
+# Triton template "int4_w4a16": three paths, chosen by the tile's "path".
+#   "gemv"    M = 1: no tensor cores; each program streams whole rows of packed words
+#             (coalesced along K), unpacks in registers, multiplies by x and reduces.
+#   "splitk" / "tiled": tl.dot on the unpacked integers (u - zu) with the group scale
+#             applied to the fp32 partial product of each BLOCK_K tile. Inside a tile the
+#             K order is nibble-major (row r = nibble·BK/8 + word), so the [8, BK/8, BN]
+#             unpacked block folds into [BK, BN] without interleaving; x is read in the
+#             same order. A dot product does not care which order its terms come in.
+#   "dequant" large M: a Triton kernel writes a transient W [N, K] in x's dtype for this
+#             call (freed after it; no dequantized copy is kept) and the dense template's
+#             kernel multiplies.
 
 
 @triton.jit
@@ -143,11 +153,14 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
     KG = tl.cdiv(K, GROUP)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    shifts = (tl.arange(0, 8) * 4)[None, :, None]
+    W8: tl.constexpr = BLOCK_K // 8
+    shifts = (tl.arange(0, 8) * 4)[:, None, None]
+    r = tl.arange(0, BLOCK_K)
+    perm = (r % W8) * 8 + r // W8            # nibble-major order within the tile
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        offs_k = k0 + perm
+        offs_w = k0 // 8 + tl.arange(0, W8)
         a_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
         q_ptrs = q_ptr + rn[None, :] * K8 + offs_w[:, None]
         if EVEN_K:
@@ -156,8 +169,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
         else:
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[:, None] < K8, other=0)
-        # [BK/8, BN] words -> [BK/8, 8, BN] nibbles -> [BK, BN] with k = 8·word + nibble.
-        u = (words[:, None, :] >> shifts) & 0xF
+        u = (words[None, :, :] >> shifts) & 0xF             # [8, BK/8, BN]
         u = tl.reshape(u, (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
         if HAS_ZP:
@@ -172,6 +184,77 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
 
 
+@triton.jit
+def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K, stride_ym, K_SPLIT,
+                      GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """One row of x: y[n] = Σ_groups scale[n, g] · Σ_{k in g} x[k] (u[n, k] - zu), fp32."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (offs_n % N).to(tl.int64)
+    K8 = tl.cdiv(K, 8)
+    KG = tl.cdiv(K, GROUP)
+    W8: tl.constexpr = BLOCK_K // 8
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    i = tl.arange(0, W8)
+    j = tl.arange(0, 8)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_w = k0 // 8 + i
+        offs_x = k0 + i[:, None] * 8 + j[None, :]              # [BK/8, 8]
+        if EVEN_K:
+            words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :])
+            xv = tl.load(x_ptr + offs_x).to(tl.float32)
+        else:
+            words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+            xv = tl.load(x_ptr + offs_x, mask=offs_x < k_hi, other=0.0).to(tl.float32)
+        u = (words[:, :, None] >> shifts) & 0xF                 # [BN, BK/8, 8]
+        g = k0 // GROUP
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g)
+            wv = (u - zu[:, None, None]).to(tl.float32)
+        else:
+            wv = (u - 8).to(tl.float32)
+        part = tl.sum(tl.sum(wv * xv[None, :, :], axis=2), axis=1)
+        acc += part * tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+    else:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * N + offs_n, acc, mask=offs_n < N)
+
+
+@triton.jit
+def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[n, k] = (u - zu) · scale[n, k // G] in W's dtype, for one call's transient buffer."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    W8: tl.constexpr = BLOCK_K // 8
+    i = tl.arange(0, W8)
+    K8 = tl.cdiv(K, 8)
+    KG = tl.cdiv(K, GROUP)
+    nmask = offs_n[:, None] < N
+    words = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * K8 + k0 // 8 + i[None, :],
+                    mask=nmask & (k0 // 8 + i[None, :] < K8), other=0)
+    u = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF      # [BN, BK/8, 8]
+    k = k0 + i[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+    g = k // GROUP
+    n3 = offs_n[:, None, None].to(tl.int64)
+    m3 = (offs_n[:, None, None] < N) & (k < K)
+    sc = tl.load(sc_ptr + n3 * KG + g, mask=m3, other=0.0).to(tl.float32)
+    if HAS_ZP:
+        zu = tl.load(zp_ptr + n3 * KG + g, mask=m3, other=0)
+        wv = (u - zu).to(tl.float32) * sc
+    else:
+        wv = (u - 8).to(tl.float32) * sc
+    tl.store(w_ptr + n3 * K + k, wv.to(w_ptr.dtype.element_ty), mask=m3)
+
+
 _ACT_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -184,8 +267,10 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
         "zero_point must be contiguous int32 (unpacked u-domain)"
+    path = tile.get("path", "splitk")
     bk = tile["BLOCK_K"]
-    assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
+    if path != "dequant":
+        assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
     assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
     if w.act_perm is not None:
         # Legacy act-order: the weight was permuted once at load; x follows per call.
@@ -196,17 +281,34 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     N = w.N
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
-    k_split, split = common.split_plan(K, tile)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    bias = w.bias if w.bias is not None else y
     zp = w.zero_point if w.zero_point is not None else w.packed
-    bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
-    _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, x.stride(0), y.stride(0), k_split,
-                       GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-                       EVEN_K=(K % bk == 0 and k_split % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                       SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                       num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    bias = w.bias if w.bias is not None else y
+    if path == "dequant":
+        wt = torch.empty((N, K), dtype=x.dtype, device=x.device)
+        _int4_dequant_kernel[(triton.cdiv(N, 64), triton.cdiv(K, 128))](
+            w.packed, w.scale, zp, wt, N, K, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            BLOCK_N=64, BLOCK_K=128, num_warps=4)
+        from vsr.kernels import dense
+        return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path="tiled"), out=y)
+    k_split, split = common.split_plan(K, tile)
+    even = K % bk == 0 and k_split % bk == 0
+    if path == "gemv":
+        assert M == 1, f"the gemv path takes one row, got M={M}"
+        ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
+        bn = tile["BLOCK_N"]
+        _int4_gemv_kernel[(triton.cdiv(N, bn), split)](
+            x, w.packed, w.scale, zp, y, ws, bias, N, K, y.stride(0), k_split, GROUP=w.group_size,
+            HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None, EVEN_K=even, BLOCK_N=bn, BLOCK_K=bk,
+            SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    else:
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+        bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+        _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, x.stride(0), y.stride(0), k_split,
+                           GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
+                           EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
     return y
@@ -221,12 +323,32 @@ def _bk_choices(group: int) -> tuple[int, ...]:
     return tuple(b for b in (32, 64, 128, 256) if group % b == 0)
 
 
+def _gemv_tiles(p: Problem, bks) -> list[dict]:
+    out = []
+    for bn in (16, 32, 64):
+        for bk in bks:
+            if bk < 64:
+                continue
+            split = common._split_for(1, p.N, p.K, 1, bn, bk, 8)
+            for s in sorted({1, split, 2 * split}):
+                if s <= 16 and p.K // s >= bk:
+                    out.append(common.tile("gemv", 1, bn, bk, s, 4, 3 if bn > 16 else 4))
+    return out
+
+
 def default_tile(p: Problem) -> dict:
     group = p.param("group", 128)
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 2, 0.5)
     bks = _bk_choices(group)
     if not bks:
         raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
+    if p.bucket == 1 and max(bks) >= 64:
+        bk = max(b for b in bks if b <= 128)
+        bn = 32
+        return common.tile("gemv", 1, bn, bk, common._split_for(1, p.N, p.K, 1, bn, bk, 8), 4, 3)
+    if p.bucket >= 256:
+        # Large M: the tensor-core product of a dense tile beats unpacking inside the main loop.
+        return common.tile("dequant", 128 if p.bucket >= 1024 else 64, 128, 64, 1, 8 if p.bucket >= 1024 else 4, 3)
+    t = common.default_gemm_tile(p.bucket, p.N, p.K, 2, 0.5)
     t["BLOCK_K"] = max(b for b in bks if b <= 128) if any(b <= 128 for b in bks) else bks[0]
     if t["SPLIT_K"] > 1:
         t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"],
@@ -235,8 +357,22 @@ def default_tile(p: Problem) -> dict:
 
 
 def search_space(p: Problem) -> list[dict]:
-    return common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, default_tile(p),
-                             bk_choices=_bk_choices(p.param("group", 128)))
+    bks = _bk_choices(p.param("group", 128))
+    d = default_tile(p)
+    if p.bucket == 1:
+        rest = _gemv_tiles(p, bks) + common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks)[1:]
+    elif p.bucket >= 256:
+        rest = [dict(t, path="dequant") for t in common.gemm_space(p.bucket, p.N, p.K, 2, 2, d, (64,))[1:]] \
+            + common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks)[1:]
+    else:
+        rest = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks)[1:]
+    out, seen = [d], {tuple(sorted(d.items()))}
+    for t in rest:
+        key = tuple(sorted(t.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 TEMPLATE = Template(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,

@@ -1,0 +1,247 @@
+"""Every Triton template against its pure-torch reference, on small shapes.
+
+Without a GPU these run under the Triton interpreter (tests/conftest.py), whose bf16
+tl.dot is wrong: activations here are fp16 and fp32. Shapes: N odd (37), K a multiple
+of the int4 group and of 16, row counts in buckets 1, 8 and 64 (split-K paths) plus an
+explicit tiled tile. Outputs are pre-filled with NaN so an unwritten element fails.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vsr.autotune.buckets import bucket_for
+from vsr.kernels import dense, fp8, int4, nvfp4
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+N, K = 37, 256
+# (rtol, atol as a fraction of max|ref|) per output dtype: the kernels differ from the
+# references only in the order of fp32 sums (and, for fp8, not at all in the quantization).
+TOL = {torch.float16: (2e-3, 1e-3), torch.float32: (1e-4, 1e-5), torch.bfloat16: (1.6e-2, 8e-3)}
+ROWS = (1, 5, 40)          # buckets 1, 8, 64
+TILED = {"path": "tiled", "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 2,
+         "num_warps": 4, "num_stages": 2}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_close(y, ref):
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    assert not torch.isnan(y).any(), "kernel left unwritten (NaN-poisoned) outputs"
+    rtol, atol = TOL[ref.dtype]
+    scale = ref.float().abs().max().item()
+    assert scale > 0
+    err = (y.float() - ref.float()).abs()
+    bound = atol * scale + rtol * ref.float().abs()
+    assert (err <= bound).all(), f"max error {err.max().item():.3g} (max |ref| {scale:.3g})"
+
+
+def run(template_launch, x, w, tile):
+    out = torch.full((x.shape[0], w.N), float("nan"), dtype=x.dtype, device=x.device)
+    y = template_launch(x, w, tile, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    return y
+
+
+# --- dense -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M", ROWS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_matches_reference(dtype, M, bias):
+    g = gen(M * 7 + bias)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype),
+                          torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    tile = dense.default_tile(dense.problem(w, bucket_for(M), dtype))
+    assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
+
+
+def test_dense_fp32_is_ieee_not_tf32():
+    # Values whose products need more than tf32's 10 mantissa bits: a tf32 product would be off by ~1e-3.
+    g = gen(3)
+    w = dense.DenseWeight((1 + torch.rand(N, K, generator=g) * 2 ** -12).float()).to(DEV)
+    x = (1 + torch.rand(4, K, generator=g) * 2 ** -12).float().to(DEV)
+    y = dense.launch(x, w, dense.default_tile(dense.problem(w, 4, torch.float32)))
+    ref = (x.double() @ w.weight.double().t())
+    assert ((y.double() - ref).abs() / ref.abs()).max().item() < 1e-6
+
+
+def test_dense_tiled_path_and_uneven_k():
+    g = gen(4)
+    Kodd = 200  # not a multiple of BLOCK_K: masked tail
+    w = dense.DenseWeight(torch.randn(N, Kodd, generator=g).half(), torch.randn(N, generator=g).half()).to(DEV)
+    x = torch.randn(40, Kodd, generator=g).half().to(DEV)
+    assert_close(run(dense.launch, x, w, TILED), dense.reference_linear(x, w))
+    split = dict(TILED, SPLIT_K=3)
+    assert_close(run(dense.launch, x, w, split), dense.reference_linear(x, w))
+
+
+# --- fp8 ---------------------------------------------------------------------------------
+
+def fp8_weight(g, dtype, bias):
+    return fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(N, K, generator=g) * 40),
+                         (torch.rand(N, generator=g) * 0.01 + 1e-3).to(dtype),
+                         torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M", ROWS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp8_matches_reference(dtype, M, bias):
+    g = gen(100 + M * 7 + bias)
+    w = fp8_weight(g, dtype, bias)
+    x = (torch.randn(M, K, generator=g) * 3).to(dtype).to(DEV)
+    tile = fp8.default_tile(fp8.problem(w, bucket_for(M), dtype))
+    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp8_activation_quantization_is_bit_exact(dtype):
+    g = gen(5)
+    x = (torch.randn(6, K, generator=g) * 5).to(dtype)
+    x[2] = 0                                   # all-zero row: scale becomes eps
+    x[3, :] = 0
+    x[3, 0] = 448.0                            # s = 1 exactly: the quotients are the values themselves
+    x[3, 1:9] = torch.tensor([34.0, -34.0, 36.0, 0.0029296875, 0.0048828125, 1e-4, 447.0, 300.0])  # ties
+    x = x.to(DEV)
+    xq, s = fp8.quantize_activation_triton(x)
+    rq, rs = fp8.quantize_activation(x)
+    assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(s, rs[:, 0])
+
+
+def test_fp8_tiled_path():
+    g = gen(6)
+    w = fp8_weight(g, torch.float16, True)
+    x = torch.randn(40, K, generator=g).half().to(DEV)
+    assert_close(run(fp8.launch, x, w, TILED), fp8.reference_linear(x, w))
+
+
+# --- int4 --------------------------------------------------------------------------------
+
+def int4_weight(g, G, symmetric, act_order, bias, dtype=torch.float16):
+    u = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
+    scale = (torch.rand(N, K // G, generator=g) * 0.05 + 1e-3).to(dtype)
+    zp = None if symmetric else torch.randint(0, 16, (N, K // G), generator=g, dtype=torch.int32)
+    perm = torch.randperm(K, generator=g) if act_order else None
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, perm, b).to(DEV)
+
+
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("M", ROWS)
+def test_int4_matches_reference(symmetric, act_order, M):
+    g = gen(200 + M + 3 * symmetric + act_order)
+    w = int4_weight(g, 64, symmetric, act_order, bias=M != 5)
+    x = torch.randn(M, K, generator=g).half().to(DEV)
+    tile = int4.default_tile(int4.problem(w, bucket_for(M), torch.float16))
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def test_int4_tiled_path_and_group_128():
+    g = gen(7)
+    w = int4_weight(g, 128, False, False, bias=True)
+    x = torch.randn(40, K, generator=g).half().to(DEV)
+    assert_close(run(int4.launch, x, w, dict(TILED, BLOCK_K=128)), int4.reference_linear(x, w))
+
+
+def test_int4_dequant_path_for_large_buckets():
+    g = gen(13)
+    for sym in (True, False):
+        w = int4_weight(g, 64, sym, True, bias=True)
+        x = torch.randn(40, K, generator=g).half().to(DEV)
+        assert_close(run(int4.launch, x, w, dict(TILED, path="dequant")), int4.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_int4_gemv_path_uneven_k(split):
+    g = gen(14 + split)
+    Kodd, G = 200, 64                 # K not a multiple of 8 nor of BLOCK_K: masked tails
+    u = torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)
+    w = int4.Int4Weight(int4.pack_int4(u), (torch.rand(N, 4, generator=g) * 0.05).half(), Kodd, G,
+                        torch.randint(0, 16, (N, 4), generator=g, dtype=torch.int32), None,
+                        torch.randn(N, generator=g).half()).to(DEV)
+    x = torch.randn(1, Kodd, generator=g).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4,
+            "num_stages": 2}
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def test_int4_refuses_block_k_across_groups():
+    g = gen(8)
+    w = int4_weight(g, 32, True, False, bias=False)
+    x = torch.randn(2, K, generator=g).half().to(DEV)
+    with pytest.raises(AssertionError, match="must divide the group size"):
+        int4.launch(x, w, dict(TILED, BLOCK_K=64))
+
+
+# --- nvfp4 -------------------------------------------------------------------------------
+
+def nvfp4_weight(g, w4a4, bias, dtype):
+    W = torch.randn(N, K, generator=g)
+    gw = torch.tensor(448.0 * 6.0 / W.abs().max().item())
+    codes, bs = nvfp4.quantize_activation(W, gw)  # the same per-16 rounding makes a valid weight
+    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), bs, gw, torch.tensor(37.5) if w4a4 else None,
+                             torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("w4a4", [True, False])
+@pytest.mark.parametrize("M", ROWS)
+def test_nvfp4_emulated_matches_reference(dtype, w4a4, M):
+    g = gen(300 + M * 5 + w4a4)
+    w = nvfp4_weight(g, w4a4, bias=M != 5, dtype=dtype)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    x[0, :16] = 0  # an all-zero block: its scale becomes 0.125
+    tile = nvfp4.default_tile(nvfp4.problem(w, bucket_for(M), dtype))
+    assert_close(run(nvfp4.launch_emulated, x, w, tile), nvfp4.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_nvfp4_activation_quantization_is_bit_exact(dtype):
+    g = gen(9)
+    x = (torch.randn(5, K, generator=g) * 4).to(dtype)
+    x[1, :16] = 0
+    # Exact ties between e2m1 codes with a scale of exactly 1/gx... (gx = 1, amax 6 -> s = 1).
+    x[2, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5,
+                              -3.5, -5.0, 0.1])
+    x = x.to(DEV)
+    gx = torch.tensor(1.0, device=DEV)
+    codes, s = nvfp4.quantize_activation_triton(x, gx)
+    rc, rs = nvfp4.quantize_activation(x, gx)
+    assert torch.equal(codes, rc)
+    assert torch.equal(s.view(torch.uint8), rs.view(torch.uint8))
+
+
+def test_nvfp4_emulated_tiled_path():
+    g = gen(10)
+    w = nvfp4_weight(g, True, bias=True, dtype=torch.float16)
+    x = torch.randn(40, K, generator=g).half().to(DEV)
+    assert_close(run(nvfp4.launch_emulated, x, w, TILED), nvfp4.reference_linear(x, w))
+
+
+# --- shared behaviour ----------------------------------------------------------------------
+
+def test_same_tile_twice_gives_identical_bytes():
+    g = gen(11)
+    w = int4_weight(g, 64, False, False, bias=True)
+    x = torch.randn(5, K, generator=g).half().to(DEV)
+    tile = dict(int4.default_tile(int4.problem(w, 8, torch.float16)), SPLIT_K=4)
+    a = int4.launch(x, w, tile)
+    b = int4.launch(x, w, tile)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_launch_refuses_wrong_shapes_and_dtypes():
+    g = gen(12)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+    tile = dense.default_tile(dense.problem(w, 1, torch.float16))
+    with pytest.raises(AssertionError, match="K=256"):
+        dense.launch(torch.randn(1, K + 1).half().to(DEV), w, tile)
+    with pytest.raises(AssertionError, match="one dtype"):
+        dense.launch(torch.randn(1, K).float().to(DEV), w, tile)
+    with pytest.raises(ValueError, match="lacks BLOCK_K"):
+        dense.launch(torch.randn(1, K).half().to(DEV), w, {k: v for k, v in tile.items() if k != "BLOCK_K"})

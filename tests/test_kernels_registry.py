@@ -1,0 +1,109 @@
+"""The registry (contract 5), the templates' search spaces and default tiles, and the
+no-atomics rule."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from vsr.autotune.buckets import ROW_BUCKETS
+from vsr.kernels import common, dense, fp8, int4, nvfp4, registry
+from vsr.kernels.template import Template
+
+KERNELS = Path(registry.__file__).resolve().parent
+
+
+def weights():
+    g = torch.Generator().manual_seed(0)
+    N, K = 40, 256
+    return {
+        "dense": dense.DenseWeight(torch.randn(N, K, generator=g).half()),
+        "fp8": fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(N, K, generator=g)), torch.rand(N, generator=g).half()),
+        "int4": int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)),
+                                torch.rand(N, K // 128, generator=g).half(), K, 128),
+        "nvfp4": nvfp4.Nvfp4Weight(torch.randint(0, 255, (N, K // 2), generator=g, dtype=torch.int32).to(torch.uint8),
+                                   torch.rand(N, K // 16, generator=g).to(torch.float8_e4m3fn),
+                                   torch.tensor(100.0), torch.tensor(50.0)),
+    }
+
+
+def test_no_atomic_add_in_any_kernel_module():
+    offenders = [p.name for p in KERNELS.glob("*.py") if re.search(r"atomic_add|atomic_", p.read_text())]
+    assert offenders == [], f"atomics (non-deterministic reductions) in {offenders}"
+
+
+def test_templates_are_named_as_the_contract_says():
+    assert set(registry.TEMPLATES) == {"dense", "fp8_w8a8", "int4_w4a16", "nvfp4_w4a4", "nvfp4_emulated"}
+    for name, t in registry.TEMPLATES.items():
+        assert isinstance(t, Template) and t.name == name
+        assert re.fullmatch(r"[0-9a-f]{16}", t.source_hash)
+
+
+def test_template_for_picks_by_format():
+    w = weights()
+    assert registry.template_for(w["dense"], torch.float16).name == "dense"
+    assert registry.template_for(w["fp8"], torch.bfloat16).name == "fp8_w8a8"
+    assert registry.template_for(w["int4"], torch.bfloat16).name == "int4_w4a16"
+    assert registry.template_for(w["nvfp4"], torch.bfloat16, emulate=True).name == "nvfp4_emulated"
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] in (10, 12),
+                    reason="this device has FP4 tensor cores")
+def test_nvfp4_without_emulation_is_refused_off_blackwell():
+    with pytest.raises(RuntimeError, match="FP4 tensor cores"):
+        registry.template_for(weights()["nvfp4"], torch.bfloat16)
+
+
+def test_nvfp4a16_runs_the_emulation_kernel_without_a_flag():
+    w = weights()["nvfp4"]
+    a16 = nvfp4.Nvfp4Weight(w.packed, w.block_scale, w.global_scale, None)
+    assert registry.template_for(a16, torch.float16).name == "nvfp4_emulated"
+
+
+def test_template_for_refuses_mismatches():
+    w = weights()
+    with pytest.raises(ValueError, match="dense weight is torch.float16"):
+        registry.template_for(w["dense"], torch.float32)
+    with pytest.raises(ValueError, match="int4_w4a16 takes activations"):
+        registry.template_for(w["int4"], torch.float32)
+    with pytest.raises(ValueError, match="no Triton template for weight format 'mystery'"):
+        registry.template_for(type("W", (), {"format": "mystery"})(), torch.float16)
+
+
+# Bytes per element of the operand tiles each template stages in shared memory (fp16 activations).
+@pytest.mark.parametrize("fmt,name,ab", [("dense", "dense", (2, 2)), ("fp8", "fp8_w8a8", (1, 1)),
+                                         ("int4", "int4_w4a16", (2, 0.5)), ("nvfp4", "nvfp4_emulated", (2, 0.5625)),
+                                         ("nvfp4", "nvfp4_w4a4", (0.5625, 0.5625))])
+def test_search_spaces_per_bucket(fmt, name, ab):
+    w = weights()[fmt]
+    t = registry.TEMPLATES[name]
+    for b in ROW_BUCKETS:
+        p = t.problem(w, b, torch.float16)
+        assert p.bucket == b and (p.N, p.K) == (w.N, w.K) and p.params == w.params()
+        space = t.search_space(p)
+        d = t.default_tile(p)
+        assert space[0] == d, "the default tile comes first"
+        assert d == t.default_tile(p), "the default tile is deterministic"
+        assert 3 <= len(space) <= 64
+        keys = [tuple(sorted(c.items())) for c in space]
+        assert len(set(keys)) == len(keys), "no duplicate candidates"
+        for c in space:
+            common.check_tile(c)
+            assert (c["BLOCK_M"] >= 16 or c["path"] == "gemv") and c["BLOCK_K"] >= 32
+            assert common.smem_bytes(c, *ab) <= common.SMEM_LIMIT
+            if fmt == "int4" and c["path"] != "dequant":
+                assert 128 % c["BLOCK_K"] == 0
+        # Small buckets take the split-K path, large ones the tiled path.
+        if fmt == "int4":  # one-row GEMV, tensor-core split-K, a transient dense tile for large M
+            assert d["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else "dequant")
+        else:
+            assert d["path"] == ("splitk" if b <= 128 else "tiled")
+
+
+def test_split_plan_covers_k_in_whole_tiles():
+    for K in (256, 5120, 17408, 200):
+        for split in (1, 2, 3, 4, 16):
+            ks, n = common.split_plan(K, {"BLOCK_K": 64, "SPLIT_K": split})
+            assert ks % 64 == 0 and n >= 1 and (n - 1) * ks < K <= n * ks
