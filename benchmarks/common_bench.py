@@ -16,28 +16,28 @@ FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4", "nvfp4-emulated")
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):
-    """Random weights of realistic magnitudes (never zeros) in the kernels' layouts."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    b = (torch.randn(N, generator=g) * 0.1).to(torch.bfloat16).to(device) if bias else None
+    """Random weights of realistic magnitudes (never zeros) in the kernels' layouts, made on `device`."""
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    kw = {"generator": g, "device": device}
+    b = (torch.randn(N, **kw) * 0.1).to(torch.bfloat16) if bias else None
     if fmt == "bf16":
-        return dense.DenseWeight((torch.randn(N, K, generator=g) * K ** -0.5).to(torch.bfloat16).to(device), b)
+        return dense.DenseWeight((torch.randn(N, K, **kw) * K ** -0.5).to(torch.bfloat16), b)
     if fmt == "fp8":
-        q = fp8.e4m3_rne(torch.randn(N, K, generator=g) * 64).to(device)
-        s = (torch.rand(N, generator=g) * 0.01 + 1e-3).to(torch.bfloat16).to(device)
+        q = fp8.e4m3_rne(torch.randn(N, K, **kw) * 64)
+        s = (torch.rand(N, **kw) * 0.01 + 1e-3).to(torch.bfloat16)
         return fp8.Fp8Weight(q, s, b)
     if fmt in ("int4-gptq", "int4-awq"):
         G = 128
-        u = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
-        scale = (torch.rand(N, K // G, generator=g) * 0.02 + 1e-3).to(torch.bfloat16)
-        zp = torch.randint(0, 16, (N, K // G), generator=g, dtype=torch.int32) if fmt == "int4-awq" else None
-        return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, None).to(device) if b is None else \
-            int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, b.cpu()).to(device)
+        u = torch.randint(0, 16, (N, K), dtype=torch.int32, **kw)
+        scale = (torch.rand(N, K // G, **kw) * 0.02 + 1e-3).to(torch.bfloat16)
+        zp = torch.randint(0, 16, (N, K // G), dtype=torch.int32, **kw) if fmt == "int4-awq" else None
+        return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, b)
     if fmt in ("nvfp4", "nvfp4-emulated"):
-        packed = torch.randint(0, 256, (N, K // 2), generator=g, dtype=torch.int32).to(torch.uint8)
-        bs = (torch.rand(N, K // 16, generator=g) * 2 + 0.25).to(torch.float8_e4m3fn)
-        w = nvfp4.Nvfp4Weight(packed, bs, torch.tensor(448.0 * 6 / 2), torch.tensor(448.0 * 6 / 4),
-                              None if b is None else b.cpu())
-        return w.to(device)
+        packed = torch.randint(0, 256, (N, K // 2), dtype=torch.int32, **kw).to(torch.uint8)
+        bs = (torch.rand(N, K // 16, **kw) * 2 + 0.25).to(torch.float8_e4m3fn)
+        return nvfp4.Nvfp4Weight(packed, bs, torch.tensor(448.0 * 6 / 2, device=device),
+                                 torch.tensor(448.0 * 6 / 4, device=device), b)
     raise ValueError(fmt)
 
 

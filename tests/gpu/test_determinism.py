@@ -1,0 +1,62 @@
+"""Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only).
+
+Run alone as `python tests/gpu/test_determinism.py` it prints, as JSON, the sha256 of each
+output; the test starts that twice and compares. Split-K tiles are included on purpose:
+their partial sums meet in a fixed-order reduction, never through atomics.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SHAPE = (5120, 8192)          # the 27B-class "o" layer: split-K matters at K = 8192
+ROWS = (1, 16, 64, 1024)
+
+
+def outputs() -> dict[str, str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from common_bench import make_weight
+    from vsr.autotune.buckets import bucket_for
+    from vsr.kernels import registry
+    dev = torch.device("cuda")
+    N, K = SHAPE
+    out = {}
+    for fmt in ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4-emulated"):
+        w = make_weight(fmt, N, K, dev, seed=3, bias=True)
+        t = registry.template_for(w, torch.bfloat16, emulate=fmt == "nvfp4-emulated")
+        g = torch.Generator(device=dev).manual_seed(4)
+        for m in ROWS:
+            x = torch.randn(m, K, generator=g, device=dev).to(torch.bfloat16)
+            tiles = [t.default_tile(t.problem(w, bucket_for(m), x.dtype))]
+            if m <= 16:
+                tiles.append(dict(tiles[0], path="splitk", BLOCK_M=16, SPLIT_K=8))
+            for i, tile in enumerate(tiles):
+                y = t.launch(x, w, tile)
+                torch.cuda.synchronize()
+                out[f"{fmt}/M={m}/tile{i}"] = hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    return out
+
+
+@pytest.mark.gpu
+def test_two_processes_give_identical_bytes():
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    runs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert runs[0].keys() == runs[1].keys() and len(runs[0]) >= 20
+    diff = [k for k in runs[0] if runs[0][k] != runs[1][k]]
+    assert diff == [], f"outputs differ between processes: {diff}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(outputs(), sort_keys=True))
