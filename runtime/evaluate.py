@@ -114,6 +114,16 @@ def _versions() -> dict:
     return out
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def _commit() -> str | None:
     try:
         root = Path(__file__).resolve().parents[1]
@@ -189,7 +199,7 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _commit(),
         "device": describe(_identity(device))["device"],
-        "host": {"machine": platform.machine(), "processor": platform.processor(),
+        "host": {"machine": platform.machine(), "processor": _cpu_model(),
                  "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads()},
         "versions": _versions(),
         "against": against,

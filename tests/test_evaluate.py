@@ -1,0 +1,44 @@
+"""The record: figures on a small spread of the test split, the table and the JSON."""
+
+import json
+
+import pytest
+
+from vsr.runtime import builtin, evaluate
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VSR_CACHE_DIR", str(tmp_path_factory.mktemp("vsr-cache")))
+    yield
+    mp.undo()
+
+
+def test_record_of_the_base_package(cache, tmp_path):
+    rec = evaluate.evaluate([builtin.BASE, builtin.BASE + "-FP8"], limit=48, speed_requests=16,
+                            speed_rounds=1)
+    assert rec["test_sentences"] == 48 and rec["speed_requests"] == 16
+    base, fp8 = rec["rows"]
+    assert base["package"] == builtin.BASE and base["mode"] == "reference"
+    assert base["agreement"] == 1.0  # against itself
+    assert 0.6 < base["accuracy"] <= 1.0  # the head is far better than chance (1/40)
+    assert base["weight_bytes"] > 80e6  # fp32 MiniLM
+    assert base["requests_per_s"] > 0 and base["st_requests_per_s"] > 0
+    # sentence-transformers with the same head answers like the package.
+    assert rec["st_agreement_with_base"] >= 0.9
+    # FP8 without the opt-in emulation on a CPU: refused with the device check's sentence.
+    assert "FP8 weights need" in fp8["refused"]
+
+    table = evaluate.format_table(rec)
+    assert table.splitlines()[0].startswith("| Format | Weights | Activations")
+    assert "| vsr/intent-minilm | FP32 | FP32 |" in table and "refused" in table
+
+    path = evaluate.write_record(rec, tmp_path)
+    assert path.name.startswith("record-cpu-")
+    assert json.loads(path.read_text())["rows"][0]["accuracy"] == base["accuracy"]
+
+
+def test_spread_subset_covers_many_intents():
+    test = evaluate._test_split(80)
+    assert len(test) == 80 and len({e.label for e in test}) >= 30
