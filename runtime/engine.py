@@ -65,16 +65,12 @@ class Engine:
         """
         if not texts:
             raise RequestError("no requests")
-        for i, t in enumerate(texts):
-            msg = self.check_request(t)
-            if msg is not None:
-                raise RequestError(f"request {i}: {msg}")
-        lengths = [len(x) for x in self.tokenizer.encode(texts)]
-        order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+        ids = self.tokenizer.encode_checked(texts)
+        order = sorted(range(len(texts)), key=lambda i: (len(ids[i]), i))
         out: list[torch.Tensor | None] = [None] * len(texts)
         for s in range(0, len(order), BATCH_SIZE):
             idx = order[s:s + BATCH_SIZE]
-            b = self.tokenizer.batch([texts[i] for i in idx])
+            b = self.tokenizer.pad([ids[i] for i in idx])
             y = self.model(b.input_ids.to(self.device), b.attention_mask.to(self.device),
                            b.lengths.to(self.device)).float().cpu()
             for j, i in enumerate(idx):

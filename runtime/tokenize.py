@@ -76,20 +76,29 @@ class PackageTokenizer:
             return f"request text must be a string, got {type(text).__name__}"
         if not text.strip():
             return "empty text"
-        n = len(self.tokenizer.encode(text).ids)
-        if n == 0:
+        return self._check_ids(self.tokenizer.encode(text).ids)
+
+    def _check_ids(self, ids: list[int]) -> str | None:
+        if len(ids) == 0:
             return "text has no tokens"
-        if n > self.limit:
-            return f"text is too long: {n} tokens, this model takes at most {self.limit}"
+        if len(ids) > self.limit:
+            return f"text is too long: {len(ids)} tokens, this model takes at most {self.limit}"
         return None
 
-    def batch(self, texts: list[str]) -> Batch:
-        """Tokenize and right-pad to the batch's longest; RequestError names the first bad request."""
+    def encode_checked(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of every text (one tokenizer pass); RequestError names the first bad request."""
         for i, t in enumerate(texts):
-            msg = self.check(t)
+            if not isinstance(t, str) or not t.strip():
+                raise RequestError(f"request {i}: {self.check(t)}")
+        ids = self.encode(texts)
+        for i, x in enumerate(ids):
+            msg = self._check_ids(x)
             if msg is not None:
                 raise RequestError(f"request {i}: {msg}")
-        ids = self.encode(texts)
+        return ids
+
+    def pad(self, ids: list[list[int]]) -> Batch:
+        """Right-pad to the longest, with the attention mask."""
         S = max(len(x) for x in ids)
         input_ids = torch.full((len(ids), S), self.pad_id, dtype=torch.int64)
         mask = torch.zeros((len(ids), S), dtype=torch.int64)
@@ -97,3 +106,7 @@ class PackageTokenizer:
             input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.int64)
             mask[i, : len(x)] = 1
         return Batch(input_ids, mask, mask.sum(1))
+
+    def batch(self, texts: list[str]) -> Batch:
+        """Tokenize and right-pad to the batch's longest; RequestError names the first bad request."""
+        return self.pad(self.encode_checked(texts))

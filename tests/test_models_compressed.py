@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 FORMAT = {"FP8_DYNAMIC": "fp8", "W4A16": "int4", "W4A16_ASYM": "int4", "NVFP4": "nvfp4", "NVFP4-AWQ": "nvfp4"}
 # Whole-model tolerance, relative to the largest reference output.
-MODEL_TOL = {"FP8_DYNAMIC": 0.05, "W4A16": 1e-5, "W4A16_ASYM": 1e-5, "NVFP4": 0.5, "NVFP4-AWQ": 0.5}
+MODEL_TOL = {"FP8_DYNAMIC": 0.1, "W4A16": 1e-5, "W4A16_ASYM": 1e-5, "NVFP4": 0.6, "NVFP4-AWQ": 0.6}
 CASES = [("qwen3", s) for s in FORMAT] + [("minilm", s) for s in ("FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "NVFP4")]
 
 
