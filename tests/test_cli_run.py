@@ -263,3 +263,12 @@ def test_more_requests_than_one_batch_stay_in_order(router, tmp_path):
     assert [o["line"] for o in out] == list(range(1, n + 1))
     assert all(("error" in o) == (i % 17 == 0) for i, o in enumerate(out))
     assert all(o["id"] == i for i, o in enumerate(out) if i % 17)
+
+
+def test_non_utf8_line_is_named_and_stdin_works(router):
+    data = '{"text": "open the blinds"}\n'.encode() + b'{"text": "caf\xe9"}\n' + b'{"text": "close the blinds"}\n'
+    r = invoke(str(router), "--input", "-", "--json", "--device", "cpu", input=data)
+    assert r.exit_code == 1
+    out = json_lines(r.stdout)
+    assert ["error" in o for o in out] == [False, True, False]
+    assert "not UTF-8" in out[1]["error"] and "request 2 (stdin line 2)" in r.stderr
