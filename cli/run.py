@@ -64,7 +64,8 @@ def _read_requests(texts: tuple[str, ...], input_file) -> list[Request]:
     reqs = [Request(i + 1, t, f"--text {i + 1}") for i, t in enumerate(texts)]
     if input_file is None:
         return reqs
-    src = "stdin" if input_file.name in ("<stdin>", "-") else input_file.name
+    name = getattr(input_file, "name", "-")
+    src = "stdin" if name in ("<stdin>", "-") or not isinstance(name, str) else name
     for lineno, raw in enumerate(input_file, start=1):
         if not raw.strip():
             continue   # blank lines (a trailing newline, spacing) are not requests
