@@ -257,6 +257,13 @@ def main() -> int:
         for fmt in a.formats.split(","):
             rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log)
             torch.cuda.empty_cache()
+        write(a, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
+    write(a, ceil, rows, t_start, partial=False)
+    print(ratio_table(rows, ceil))
+    return 0
+
+
+def write(a, ceil, rows, t_start, partial):
     # The device copy of the tree has no git history: the caller passes the commit measured.
     commit = os.environ.get("VSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                                             text=True).stdout.strip() or "unknown"
@@ -267,10 +274,8 @@ def main() -> int:
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": commit, "ceilings": ceil,
                                "sweep_candidates": a.sweep, "wall_s": round(time.time() - t_start, 1),
-                               "rows": rows}, indent=1))
-    print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)")
-    print(ratio_table(rows, ceil))
-    return 0
+                               "partial": partial, "rows": rows}, indent=1))
+    print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -106,11 +106,13 @@ def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
         HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
 
-def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = 132) -> int:
-    """Split K until the grid covers about two waves of multiprocessors (deterministic in the shape)."""
+def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = 132,
+               waves: int = 2) -> int:
+    """Split K until the grid holds `waves` programs per multiprocessor (deterministic in the shape).
+    Small-M calls are memory-bound: more programs keep more loads in flight."""
     programs = triton.cdiv(N, bn) * triton.cdiv(bucket, bm)
     split = 1
-    while programs * split < 2 * sms and split < max_split and K // (split * 2) >= 2 * bk:
+    while programs * split < waves * sms and split < max_split and K // (split * 2) >= 2 * bk:
         split *= 2
     return split
 
@@ -126,7 +128,7 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     wide = a_bytes <= 2 and b_bytes <= 2
     if bucket <= 16:
         bk = 128 if wide else 64
-        return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16), 4, 4)
+        return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16, waves=8), 4, 4)
     if bucket <= 128:
         bm = 32 if bucket == 32 else 64
         bk = 64

@@ -212,7 +212,7 @@ def default_tile(p: Problem) -> dict:
     t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket <= 16:  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
-        t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16)
+        t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16, waves=8)
     elif t["path"] == "tiled":
         t["BLOCK_K"] = 128
     return t

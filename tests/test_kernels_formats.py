@@ -27,10 +27,15 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def assert_close(y, ref):
+# Hopper's fp8 tensor cores accumulate in reduced precision inside a tl.dot (as _scaled_mm
+# with use_fast_accum does): on a GPU, fp8 products meet fp16-level tolerances, not fp32's.
+FP8_GPU_TOL = (4e-3, 4e-3)
+
+
+def assert_close(y, ref, tol=None):
     assert y.shape == ref.shape and y.dtype == ref.dtype
     assert not torch.isnan(y).any(), "kernel left unwritten (NaN-poisoned) outputs"
-    rtol, atol = TOL[ref.dtype]
+    rtol, atol = tol or TOL[ref.dtype]
     scale = ref.float().abs().max().item()
     assert scale > 0
     err = (y.float() - ref.float()).abs()
@@ -95,7 +100,8 @@ def test_fp8_matches_reference(dtype, M, bias):
     w = fp8_weight(g, dtype, bias)
     x = (torch.randn(M, K, generator=g) * 3).to(dtype).to(DEV)
     tile = fp8.default_tile(fp8.problem(w, bucket_for(M), dtype))
-    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w))
+    tol = FP8_GPU_TOL if DEV == "cuda" and dtype == torch.float32 else None
+    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w), tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -159,13 +165,14 @@ def test_int4_dequant_path_for_large_buckets():
 @pytest.mark.parametrize("split", [1, 3])
 def test_int4_gemv_path_uneven_k(split):
     g = gen(14 + split)
-    Kodd, G = 200, 64                 # K not a multiple of 8 nor of BLOCK_K: masked tails
+    # K not a multiple of 8 nor of BLOCK_K (masked tails); one BLOCK_K step spans 4 groups.
+    Kodd, G = 204, 32
     u = torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)
-    w = int4.Int4Weight(int4.pack_int4(u), (torch.rand(N, 4, generator=g) * 0.05).half(), Kodd, G,
-                        torch.randint(0, 16, (N, 4), generator=g, dtype=torch.int32), None,
+    w = int4.Int4Weight(int4.pack_int4(u), (torch.rand(N, 7, generator=g) * 0.05).half(), Kodd, G,
+                        torch.randint(0, 16, (N, 7), generator=g, dtype=torch.int32), None,
                         torch.randn(N, generator=g).half()).to(DEV)
     x = torch.randn(1, Kodd, generator=g).half().to(DEV)
-    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4,
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": split, "num_warps": 4,
             "num_stages": 2}
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
