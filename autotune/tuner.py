@@ -243,7 +243,7 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
 
     def warm(r: dict) -> None:
         try:
-            if device.type == "cuda":
+            if device.type == "cuda" and device.index is not None:  # compile threads: x's device
                 torch.cuda.set_device(device)
             template.launch(x, weight, r["tile"])
             if device.type == "cuda":

@@ -186,3 +186,22 @@ def test_shipped_cache_is_picked_by_exact_identity(tmp_path):
     assert shipped_cache_for(nvl, [tmp_path]).name == "a-nvidia-h200-nvl.json"
     assert shipped_cache_for(fewer, [tmp_path]).name == "a-nvidia-h200.json"
     assert shipped_cache_for(H100, [tmp_path]) is None
+
+
+def test_no_cache_named_reads_the_shipped_file_read_only(tmp_path, monkeypatch):
+    tuned_db(tmp_path / "t.db", identity=CPU)
+    ship = tmp_path / "ship"
+    ship.mkdir()
+    export_json(open_store(tmp_path / "t.db"), ship / "x86.json")
+    before = (ship / "x86.json").read_bytes()
+    monkeypatch.setenv("VSR_AUTOTUNE_CACHES", str(ship))
+    r = TileResolver(None, "tune", "cpu", identity=CPU, timer=fake_timer)
+    assert r.cache_path == ship / "x86.json" and r.read_only
+    p = problems()[0]
+    assert r.tile(FAKE_DENSE, p)["BLOCK_K"] == 64 and r.timing_calls == 0
+    other = problems(Ns=(104,))[0]
+    r.tile(FAKE_DENSE, other)  # a miss under "tune": tuned in memory, the shipped file untouched
+    assert r.timing_calls > 0 and (ship / "x86.json").read_bytes() == before
+    assert not (ship / "x86.json.locks").exists()
+    r = TileResolver(None, "default", "cpu", identity=CPU, use_shipped=False)
+    assert r.cache_path is None and r.store is None

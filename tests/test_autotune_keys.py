@@ -1,0 +1,46 @@
+"""Keys of the real templates: what vsr-tune records for a shape spec is what the runtime asks for."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vsr.autotune import shapes
+from vsr.autotune.device_id import DeviceIdentity
+from vsr.autotune.keys import kernel_source_hash, make_key
+from vsr.kernels.registry import template_for
+
+H200 = DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 132)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp32", "fp8", "int4-gptq", "int4-awq", "nvfp4-emulated"])
+def test_shape_keys_match_real_weight_keys(fmt):
+    fs = shapes.FORMATS[fmt]
+    act = shapes.act_dtype_for(fs, None)
+    small = shapes.weight_for(fs, 16, 256, act, "cpu")
+    real = shapes.weight_for(fs, 48, 384, act, "cpu", seed=3)
+    t = template_for(real, act, emulate=fs.emulate)
+    assert template_for(small, act, emulate=fs.emulate) is t
+    for b in (1, 64, 8192):
+        k_real = make_key(t, t.problem(real, b, act), H200, triton="3.6.0")
+        k_small = make_key(t, replace(t.problem(small, b, act), N=48, K=384), H200, triton="3.6.0")
+        assert k_real == k_small
+        assert shapes.format_label(k_real) == fmt
+
+
+def test_source_hash_covers_shared_kernel_modules():
+    from vsr.kernels.registry import TEMPLATES
+    t = TEMPLATES["dense"]
+    uses_common = any(getattr(m, "__name__", "") == "vsr.kernels.common" for m in vars(t.module).values())
+    assert (kernel_source_hash(t) != t.source_hash) == uses_common
+
+
+def test_shape_specs():
+    assert [s[1:] for s in shapes.parse_shapes("27b")] == [(10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)]
+    assert len(shapes.parse_shapes("27b,minilm,384x384")) == 7  # duplicates dropped
+    with pytest.raises(ValueError, match="NxK"):
+        shapes.parse_shapes("12x")
+    assert shapes.device_formats(H200) == ["bf16", "fp8", "int4-gptq", "int4-awq"]
+    b200 = DeviceIdentity("nvidia", "NVIDIA B200", (10, 0), None, 148)
+    assert "nvfp4" in shapes.device_formats(b200)
+    a100 = DeviceIdentity("nvidia", "NVIDIA A100", (8, 0), None, 108)
+    assert "fp8" not in shapes.device_formats(a100)
