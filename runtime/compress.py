@@ -154,15 +154,16 @@ def _restore_head(src: Path, out: Path, config: dict) -> None:
 
 
 def compress_package(src_dir, out_dir, scheme: str, calibration_texts: list[str], *, seed: int = 0) -> Path:
-    """Compress the package at src_dir with `scheme` into out_dir (replaced); returns out_dir."""
+    """Compress the package at src_dir with `scheme` into out_dir (new or empty); returns out_dir."""
     if scheme not in SCHEMES:
         raise PackageError(f"unknown compression scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     oneshot = _require_llmcompressor()
     src, out = Path(src_dir), Path(out_dir)
     config = json.loads((src / "config.json").read_text())
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    # Never write over something: a half-replaced package would pass for a whole one.
+    if out.exists() and any(out.iterdir()):
+        raise PackageError(f"{out}: the output folder exists and is not empty")
+    out.mkdir(parents=True, exist_ok=True)
     with _one_thread():
         torch.manual_seed(seed)
         model = _load_model(src, config)

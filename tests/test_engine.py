@@ -116,6 +116,9 @@ def test_compress_errors(tmp_path, tiny_qwen3, monkeypatch):  # noqa: F811
         compress_package(tiny_qwen3, tmp_path / "x", "W3A3", CALIBRATION)
     with pytest.raises(PackageError, match="calibration_texts is empty"):
         compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", [])
+    with pytest.raises(PackageError, match="exists and is not empty"):
+        compress_package(tiny_qwen3, tiny_qwen3, "FP8_DYNAMIC", CALIBRATION)
+    assert (tiny_qwen3 / "config.json").is_file()
     monkeypatch.setitem(sys.modules, "llmcompressor", None)  # as if the extra were not installed
     with pytest.raises(PackageError, match=r"pip install 'vsr\[quant\]'"):
         compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", CALIBRATION)
