@@ -94,3 +94,15 @@ def test_explicit_dtype_runs_the_same_weights_in_that_precision(dtype, tol, mini
     ref = torch.tensor([r["embedding"] for r in minilm_engine.predict(TEST_TEXTS)])
     assert not torch.equal(a, ref)  # really ran in lower precision
     torch.testing.assert_close(a, ref, atol=tol, rtol=0)
+
+
+def test_a_bert_head_we_do_not_run_is_refused(tmp_path):
+    from vsr.runtime.errors import PackageError
+
+    cfg = json.loads((minilm_dir() / "config.json").read_text())
+    cfg["architectures"] = ["BertForSequenceClassification"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    shutil.copyfile(minilm_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "model.safetensors").symlink_to(minilm_dir() / "model.safetensors")
+    with pytest.raises(PackageError, match="BertForSequenceClassification"):
+        load_engine(Pkg(tmp_path))

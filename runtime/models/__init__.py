@@ -14,6 +14,11 @@ def build_model(config: dict, builder: Builder):
     arch = (config.get("architectures") or [None])[0]
     mtype = config.get("model_type")
     if mtype == "bert" or (arch or "").startswith("Bert"):
+        if arch not in (None, "BertModel") and not config.get("vsr_classifier"):
+            # e.g. BertForSequenceClassification: a [CLS]-pooler head we do not run. Answering
+            # with the embedding instead would silently drop the package's own head.
+            raise PackageError(f"config.json: architecture {arch!r} is not supported; BERT packages are "
+                               "encoders (BertModel) with an optional vsr_classifier head")
         from vsr.runtime.models.bert import BertRouter
 
         return BertRouter(config, builder)
