@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from vsr.runtime.errors import PackageError, RequestError
+from vsr.runtime.errors import DeviceRefusal, PackageError, RequestError
 from vsr.runtime.tokenize import PackageTokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,6 +106,8 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
     if config is None:
         config = json.loads((path / "config.json").read_text())
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceRefusal(f"device {device!r}: this machine has no CUDA device")
     stored = _model_dtype(pkg, config)
     if dtype == "auto" or dtype is None:
         act = stored if dev.type == "cuda" else torch.float32
@@ -133,6 +135,7 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
     def make_linear(w):
         return QLinear(w, lin_mode, tiles=resolver) if resolver is not None else QLinear(w, lin_mode)
 
+    tok = PackageTokenizer(path, config)  # cheap, and a broken tokenizer fails before any weight is read
     loader = PackageLoader(path, config)
     # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
     from vsr.runtime.models import bert, qwen3
@@ -146,7 +149,6 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         model = build_model(config, builder).eval()
     finally:
         loader.close()
-    tok = PackageTokenizer(path, config)
     return Engine(model, tok, mode=mode, device=dev, act_dtype=act,
                   weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver,
                   linears=builder.linears)

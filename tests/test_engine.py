@@ -71,6 +71,11 @@ def test_modes_labels_and_weight_bytes(minilm_router):  # noqa: F811
     assert e.weight_bytes == total
     with pytest.raises(ValueError, match="dtype 'float64'"):
         load_engine(Pkg(minilm_router), dtype="float64")
+    if not torch.cuda.is_available():
+        from vsr.runtime.errors import DeviceRefusal
+
+        with pytest.raises(DeviceRefusal, match="no CUDA device"):
+            load_engine(Pkg(minilm_router), device="cuda")
 
 
 def test_quantized_weight_bytes_are_smaller(minilm_router, router):  # noqa: F811
