@@ -29,9 +29,13 @@ class DeviceIdentity:
 
     def key(self) -> str:
         """Canonical JSON used in cache keys: two devices that differ in any field never share a tile."""
-        d = asdict(self)
-        d["capability"] = list(self.capability) if self.capability else None
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+        k = self.__dict__.get("_key")
+        if k is None:  # memoised (the identity is immutable): resolving a key must stay cheap
+            d = asdict(self)
+            d["capability"] = list(self.capability) if self.capability else None
+            k = json.dumps(d, sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_key", k)
+        return k
 
     @classmethod
     def from_key(cls, key: str) -> "DeviceIdentity":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -50,15 +50,26 @@ class CacheKey:
     act_dtype: str
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # By hand: dataclasses.asdict deep-copies and dominated the load time of a shipped cache.
+        return {"device": self.device, "triton": self.triton, "template": self.template,
+                "source_hash": self.source_hash, "params": self.params, "N": self.N, "K": self.K,
+                "bucket": self.bucket, "act_dtype": self.act_dtype}
 
     def canonical(self) -> str:
         """The one string form of the key: compact JSON, keys sorted."""
-        return json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        c = self.__dict__.get("_canonical")
+        if c is None:  # memoised: keys are immutable
+            c = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+            object.__setattr__(self, "_canonical", c)
+        return c
 
     def digest(self) -> str:
         """Row id: sha256 of the canonical form (24 hex digits; collisions are not a practical concern)."""
-        return hashlib.sha256(self.canonical().encode()).hexdigest()[:24]
+        d = self.__dict__.get("_digest")
+        if d is None:
+            d = hashlib.sha256(self.canonical().encode()).hexdigest()[:24]
+            object.__setattr__(self, "_digest", d)
+        return d
 
     @property
     def identity(self) -> DeviceIdentity:

@@ -72,8 +72,9 @@ class TileResolver:
         try:
             self.store = open_store(self.cache_path, create=(self.policy == "tune" and not self.read_only))
             mine = self.identity.key()
-            self._loaded = {e.digest: e.tile for e in self.store.entries() if e.key.device == mine}
-            devices = self.store.devices()
+            entries = self.store.entries()
+            self._loaded = {e.digest: e.tile for e in entries if e.key.device == mine}
+            devices = {e.key.device for e in entries}
             if devices and mine not in devices:
                 names = sorted({DeviceIdentity.from_key(d).name + f" ({DeviceIdentity.from_key(d).arch}, "
                                 f"{DeviceIdentity.from_key(d).multiprocessors} MP)" for d in devices})

@@ -226,6 +226,7 @@ class JsonStore(Store):
     def __init__(self, path: str | Path, *, create: bool = True):
         self.path = Path(path)
         self._entries: dict[str, Entry] = {}
+        self._sorted: list[Entry] | None = None
         if self.path.exists():
             self._entries = self._read()
         elif not create:
@@ -260,11 +261,17 @@ class JsonStore(Store):
         return self._entries.get(digest)
 
     def entries(self) -> list[Entry]:
-        return sorted(self._entries.values(), key=lambda e: e.key.canonical())
+        if self._sorted is None:
+            self._sorted = sorted(self._entries.values(), key=lambda e: e.key.canonical())
+        return list(self._sorted)
+
+    def devices(self) -> set[str]:
+        return {e.key.device for e in self._entries.values()}
 
     def refresh(self) -> None:
         if self.path.exists():
             self._entries = self._read()
+            self._sorted = None
 
     def put(self, entry: Entry, *, replace: bool = False) -> bool:
         with self.lock():
@@ -272,6 +279,7 @@ class JsonStore(Store):
             if not replace and entry.digest in self._entries:
                 return False
             self._entries[entry.digest] = entry
+            self._sorted = None
             write_atomic(self.path, canonical_json(self._entries.values()))
         return True
 

@@ -175,6 +175,7 @@ def main():
     ap.add_argument("--big", default="27b", help="the model whose cold tune and load are measured")
     ap.add_argument("--small", default="minilm", help="further shapes recorded in the shipped file")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script")
+    ap.add_argument("--skip-tune", action="store_true", help="reuse out-dir's tune.json and nvidia-h200.json")
     args = ap.parse_args()
     global DEV
     DEV = args.device
@@ -184,12 +185,15 @@ def main():
     if args.role == "load":
         return role_load(args)
 
+    if args.skip_tune:  # re-measure loading of an earlier run's export (tune.json, nvidia-h200.json in out-dir)
+        print("skipping the tune: loading the existing export", flush=True)
     base = [sys.executable, __file__, "--out-dir", args.out_dir, "--formats", args.formats, "--big", args.big,
             "--small", args.small, "--device", args.device]
-    subprocess.run(base + ["--role", "tune", "--time-budget-27b", str(args.time_budget_27b),
-                           "--time-budget-minilm", str(args.time_budget_minilm), "--jobs", str(args.jobs)]
-                   + ([] if args.max_candidates is None else ["--max-candidates", str(args.max_candidates)]),
-                   check=True)
+    if not args.skip_tune:
+        subprocess.run(base + ["--role", "tune", "--time-budget-27b", str(args.time_budget_27b),
+                               "--time-budget-minilm", str(args.time_budget_minilm), "--jobs", str(args.jobs)]
+                       + ([] if args.max_candidates is None else ["--max-candidates", str(args.max_candidates)]),
+                       check=True)
     for i in (1, 2):  # two fresh processes, one after the other (they share one GPU)
         subprocess.run(base + ["--role", "load", "--index", str(i), "--load-repeats", str(args.load_repeats)],
                        check=True)
@@ -199,15 +203,18 @@ def main():
     from vsr.autotune.device_id import current_device_identity
     ident = current_device_identity(DEV)
     import triton
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = os.environ.get("VSR_COMMIT", "")  # the device copy has no .git: the caller passes it
+    if not commit:
+        try:
+            res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+            commit = res.stdout.strip() if res.returncode == 0 else ""
+        except OSError:
+            pass
     t27 = tune["report"]["27b"]
     hs = shapes.parse_shapes(args.big)[0]
     doc = {
         "benchmark": "cache", "device": ident.name, "device_identity": json.loads(ident.key()), "torch": torch.__version__, "triton": triton.__version__,
-        "commit": commit or os.environ.get("VSR_COMMIT", ""),
+        "commit": commit,
         "formats": args.formats.split(","),
         "warm_load_ms": round(statistics.median(ms for ld in loads for ms in ld["load_ms"]), 3),
         "warm_load_first_ms": [round(ld["load_ms"][0], 3) for ld in loads],
@@ -215,6 +222,8 @@ def main():
         "timing_calls_on_load": sum(ld["timing_calls"] + ld["process_timing_calls"] for ld in loads),
         "cross_process_identical": identical,
         "cross_process_outputs": len(tune["hashes"]),
+        "cold_tune_from_earlier_run": bool(args.skip_tune),
+        "tune_commit": os.environ.get("VSR_TUNE_COMMIT", "") if args.skip_tune else commit,
         "cold_tune_s": t27["seconds"], "cold_tune_complete": t27["tuned"] == t27["keys"],
         "cold_tune": tune["report"], "max_candidates": args.max_candidates,
         "rows": [{"format": k.split("/")[0], "shape": hs[0], "N": hs[1], "K": hs[2],
