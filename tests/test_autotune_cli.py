@@ -110,3 +110,11 @@ def test_package_coverage_and_tune(tmp_path):
     rep = json.loads(run("coverage", pkg, "--buckets", "1", "--act-dtype", "float16", "--autotune-cache", cache,
                          "--json").stdout)
     assert rep["recorded"] == 4 and rep["missing"] == []
+
+
+def test_time_budget_skips_and_a_rerun_resumes(tmp_path):
+    args = ["24x32", "--formats", "fp32", "--buckets", "1,2", "--max-candidates", "1", "--autotune-cache", tmp_path / "t.db", "--json"]
+    rep = json.loads(run(*args, "--time-budget", "0").stdout)
+    assert rep["tuned"] == [] and len(rep["skipped"]) == 2
+    rep = json.loads(run(*args).stdout)
+    assert len(rep["tuned"]) == 2 and rep["skipped"] == []
