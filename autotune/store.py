@@ -227,12 +227,14 @@ class JsonStore(Store):
         self.path = Path(path)
         self._entries: dict[str, Entry] = {}
         self._sorted: list[Entry] | None = None
+        self._read_stamp = None
         if self.path.exists():
             self._entries = self._read()
         elif not create:
             raise CacheError(f"autotune cache {self.path} does not exist")
 
     def _read(self) -> dict[str, Entry]:
+        self._read_stamp = self._stamp()
         try:
             text = self.path.read_text()
         except (OSError, UnicodeDecodeError) as e:
@@ -268,8 +270,17 @@ class JsonStore(Store):
     def devices(self) -> set[str]:
         return {e.key.device for e in self._entries.values()}
 
+    def _stamp(self):
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
     def refresh(self) -> None:
-        if self.path.exists():
+        """Re-read the file if it changed since it was read (a miss must not re-parse an unchanged file)."""
+        stamp = self._stamp()
+        if stamp is not None and stamp != self._read_stamp:
             self._entries = self._read()
             self._sorted = None
 

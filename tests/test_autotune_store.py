@@ -205,3 +205,17 @@ def test_no_cache_named_reads_the_shipped_file_read_only(tmp_path, monkeypatch):
     assert not (ship / "x86.json.locks").exists()
     r = TileResolver(None, "default", "cpu", identity=CPU, use_shipped=False)
     assert r.cache_path is None and r.store is None
+
+
+def test_misses_do_not_reparse_an_unchanged_json(tmp_path, monkeypatch):
+    tuned_db(tmp_path / "t.db", identity=CPU)
+    export_json(open_store(tmp_path / "t.db"), tmp_path / "c.json")
+    r = TileResolver(tmp_path / "c.json", "default", "cpu", identity=CPU)
+    reads = []
+    orig = JsonStore._read
+    monkeypatch.setattr(JsonStore, "_read", lambda self: reads.append(1) or orig(self))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for p in problems(Ns=(8, 16, 24)):
+            r.tile(FAKE_DENSE, p)
+    assert reads == []
