@@ -1,0 +1,52 @@
+"""The shipped caches/ files: readable, one exact device identity each, complete for the shapes the
+project ships (27B-class and MiniLM, every bucket, every format the H200 runs), and tuned for the
+kernels in this tree (a changed kernel makes every key miss: rerun benchmarks/bench_cache.py)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from vsr.autotune import shapes
+from vsr.autotune.buckets import ROW_BUCKETS
+from vsr.autotune.device_id import DeviceIdentity
+from vsr.autotune.keys import kernel_source_hash
+from vsr.autotune.resolver import shipped_cache_for
+from vsr.autotune.store import JsonStore
+from vsr.kernels.registry import TEMPLATES
+
+CACHES = Path(__file__).resolve().parent.parent / "caches"
+H200 = DeviceIdentity("nvidia", "NVIDIA H200", (9, 0), None, 132)
+
+
+def _store():
+    path = CACHES / "nvidia-h200.json"
+    if not path.exists():
+        pytest.skip("no shipped H200 cache in this checkout")
+    return JsonStore(path, create=False)
+
+
+def test_h200_cache_is_found_by_identity_and_complete():
+    store = _store()
+    assert shipped_cache_for(H200, [CACHES]) == CACHES / "nvidia-h200.json"
+    assert store.devices() == {H200.key()}
+    have = {(shapes.format_label(e.key), e.key.N, e.key.K, e.key.bucket) for e in store.entries()}
+    want = {(f, N, K, b) for f in shapes.device_formats(H200)
+            for _, N, K in shapes.SHAPES_27B + shapes.SHAPES_MINILM for b in ROW_BUCKETS}
+    assert not want - have, f"missing: {sorted(want - have)[:5]}"
+    for e in store.entries():
+        assert e.tile and e.ms and e.ms > 0 and e.candidates and e.candidates[0]["ok"]
+
+
+def test_h200_cache_matches_the_kernels_in_this_tree():
+    store = _store()
+    stale = sorted({e.key.template for e in store.entries()
+                    if e.key.source_hash != kernel_source_hash(TEMPLATES[e.key.template])})
+    assert not stale, (f"caches/nvidia-h200.json was tuned for other kernel sources of {stale}: every such key "
+                       "misses on the H200; rerun benchmarks/bench_cache.py there and ship its export")
+
+
+def test_export_is_canonical():
+    store = _store()
+    from vsr.autotune.store import canonical_json
+    assert (CACHES / "nvidia-h200.json").read_text() == canonical_json(store.entries())
+    json.loads((CACHES / "nvidia-h200.json").read_text())
