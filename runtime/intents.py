@@ -28,7 +28,8 @@ sentences are drawn by a seeded random walk over each parsed template tree:
   or no test sentences).
 
 Targets: ``TRAIN_PER_INTENT`` = 900 and ``TEST_PER_INTENT`` = 420 unique texts
-per intent, which gives roughly 30,000 train and 13,000 test sentences.
+per intent, which gives 30,879 train and 13,739 test sentences over 40 labels
+(hassil 3.13, home-assistant-intents 2026.11.25; generation takes ~6 s).
 ``SEED`` = 20261125 seeds one ``random.Random`` per (intent, split), so an
 intent's sentences do not depend on the others.
 
