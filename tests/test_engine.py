@@ -88,13 +88,14 @@ def _digest(d):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
 
 
-def test_compress_is_byte_identical_on_rebuild(tmp_path, tiny_qwen3):  # noqa: F811
-    # GPTQ: calibration data decides the weights, so the order and threads must be fixed.
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM"])
+def test_compress_is_byte_identical_on_rebuild(tmp_path, tiny_qwen3, scheme):  # noqa: F811
+    # GPTQ and AWQ: calibration data decides the weights, so the order and threads must be fixed.
     threads = torch.get_num_threads()
-    a = compress_package(tiny_qwen3, tmp_path / "a", "W4A16", CALIBRATION[:6])
-    b = compress_package(tiny_qwen3, tmp_path / "b", "W4A16", CALIBRATION[:6])
+    a = compress_package(tiny_qwen3, tmp_path / "a", scheme, CALIBRATION[:6])
+    b = compress_package(tiny_qwen3, tmp_path / "b", scheme, CALIBRATION[:6])
     assert _digest(a) == _digest(b)
-    c = compress_package(tiny_qwen3, tmp_path / "c", "W4A16", CALIBRATION[6:12])
+    c = compress_package(tiny_qwen3, tmp_path / "c", scheme, CALIBRATION[6:12])
     assert _digest(c)["model.safetensors"] != _digest(a)["model.safetensors"]  # the data does matter
     assert torch.get_num_threads() == threads  # the one-thread build leaves the caller's setting alone
 
