@@ -29,7 +29,7 @@ from vsr.runtime.errors import PackageError
 
 SCHEMES = ("FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "NVFP4", "NVFP4-AWQ")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
-                   "merges.txt", "vocab.json", "added_tokens.json", "sentence_bert_config.json")
+                   "merges.txt", "vocab.json", "added_tokens.json", "chat_template.jinja", "sentence_bert_config.json")
 IGNORE = ["lm_head", "score", "classifier", "re:.*pooler.*"]
 HEAD_KEYS = ("vsr_classifier", "id2label", "label2id", "vsr_max_tokens")
 

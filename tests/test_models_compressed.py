@@ -94,3 +94,16 @@ def test_compressed_package_agrees_with_transformers(kind, scheme, request):
     # And the engine answers end to end.
     res = e.predict(TEST_TEXTS[:2])
     assert all("choice" in r for r in res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "W4A16", "W4A16_ASYM"])
+def test_compressed_package_on_triton_agrees_with_the_reference(scheme, tiny_qwen3):  # noqa: F811
+    path = compressed(tiny_qwen3, scheme)
+    gpu = load_engine(Pkg(path), device="cuda")  # auto: the package's bf16, Triton templates
+    assert gpu.mode == "triton" and gpu.act_dtype == torch.bfloat16
+    ref = load_engine(Pkg(path), dtype="bfloat16")  # the exact numerics in the same activation dtype
+    got, want = gpu.forward(TEST_TEXTS), ref.forward(TEST_TEXTS)
+    # FP8 quantizes activations: a differently ordered sum can move a value to the next code.
+    torch.testing.assert_close(got, want, atol=5e-2 if scheme == "FP8_DYNAMIC" else 3e-2, rtol=0)
+    assert torch.equal(got, gpu.forward(TEST_TEXTS))
