@@ -96,10 +96,12 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             if fmt == "int4" and c["path"] in ("splitk", "tiled"):
                 assert 128 % c["BLOCK_K"] == 0, "a tensor-core tile lies inside one group"
         # Small buckets take the split-K path, large ones the tiled path.
-        if fmt == "int4":  # one-row GEMV, tensor-core split-K, a transient dense tile for large M
-            assert d["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else "dequant")
+        if fmt == "int4":  # tensor-core split-K for small M, a transient dense tile for large M
+            assert d["path"] == ("splitk" if b <= 128 else "dequant")
+            if b == 1:
+                assert any(c["path"] == "gemv" for c in space), "the one-row GEMV is a candidate"
         else:
-            assert d["path"] == ("splitk" if b <= 128 else "tiled")
+            assert d["path"] == ("splitk" if b <= 16 else "tiled")
 
 
 def test_split_plan_covers_k_in_whole_tiles():
