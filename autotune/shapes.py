@@ -31,6 +31,7 @@ class FormatSpec:
     fmt: str           # weight format
     params: tuple      # format parameters for the synthetic weight
     emulate: bool = False
+    act: str | None = None   # activation dtype of a quantized format ("fp8@fp32"); None: bf16 or --act-dtype
 
 
 FORMATS: dict[str, FormatSpec] = {
@@ -77,19 +78,29 @@ def looks_like_shape_spec(target: str) -> bool:
 
 
 def parse_formats(spec: str) -> list[FormatSpec]:
+    """'bf16,fp8,int4-gptq' or with an activation dtype for quantized formats: 'fp8@fp32'
+    (the built-in router is an fp32 model: its FP8 sibling runs fp32 activations)."""
     out = []
     for f in spec.split(","):
         f = f.strip().lower()
-        if f not in FORMATS:
-            raise ValueError(f"format {f!r} is not one of {', '.join(FORMATS)}")
-        out.append(FORMATS[f])
+        name, _, act = f.partition("@")
+        if name not in FORMATS:
+            raise ValueError(f"format {name!r} is not one of {', '.join(FORMATS)}")
+        fs = FORMATS[name]
+        if act:
+            if act not in _DT:
+                raise ValueError(f"activation dtype {act!r} in {f!r} is not one of {', '.join(_DT)}")
+            if fs.fmt == "dense":
+                raise ValueError(f"{f!r}: a dense format's activations are its weight dtype; name fp16/fp32 instead")
+            fs = FormatSpec(f"{name}@{act}", fs.fmt, fs.params, fs.emulate, act)
+        out.append(fs)
     return out
 
 
 def act_dtype_for(spec: FormatSpec, act: str | None) -> torch.dtype:
     if spec.fmt == "dense":
         return _DT[dict(spec.params)["wdtype"]]
-    return _DT[act or "bf16"]
+    return _DT[spec.act or act or "bf16"]
 
 
 def device_formats(identity) -> list[str]:

@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 
 from vsr.autotune import shapes, synth, tuner
-from vsr.autotune.buckets import ROW_BUCKETS
+from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets
 from vsr.autotune.resolver import TileResolver
 from vsr.kernels.registry import template_for
 
 DEV = "cuda"
+BUCKETS = ROW_BUCKETS
 
 
 def _sync():
@@ -57,7 +58,7 @@ def problems_27b(formats, spec):
         w = _small_weight(fs, act)
         t = template_for(w, act, emulate=fs.emulate)
         for _, N, K in shapes.parse_shapes(spec):
-            for b in ROW_BUCKETS:
+            for b in BUCKETS:
                 out.append((fs.name, t, replace(t.problem(w, b, act), N=N, K=K)))
     return out
 
@@ -97,7 +98,8 @@ def role_tune(args):
         t0 = time.monotonic()
         jobs = []
         for label, N, K in shapes.parse_shapes(spec):  # shape-major: every format gets each shape
-            jobs += shape_jobs(f"{N}x{K}", args.formats, dev, resolver.identity, ROW_BUCKETS, None)
+            jobs += shape_jobs(f"{N}x{K}", args.formats if name == "27b" else args.small_formats, dev,
+                               resolver.identity, BUCKETS, None)
         tuned = skipped = failed = 0
         for job in jobs:
             if time.monotonic() - t0 > budget:
@@ -125,7 +127,7 @@ def role_tune(args):
         act = shapes.act_dtype_for(fs, None)
         w = _small_weight(fs, act)
         t = template_for(w, act, emulate=fs.emulate)
-        by_fmt[fs.name] = [b for b in ROW_BUCKETS
+        by_fmt[fs.name] = [b for b in BUCKETS
                            if resolver.key(t, replace(t.problem(w, b, act), N=hash_shape[1], K=hash_shape[2])).digest() in have]
     hashes = hash_outputs(resolver, formats, by_fmt, hash_shape)
     from vsr.autotune.store import export_json
@@ -174,11 +176,16 @@ def main():
     ap.add_argument("--load-repeats", type=int, default=5)
     ap.add_argument("--big", default="27b", help="the model whose cold tune and load are measured")
     ap.add_argument("--small", default="minilm", help="further shapes recorded in the shipped file")
+    # The built-in router is an fp32 model: on a GPU at --dtype auto it runs fp32 dense and
+    # fp32-activation FP8; bf16 forms serve --dtype bfloat16.
+    ap.add_argument("--small-formats", default="bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script")
+    ap.add_argument("--buckets", default="all", help="all (the record); fewer only for a smoke test")
     ap.add_argument("--skip-tune", action="store_true", help="reuse out-dir's tune.json and nvidia-h200.json")
     args = ap.parse_args()
-    global DEV
+    global DEV, BUCKETS
     DEV = args.device
+    BUCKETS = parse_buckets(args.buckets)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     if args.role == "tune":
         return role_tune(args)
@@ -188,7 +195,8 @@ def main():
     if args.skip_tune:  # re-measure loading of an earlier run's export (tune.json, nvidia-h200.json in out-dir)
         print("skipping the tune: loading the existing export", flush=True)
     base = [sys.executable, __file__, "--out-dir", args.out_dir, "--formats", args.formats, "--big", args.big,
-            "--small", args.small, "--device", args.device]
+            "--small", args.small, "--small-formats", args.small_formats, "--device", args.device,
+            "--buckets", args.buckets]
     if not args.skip_tune:
         subprocess.run(base + ["--role", "tune", "--time-budget-27b", str(args.time_budget_27b),
                                "--time-budget-minilm", str(args.time_budget_minilm), "--jobs", str(args.jobs)]

@@ -44,3 +44,13 @@ def test_shape_specs():
     assert "nvfp4" in shapes.device_formats(b200)
     a100 = DeviceIdentity("nvidia", "NVIDIA A100", (8, 0), None, 108)
     assert "fp8" not in shapes.device_formats(a100)
+
+
+def test_format_with_activation_dtype():
+    fs = shapes.parse_formats("fp8@fp32")[0]
+    assert fs.fmt == "fp8" and shapes.act_dtype_for(fs, None) == torch.float32
+    assert shapes.act_dtype_for(shapes.FORMATS["fp8"], None) == torch.bfloat16
+    with pytest.raises(ValueError, match="dense"):
+        shapes.parse_formats("bf16@fp32")
+    with pytest.raises(ValueError, match="not one of"):
+        shapes.parse_formats("fp8@int8")
