@@ -40,6 +40,13 @@ DEV = "cuda"
 BUCKETS = ROW_BUCKETS
 
 
+def export_name() -> str:
+    """The shipped file's name: the device name, lower-case, dashed (NVIDIA H200 -> nvidia-h200.json).
+    The runtime picks a shipped file by the identity inside it, never by this name."""
+    from vsr.autotune.device_id import current_device_identity
+    return current_device_identity(DEV).name.lower().replace(" ", "-") + ".json"
+
+
 def _sync():
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -131,7 +138,7 @@ def role_tune(args):
                            if resolver.key(t, replace(t.problem(w, b, act), N=hash_shape[1], K=hash_shape[2])).digest() in have]
     hashes = hash_outputs(resolver, formats, by_fmt, hash_shape)
     from vsr.autotune.store import export_json
-    n = export_json(resolver.store, Path(args.out_dir) / "nvidia-h200.json")
+    n = export_json(resolver.store, Path(args.out_dir) / export_name())
     json.dump({"report": report, "hashes": hashes, "by_format": by_fmt, "exported": n,
                "tune_timing_calls": resolver.timing_calls},
               open(Path(args.out_dir) / "tune.json", "w"), indent=1)
@@ -139,7 +146,7 @@ def role_tune(args):
 
 def role_load(args):
     formats = shapes.parse_formats(args.formats)
-    cache = Path(args.out_dir) / "nvidia-h200.json"
+    cache = Path(args.out_dir) / export_name()
     before = tuner.timing_calls()
     import warnings
     warnings.simplefilter("ignore")  # misses (keys a time budget left untuned) are counted below instead
