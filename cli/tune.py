@@ -143,7 +143,8 @@ def _fail(msg: str) -> None:
 @cache_option
 @click.option("--buckets", default="all", show_default=True, help="Row buckets, e.g. 1,16,256, or all.")
 @click.option("--formats", default=None, help="For shape specs: bf16,fp16,fp32,fp8,int4-gptq,int4-awq,nvfp4,"
-              "nvfp4-emulated (default: what this device runs).")
+              "nvfp4-emulated, a quantized one optionally with its activation dtype (fp8@fp32) "
+              "(default: what this device runs).")
 @click.option("--act-dtype", default=None, help="Activation dtype of quantized formats (default: bf16, or "
               "the package's dtype).")
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
