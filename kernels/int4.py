@@ -132,13 +132,17 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 #             applied to the fp32 partial product of each BLOCK_K tile (a nibble-major K
 #             order inside the tile, which avoids the interleaving reshape, measured slower
 #             on the H200: 0.29x against 0.49x cuBLAS at M=16).
+#   Row strides of the packed words and scales (K8 = ceil(K/8), KG = ceil(K/G)) come in as
+#   arguments, not computed in the kernel: Triton specialises an int argument divisible by
+#   16, which lets it issue 16-byte loads of packed words; a computed ceil-division has
+#   unknown divisibility and gave 4-byte loads (seen in the compiled PTX, Triton 3.9).
 #   "dequant" large M: a Triton kernel writes a transient W [N, K] in x's dtype for this
 #             call (freed after it; no dequantized copy is kept) and the dense template's
 #             kernel multiplies.
 
 
 @triton.jit
-def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, stride_xm, stride_ym, K_SPLIT,
+def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -148,15 +152,17 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = (offs_m % M).to(tl.int64)
     rn = (offs_n % N).to(tl.int64)
-    K8 = tl.cdiv(K, 8)
-    KG = tl.cdiv(K, GROUP)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    # The loop runs in packed-word units so the compiler knows the word offsets' alignment
+    # (k0 // 8 would lose it) and can issue wide loads.
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for kw0 in range(kw_lo, kw_hi, BLOCK_K // 8):
+        k0 = kw0 * 8
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        offs_w = kw0 + tl.arange(0, BLOCK_K // 8)
         a_ptrs = x_ptr + rm[:, None] * stride_xm + offs_k[None, :]
         q_ptrs = q_ptr + rn[None, :] * K8 + offs_w[:, None]
         if EVEN_K:
@@ -182,7 +188,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K, stride_ym, K_SPLIT,
+def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K, K8, KG, stride_ym, KW_SPLIT,
                       GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """One row of x: y[n] = Σ_k x[k] · ((u[n, k] - zu) · scale[n, k // G]), fp32 (the reference's
@@ -192,17 +198,17 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (offs_n % N).to(tl.int64)
-    K8 = tl.cdiv(K, 8)
-    KG = tl.cdiv(K, GROUP)
     W8: tl.constexpr = BLOCK_K // 8
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
     i = tl.arange(0, W8)
     j = tl.arange(0, 8)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_w = k0 // 8 + i
+    for kw0 in range(kw_lo, kw_hi, W8):
+        k0 = kw0 * 8
+        offs_w = kw0 + i
         offs_x = k0 + i[:, None] * 8 + j[None, :]              # [BK/8, 8]
         g = (k0 + i * 8) // GROUP                              # a word never straddles a group (G % 8 == 0)
         if EVEN_K:
@@ -233,15 +239,13 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
 
 
 @triton.jit
-def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """W[n, k] = (u - zu) · scale[n, k // G] in W's dtype, for one call's transient buffer."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     W8: tl.constexpr = BLOCK_K // 8
     i = tl.arange(0, W8)
-    K8 = tl.cdiv(K, 8)
-    KG = tl.cdiv(K, GROUP)
     nmask = offs_n[:, None] < N
     words = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * K8 + k0 // 8 + i[None, :],
                     mask=nmask & (k0 // 8 + i[None, :] < K8), other=0)
@@ -291,7 +295,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     if path == "dequant":
         wt = torch.empty((N, K), dtype=x.dtype, device=x.device)
         _int4_dequant_kernel[(triton.cdiv(N, 64), triton.cdiv(K, 128))](
-            w.packed, w.scale, zp, wt, N, K, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            w.packed, w.scale, zp, wt, N, K, w.packed.stride(0), w.scale.stride(0), GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             BLOCK_N=64, BLOCK_K=128, num_warps=4)
         from vsr.kernels import dense
         return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path="tiled"), out=y)
@@ -302,14 +306,16 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bn = tile["BLOCK_N"]
         _int4_gemv_kernel[(triton.cdiv(N, bn), split)](
-            x, w.packed, w.scale, zp, y, ws, bias, N, K, y.stride(0), k_split, GROUP=w.group_size,
+            x, w.packed, w.scale, zp, y, ws, bias, N, K, w.packed.stride(0), w.scale.stride(0), y.stride(0), k_split // 8,
+            GROUP=w.group_size,
             HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None, EVEN_K=even, BLOCK_N=bn, BLOCK_K=bk,
             SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
         grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
-        _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, x.stride(0), y.stride(0), k_split,
+        _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
+                           x.stride(0), y.stride(0), k_split // 8,
                            GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
                            EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),

@@ -248,7 +248,7 @@ def dequantized_activation_triton(x: torch.Tensor, input_global_scale: torch.Ten
 
 
 @triton.jit
-def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, stride_am,
+def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K2, K16, stride_am,
                      stride_ym, K_SPLIT, A16: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -258,8 +258,6 @@ def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bia
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = (offs_m % M).to(tl.int64)
     rn = (offs_n % N).to(tl.int64)
-    K2 = K // 2
-    K16 = K // 16
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     shifts = (tl.arange(0, 2) * 4)[None, :, None]
@@ -330,7 +328,7 @@ def launch_emulated(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tens
     bias = w.bias if w.bias is not None else y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
-    _emulated_kernel[grid](a, w.packed, w.block_scale.view(torch.uint8), gw, alpha, y, ws, bias, M, N, K,
+    _emulated_kernel[grid](a, w.packed, w.block_scale.view(torch.uint8), gw, alpha, y, ws, bias, M, N, K, K // 2, K // 16,
                            a.stride(0), y.stride(0), k_split, A16=a16, HAS_BIAS=w.bias is not None,
                            EVEN_K=(K % bk == 0 and k_split % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
@@ -341,7 +339,7 @@ def launch_emulated(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tens
 
 
 @triton.jit
-def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, stride_ym, K_SPLIT,
+def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K2, K16, stride_ym, K_SPLIT,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
     """FP4 tensor cores: tl.dot_scaled(e2m1 [BM, BK/2] packed along K, e4m3 scales [BM, BK/16];
@@ -356,8 +354,6 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = (offs_m % M).to(tl.int64)
     rn = (offs_n % N).to(tl.int64)
-    K2 = K // 2
-    K16 = K // 16
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -391,7 +387,7 @@ def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor |
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     bias = w.bias if w.bias is not None else y
     grid = (triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"]), split)
-    _w4a4_kernel[grid](codes, sc, w.packed, w.block_scale, alpha, y, ws, bias, M, N, K, y.stride(0), k_split,
+    _w4a4_kernel[grid](codes, sc, w.packed, w.block_scale, alpha, y, ws, bias, M, N, K, K // 2, K // 16, y.stride(0), k_split,
                        HAS_BIAS=w.bias is not None, BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], BLOCK_K=bk,
                        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
                        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
