@@ -345,9 +345,10 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
     """FP4 tensor cores: tl.dot_scaled(e2m1 [BM, BK/2] packed along K, e4m3 scales [BM, BK/16];
     e2m1 [BK/2, BN] packed along K, e4m3 scales [BN, BK/16]). Needs K % BLOCK_K == 0 and
     K_SPLIT % BLOCK_K == 0 (the launcher checks). NOT RUN in this project so far: no
-    Blackwell device was available (the H200 is sm_90; the interpreter has no dot_scaled
-    for e4m3 scales). The scale group (16) is deduced by Triton from the scale shapes;
-    Triton releases before 3.5 accept only e8m0 scales of 32 and will reject this kernel."""
+    Blackwell device was available (the H200 is sm_90). Scales are passed as float8e4nv
+    tensors of shape [rows, BLOCK_K/16]: Triton up to 3.6 deduces the NVFP4 scale group (16)
+    from the e4m3 scale dtype (e8m0/uint8 scales mean MX, group 32); later releases deduce it
+    from the scale shape (triton-lang/triton#9561); both read these operands as NVFP4."""
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
