@@ -161,9 +161,13 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
     dev = _device(device)
     try:
         bks = parse_buckets(buckets)
-        resolver = TileResolver(cache, "tune", dev, jobs=jobs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # said once below, as a vsr-tune message
+            resolver = TileResolver(cache, "tune", dev, jobs=jobs)
         if resolver.problem and resolver.store is None:
             _fail(f"{resolver.problem}; not tuning into it (move it away or name another file)")
+        if resolver.problem:  # e.g. the file holds another device's tiles: ours are added beside them
+            click.echo(f"vsr-tune: note: {resolver.problem}", err=True)
         work = build_jobs(target, formats, dev, resolver.identity, bks, act_dtype)
     except (VsrError, CacheError, ValueError) as e:
         _fail(str(e))
