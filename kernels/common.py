@@ -133,7 +133,8 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         # H200 (run 4): at M=64 the split-K tile 64x128x64/4 took 0.12 ms on qkv in bf16, while
         # the tiled 64x128x64 tile did M=256 in 0.063 ms: mid buckets take the tiled form.
         bm = 32 if bucket == 32 else 64
-        return tile("tiled", bm, 128, 64 if wide else 128, 1, 4, 3)
+        bk = 128 if a_bytes <= 1 else 64 if a_bytes <= 2 else 32   # fp32 operands: half the K step
+        return tile("tiled", bm, 128, bk, 1, 4, 3)
     bk = 64 if wide else 32
     bm = 64 if bucket == 256 else 128
     return tile("tiled", bm, 128 if bucket == 256 else 256 if a_bytes <= 1 else 128, bk, 1,

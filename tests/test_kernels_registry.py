@@ -109,3 +109,19 @@ def test_split_plan_covers_k_in_whole_tiles():
         for split in (1, 2, 3, 4, 16):
             ks, n = common.split_plan(K, {"BLOCK_K": 64, "SPLIT_K": split})
             assert ks % 64 == 0 and n >= 1 and (n - 1) * ks < K <= n * ks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_default_tile_fits_for_every_activation_dtype(dtype):
+    g = torch.Generator().manual_seed(1)
+    cases = [(registry.TEMPLATES["dense"], dense.DenseWeight(torch.randn(40, 256, generator=g).to(dtype)))]
+    w = weights()
+    cases += [(registry.TEMPLATES["fp8_w8a8"], w["fp8"]), (registry.TEMPLATES["nvfp4_emulated"], w["nvfp4"]),
+              (registry.TEMPLATES["nvfp4_emulated"], nvfp4.Nvfp4Weight(w["nvfp4"].packed, w["nvfp4"].block_scale,
+                                                                      w["nvfp4"].global_scale, None))]
+    if dtype != torch.float32:
+        cases.append((registry.TEMPLATES["int4_w4a16"], w["int4"]))
+    for t, wt in cases:
+        for b in ROW_BUCKETS:
+            space = t.search_space(t.problem(wt, b, dtype))   # raises if the default tile does not fit
+            assert space[0] == t.default_tile(t.problem(wt, b, dtype))
