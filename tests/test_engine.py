@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tinypkgs import (CALIBRATION, ROUTER_LABELS, TEST_TEXTS, Pkg, compressed, minilm_router, pkg_root,  # noqa: F401
+from tinypkgs import (CALIBRATION, ROUTER_LABELS, TEST_TEXTS, Pkg, compressed, minilm_router,  # noqa: F401
                       tiny_qwen3)
 from vsr.runtime.compress import compress_package
 from vsr.runtime.engine import load_engine

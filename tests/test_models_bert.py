@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from tinypkgs import ROUTER_LABELS, TEST_TEXTS, Pkg, minilm_dir, minilm_router, pkg_root  # noqa: F401
+from tinypkgs import ROUTER_LABELS, TEST_TEXTS, Pkg, minilm_dir, minilm_router  # noqa: F401
 from vsr.runtime.engine import load_engine
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinypkgs import TEST_TEXTS, Pkg, compressed, minilm_router, pkg_root, tiny_qwen3  # noqa: F401
+from tinypkgs import TEST_TEXTS, Pkg, compressed, minilm_router, tiny_qwen3  # noqa: F401
 from vsr.runtime.engine import load_engine
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from tinypkgs import QWEN3_LABELS, TEST_TEXTS, Pkg, pkg_root, tiny_qwen3  # noqa: F401
+from tinypkgs import QWEN3_LABELS, TEST_TEXTS, Pkg, tiny_qwen3  # noqa: F401
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models.qwen3 import rope_theta

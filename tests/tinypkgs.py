@@ -109,19 +109,27 @@ class Pkg:
         self.model_dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
 
 
-@pytest.fixture(scope="session")
-def pkg_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tinypkgs")
+# Built once per session even though several test modules import these fixtures (pytest
+# then holds one fixture definition per module, so the memo lives here, not in pytest).
+_once: dict[str, Path] = {}
+
+
+def _build_once(key: str, factory, build) -> Path:
+    if key not in _once:
+        if "root" not in _once:
+            _once["root"] = factory.mktemp("tinypkgs")
+        _once[key] = build(_once["root"] / key)
+    return _once[key]
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(pkg_root) -> Path:
-    return build_tiny_qwen3(pkg_root / "tiny-qwen3")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return _build_once("tiny-qwen3", tmp_path_factory, build_tiny_qwen3)
 
 
 @pytest.fixture(scope="session")
-def minilm_router(pkg_root) -> Path:
-    return build_minilm_router(pkg_root / "minilm-router")
+def minilm_router(tmp_path_factory) -> Path:
+    return _build_once("minilm-router", tmp_path_factory, build_minilm_router)
 
 
 _built: dict[tuple[str, str], Path] = {}
@@ -133,5 +141,7 @@ def compressed(src: Path, scheme: str) -> Path:
     if key not in _built:
         from vsr.runtime.compress import compress_package
 
-        _built[key] = compress_package(src, src.parent / f"{src.name}-{scheme}", scheme, CALIBRATION, seed=0)
+        # Eight calibration texts: AWQ's grid search costs time in proportion, and the tests
+        # compare implementations on the same package, whatever its calibration.
+        _built[key] = compress_package(src, src.parent / f"{src.name}-{scheme}", scheme, CALIBRATION[:8], seed=0)
     return _built[key]
