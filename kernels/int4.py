@@ -145,7 +145,7 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, IEEE: tl.constexpr = False):
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -181,7 +181,10 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
         else:
             b = (u - 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        part = tl.dot(a, b)
+        if IEEE:  # fp32 activations (an explicit --dtype float32): exact products, never tf32
+            part = tl.dot(a, b, input_precision="ieee")
+        else:
+            part = tl.dot(a, b)
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
@@ -263,14 +266,15 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
     tl.store(w_ptr + n3 * K + k, wv.to(w_ptr.dtype.element_ty), mask=m3)
 
 
-_ACT_DTYPES = (torch.bfloat16, torch.float16)
+_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16)."""
+    """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
+    explicit float32 run, multiplied in IEEE fp32)."""
     common.check_tile(tile)
     assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
-    assert x.dtype in _ACT_DTYPES, f"int4 W4A16 kernel takes bf16/fp16 activations, got {x.dtype}"
+    assert x.dtype in _ACT_DTYPES, f"int4 W4A16 kernel takes bf16/fp16/fp32 activations, got {x.dtype}"
     assert x.device == w.packed.device, f"x on {x.device}, weight on {w.packed.device}"
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
@@ -318,7 +322,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
                            x.stride(0), y.stride(0), k_split // 8,
                            GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
                            EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                           SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                           SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
                            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)

@@ -20,7 +20,7 @@ TEMPLATES: dict[str, Template] = {
 _ACT = {
     "dense": (torch.bfloat16, torch.float16, torch.float32),
     "fp8_w8a8": (torch.bfloat16, torch.float16, torch.float32),
-    "int4_w4a16": (torch.bfloat16, torch.float16),
+    "int4_w4a16": (torch.bfloat16, torch.float16, torch.float32),
     "nvfp4_w4a4": (torch.bfloat16, torch.float16, torch.float32),
     "nvfp4_emulated": (torch.bfloat16, torch.float16, torch.float32),
 }

@@ -147,6 +147,16 @@ def test_int4_matches_reference(symmetric, act_order, M):
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("path", ["splitk", "gemv", "dequant"])
+def test_int4_fp32_activations_every_path(path):
+    g = gen(16)
+    w = int4_weight(g, 64, False, False, bias=True, dtype=torch.float32)
+    M = 1 if path == "gemv" else 6
+    x = torch.randn(M, K, generator=g).float().to(DEV)
+    tile = dict(TILED, path=path, SPLIT_K=2 if path == "splitk" else 1, BLOCK_M=1 if path == "gemv" else 32)
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
 def test_int4_tiled_path_and_group_128():
     g = gen(7)
     w = int4_weight(g, 128, False, False, bias=True)

@@ -67,7 +67,7 @@ def test_template_for_refuses_mismatches():
     with pytest.raises(ValueError, match="dense weight is torch.float16"):
         registry.template_for(w["dense"], torch.float32)
     with pytest.raises(ValueError, match="int4_w4a16 takes activations"):
-        registry.template_for(w["int4"], torch.float32)
+        registry.template_for(w["int4"], torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="no Triton template for weight format 'mystery'"):
         registry.template_for(type("W", (), {"format": "mystery"})(), torch.float16)
 
@@ -119,8 +119,7 @@ def test_every_default_tile_fits_for_every_activation_dtype(dtype):
     cases += [(registry.TEMPLATES["fp8_w8a8"], w["fp8"]), (registry.TEMPLATES["nvfp4_emulated"], w["nvfp4"]),
               (registry.TEMPLATES["nvfp4_emulated"], nvfp4.Nvfp4Weight(w["nvfp4"].packed, w["nvfp4"].block_scale,
                                                                       w["nvfp4"].global_scale, None))]
-    if dtype != torch.float32:
-        cases.append((registry.TEMPLATES["int4_w4a16"], w["int4"]))
+    cases.append((registry.TEMPLATES["int4_w4a16"], w["int4"]))
     for t, wt in cases:
         for b in ROW_BUCKETS:
             space = t.search_space(t.problem(wt, b, dtype))   # raises if the default tile does not fit
