@@ -107,3 +107,18 @@ def test_compressed_package_on_triton_agrees_with_the_reference(scheme, tiny_qwe
     # FP8 quantizes activations: a differently ordered sum can move a value to the next code.
     torch.testing.assert_close(got, want, atol=5e-2 if scheme == "FP8_DYNAMIC" else 3e-2, rtol=0)
     assert torch.equal(got, gpu.forward(TEST_TEXTS))
+
+
+def test_plain_minilm_as_llm_compressor_writes_it_answers_with_embeddings(tmp_path):
+    """all-MiniLM-L6-v2 itself (BertModel, no head), compressed: an embedding, close to the dense one."""
+    from tinypkgs import CALIBRATION, minilm_dir
+    from vsr.runtime.compress import compress_package
+
+    path = compress_package(minilm_dir(), tmp_path / "minilm-FP8", "FP8_DYNAMIC", CALIBRATION[:4])
+    e = load_engine(Pkg(path), emulate=True)
+    assert e.labels is None and e.mode == "emulated"
+    res = e.predict(TEST_TEXTS)
+    got = torch.tensor([r["embedding"] for r in res])
+    dense = torch.tensor([r["embedding"] for r in load_engine(Pkg(minilm_dir())).predict(TEST_TEXTS)])
+    cos = (got * dense).sum(-1)
+    assert not torch.equal(got, dense) and bool((cos > 0.99).all()), cos
