@@ -6,8 +6,16 @@ tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+
 import triton
 import triton.language as tl
+
+from vsr.kernels.template import Template
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
 # pipelined operand tiles need more are pruned from the search space.
@@ -232,3 +240,19 @@ def e4m3_decode(code):
     sub = m.to(tl.float32) * 0.001953125
     mag = tl.where(e == 0, sub, normal)
     return tl.where((c & 0x80) != 0, -mag, mag)
+
+
+@dataclass(frozen=True)
+class KernelTemplate(Template):
+    """A Template whose source hash also covers the modules its kernels call into (this one,
+    and e.g. dense for int4's dequant path): a change there must not reuse tiles recorded for
+    the old code, since the cache promises the same kernel source for the same key."""
+
+    deps: tuple[ModuleType, ...] = ()
+
+    @property
+    def source_hash(self) -> str:
+        h = hashlib.sha256(inspect.getsource(self.module).encode())
+        for m in (sys.modules[__name__],) + tuple(self.deps):
+            h.update(inspect.getsource(m).encode())
+        return h.hexdigest()[:16]

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common
-from vsr.kernels.template import Problem, Template
+from vsr.kernels.template import Problem
 
 
 @dataclass
@@ -145,5 +145,5 @@ def search_space(p: Problem) -> list[dict]:
     return common.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
 
 
-TEMPLATE = Template(name="dense", module=sys.modules[__name__], search_space=search_space,
+TEMPLATE = common.KernelTemplate(name="dense", module=sys.modules[__name__], search_space=search_space,
                     default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)

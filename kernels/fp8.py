@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common
-from vsr.kernels.template import Problem, Template
+from vsr.kernels.template import Problem
 
 FP8_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -222,5 +222,5 @@ def search_space(p: Problem) -> list[dict]:
     return common.gemm_space(p.bucket, p.N, p.K, 1, 1, default_tile(p), bk_choices=(64, 128, 256))
 
 
-TEMPLATE = Template(name="fp8_w8a8", module=sys.modules[__name__], search_space=search_space,
+TEMPLATE = common.KernelTemplate(name="fp8_w8a8", module=sys.modules[__name__], search_space=search_space,
                     default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common
-from vsr.kernels.template import Problem, Template
+from vsr.kernels.template import Problem
 
 
 def unpack_int4(packed: torch.Tensor, length: int, dim: int = -1) -> torch.Tensor:
@@ -329,6 +329,11 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     return y
 
 
+def _dense_module():
+    from vsr.kernels import dense
+    return dense
+
+
 def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
     """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
@@ -390,5 +395,6 @@ def search_space(p: Problem) -> list[dict]:
     return out
 
 
-TEMPLATE = Template(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
-                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)
+TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
+                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
+                    deps=(_dense_module(),))

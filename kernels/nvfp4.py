@@ -27,7 +27,7 @@ import triton.language as tl
 
 from vsr.kernels import common
 from vsr.kernels.fp8 import e4m3_rne
-from vsr.kernels.template import Problem, Template
+from vsr.kernels.template import Problem
 
 BLOCK = 16
 FP4_MAX = 6.0
@@ -430,9 +430,11 @@ def search_space_w4a4(p: Problem) -> list[dict]:
                              bk_choices=tuple(b for b in (64, 128, 256) if p.K % b == 0))
 
 
-TEMPLATE_EMULATED = Template(name="nvfp4_emulated", module=sys.modules[__name__], search_space=search_space,
+TEMPLATE_EMULATED = common.KernelTemplate(name="nvfp4_emulated", module=sys.modules[__name__],
+                                          search_space=search_space,
                              default_tile=default_tile, launch=launch_emulated, reference=reference_linear,
-                             problem=problem)
-TEMPLATE_W4A4 = Template(name="nvfp4_w4a4", module=sys.modules[__name__], search_space=search_space_w4a4,
+                             problem=problem, deps=(sys.modules["vsr.kernels.fp8"],))
+TEMPLATE_W4A4 = common.KernelTemplate(name="nvfp4_w4a4", module=sys.modules[__name__],
+                                      search_space=search_space_w4a4,
                          default_tile=default_tile_w4a4, launch=launch_w4a4, reference=reference_linear,
-                         problem=problem)
+                         problem=problem, deps=(sys.modules["vsr.kernels.fp8"],))

@@ -10,7 +10,7 @@ import torch
 
 from vsr.autotune.buckets import ROW_BUCKETS
 from vsr.kernels import common, dense, fp8, int4, nvfp4, registry
-from vsr.kernels.template import Template
+from vsr.kernels.template import Template, source_hash
 
 KERNELS = Path(registry.__file__).resolve().parent
 
@@ -39,6 +39,9 @@ def test_templates_are_named_as_the_contract_says():
     for name, t in registry.TEMPLATES.items():
         assert isinstance(t, Template) and t.name == name
         assert re.fullmatch(r"[0-9a-f]{16}", t.source_hash)
+        # The hash covers the shared kernel pieces too (split-K reduction, epilogue), not
+        # only the format's own module: a change there must not reuse recorded tiles.
+        assert t.source_hash != source_hash(t.module)
 
 
 def test_template_for_picks_by_format():
