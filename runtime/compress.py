@@ -150,6 +150,11 @@ def _restore_head(src: Path, out: Path, config: dict) -> None:
     for k in HEAD_KEYS:
         if k in config:
             cfg[k] = config[k]
+    # The encoder alone was compressed, so its ignore list cannot name the head: say it here
+    # (contract 12), so any reader matching "Linear" targets leaves the fp32 head alone.
+    ignore = cfg.get("quantization_config", {}).get("ignore")
+    if ignore is not None and "classifier" not in ignore:
+        ignore.append("classifier")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 

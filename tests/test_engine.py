@@ -109,6 +109,7 @@ def test_compress_keeps_the_head_and_tokenizer(tmp_path, minilm_router):  # noqa
     src = json.loads((minilm_router / "config.json").read_text())
     assert cfg["vsr_classifier"] == src["vsr_classifier"] and cfg["id2label"] == src["id2label"]
     assert "classifier" not in json.dumps(cfg["quantization_config"]["config_groups"])
+    assert "classifier" in cfg["quantization_config"]["ignore"]
     with safe_open(a / "model.safetensors", "pt") as f, safe_open(minilm_router / "model.safetensors", "pt") as g:
         for k in ("classifier.weight", "classifier.bias"):
             assert torch.equal(f.get_tensor(k), g.get_tensor(k))
