@@ -36,6 +36,23 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1.6e-2, 8e-3),
 }
 
+# Products of 8-bit float operands (FP8 W8A8) accumulate on Hopper's tensor cores in reduced
+# precision inside each dot, as _scaled_mm(use_fast_accum=True) does: whatever the output
+# dtype, such a kernel is held to the fp16 level. (Seen on the H200: fp8 keys with fp32
+# activations failed the fp32 bound and went unrecorded.)
+FP8_OPERAND_TOLERANCE: tuple[float, float] = (4e-3, 4e-3)
+
+
+def tolerance_for(problem, out_dtype: torch.dtype) -> tuple[float, float]:
+    """The reference-check bound of one problem: its output dtype's, loosened to the fp16 level
+    when the kernel multiplies quantized 8-bit float activations."""
+    base = TOLERANCES.get(out_dtype, TOLERANCES[torch.bfloat16])
+    act = str(problem.param("act", "") or "") if problem is not None else ""
+    if act.startswith("e4m3"):
+        return tuple(max(a, b) for a, b in zip(base, FP8_OPERAND_TOLERANCE))  # type: ignore[return-value]
+    return base
+
+
 # Process-wide count of timing calls: a process that only loads hits must end with 0.
 _timing_lock = threading.Lock()
 TIMING_CALLS = 0
@@ -275,7 +292,7 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
             continue
         if check:
             y1 = template.launch(x, weight, tile)
-            reason = check_output(y1, ref, x.dtype, tolerance)
+            reason = check_output(y1, ref, x.dtype, tolerance or tolerance_for(problem, x.dtype))
             if reason is None:
                 y2 = template.launch(x, weight, tile)
                 if not same_bytes(y1, y2):

@@ -185,7 +185,7 @@ def main():
     ap.add_argument("--small", default="minilm", help="further shapes recorded in the shipped file")
     # The built-in router is an fp32 model: on a GPU at --dtype auto it runs fp32 dense and
     # fp32-activation FP8; bf16 forms serve --dtype bfloat16.
-    ap.add_argument("--small-formats", default="bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq")
+    ap.add_argument("--small-formats", default="bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script")
     ap.add_argument("--buckets", default="all", help="all (the record); fewer only for a smoke test")
     ap.add_argument("--skip-tune", action="store_true", help="reuse out-dir's tune.json and nvidia-h200.json")

@@ -99,3 +99,22 @@ def test_key_differs_in_every_field_and_round_trips():
         make_key(FAKE_DENSE, FAKE_DENSE.problem(DenseWeight(w.weight.half()), 8, x.dtype), ident, triton="3.6.0"),
     ]
     assert len({o.digest() for o in others} | {k.digest()}) == len(others) + 1
+
+
+def test_fp8_problems_are_checked_at_the_fp16_level_whatever_the_output_dtype():
+    import torch
+    from vsr.kernels import fp8
+    from vsr.kernels.template import Problem
+
+    w = fp8.Fp8Weight(torch.randn(8, 32).to(fp8.FP8_DTYPE), torch.rand(8) + 0.5)
+    p32 = Problem(N=8, K=32, bucket=4, act_dtype=torch.float32, params=w.params())
+    assert tuner.tolerance_for(p32, torch.float32) == tuner.FP8_OPERAND_TOLERANCE
+    # bf16 outputs keep their own, looser bound; a dense fp32 problem keeps the fp32 bound.
+    assert tuner.tolerance_for(p32, torch.bfloat16) == tuner.TOLERANCES[torch.bfloat16]
+    dense32 = Problem(N=8, K=32, bucket=4, act_dtype=torch.float32, params=(("wdtype", "float32"),))
+    assert tuner.tolerance_for(dense32, torch.float32) == tuner.TOLERANCES[torch.float32]
+    # An fp8-level error passes for the fp8 problem and fails the plain fp32 bound.
+    ref = torch.randn(4, 8)
+    y = ref + 1e-3 * ref.abs().max()
+    assert tuner.check_output(y, ref, torch.float32, tuner.tolerance_for(p32, torch.float32)) is None
+    assert tuner.check_output(y, ref, torch.float32) is not None
