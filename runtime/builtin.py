@@ -108,16 +108,19 @@ def _build_key(name: str) -> str:
     return h.hexdigest()[:12]
 
 
+def _revision(files: dict[str, dict]) -> str:
+    """sha256 over the (relative path, file sha256) pairs of package.file_digests, in path order."""
+    h = hashlib.sha256()
+    for rel in sorted(files, key=lambda r: r.split("/")):
+        h.update(f"{rel}\0{files[rel]['sha256']}\n".encode())
+    return h.hexdigest()
+
+
 def package_revision(folder: Path) -> str:
     """sha256 over the sorted (relative path, file sha256) pairs, manifest excluded."""
-    from vsr.runtime.package import MANIFEST, sha256_file
+    from vsr.runtime.package import file_digests
 
-    h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        rel = p.relative_to(folder).as_posix()
-        if rel != MANIFEST:
-            h.update(f"{rel}\0{sha256_file(p)}\n".encode())
-    return h.hexdigest()
+    return _revision(file_digests(folder))
 
 
 def calibration_texts() -> list[str]:
@@ -161,7 +164,7 @@ def _write_base(out: Path) -> None:
 
 
 def _build(name: str, final: Path) -> None:
-    from vsr.runtime.package import write_manifest
+    from vsr.runtime.package import file_digests, write_manifest
 
     scheme, fmt = _SPECS[name]
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -174,7 +177,8 @@ def _build(name: str, final: Path) -> None:
 
             base = resolve(BASE)
             pkg = compress_package(base, tmp / "pkg", scheme, calibration_texts(), seed=0)
-        write_manifest(pkg, name, package_revision(pkg), fmt)
+        files = file_digests(pkg)  # hashed once: for the revision and for the manifest
+        write_manifest(pkg, name, _revision(files), fmt, files=files)
         os.rename(pkg, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -116,17 +116,25 @@ def _package_files(root: Path) -> dict[str, Path]:
     return out
 
 
-def write_manifest(package_dir: str | Path, name: str, revision: str, format: str) -> Path:
+def file_digests(package_dir: str | Path) -> dict[str, dict]:
+    """{relative path: {"size", "sha256"}} for every file of the folder but the manifest."""
+    return {rel: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for rel, p in _package_files(Path(package_dir)).items()}
+
+
+def write_manifest(package_dir: str | Path, name: str, revision: str, format: str,
+                   files: dict[str, dict] | None = None) -> Path:
     """Write MODEL_MANIFEST.json for every file now in `package_dir`; returns its path.
 
-    Written to a temporary file and renamed, so a reader never sees half a manifest.
+    `files` is file_digests(package_dir) when the caller already has it (each file is then
+    hashed once, not twice). Written to a temporary file and renamed, so a reader never sees
+    half a manifest.
     """
     root = Path(package_dir)
     if not root.is_dir():
         raise PackageError(f"cannot write a manifest: {root} is not a folder")
-    files = {}
-    for rel, p in _package_files(root).items():
-        files[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    if files is None:
+        files = file_digests(root)
     manifest = {"name": name, "revision": revision, "format": format, "files": files}
     out = root / MANIFEST
     tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
