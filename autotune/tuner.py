@@ -217,7 +217,7 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --- the sweep -----------------------------------------------------------------------------
 
-def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *, check: bool = True,
+def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
           graph: bool = True, timer: Timer | None = None, jobs: int | None = None, problem=None,
           tolerance: tuple[float, float] | None = None, deadline: float | None = None,
           progress: Callable[[int, int, dict], None] | None = None, timed: bool = True) -> list[dict]:
@@ -280,7 +280,7 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
             warm(r)
     live = [r for r in live if r["error"] is None]
 
-    ref = template.reference(x, weight) if check else None
+    ref = template.reference(x, weight)
     run_timer, use_graph = (timer, graph) if timer is not None else default_timer(device, graph)
     copies = _weight_copies(weight, device) if timer is None else [weight]
     total = len(results)
@@ -290,19 +290,19 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
         if deadline is not None and time.monotonic() > deadline:
             r["error"] = "skipped: time budget spent"
             continue
-        if check:
-            y1 = template.launch(x, weight, tile)
-            reason = check_output(y1, ref, x.dtype, tolerance or tolerance_for(problem, x.dtype))
-            if reason is None:
-                y2 = template.launch(x, weight, tile)
-                if not same_bytes(y1, y2):
-                    reason = "two runs of the same tile gave different bytes (non-deterministic)"
-            if reason is not None:
-                r["error"] = f"reference check failed: {reason}"
-                done += 1
-                if progress:
-                    progress(done, total, tile)
-                continue
+        # Every candidate is checked before it may win: there is no unchecked mode.
+        y1 = template.launch(x, weight, tile)
+        reason = check_output(y1, ref, x.dtype, tolerance or tolerance_for(problem, x.dtype))
+        if reason is None:
+            y2 = template.launch(x, weight, tile)
+            if not same_bytes(y1, y2):
+                reason = "two runs of the same tile gave different bytes (non-deterministic)"
+        if reason is not None:
+            r["error"] = f"reference check failed: {reason}"
+            done += 1
+            if progress:
+                progress(done, total, tile)
+            continue
         if not timed:
             r["ok"] = True
             done += 1
@@ -349,8 +349,6 @@ def rank(results: list[dict]) -> list[dict]:
         ok_untimed = sorted((r for r in results if r["ok"]), key=lambda r: r["index"])
         return ok_untimed + sorted((r for r in results if not r["ok"]), key=lambda r: r["index"])
     bad = sorted((r for r in results if not r["ok"]), key=lambda r: r["index"])
-    if not ok:
-        return bad
     best_ms = min(r["ms"] for r in ok)
     winner = min((r for r in ok if r["ms"] <= best_ms * (1 + TIE_FRACTION)), key=lambda r: r["index"])
     rest = sorted((r for r in ok if r is not winner), key=lambda r: (r["ms"], r["index"]))
