@@ -31,10 +31,13 @@ from pathlib import Path
 
 import torch
 
-from vsr.autotune import shapes, synth, tuner
-from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets
-from vsr.autotune.resolver import TileResolver
-from vsr.kernels.registry import template_for
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import code_commit  # noqa: E402
+
+from vsr.autotune import shapes, synth, tuner  # noqa: E402
+from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets  # noqa: E402
+from vsr.autotune.resolver import TileResolver  # noqa: E402
+from vsr.kernels.registry import template_for  # noqa: E402
 
 DEV = "cuda"
 BUCKETS = ROW_BUCKETS
@@ -194,6 +197,7 @@ def main():
     DEV = args.device
     BUCKETS = parse_buckets(args.buckets)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    commit = code_commit()  # of the code as it is when the run starts
     if args.role == "tune":
         return role_tune(args)
     if args.role == "load":
@@ -218,13 +222,6 @@ def main():
     from vsr.autotune.device_id import current_device_identity
     ident = current_device_identity(DEV)
     import triton
-    commit = os.environ.get("VSR_COMMIT", "")  # the device copy has no .git: the caller passes it
-    if not commit:
-        try:
-            res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-            commit = res.stdout.strip() if res.returncode == 0 else ""
-        except OSError:
-            pass
     t27 = tune["report"]["27b"]
     hs = shapes.parse_shapes(args.big)[0]
     doc = {
@@ -234,7 +231,8 @@ def main():
         "warm_load_ms": round(statistics.median(ms for ld in loads for ms in ld["load_ms"]), 3),
         "warm_load_first_ms": [round(ld["load_ms"][0], 3) for ld in loads],
         "warm_load_keys": loads[0]["keys"], "warm_load_keys_recorded": loads[0]["recorded"],
-        "timing_calls_on_load": sum(ld["timing_calls"] + ld["process_timing_calls"] for ld in loads),
+        # The process-wide counter already includes the resolvers' own counts: adding both double-counted.
+        "timing_calls_on_load": sum(ld["process_timing_calls"] for ld in loads),
         "cross_process_identical": identical,
         "cross_process_outputs": len(tune["hashes"]),
         "cold_tune_from_earlier_run": bool(args.skip_tune),

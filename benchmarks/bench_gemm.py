@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, copies_for, eager_ms, graph_ms, make_weight  # noqa: E402
+from common_bench import SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
@@ -244,6 +242,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
+    a.commit = code_commit()  # of the code as it is when the run starts
     log = (lambda r: None) if a.quiet else (lambda r: print(json.dumps(r, default=str), flush=True))
     ceil = ceilings()
     print("ceilings", ceil, flush=True)
@@ -264,15 +263,12 @@ def main() -> int:
 
 
 def write(a, ceil, rows, t_start, partial):
-    # The device copy of the tree has no git history: the caller passes the commit measured.
-    commit = os.environ.get("VSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                            text=True).stdout.strip() or "unknown"
     name = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     out = Path(a.out or f"benchmarks/results/gemm-{name.lower().replace(' ', '-')}-{date}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
-                               "triton": triton.__version__, "commit": commit, "ceilings": ceil,
+                               "triton": triton.__version__, "commit": a.commit, "ceilings": ceil,
                                "sweep_candidates": a.sweep, "wall_s": round(time.time() - t_start, 1),
                                "partial": partial, "rows": rows}, indent=1))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -11,8 +14,30 @@ from vsr.kernels import dense, fp8, int4, nvfp4
 SHAPES = {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408)}
 L2_BYTES = 60 << 20
 
-# Benchmark format name -> (weight maker, template name).
+# Benchmark format names (BENCHMARKS.md), each made by make_weight.
 FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4", "nvfp4-emulated")
+
+
+def code_commit() -> str:
+    """The commit of the code measured (BENCHMARKS.md "commit"): $VSR_COMMIT when set (the device
+    copy of the tree has no git history: the caller passes it), else this checkout's HEAD, asked
+    of the repository this file is in (not of the working directory), with "-dirty" when tracked
+    files outside benchmarks/results/ differ from it (the code measured is then not that commit);
+    "unknown" without git."""
+    env = os.environ.get("VSR_COMMIT", "").strip()
+    if env:
+        return env
+    repo = str(Path(__file__).resolve().parent.parent)
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode != 0 or not head.stdout.strip():
+            return "unknown"
+        status = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)benchmarks/results"], capture_output=True, text=True)
+    except OSError:  # no git on this machine
+        return "unknown"
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):

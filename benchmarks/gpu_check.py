@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import FORMATS, SHAPES, check, make_weight  # noqa: E402
+from common_bench import FORMATS, SHAPES, check, code_commit, make_weight  # noqa: E402
 
 from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
@@ -78,9 +76,7 @@ def main() -> int:
             table.append(f"{fmt:15s} {sh:8s} {''.join(marks)}")
             del w, ref, x
             torch.cuda.empty_cache()
-    # The device copy of the tree has no git history: the caller passes the commit measured.
-    commit = os.environ.get("VSR_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                            text=True).stdout.strip() or "unknown"
+    commit = code_commit()
     date = datetime.date.today().isoformat()
     name = torch.cuda.get_device_name()
     out = Path(a.out or f"benchmarks/results/gpu-check-{name.lower().replace(' ', '-')}-{date}.json")
