@@ -1,6 +1,7 @@
 """Weights, timers and checks shared by bench_gemm.py and gpu_check.py (benchmarks only)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.autotune import shapes, synth
+from vsr.autotune.tuner import TOLERANCES as TOL
 
 SHAPES = {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408)}
 L2_BYTES = 60 << 20
@@ -41,33 +43,15 @@ def code_commit() -> str:
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):
-    """Random weights of realistic magnitudes (never zeros) in the kernels' layouts, made on `device`."""
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    kw = {"generator": g, "device": device}
-    b = (torch.randn(N, **kw) * 0.1).to(torch.bfloat16) if bias else None
-    if fmt == "bf16":
-        return dense.DenseWeight((torch.randn(N, K, **kw) * K ** -0.5).to(torch.bfloat16), b)
-    if fmt == "fp8":
-        q = fp8.e4m3_rne(torch.randn(N, K, **kw) * 64)
-        s = (torch.rand(N, **kw) * 0.01 + 1e-3).to(torch.bfloat16)
-        return fp8.Fp8Weight(q, s, b)
-    if fmt in ("int4-gptq", "int4-awq"):
-        G = 128
-        u = torch.randint(0, 16, (N, K), dtype=torch.int32, **kw)
-        scale = (torch.rand(N, K // G, **kw) * 0.02 + 1e-3).to(torch.bfloat16)
-        zp = torch.randint(0, 16, (N, K // G), dtype=torch.int32, **kw) if fmt == "int4-awq" else None
-        return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, None, b)
-    if fmt in ("nvfp4", "nvfp4-emulated"):
-        packed = torch.randint(0, 256, (N, K // 2), dtype=torch.int32, **kw).to(torch.uint8)
-        bs = (torch.rand(N, K // 16, **kw) * 2 + 0.25).to(torch.float8_e4m3fn)
-        return nvfp4.Nvfp4Weight(packed, bs, torch.tensor(448.0 * 6 / 2, device=device),
-                                 torch.tensor(448.0 * 6 / 4, device=device), b)
-    raise ValueError(fmt)
-
-
-def weight_bytes(w) -> int:
-    return int(w.nbytes())
+    """Random weights of realistic magnitudes (never zeros) in the kernels' layouts, made on `device`:
+    the synthetic weights vsr-tune times (vsr.autotune.synth) for the format's parameters, bf16 model
+    dtype, plus an optional random bias."""
+    fs = shapes.FORMATS[fmt]
+    w = synth.random_weight(fs.fmt, N, K, dict(fs.params), torch.bfloat16, device, seed)
+    if bias:
+        g = torch.Generator(device=torch.device(device)).manual_seed(seed + 1000)
+        w = dataclasses.replace(w, bias=(torch.randn(N, generator=g, device=device) * 0.1).to(torch.bfloat16))
+    return w
 
 
 def copies_for(nbytes: int, most: int = 8) -> int:
@@ -115,9 +99,6 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
         ts.append(st.elapsed_time(en) / n)
     del g
     return statistics.median(ts)
-
-
-TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 1e-3), torch.bfloat16: (1.6e-2, 8e-3)}
 
 
 def check(y: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
