@@ -30,13 +30,13 @@ BATCH_SIZE = 32
 
 
 def _model_dtype(pkg, config: dict) -> torch.dtype:
-    d = getattr(pkg, "model_dtype", None) or config.get("dtype") or config.get("torch_dtype") or "float32"
+    """The package's stored dtype: OpenedPackage.model_dtype, else config.json's (the one parser)."""
+    d = getattr(pkg, "model_dtype", None)
     if isinstance(d, torch.dtype):
         return d
-    name = str(d).removeprefix("torch.")
-    if name not in DTYPES:
-        raise PackageError(f"config.json: model dtype {d!r} is not one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    from vsr.runtime.package import model_dtype_of
+
+    return model_dtype_of(config)
 
 
 class Engine:
@@ -133,19 +133,19 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         raise PackageError(f"device {device!r}: vsr runs on cpu or cuda devices")
 
     def make_linear(w):
-        return QLinear(w, lin_mode, tiles=resolver) if resolver is not None else QLinear(w, lin_mode)
+        return QLinear(w, lin_mode, tiles=resolver)
 
     tok = PackageTokenizer(path, config)  # cheap, and a broken tokenizer fails before any weight is read
-    loader = PackageLoader(path, config)
-    # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
     from vsr.runtime.models import bert, qwen3
 
-    names = (bert.linear_names(config, loader) if config.get("model_type") == "bert"
-             else qwen3.linear_names(config, loader) if config.get("model_type") == "qwen3" else [])
-    if names:
-        loader.check_linears(names)
-    builder = Builder(loader, make_linear, act, dev, convert)
-    try:
+    loader = PackageLoader(path, config)
+    try:  # the safetensors handles are released whether validation or loading fails or not
+        # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
+        names = (bert.linear_names(config, loader) if config.get("model_type") == "bert"
+                 else qwen3.linear_names(config, loader) if config.get("model_type") == "qwen3" else [])
+        if names:
+            loader.check_linears(names)
+        builder = Builder(loader, make_linear, act, dev, convert)
         model = build_model(config, builder).eval()
     finally:
         loader.close()

@@ -144,3 +144,24 @@ def test_cuda_engine_runs_triton_and_agrees_with_the_reference(tiny_qwen3):  # n
     f32 = load_engine(Pkg(tiny_qwen3), device="cuda", dtype="float32")
     torch.testing.assert_close(f32.forward(TEST_TEXTS), load_engine(Pkg(tiny_qwen3)).forward(TEST_TEXTS),
                                atol=1e-4, rtol=1e-3)
+
+
+def test_a_broken_package_releases_its_safetensors_handles(tmp_path, minilm_router, monkeypatch):  # noqa: F811
+    # A tensor missing from the file fails validation; the loader's handles are closed all the same.
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vsr.runtime.loaders import PackageLoader
+
+    broken = tmp_path / "broken"
+    shutil.copytree(minilm_router, broken)
+    tensors = load_file(broken / "model.safetensors")
+    del tensors["encoder.layer.0.attention.self.query.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    closed = []
+    real_close = PackageLoader.close
+    monkeypatch.setattr(PackageLoader, "close", lambda self: closed.append(self) or real_close(self))
+    with pytest.raises(PackageError, match="query.weight"):
+        load_engine(Pkg(broken))
+    assert len(closed) == 1 and not closed[0]._handles
