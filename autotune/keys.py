@@ -95,7 +95,7 @@ class CacheKey:
         return cls.from_dict(json.loads(s))
 
 
-_source_hashes: dict[str, str] = {}
+_source_hashes: dict[tuple[str, str], str] = {}
 
 
 def kernel_source_hash(template) -> str:
@@ -104,8 +104,9 @@ def kernel_source_hash(template) -> str:
     changes the key, so a changed kernel never reuses old tiles."""
     mod = template.module
     name = getattr(mod, "__name__", template.name)
-    if name in _source_hashes:
-        return _source_hashes[name]
+    memo = (template.name, name)  # per template: two templates of one module may have other deps
+    if memo in _source_hashes:
+        return _source_hashes[memo]
     import inspect
     import types
     deps = sorted({m.__name__ for m in vars(mod).values()
@@ -119,7 +120,7 @@ def kernel_source_hash(template) -> str:
         for d in deps:
             hs.update(d.encode() + inspect.getsource(sys.modules[d]).encode())
         h = hs.hexdigest()[:16]
-    _source_hashes[name] = h
+    _source_hashes[memo] = h
     return h
 
 

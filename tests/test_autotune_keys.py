@@ -54,3 +54,12 @@ def test_format_with_activation_dtype():
         shapes.parse_formats("bf16@fp32")
     with pytest.raises(ValueError, match="not one of"):
         shapes.parse_formats("fp8@int8")
+
+
+def test_source_hash_is_per_template_not_per_module():
+    # Two templates of one kernel module with different dependencies must not share a memoised hash.
+    from vsr.kernels import dense, fp8
+    a = replace(dense.TEMPLATE, name="dense_no_extra_deps")
+    b = replace(dense.TEMPLATE, name="dense_with_fp8_dep", deps=(fp8,))
+    assert kernel_source_hash(a) != kernel_source_hash(b)
+    assert kernel_source_hash(b) == kernel_source_hash(b)
