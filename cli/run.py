@@ -200,12 +200,15 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     # same requests always form the same batches (so the same bits).
     for i in range(0, len(requests), BATCH):
         chunk = requests[i:i + BATCH]
-        for r in chunk:
-            if r.error is None:
-                r.error = _request_problem(engine, r.text)
-        ok = [r for r in chunk if r.error is None]
-        results = dict(zip((r.number for r in ok), engine.predict([r.text for r in ok], top_k=top_k)
-                           if ok else [], strict=True))
+        pending = [r for r in chunk if r.error is None]
+        results = {}
+        # One tokenizer pass per request: an empty or over-long text comes back as its error.
+        for r, a in zip(pending, engine.answer([r.text for r in pending], top_k=top_k) if pending else [],
+                        strict=True):
+            if "error" in a:
+                r.error = a["error"]
+            else:
+                results[r.number] = a
         for r in chunk:
             if r.error is not None:
                 failed = True
@@ -217,12 +220,6 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
             else:
                 click.echo(_human_line(r, results[r.number], mode))
     sys.exit(EXIT_MISMATCH if mismatch else EXIT_REQUEST_FAILED if failed else EXIT_OK)
-
-
-def _request_problem(engine, text: str) -> str | None:
-    if not text.strip():
-        return "empty text"
-    return engine.check_request(text)
 
 
 def _self_check(engine, name: str, as_json: bool) -> str:

@@ -65,9 +65,11 @@ class Engine:
         """
         if not texts:
             raise RequestError("no requests")
-        ids = self.tokenizer.encode_checked(texts)
-        order = sorted(range(len(texts)), key=lambda i: (len(ids[i]), i))
-        out: list[torch.Tensor | None] = [None] * len(texts)
+        return self._forward_ids(self.tokenizer.encode_checked(texts))
+
+    def _forward_ids(self, ids: list[list[int]]) -> torch.Tensor:
+        order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
+        out: list[torch.Tensor | None] = [None] * len(ids)
         for s in range(0, len(order), BATCH_SIZE):
             idx = order[s:s + BATCH_SIZE]
             b = self.tokenizer.pad([ids[i] for i in idx])
@@ -79,7 +81,21 @@ class Engine:
 
     def predict(self, texts: list[str], top_k: int = 3) -> list[dict]:
         """One dict per text: {"choice", "top": [[label, prob], ...]} or {"embedding": [...]}."""
-        y = self.forward(texts)
+        return self._results(self.forward(texts), top_k)
+
+    def answer(self, texts: list[str], top_k: int = 3) -> list[dict]:
+        """As predict, but a request this engine will not answer (empty, over-long) gets
+        {"error": message} in its place and the others are still answered. Each text is
+        tokenized once; the answered ones give the same bits as predict on them alone."""
+        ids, problems = self.tokenizer.encode_each(texts)
+        ok = [i for i, p in enumerate(problems) if p is None]
+        out: list[dict] = [{"error": p} for p in problems]
+        if ok:
+            for i, r in zip(ok, self._results(self._forward_ids([ids[i] for i in ok]), top_k), strict=True):
+                out[i] = r
+        return out
+
+    def _results(self, y: torch.Tensor, top_k: int) -> list[dict]:
         if self.labels is None:
             return [{"embedding": row.tolist()} for row in y]
         k = max(1, min(int(top_k), len(self.labels)))

@@ -85,6 +85,18 @@ class PackageTokenizer:
             return f"text is too long: {len(ids)} tokens, this model takes at most {self.limit}"
         return None
 
+    def encode_each(self, texts: list[str]) -> tuple[list[list[int] | None], list[str | None]]:
+        """(ids, problems), one tokenizer pass: per text its token ids, or None and the message
+        of `check` for a text this model must not answer (the others are still encoded)."""
+        problems: list[str | None] = [None if isinstance(t, str) and t.strip() else self.check(t) for t in texts]
+        todo = [i for i, p in enumerate(problems) if p is None]
+        ids: list[list[int] | None] = [None] * len(texts)
+        for i, x in zip(todo, self.encode([texts[i] for i in todo]) if todo else [], strict=True):
+            problems[i] = self._check_ids(x)
+            if problems[i] is None:
+                ids[i] = x
+        return ids, problems
+
     def encode_checked(self, texts: list[str]) -> list[list[int]]:
         """Token ids of every text (one tokenizer pass); RequestError names the first bad request."""
         for i, t in enumerate(texts):

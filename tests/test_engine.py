@@ -165,3 +165,17 @@ def test_a_broken_package_releases_its_safetensors_handles(tmp_path, minilm_rout
     with pytest.raises(PackageError, match="query.weight"):
         load_engine(Pkg(broken))
     assert len(closed) == 1 and not closed[0]._handles
+
+
+def test_answer_reports_bad_requests_in_place_and_tokenizes_once(router, monkeypatch):
+    texts = ["turn on the lights", "", "lights " * 300, "what is the temperature in the kitchen"]
+    calls = []
+    real = router.tokenizer.tokenizer
+    monkeypatch.setattr(router.tokenizer, "tokenizer", type("T", (), {
+        "encode": lambda self, t: calls.append(t) or real.encode(t),
+        "encode_batch": lambda self, ts: calls.extend(ts) or real.encode_batch(ts)})())
+    got = router.answer(texts, top_k=2)
+    assert sorted(calls) == sorted([texts[0], texts[2], texts[3]])  # each non-empty text once
+    assert got[1] == {"error": "empty text"} and "too long" in got[2]["error"]
+    monkeypatch.undo()
+    assert [got[0], got[3]] == router.predict([texts[0], texts[3]], top_k=2)
