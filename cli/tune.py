@@ -325,13 +325,14 @@ def verify_cmd(cache, device, as_json):
     """Re-check every entry of this device: its kernel source is current, it compiles, and it
     passes the reference check (nothing is timed)."""
     from vsr.autotune import synth, tuner
-    from vsr.autotune.keys import kernel_source_hash
     from vsr.autotune.device_id import current_device_identity
+    from vsr.autotune.keys import kernel_source_hash, make_key, triton_version
     from vsr.autotune.shapes import _DT as _DT_BY_NAME
     from vsr.kernels.registry import TEMPLATES
 
     dev = _device(device)
-    mine = current_device_identity(dev).key()
+    ident = current_device_identity(dev)
+    mine, this_triton = ident.key(), triton_version()
     rows = []
     for e in _open(cache).entries():
         if e.key.device != mine:
@@ -342,13 +343,24 @@ def verify_cmd(cache, device, as_json):
             row["error"] = f"no template named {e.key.template!r} in this vsr"
         elif kernel_source_hash(t) != e.key.source_hash:
             row["error"] = "stale: the template's source changed since this tile was tuned"
+        elif e.key.triton != this_triton:
+            row["error"] = (f"stale: tuned with Triton {e.key.triton}, this is Triton {this_triton} "
+                            "(the runtime never reads this entry here)")
+        elif e.key.act_dtype not in _DT_BY_NAME:
+            row["error"] = f"activation dtype {e.key.act_dtype!r} is not one vsr runs"
         else:
             act = _DT_BY_NAME[e.key.act_dtype]
             w = synth.random_weight(synth.weight_format(t.name), e.key.N, e.key.K, json.loads(e.key.params),
                                     act, dev)
             x = synth.random_activations(e.key.bucket, e.key.K, act, dev)
-            res = tuner.sweep(t, w, x, tiles=[e.tile], problem=t.problem(w, e.key.bucket, act), timed=False)
-            row["ok"], row["error"] = res[0]["ok"], res[0]["error"]
+            p = t.problem(w, e.key.bucket, act)
+            if make_key(t, p, ident, triton=e.key.triton) != e.key:
+                # The check would run another problem than the one the entry is recorded for.
+                row["error"] = (f"cannot rebuild this key's problem: a synthetic weight of its parameters "
+                                f"{e.key.params} gives {make_key(t, p, ident, triton=e.key.triton).params}")
+            else:
+                res = tuner.sweep(t, w, x, tiles=[e.tile], problem=p, timed=False)
+                row["ok"], row["error"] = res[0]["ok"], res[0]["error"]
         rows.append(row)
     bad = [r for r in rows if not r["ok"]]
     if as_json:

@@ -118,3 +118,19 @@ def test_time_budget_skips_and_a_rerun_resumes(tmp_path):
     assert rep["tuned"] == [] and len(rep["skipped"]) == 2
     rep = json.loads(run(*args).stdout)
     assert len(rep["tuned"]) == 2 and rep["skipped"] == []
+
+
+def test_verify_flags_entries_of_another_triton_and_unrebuildable_keys(tuned, tmp_path):
+    d, _ = tuned
+    run("export", "--autotune-cache", d / "c.db", "--out", tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["entries"][0]["key"]["triton"] = "0.0.1"  # the runtime never reads it under this Triton
+    params = json.loads(doc["entries"][1]["key"]["params"])
+    doc["entries"][1]["key"]["params"] = json.dumps({**params, "bogus": 1}, sort_keys=True, separators=(",", ":"))
+    for e in doc["entries"][:2]:
+        e.pop("digest")
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    rep = json.loads(run("verify", "--autotune-cache", tmp_path / "bad.json", "--json", ok=False).stdout)
+    assert rep["checked"] == 8 and rep["failed"] == 2
+    errors = " ".join(r["error"] for r in rep["entries"] if not r["ok"])
+    assert "Triton 0.0.1" in errors and "cannot rebuild" in errors
