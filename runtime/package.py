@@ -264,9 +264,6 @@ def device_identity(device=None) -> DeviceIdentity:
         raise DeviceRefusal(f"device {device!r} is not available here: {e}") from None
 
 
-_identity = device_identity  # the name vsr.runtime.evaluate imports
-
-
 def open_package(name_or_path: str | Path, *, revision: str | None = None, allow_unverified: bool = False,
                  device=None, emulate: bool = False,
                  probes: device_table.Probes | None = None) -> OpenedPackage:
