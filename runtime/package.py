@@ -25,6 +25,7 @@ import torch
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.runtime import device as device_table
 from vsr.runtime.errors import DeviceRefusal, PackageError
+from vsr.runtime.intents import cache_root as _cache_root  # the one user cache directory (VSR_CACHE_DIR)
 
 MANIFEST = "MODEL_MANIFEST.json"
 CONFIG = "config.json"
@@ -64,12 +65,6 @@ class OpenedPackage:
 HASH_CACHE_MIN_BYTES = 16 << 20
 HASH_CACHE_SETTLE_NS = 2_000_000_000
 _HASH_CACHE = "verified-sha256.json"
-
-
-def _cache_root() -> Path:
-    """The user cache directory: VSR_CACHE_DIR, else ~/.cache/vsr (the built-in packages' too)."""
-    env = os.environ.get("VSR_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "vsr"
 
 
 def _stat_key(path: Path, st: os.stat_result) -> str:
