@@ -161,20 +161,31 @@ class SqliteStore(Store):
         with self.lock():
             if self.path.exists() and self.path.stat().st_size > 0:
                 return  # another process created it while we waited
-            conn = sqlite3.connect(str(self.path), isolation_level=None)
+            # Built beside the target and renamed into place once complete: a process killed while
+            # creating the file leaves no half-made cache (an SQLite header without the tables would
+            # read as a foreign schema from then on).
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".new", dir=str(self.path.parent))
+            os.close(fd)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-                conn.execute("""CREATE TABLE tiles (digest TEXT PRIMARY KEY, key TEXT NOT NULL, device TEXT,
-                    triton TEXT, template TEXT, source_hash TEXT, params TEXT, N INTEGER, K INTEGER,
-                    bucket INTEGER, act_dtype TEXT, tile TEXT NOT NULL, ms REAL, candidates TEXT,
-                    versions TEXT, tuned_at TEXT)""")
-                conn.executemany("INSERT INTO meta VALUES (?, ?)",
-                                 [("kind", KIND), ("schema_version", str(SCHEMA_VERSION)), ("created", now_utc())])
-                conn.execute("COMMIT")
+                conn = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+                    conn.execute("""CREATE TABLE tiles (digest TEXT PRIMARY KEY, key TEXT NOT NULL, device TEXT,
+                        triton TEXT, template TEXT, source_hash TEXT, params TEXT, N INTEGER, K INTEGER,
+                        bucket INTEGER, act_dtype TEXT, tile TEXT NOT NULL, ms REAL, candidates TEXT,
+                        versions TEXT, tuned_at TEXT)""")
+                    conn.executemany("INSERT INTO meta VALUES (?, ?)",
+                                     [("kind", KIND), ("schema_version", str(SCHEMA_VERSION)), ("created", now_utc())])
+                    conn.execute("COMMIT")
+                finally:
+                    conn.close()  # the last connection: the WAL is checkpointed into the file and removed
+                os.replace(tmp, self.path)
             finally:
-                conn.close()
+                for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
+                    if os.path.exists(leftover):
+                        os.unlink(leftover)
 
     @staticmethod
     def _row_to_entry(r: dict) -> Entry:

@@ -219,3 +219,19 @@ def test_misses_do_not_reparse_an_unchanged_json(tmp_path, monkeypatch):
         for p in problems(Ns=(8, 16, 24)):
             r.tile(FAKE_DENSE, p)
     assert reads == []
+
+
+def test_a_creation_cut_short_leaves_no_half_made_cache(tmp_path, monkeypatch):
+    from vsr.autotune import store as store_mod
+    db = tmp_path / "new.db"
+
+    def killed():
+        raise KeyboardInterrupt  # stands in for a kill between writing the header and the tables
+    monkeypatch.setattr(store_mod, "now_utc", killed)
+    with pytest.raises(KeyboardInterrupt):
+        SqliteStore(db)
+    monkeypatch.undo()
+    assert not db.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["new.db.lock"]
+    s = SqliteStore(db)  # a later process creates it normally
+    assert s.entries() == [] and s.integrity_check() == "ok"
+    assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
