@@ -176,18 +176,20 @@ def verify_manifest(package_dir: str | Path, manifest: dict) -> None:
     if extra:
         raise PackageError(f"{root}: file {extra[0]} is not listed in {MANIFEST}: the package was changed"
                            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    stats = {}
     for rel in sorted(listed):
-        st = os.stat(present[rel])
+        st = stats[rel] = os.stat(present[rel])
         if not stat.S_ISREG(st.st_mode):
             raise PackageError(f"{root}: {rel} is not a regular file")
         if st.st_size != listed[rel]["size"]:
             raise PackageError(f"{root}: file {rel} changed: {st.st_size} bytes, the manifest says "
                                f"{listed[rel]['size']}")
-    cache = _load_hash_cache()
+    # The remembered hashes are read only when some file is large enough to be remembered.
+    big = any(st.st_size >= HASH_CACHE_MIN_BYTES for st in stats.values())
+    cache = _load_hash_cache() if big else {}
     fresh = {}
     for rel in sorted(listed):
-        p = present[rel]
-        st = os.stat(p)
+        p, st = present[rel], stats[rel]
         key = _stat_key(p, st) if st.st_size >= HASH_CACHE_MIN_BYTES else None
         digest = cache.get(key) if key else None
         if digest is None:
