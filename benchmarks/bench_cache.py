@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import code_commit  # noqa: E402
+from common_bench import code_commit, device_slug, result_path  # noqa: E402
 
 from vsr.autotune import shapes, synth, tuner  # noqa: E402
 from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets  # noqa: E402
@@ -47,7 +46,7 @@ def export_name() -> str:
     """The shipped file's name: the device name, lower-case, dashed (NVIDIA H200 -> nvidia-h200.json).
     The runtime picks a shipped file by the identity inside it, never by this name."""
     from vsr.autotune.device_id import current_device_identity
-    return current_device_identity(DEV).name.lower().replace(" ", "-") + ".json"
+    return device_slug(current_device_identity(DEV).name) + ".json"
 
 
 def _sync():
@@ -244,8 +243,7 @@ def main():
                   "checked": all(ld["hashes"].get(k) == v for ld in loads), "sha256": v}
                  for k, v in sorted(tune["hashes"].items())],
     }
-    name = f"cache-{ident.name.lower().replace(' ', '-')}-{datetime.date.today().isoformat()}.json"
-    Path(args.out_dir, name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    result_path("cache", ident.name, args.out_dir).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1))
 
 

@@ -14,7 +14,6 @@ space (--sweep N candidates per key, 0 = default tiles). JSON keys as BENCHMARKS
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -25,7 +24,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight  # noqa: E402
+from common_bench import (SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight,  # noqa: E402
+                          result_path)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
@@ -264,8 +264,7 @@ def main() -> int:
 
 def write(a, ceil, rows, t_start, partial):
     name = torch.cuda.get_device_name()
-    date = datetime.date.today().isoformat()
-    out = Path(a.out or f"benchmarks/results/gemm-{name.lower().replace(' ', '-')}-{date}.json")
+    out = Path(a.out) if a.out else result_path("gemm", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": a.commit, "ceilings": ceil,

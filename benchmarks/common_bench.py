@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import statistics
@@ -13,11 +14,25 @@ import torch
 from vsr.autotune import shapes, synth
 from vsr.autotune.tuner import TOLERANCES as TOL
 
-SHAPES = {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408)}
+# The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
+SHAPES = {name: (N, K) for name, N, K in shapes.SHAPES_27B}
+RESULTS = Path(__file__).resolve().parent / "results"
 L2_BYTES = 60 << 20
 
 # Benchmark format names (BENCHMARKS.md), each made by make_weight.
 FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4", "nvfp4-emulated")
+
+
+def device_slug(name: str) -> str:
+    """A device name as results and shipped caches name files: "NVIDIA H200" -> "nvidia-h200"."""
+    return name.lower().replace(" ", "-")
+
+
+def result_path(benchmark: str, device_name: str, out_dir: str | Path | None = None) -> Path:
+    """`<benchmark>-<device>-<date>.json` (BENCHMARKS.md "Results file"), by default under this
+    checkout's benchmarks/results/ whatever the working directory."""
+    date = datetime.date.today().isoformat()
+    return Path(out_dir if out_dir is not None else RESULTS) / f"{benchmark}-{device_slug(device_name)}-{date}.json"
 
 
 def code_commit() -> str:

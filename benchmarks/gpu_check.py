@@ -10,7 +10,6 @@ kernel never writes fails. Exit status 1 when any check fails.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -20,7 +19,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import FORMATS, SHAPES, check, code_commit, make_weight  # noqa: E402
+from common_bench import FORMATS, SHAPES, check, code_commit, make_weight, result_path  # noqa: E402
 
 from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
@@ -77,9 +76,8 @@ def main() -> int:
             del w, ref, x
             torch.cuda.empty_cache()
     commit = code_commit()
-    date = datetime.date.today().isoformat()
     name = torch.cuda.get_device_name()
-    out = Path(a.out or f"benchmarks/results/gpu-check-{name.lower().replace(' ', '-')}-{date}.json")
+    out = Path(a.out) if a.out else result_path("gpu-check", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gpu-check", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": commit, "rows_M": ms,
