@@ -18,7 +18,8 @@ Every build goes into a temporary folder beside its destination and is renamed
 into place under a file lock, so concurrent first uses build once and a reader
 never sees half a package. The folder name carries a digest of everything the
 build reads (head, labels, wheel version, this module's build version, and for
-siblings the compressor's source and llm-compressor's version): a retrained
+siblings the compressor's source, llm-compressor's version and the intents split
+the calibration sentences come from): a retrained
 head or a new compressor gives a new folder instead of a stale one. The
 revision is the sha256 over the package files' (path, sha256) pairs.
 
@@ -96,10 +97,12 @@ def _build_key(name: str) -> str:
     h.update(HEAD_FILE.read_bytes())
     h.update(LABELS_FILE.read_bytes())
     if scheme is not None:
-        from vsr.runtime import compress
+        from vsr.runtime import compress, intents
 
         h.update(Path(compress.__file__).read_bytes())
         h.update(str(CALIBRATION_COUNT).encode())
+        # The calibration sentences come from the intents split: a regenerated split gives new ones.
+        h.update(intents._cache_key().encode())
         for dist in ("llmcompressor", "compressed-tensors"):
             try:
                 h.update(f"{dist}=={metadata.version(dist)}".encode())
