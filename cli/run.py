@@ -134,8 +134,9 @@ def _check_device(device: str | None, as_json: bool) -> None:
               help='JSONL requests, one {"text": ...} per line ("-" reads stdin); an "id" field is echoed back.')
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (and per error) on stdout.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="auto: the package's precision (kernels on a GPU); an explicit dtype runs "
-                                      "the same weights in that precision with exact kernels.")
+              show_default=True, help="auto: on a GPU the package's own precision with the Triton kernels, on the "
+                                      "CPU the exact fp32 reference. An explicit dtype runs the same weights in "
+                                      "that precision with exact kernels (never another package).")
 @click.option("--revision", metavar="REV", help="Refuse the package unless its manifest has this revision.")
 @click.option("--device", metavar="DEVICE", help="torch device, e.g. cpu, cuda, cuda:1 (default: a GPU if any).")
 @click.option("--allow-unverified", is_flag=True,
@@ -145,11 +146,14 @@ def _check_device(device: str | None, as_json: bool) -> None:
                    "labelled emulated.")
 @click.option("--self-check", is_flag=True,
               help="Compare the package's answers with its recorded reference answers: verified, mismatch "
-                   "or unverified (not a built-in package).")
+                   "(exit 5) or unverified (not a built-in package). Needs no --text.")
 @click.option("--autotune-cache", type=click.Path(dir_okay=False), metavar="PATH",
-              help="Autotune cache (SQLite or JSON export) to load tiles from, untimed.")
+              help="Autotune cache (SQLite or JSON export) to load tiles from, untimed (GPU only; default: "
+                   "the shipped cache recorded on this exact device, if any).")
 @click.option("--miss-policy", type=click.Choice(["default", "tune", "error"]), default="default",
-              show_default=True, help="What a key missing from the autotune cache does.")
+              show_default=True, help="A tile missing from the autotune cache: default uses the template's fixed "
+                                      "tile (with a warning), tune times candidates now and records the winner, "
+                                      "error stops.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
               help="How many labels and probabilities to show per request.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
@@ -249,9 +253,11 @@ def check_device_cmd(as_json, device):
     _check_device(device, as_json)
 
 
-@main.command("eval")
+@main.command("eval", epilog="Exit codes: 0 every package measured; 2 bad options; 3 a package was refused "
+                             "by the device (its row says why; --emulate runs FP8/NVFP4 anyway); 4 a package "
+                             "error.")
 @click.argument("packages", nargs=-1, required=True)
-@click.option("--against", default=DEFAULT_PACKAGE, show_default=True,
+@click.option("--against", default=DEFAULT_PACKAGE, show_default=True, metavar="PACKAGE",
               help="The reference package whose top choices the agreement is measured against.")
 @click.option("--json-out", type=click.Path(dir_okay=False), metavar="PATH", help="Write the record (JSON) here.")
 @click.option("--record-dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -260,7 +266,7 @@ def check_device_cmd(as_json, device):
 @click.option("--limit", type=click.IntRange(min=1), help="Use this many test sentences (spread over the split).")
 @click.option("--device", metavar="DEVICE", default="cpu", show_default=True, help="torch device to measure on.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True)
+              show_default=True, help="Activation precision, as for `vsr-run --dtype` (auto: fp32 on the CPU).")
 @click.option("--emulate", is_flag=True,
               help="Run packages the device refuses (FP8, NVFP4) with the reference numerics, labelled emulated; "
                    "without it their rows record the refusal.")
