@@ -103,16 +103,6 @@ def act_dtype_for(spec: FormatSpec, act: str | None) -> torch.dtype:
     return _DT[spec.act or act or "bf16"]
 
 
-def device_formats(identity) -> list[str]:
-    """The record formats this device runs natively (the H200: bf16, fp8, int4-gptq, int4-awq)."""
-    out = ["bf16", "int4-gptq", "int4-awq"]
-    if identity.vendor == "nvidia" and identity.capability and tuple(identity.capability) >= (8, 9):
-        out.insert(1, "fp8")
-    if identity.vendor == "nvidia" and identity.capability and identity.capability[0] in (10, 12):
-        out.append("nvfp4")
-    return out
-
-
 def weight_for(spec: FormatSpec, N: int, K: int, act_dtype: torch.dtype, device, seed: int = 0):
     return synth.random_weight(spec.fmt, N, K, dict(spec.params), act_dtype, device, seed)
 

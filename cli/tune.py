@@ -87,11 +87,29 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     return jobs
 
 
+def device_formats(identity) -> list[str]:
+    """The record formats this device runs natively (the H200: bf16, fp8, int4-gptq, int4-awq), as the
+    device table in vsr.runtime.device says (the one place it lives: AMD gfx942/gfx950 run FP8 too)."""
+    from vsr.runtime.device import NO, format_support
+
+    def runs(fmt: str, dtype: str = "bfloat16") -> bool:
+        return format_support(fmt, identity, dtype)[0] != NO
+
+    out = ["bf16" if runs("dense") else "fp16"]
+    if runs("fp8"):
+        out.append("fp8")
+    if runs("int4"):
+        out += ["int4-gptq", "int4-awq"]
+    if runs("nvfp4"):
+        out.append("nvfp4")
+    return out
+
+
 def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: str | None) -> list[dict]:
     from vsr.autotune import shapes
     from vsr.kernels.registry import template_for
 
-    fmts = shapes.parse_formats(formats) if formats else shapes.parse_formats(",".join(shapes.device_formats(identity)))
+    fmts = shapes.parse_formats(formats or ",".join(device_formats(identity)))
     jobs = []
     for fs in fmts:
         act_dtype = shapes.act_dtype_for(fs, act)

@@ -39,11 +39,16 @@ def test_shape_specs():
     assert len(shapes.parse_shapes("27b,minilm,384x384")) == 7  # duplicates dropped
     with pytest.raises(ValueError, match="NxK"):
         shapes.parse_shapes("12x")
-    assert shapes.device_formats(H200) == ["bf16", "fp8", "int4-gptq", "int4-awq"]
+    from vsr.cli.tune import device_formats
+    assert device_formats(H200) == ["bf16", "fp8", "int4-gptq", "int4-awq"]
     b200 = DeviceIdentity("nvidia", "NVIDIA B200", (10, 0), None, 148)
-    assert "nvfp4" in shapes.device_formats(b200)
+    assert "nvfp4" in device_formats(b200)
     a100 = DeviceIdentity("nvidia", "NVIDIA A100", (8, 0), None, 108)
-    assert "fp8" not in shapes.device_formats(a100)
+    assert "fp8" not in device_formats(a100)
+    # the device table's AMD rows: MI300X (gfx942) runs FP8; the CPU runs int4 unmeasured
+    assert device_formats(DeviceIdentity("amd", "AMD Instinct MI300X", None, "gfx942", 304)) == [
+        "bf16", "fp8", "int4-gptq", "int4-awq"]
+    assert device_formats(DeviceIdentity("cpu", "x86_64", None, None, 2)) == ["bf16", "int4-gptq", "int4-awq"]
 
 
 def test_format_with_activation_dtype():

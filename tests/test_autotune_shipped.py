@@ -12,6 +12,7 @@ from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.keys import kernel_source_hash
 from vsr.autotune.resolver import shipped_cache_for
 from vsr.autotune.store import JsonStore
+from vsr.cli.tune import device_formats
 from vsr.kernels.registry import TEMPLATES
 
 CACHES = Path(__file__).resolve().parent.parent / "caches"
@@ -30,7 +31,7 @@ def test_h200_cache_is_found_by_identity_and_complete():
     assert shipped_cache_for(H200, [CACHES]) == CACHES / "nvidia-h200.json"
     assert store.devices() == {H200.key()}
     have = {(shapes.format_label(e.key), e.key.N, e.key.K, e.key.bucket) for e in store.entries()}
-    want = {(f, N, K, b) for f in shapes.device_formats(H200)
+    want = {(f, N, K, b) for f in device_formats(H200)
             for _, N, K in shapes.SHAPES_27B + shapes.SHAPES_MINILM for b in ROW_BUCKETS}
     assert not want - have, f"missing: {sorted(want - have)[:5]}"
     for e in store.entries():
