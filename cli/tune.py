@@ -53,23 +53,16 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     from vsr.kernels.dense import DenseWeight
     from vsr.kernels.registry import template_for
     from vsr.runtime.loaders import PackageLoader
-    from vsr.runtime.models import bert, qwen3
+    from vsr.runtime.models import linear_names
     from vsr.runtime.package import open_package
 
     pkg = open_package(target, allow_unverified=True, device=device)
     config = pkg.config
-    loader = PackageLoader(pkg.path, config)
-    mt = config.get("model_type")
-    if mt == "bert":
-        names = bert.linear_names(config, loader)
-    elif mt == "qwen3":
-        names = qwen3.linear_names(config, loader)
-    else:
-        raise VsrError(f"{target}: model_type {mt!r} has no Linear-layer list (bert, qwen3)")
     act_dtype = _dtype(act) or pkg.model_dtype
     jobs, seen = [], set()
-    try:
-        for name in names:
+    loader = PackageLoader(pkg.path, config)
+    try:  # closed whether the model is known or not
+        for name in linear_names(config, loader):
             w = loader.linear(name)
             if w.format == "dense" and w.weight.dtype != act_dtype:
                 w = DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))

@@ -114,7 +114,7 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
     .path and .config). The device check has already run in open_package; this loads the weights."""
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.linear import QLinear
-    from vsr.runtime.models import build_model
+    from vsr.runtime.models import build_model, linear_names
     from vsr.runtime.models.common import Builder
 
     path = Path(pkg.path)
@@ -152,15 +152,10 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         return QLinear(w, lin_mode, tiles=resolver)
 
     tok = PackageTokenizer(path, config)  # cheap, and a broken tokenizer fails before any weight is read
-    from vsr.runtime.models import bert, qwen3
-
     loader = PackageLoader(path, config)
     try:  # the safetensors handles are released whether validation or loading fails or not
         # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
-        names = (bert.linear_names(config, loader) if config.get("model_type") == "bert"
-                 else qwen3.linear_names(config, loader) if config.get("model_type") == "qwen3" else [])
-        if names:
-            loader.check_linears(names)
+        loader.check_linears(linear_names(config, loader))
         builder = Builder(loader, make_linear, act, dev, convert)
         model = build_model(config, builder).eval()
     finally:
