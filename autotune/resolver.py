@@ -167,8 +167,12 @@ class TileResolver:
             entry = Entry(key=key, tile=tile, ms=results[0]["ms"],
                           candidates=[{k: r[k] for k in ("tile", "ms", "ok", "error", "graph")} for r in results],
                           versions=tool_versions(), tuned_at=now_utc())
-            if self.store is not None and not self.read_only:
-                self.store.put(entry)
+            if self.store is not None and not self.read_only and not self.store.put(entry):
+                # Recorded by another process after all (e.g. one that reached the file by another
+                # path, so another per-key lock): the file's tile wins, so every process agrees.
+                found = self._lookup_store(key.digest())
+                if found is not None:
+                    return found
             self.tuned.append(key)
             if self.on_tuned is not None:
                 self.on_tuned(entry)

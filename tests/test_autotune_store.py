@@ -235,3 +235,22 @@ def test_a_creation_cut_short_leaves_no_half_made_cache(tmp_path, monkeypatch):
     s = SqliteStore(db)  # a later process creates it normally
     assert s.entries() == [] and s.integrity_check() == "ok"
     assert s.db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_key_recorded_meanwhile_wins_over_the_tile_just_tuned(tmp_path, monkeypatch):
+    # Another process records the key between our re-read and our write (it reached the file by
+    # another path, so it held another per-key lock): we must serve the recorded tile, not ours.
+    db = tmp_path / "c.db"
+    p = problems()[0]
+    r = TileResolver(db, "tune", "cpu", identity=CPU, timer=fake_timer)
+    key = r.key(FAKE_DENSE, p)
+    theirs = Entry(key, {**FAKE_DENSE.default_tile(p), "BLOCK_N": 32, "BLOCK_K": 16}, 2.0, [], {}, "")
+    orig_put = SqliteStore.put
+
+    def put_after_the_other(self, entry, *, replace=False):
+        orig_put(self, theirs)
+        return orig_put(self, entry, replace=replace)
+    monkeypatch.setattr(SqliteStore, "put", put_after_the_other)
+    assert r.tile(FAKE_DENSE, p) == theirs.tile and r.tuned == []
+    monkeypatch.undo()
+    assert open_store(db).get(key.digest()).tile == theirs.tile
