@@ -47,6 +47,8 @@ class PackageLoader:
         self.config = config
         self.quant = parse_quant_config(config)
         self._handles: dict[Path, object] = {}
+        self._checked: dict[str, str] = {}  # Linear layer -> its format, once its tensors passed check_linear
+        self._int4_shape: dict[str, tuple[int, int, int]] = {}  # int4 layer -> (N, K, G), read once
         single = self.dir / SINGLE_FILE
         index = self.dir / INDEX_FILE
         # name -> file holding it; filled from the index, or from the single file's header.
@@ -137,6 +139,11 @@ class PackageLoader:
 
     def _int4_dims(self, m: str, s: Scheme) -> tuple[int, int, int]:
         """(N, K, G) of an int4 layer, validated against weight_packed and weight_shape."""
+        if m not in self._int4_shape:
+            self._int4_shape[m] = self._read_int4_dims(m, s)
+        return self._int4_shape[m]
+
+    def _read_int4_dims(self, m: str, s: Scheme) -> tuple[int, int, int]:
         dt, sh = self._expect(f"{m}.weight_packed", ("I32",), None, "[N, ceil(K/8)]")
         if len(sh) != 2:
             raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected 2 dims [N, ceil(K/8)], "
@@ -149,7 +156,15 @@ class PackageLoader:
         return N, K, int(s.group_size)
 
     def check_linear(self, m: str) -> str:
-        """Validate one Linear layer's tensors from the headers; returns its format."""
+        """Validate one Linear layer's tensors from the headers; returns its format.
+
+        A layer is checked once: check_linears before loading, then linear() while loading,
+        find it already done."""
+        if m not in self._checked:
+            self._checked[m] = self._check_linear(m)
+        return self._checked[m]
+
+    def _check_linear(self, m: str) -> str:
         s = self.scheme_for(m)
         fmt = "dense" if s is None else s.format
         if fmt == "dense":
