@@ -218,7 +218,9 @@ class SqliteStore(Store):
                "candidates": _dumps(entry.candidates), "versions": _dumps(entry.versions),
                "tuned_at": entry.tuned_at}
         with self.lock():
-            with self.db.conn:  # one transaction per entry: committed as soon as it is tuned
+            # One transaction per entry (the check and the write together), committed as soon as it
+            # is tuned. (`with conn:` was a no-op here: the connection is in autocommit mode.)
+            with self.db.atomic():
                 if not replace and self.get(row["digest"]) is not None:
                     return False
                 self.db["tiles"].insert(row, pk="digest", replace=True)
