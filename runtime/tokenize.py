@@ -35,7 +35,10 @@ def token_limit(package_dir: Path, config: dict) -> int:
         return int(config["vsr_max_tokens"])
     st = Path(package_dir) / "sentence_bert_config.json"
     if st.is_file():
-        n = json.loads(st.read_text()).get("max_seq_length")
+        try:
+            n = json.loads(st.read_text()).get("max_seq_length")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise PackageError(f"{st}: not a readable sentence-transformers config ({e})") from None
         if n:
             return min(int(n), int(config.get("max_position_embeddings", n)))
     if config.get("max_position_embeddings"):

@@ -179,3 +179,16 @@ def test_answer_reports_bad_requests_in_place_and_tokenizes_once(router, monkeyp
     assert got[1] == {"error": "empty text"} and "too long" in got[2]["error"]
     monkeypatch.undo()
     assert [got[0], got[3]] == router.predict([texts[0], texts[3]], top_k=2)
+
+
+def test_a_broken_sentence_bert_config_is_a_package_error(tmp_path, minilm_router):  # noqa: F811
+    import shutil
+
+    from vsr.runtime.tokenize import token_limit
+
+    broken = tmp_path / "pkg"
+    shutil.copytree(minilm_router, broken)
+    (broken / "sentence_bert_config.json").write_text("{not json")
+    config = json.loads((broken / "config.json").read_text())
+    with pytest.raises(PackageError, match="sentence_bert_config.json"):
+        token_limit(broken, config)
