@@ -137,11 +137,29 @@ def build_jobs(target, formats, device, identity, buckets, act):
 cache_option = click.option("--autotune-cache", "cache", required=True, type=click.Path(dir_okay=False),
                             help="The cache file: .db (SQLite, the working form) or .json (the shipped form).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+# Shared by tune and coverage (and --device by verify): the same words for the same option.
+buckets_option = click.option("--buckets", default="all", show_default=True,
+                              help="Row buckets, e.g. 1,16,256, or all.")
+formats_option = click.option("--formats", default=None,
+                              help="For shape specs: bf16,fp16,fp32,fp8,int4-gptq,int4-awq,nvfp4,nvfp4-emulated, "
+                                   "a quantized one optionally with its activation dtype (fp8@fp32) "
+                                   "(default: what this device runs).")
+act_dtype_option = click.option("--act-dtype", default=None,
+                                help="Activation dtype of quantized formats (default: bf16, or the package's "
+                                     "dtype).")
+device_option = click.option("--device", default=None, help="torch device (default: cuda if present, else cpu).")
 
 
 @click.group(cls=DefaultGroup, default="tune", default_if_no_args=False)
 def main():
-    """Record, inspect and ship autotune tiles."""
+    """Record, inspect and ship autotune tiles.
+
+    `vsr-tune TARGET --autotune-cache PATH` is `vsr-tune tune ...`: TARGET is a package (a
+    built-in name or a folder) or a shape spec ("27b", "minilm" or "NxK[,NxK]").
+
+    Exit codes: 0 done; 1 a key failed to tune, an entry failed verify, or a merge conflict
+    was left; 2 bad options or an unusable cache or package.
+    """
 
 
 def _fail(msg: str) -> None:
@@ -152,17 +170,14 @@ def _fail(msg: str) -> None:
 @main.command("tune")
 @click.argument("target")
 @cache_option
-@click.option("--buckets", default="all", show_default=True, help="Row buckets, e.g. 1,16,256, or all.")
-@click.option("--formats", default=None, help="For shape specs: bf16,fp16,fp32,fp8,int4-gptq,int4-awq,nvfp4,"
-              "nvfp4-emulated, a quantized one optionally with its activation dtype (fp8@fp32) "
-              "(default: what this device runs).")
-@click.option("--act-dtype", default=None, help="Activation dtype of quantized formats (default: bf16, or "
-              "the package's dtype).")
+@buckets_option
+@formats_option
+@act_dtype_option
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
 @click.option("--max-candidates", default=None, type=int,
               help="Try only the first N tiles of each search space (the default tile comes first).")
-@click.option("--device", default=None, help="torch device (default: cuda if present, else cpu).")
+@device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
     """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
@@ -330,7 +345,7 @@ for _name in ("import", "merge"):
 
 @main.command("verify")
 @cache_option
-@click.option("--device", default=None)
+@device_option
 @json_option
 def verify_cmd(cache, device, as_json):
     """Re-check every entry of this device: its kernel source is current, it compiles, and it
@@ -386,10 +401,10 @@ def verify_cmd(cache, device, as_json):
 @main.command("coverage")
 @click.argument("target")
 @cache_option
-@click.option("--buckets", default="all", show_default=True)
-@click.option("--formats", default=None)
-@click.option("--act-dtype", default=None)
-@click.option("--device", default=None)
+@buckets_option
+@formats_option
+@act_dtype_option
+@device_option
 @json_option
 def coverage_cmd(target, cache, buckets, formats, act_dtype, device, as_json):
     """Which of a PACKAGE's (or shape spec's) keys this device has in the cache."""
