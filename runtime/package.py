@@ -232,6 +232,8 @@ def read_config(package_dir: Path) -> dict:
         raise PackageError(f"{package_dir}: no {CONFIG}: not a package folder")
     try:
         config = json.loads(path.read_text())
+    except OSError as e:
+        raise PackageError(f"{path}: cannot be read: {e}") from None
     except UnicodeDecodeError as e:
         raise PackageError(f"{path}: not UTF-8 text: {e}") from None
     except json.JSONDecodeError as e:

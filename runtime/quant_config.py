@@ -186,6 +186,8 @@ class QuantConfig:
             raise PackageError("config.json: a non-empty transform_config (Hadamard/rotation transforms) "
                                "is unsupported")
         sparsity = raw.get("sparsity_config")
+        if sparsity and not isinstance(sparsity, dict):
+            raise PackageError("config.json: quantization_config.sparsity_config must be an object")
         if sparsity and sparsity.get("format") not in (None, "dense"):
             raise PackageError(f"config.json: sparsity_config format {sparsity.get('format')!r} is unsupported")
         global_format = raw.get("format")

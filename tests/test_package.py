@@ -278,3 +278,17 @@ def test_recent_files_are_not_remembered(tmp_path, monkeypatch):
     root = make_package(tmp_path / "p")
     pkg.open_package(root, device=CPU)   # files written just now: inside the settle window
     assert not (tmp_path / "cache" / pkg._HASH_CACHE).exists()
+
+
+def test_an_unreadable_config_is_a_package_error(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    real = Path.read_text
+
+    def deny(self, *a, **k):
+        if self.name == "config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", deny)
+    with pytest.raises(PackageError, match="config.json: cannot be read"):
+        pkg.read_config(tmp_path)

@@ -131,6 +131,8 @@ def test_transform_config_and_sparsity_are_refused():
         package_formats(qconfig({"g": FP8_GROUP_019}, transform_config={"config_groups": {"u": {}}}))
     with pytest.raises(PackageError, match="sparse-24-bitmask"):
         package_formats(qconfig({"g": FP8_GROUP_019}, sparsity_config={"format": "sparse-24-bitmask"}))
+    with pytest.raises(PackageError, match="sparsity_config must be an object"):
+        package_formats(qconfig({"g": FP8_GROUP_019}, sparsity_config=["sparse-24-bitmask"]))
     with pytest.raises(PackageError, match="quantization method 'gptq'"):
         package_formats({"quantization_config": {"quant_method": "gptq", "bits": 4}})
 
