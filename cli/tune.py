@@ -48,10 +48,18 @@ def _dtype(name: str | None):
 
 # --- what to tune ----------------------------------------------------------------------------
 
+def _template_for(w, act_dtype, emulate: bool, what: str, hint: str = ""):
+    """The template of a weight; a format this device cannot run is a vsr-tune message, not a traceback."""
+    from vsr.kernels.registry import template_for
+    try:
+        return template_for(w, act_dtype, emulate=emulate)
+    except RuntimeError as e:  # e.g. NVFP4 W4A4 without FP4 tensor cores
+        raise VsrError(f"{what}: {e}{hint}") from None
+
+
 def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     """(label, template, weight, problem) for every distinct Linear layer shape of a package."""
     from vsr.kernels.dense import DenseWeight
-    from vsr.kernels.registry import template_for
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.models import linear_names
     from vsr.runtime.package import open_package
@@ -66,7 +74,7 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
             w = loader.linear(name)
             if w.format == "dense" and w.weight.dtype != act_dtype:
                 w = DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))
-            template = template_for(w, act_dtype, emulate=False)
+            template = _template_for(w, act_dtype, False, f"{target}: {name}")
             sig = (template.name, w.N, w.K, tuple(w.params()))
             if sig in seen:
                 continue
@@ -100,7 +108,6 @@ def device_formats(identity) -> list[str]:
 
 def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: str | None) -> list[dict]:
     from vsr.autotune import shapes
-    from vsr.kernels.registry import template_for
 
     fmts = shapes.parse_formats(formats or ",".join(device_formats(identity)))
     jobs = []
@@ -108,7 +115,8 @@ def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: s
         act_dtype = shapes.act_dtype_for(fs, act)
         for label, N, K in shapes.parse_shapes(spec):
             w = shapes.weight_for(fs, N, K, act_dtype, device)
-            template = template_for(w, act_dtype, emulate=fs.emulate)
+            template = _template_for(w, act_dtype, fs.emulate, f"format {fs.name}",
+                                     " (vsr-tune: --formats nvfp4-emulated)" if fs.fmt == "nvfp4" else "")
             for b in buckets:
                 jobs.append({"label": f"{label} {fs.name}", "template": template, "weight": w,
                              "problem": template.problem(w, b, act_dtype)})
@@ -277,9 +285,8 @@ def ls_cmd(cache, as_json):
     click.echo(f"{'digest':12} {'device':22} {'format':14} {'N':>6} {'K':>6} {'bucket':>6} {'ms':>9}  tile")
     for r in rows:
         ms = f"{r['ms']:.4f}" if r["ms"] is not None else "-"
-        t = {k: v for k, v in r["tile"].items()}
         click.echo(f"{r['digest'][:12]:12} {r['device'][:22]:22} {r['format']:14} {r['N']:>6} {r['K']:>6} "
-                   f"{r['bucket']:>6} {ms:>9}  {json.dumps(t, sort_keys=True)}")
+                   f"{r['bucket']:>6} {ms:>9}  {json.dumps(r['tile'], sort_keys=True)}")
     click.echo(f"{len(rows)} entries", err=True)
 
 

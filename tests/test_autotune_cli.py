@@ -134,3 +134,12 @@ def test_verify_flags_entries_of_another_triton_and_unrebuildable_keys(tuned, tm
     assert rep["checked"] == 8 and rep["failed"] == 2
     errors = " ".join(r["error"] for r in rep["entries"] if not r["ok"])
     assert "Triton 0.0.1" in errors and "cannot rebuild" in errors
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU may have FP4 tensor cores")
+def test_a_format_the_device_cannot_run_is_a_message_not_a_traceback(tmp_path):
+    for cmd in ([], ["coverage"]):
+        res = run(*cmd, "64x128", "--formats", "nvfp4", "--buckets", "1", "--autotune-cache", tmp_path / "x.db",
+                  ok=False)
+        assert res.exit_code == 2 and "FP4 tensor cores" in res.output and "nvfp4-emulated" in res.output
+        assert isinstance(res.exception, SystemExit)
