@@ -212,8 +212,14 @@ class QuantConfig:
             self.schemes[gname] = Scheme(gname, fmt, storage, tuple(targets), w, a)
         ignore = raw.get("ignore") or []
         self.ignore: tuple[str, ...] = (ignore,) if isinstance(ignore, str) else tuple(ignore)
-        # A quantized KV cache is accepted and recorded; the attention path decides what to do with it.
-        self.kv_cache_scheme = QArgs.parse(raw.get("kv_cache_scheme"), "quantization_config kv_cache_scheme")
+        # A quantized KV cache changes the attention's numbers (keys and values are rounded to
+        # fp8 as they are cached); the models here never do that, so such a package is refused
+        # rather than run with different numerics.
+        if raw.get("kv_cache_scheme") is not None:
+            kv = QArgs.parse(raw["kv_cache_scheme"], "quantization_config kv_cache_scheme")
+            raise PackageError(f"quantization_config kv_cache_scheme: a quantized KV cache ({kv.type} {kv.num_bits}-bit, "
+                               f"strategy {kv.strategy}) is not supported; vsr runs attention on unquantized keys and values")
+        self.kv_cache_scheme = None
 
     def scheme_for(self, module_name: str, classes: Iterable[str] = ("Linear", "Module")) -> Scheme | None:
         """The group that quantizes `module_name` (a Linear layer unless `classes` says otherwise),

@@ -92,10 +92,11 @@ def test_int4_actorder_values(actorder, legacy):
     assert s.format == "int4" and s.symmetric and s.legacy_act_order is legacy
 
 
-def test_kv_cache_scheme_is_accepted_and_recorded():
+def test_kv_cache_scheme_is_refused_not_ignored():
     kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
-    qc = parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=kv))
-    assert qc.kv_cache_scheme.type == "float" and qc.kv_cache_scheme.num_bits == 8
+    with pytest.raises(PackageError, match="kv_cache_scheme.*float 8-bit"):
+        parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=kv))
+    assert parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=None)).kv_cache_scheme is None
 
 
 def _bad(mutate) -> dict:
