@@ -72,7 +72,8 @@ def _read_requests(texts: tuple[str, ...], input_file) -> list[Request]:
         r = Request(len(reqs) + 1, None, f"{src} line {lineno}", extra={"line": lineno})
         reqs.append(r)
         try:
-            obj = json.loads(raw.decode("utf-8"))
+            # utf-8-sig: a byte-order mark at the start of the file is not part of line 1's JSON.
+            obj = json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))
         except UnicodeDecodeError as e:
             r.error = f"not UTF-8 text ({e.reason} at byte {e.start})"
             continue

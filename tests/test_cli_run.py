@@ -272,3 +272,11 @@ def test_non_utf8_line_is_named_and_stdin_works(router):
     out = json_lines(r.stdout)
     assert ["error" in o for o in out] == [False, True, False]
     assert "not UTF-8" in out[1]["error"] and "request 2 (stdin line 2)" in r.stderr
+
+
+def test_a_byte_order_mark_does_not_break_the_first_line(router):
+    data = b"\xef\xbb\xbf" + '{"text": "open the blinds"}\n{"text": "close the blinds"}\n'.encode()
+    r = invoke(str(router), "--input", "-", "--json", "--device", "cpu", input=data)
+    assert r.exit_code == 0, r.stderr
+    out = json_lines(r.stdout)
+    assert [("choice" in o) for o in out] == [True, True]
