@@ -34,7 +34,13 @@ def _device(device: str | None):
     import torch
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise click.BadParameter(f"{device!r} is not a torch device ({e})", param_hint="--device")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter(f"{device!r}: this machine has no CUDA device", param_hint="--device")
+    return dev
 
 
 def _dtype(name: str | None):

@@ -3,6 +3,7 @@ package, ls/show/export/import/merge/verify/coverage, resumability, --json every
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from vsr.cli.tune import main
@@ -143,3 +144,12 @@ def test_a_format_the_device_cannot_run_is_a_message_not_a_traceback(tmp_path):
                   ok=False)
         assert res.exit_code == 2 and "FP4 tensor cores" in res.output and "nvfp4-emulated" in res.output
         assert isinstance(res.exception, SystemExit)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+    from vsr.cli.tune import main
+    r = CliRunner().invoke(main, ["coverage", "27b", "--autotune-cache", str(tmp_path / "c.db"), "--device", "cuda"])
+    assert r.exit_code == 2
+    assert "no CUDA device" in r.output and "Traceback" not in r.output
