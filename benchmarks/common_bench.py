@@ -5,13 +5,12 @@ import dataclasses
 import datetime
 import math
 import os
-import statistics
 import subprocess
 from pathlib import Path
 
 import torch
 
-from vsr.autotune import shapes, synth
+from vsr.autotune import shapes, synth, tuner
 from vsr.autotune.tuner import TOLERANCES as TOL
 
 # The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
@@ -81,39 +80,12 @@ def eager_ms(fn) -> float:
 
 
 def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
-    """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+    """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy, so a
+    small layer is not timed out of L2): the tuner's graph timer over one cycle, per call."""
+    def cycle() -> None:
         for f in fns:
             f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    st.record()
-    for f in fns:
-        f()
-    en.record()
-    torch.cuda.synchronize()
-    est = max(st.elapsed_time(en) / len(fns), 1e-3)
-    rounds = max(1, min(64, math.ceil(target_ms / (est * len(fns)))))
-    n = rounds * len(fns)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(rounds):
-            for f in fns:
-                f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        ts.append(st.elapsed_time(en) / n)
-    del g
-    return statistics.median(ts)
+    return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
 
 
 def check(y: torch.Tensor, ref: torch.Tensor) -> tuple[bool, float]:
