@@ -98,6 +98,103 @@ def int4_gemv_magic(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, N, K8, KG, KW_S
         tl.store(ws_ptr + pid_k.to(tl.int64) * N + offs_n, y, mask=offs_n < N)
 
 
+@triton.jit
+def _split8(x2, W8: tl.constexpr):
+    """[W8, 8] -> its 8 columns, each [W8] (three rounds of tl.split on in-register pairs)."""
+    a, b = tl.split(tl.reshape(x2, (W8, 4, 2)))          # a = cols 0,2,4,6 ; b = 1,3,5,7
+    a0, a1 = tl.split(tl.reshape(a, (W8, 2, 2)))         # a0 = 0,4 ; a1 = 2,6
+    b0, b1 = tl.split(tl.reshape(b, (W8, 2, 2)))         # b0 = 1,5 ; b1 = 3,7
+    x0, x4 = tl.split(a0)
+    x2_, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2_, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def int4_gemv_xsplit(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, N, K8, KG, KW_SPLIT,
+                     GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr, W8: tl.constexpr,
+                     SPLIT_K: tl.constexpr):
+    """int4_gemv_magic with x read once per step as one contiguous [W8, 8] tile (16-byte loads)
+    and split into its 8 nibble columns in registers, instead of 8 strided scalar loads."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (offs_n % N).to(tl.int64)
+    i = tl.arange(0, W8)
+    G8: tl.constexpr = GROUP // 8
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    acc = tl.zeros((BLOCK_N, W8), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, W8):
+        offs_w = kw0 + i
+        wm = offs_w < kw_hi
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=wm[None, :], other=0)
+        x2 = tl.load(x_ptr + offs_w[:, None] * 8 + tl.arange(0, 8)[None, :], mask=wm[:, None], other=0.0)
+        x0, x1, x2_, x3, x4, x5, x6, x7 = _split8(x2.to(tl.float32), W8)
+        sx = ((x0 + x1) + (x2_ + x3)) + ((x4 + x5) + (x6 + x7))
+        hi = words >> 20
+        u = _magic(words, 0xF) * x0[None, :]
+        u += _magic(words, 0xF0) * (x1 * 0.0625)[None, :]
+        u += _magic(words, 0xF00) * (x2_ * 0.00390625)[None, :]
+        u += _magic(words, 0xF000) * (x3 * 0.000244140625)[None, :]
+        u += _magic(words, 0xF0000) * (x4 * 0.0000152587890625)[None, :]
+        u += _magic(hi, 0xF) * x5[None, :]
+        u += _magic(hi, 0xF0) * (x6 * 0.0625)[None, :]
+        u += _magic(hi, 0xF00) * (x7 * 0.00390625)[None, :]
+        g = offs_w // G8
+        sc = tl.load(sc_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0.0).to(tl.float32)
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0).to(tl.float32)
+            acc += sc * (u - zu * sx[None, :])
+        else:
+            acc += sc * (u - 8.0 * sx[None, :])
+    y = tl.sum(acc, axis=1)
+    if SPLIT_K == 1:
+        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+    else:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * N + offs_n, y, mask=offs_n < N)
+
+
+@triton.jit
+def fp8_gemv(xq_ptr, w_ptr, y_ptr, xs_ptr, wsc_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row, CUDA cores: y[n] = s_x · s_w[n] · Σ_k xq[k]·w[n, k], fp8 operands decoded to fp32."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (offs_n % N).to(tl.int64)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        wv = tl.load(w_ptr + rn[:, None] * K + offs_k[None, :]).to(tl.float32)
+        xv = tl.load(xq_ptr + offs_k).to(tl.float32)
+        acc += wv * xv[None, :]
+    y = tl.sum(acc, axis=1) * tl.load(xs_ptr).to(tl.float32) * tl.load(wsc_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def launch_fp8_gemv(x, w, bn, bk, warps, stages):
+    xq, xs = fp8mod.quantize_activation_triton(x)
+    N, K = w.weight.shape
+    y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    fp8_gemv[(triton.cdiv(N, bn),)](xq, w.weight, y, xs, w.weight_scale, N, K, BLOCK_N=bn, BLOCK_K=bk,
+                                    num_warps=warps, num_stages=stages)
+    return y
+
+
+def launch_gemv_xsplit(x, w, bn, w8, split, warps, stages):
+    N, K8 = w.packed.shape
+    y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    kw_split = triton.cdiv(triton.cdiv(K8, split), w8) * w8
+    split = triton.cdiv(K8, kw_split)
+    ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    zp = w.zero_point if w.zero_point is not None else w.packed
+    int4_gemv_xsplit[(triton.cdiv(N, bn), split)](
+        x, w.packed, w.scale, zp, y, ws, N, K8, w.scale.stride(0), kw_split, GROUP=w.group_size,
+        HAS_ZP=w.zero_point is not None, BLOCK_N=bn, W8=w8, SPLIT_K=split, num_warps=warps, num_stages=stages)
+    if split > 1:
+        common.reduce_splits(ws, y, split, 1, N, None, None, None, None)
+    return y
+
+
 def launch_gemv_magic(x, w, bn, w8, split, warps, stages):
     N, K8 = w.packed.shape
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
@@ -326,6 +423,49 @@ def study(shapes, large_shapes, ms_small, ms_large, quick, log):
     return rows
 
 
+GEMV2_TILES = [(bn, w8, 1, wp, st) for bn, w8, wp in ((8, 128, 4), (4, 128, 4), (8, 256, 4), (8, 128, 8), (16, 128, 4),
+                                                      (4, 256, 4), (8, 64, 4), (16, 64, 4), (4, 64, 2), (8, 128, 2))
+               for st in (2,)]
+FP8_GEMV_TILES = [(bn, bk, wp, st) for bn, bk, wp in ((8, 512, 4), (8, 1024, 4), (16, 512, 4), (4, 1024, 4), (16, 256, 4),
+                                                       (8, 512, 8)) for st in (1, 3)]
+
+
+def study2(shapes, log):
+    """Round 2 (M=1): the GEMV with x split in registers, wider GEMV sweeps, an fp8 CUDA-core GEMV."""
+    dev = torch.device("cuda")
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wd = make_weight("bf16", N, K, dev)
+        wds = [wd] + [make_weight("bf16", N, K, dev, seed=i) for i in range(1, copies_for(wd.nbytes()))]
+        x = torch.randn(1, K, device=dev).to(torch.bfloat16)
+        base = timed([lambda w=w: x @ w.weight.t() for w in wds], 1)
+        rows.append(dict(kind="cublas", shape=sh, M=1, ms=base, ratio=1.0, ok=True))
+        for fmt in ("int4-gptq", "int4-awq"):
+            w0 = make_weight(fmt, N, K, dev)
+            wis = [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
+            t = registry.template_for(w0, torch.bfloat16)
+            ref = t.reference(x, w0)
+            d = t.default_tile(t.problem(w0, 1, x.dtype))
+            cands = [("shipped-default", d, lambda w: t.launch(x, w, d))]
+            cands += [(f"gemv-magic{c}", c, lambda w, c=c: launch_gemv_magic(x, w, *c)) for c in GEMV2_TILES]
+            cands += [(f"gemv-xsplit{c}", c, lambda w, c=c: launch_gemv_xsplit(x, w, *c)) for c in GEMV2_TILES]
+            for name, cfg, fn in cands:
+                rows.append(run_one(fmt, sh, 1, name, cfg, fn, wis, ref, base, log))
+        w8 = make_weight("fp8", N, K, dev)
+        w8s = [w8] + [make_weight("fp8", N, K, dev, seed=i) for i in range(1, copies_for(w8.nbytes()))]
+        tf = registry.TEMPLATES["fp8_w8a8"]
+        ref8 = fp8mod.reference_linear(x, w8)
+        d8 = tf.default_tile(tf.problem(w8, 1, x.dtype))
+        rows.append(run_one("fp8", sh, 1, "shipped-default", d8, lambda w: tf.launch(x, w, d8), w8s, ref8, base, log))
+        for c in FP8_GEMV_TILES:
+            rows.append(run_one("fp8", sh, 1, f"fp8-gemv{c}", c, lambda w, c=c: launch_fp8_gemv(x, w, *c), w8s, ref8,
+                                base, log))
+        rows.append(run_one("fp8", sh, 1, "quant-only", None, lambda w: fp8mod.quantize_activation_triton(x), w8s,
+                            None, base, log))
+    return rows
+
+
 def run_one(fmt, sh, M, name, cfg, fn, ws, ref, base_ms, log):
     row = dict(kind=fmt, shape=sh, M=M, variant=name, cfg=cfg)
     try:
@@ -350,6 +490,7 @@ def main() -> int:
     ap.add_argument("--small", default="1,16")
     ap.add_argument("--large", default="64,256,1024,4096")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--round", type=int, default=1, help="1: the first study; 2: the M=1 follow-up")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
     a = ap.parse_args()
     t0 = time.time()
@@ -358,7 +499,7 @@ def main() -> int:
     def log(r):
         print(json.dumps(r, default=str), flush=True)
 
-    rows = study(a.shapes.split(","), a.large_shapes.split(","), [int(m) for m in a.small.split(",") if m],
+    rows = study2(a.shapes.split(","), log) if a.round == 2 else study(a.shapes.split(","), a.large_shapes.split(","), [int(m) for m in a.small.split(",") if m],
                  [int(m) for m in a.large.split(",") if m], a.quick, log)
     out.write_text(json.dumps({"benchmark": "variants", "commit": code_commit(), "device": torch.cuda.get_device_name(),
                                "triton": triton.__version__, "torch": torch.__version__, "rows": rows,

@@ -1,7 +1,8 @@
 """Dense (bf16 / fp16 / fp32) linear: the weight layout and the pure-torch reference.
 
 Below the reference: the Triton template "dense" (split-K path for small row buckets,
-tiled path for large ones; fp32 operands multiply in IEEE precision, never tf32).
+tiled paths for large ones: TMA descriptors where the row strides allow, pointer loads
+otherwise; fp32 operands multiply in IEEE precision, never tf32).
 """
 from __future__ import annotations
 
@@ -111,6 +112,9 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
     N = w.N
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    if tile.get("path") == "tma":
+        common.launch_tma(x, w.weight, y, tile, bias=w.bias)
+        return y
     k_split, split = common.split_plan(K, tile)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     bias = w.bias if w.bias is not None else y

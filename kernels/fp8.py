@@ -98,9 +98,13 @@ def reference_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.constexpr, BLOCK_K: tl.constexpr,
+                      RECIPROCAL: tl.constexpr):
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
-    s = amax/448 (rounded to x's dtype, eps for an all-zero row),
+    s = amax/448 (rounded to x's dtype, eps for an all-zero row); on CUDA, torch divides a
+    tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
+    seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
+    on each device;
     xq = e4m3_rne(x / s) with the quotient rounded to x's dtype first, as the reference does."""
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * stride_xm
@@ -114,7 +118,10 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.cons
             v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
         amax = tl.max(amax, axis=0)
-    s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+    if RECIPROCAL:
+        s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)  # fp32(1/448), exact
+    else:
+        s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     s = tl.where(s == 0.0, EPS, s)
     tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
     if ONE_PASS:
@@ -139,7 +146,7 @@ def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     warps = 4 if bk <= 2048 else 8 if bk <= 8192 else 16
     # Codes are written as uint8 (see common.e4m3_encode) into the e4m3 buffer.
     _act_quant_kernel[(M,)](x, xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype), ONE_PASS=one_pass, BLOCK_K=bk,
-                            num_warps=warps)
+                            RECIPROCAL=x.is_cuda, num_warps=warps)
     return xq, s
 
 
@@ -189,6 +196,9 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     xq, xs = quantize_activation_triton(x)
+    if tile.get("path") == "tma":
+        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
+        return y
     k_split, split = common.split_plan(K, tile)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     bias = w.bias if w.bias is not None else y
@@ -213,8 +223,6 @@ def default_tile(p: Problem) -> dict:
     if p.bucket <= 16:  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
         t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16, waves=8)
-    elif t["path"] == "tiled":
-        t["BLOCK_K"] = 128
     return t
 
 

@@ -408,7 +408,7 @@ def _bks(K: int) -> tuple[int, ...]:
 
 def default_tile(p: Problem) -> dict:
     a16 = p.param("act") == "none"
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625)
+    t = common.default_gemm_tile(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, tma=False)
     bks = [b for b in _bks(p.K) if b <= t["BLOCK_K"]] or [32]
     t["BLOCK_K"] = max(bks)
     return t
@@ -416,18 +416,19 @@ def default_tile(p: Problem) -> dict:
 
 def search_space(p: Problem) -> list[dict]:
     a16 = p.param("act") == "none"
-    return common.gemm_space(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, default_tile(p), bk_choices=_bks(p.K))
+    return common.gemm_space(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, default_tile(p), bk_choices=_bks(p.K),
+                             tma=False)
 
 
 def default_tile_w4a4(p: Problem) -> dict:
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 0.5625, 0.5625)
+    t = common.default_gemm_tile(p.bucket, p.N, p.K, 0.5625, 0.5625, tma=False)
     t["BLOCK_K"] = max(b for b in (64, 128, 256) if p.K % b == 0) if p.K % 64 == 0 else 32
     return t
 
 
 def search_space_w4a4(p: Problem) -> list[dict]:
     return common.gemm_space(p.bucket, p.N, p.K, 0.5625, 0.5625, default_tile_w4a4(p),
-                             bk_choices=tuple(b for b in (64, 128, 256) if p.K % b == 0))
+                             bk_choices=tuple(b for b in (64, 128, 256) if p.K % b == 0), tma=False)
 
 
 TEMPLATE_EMULATED = common.KernelTemplate(name="nvfp4_emulated", module=sys.modules[__name__],

@@ -86,6 +86,33 @@ def test_dense_tiled_path_and_uneven_k():
     assert_close(run(dense.launch, x, w, split), dense.reference_linear(x, w))
 
 
+TMA = dict(TILED, path="tma")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dense_tma_path_with_a_misaligned_activation_view(dtype):
+    # x starts 2 or 4 bytes past an aligned address: the launcher copies it once rather than
+    # hand a misaligned base to the copy engine (or switch paths behind the tile's back).
+    g = gen(21)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype)).to(DEV)
+    flat = torch.randn(40 * K + 1, generator=g).to(dtype).to(DEV)
+    x = flat[1:].view(40, K)
+    assert x.data_ptr() % 16 != 0
+    tile = dict(TMA, BLOCK_K=32 if dtype == torch.float32 else 64)
+    assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
+
+
+def test_tma_tile_refuses_unaligned_rows():
+    g = gen(22)
+    w = dense.DenseWeight(torch.randn(N, 100, generator=g).half()).to(DEV)   # 200-byte rows
+    x = torch.randn(4, 100, generator=g).half().to(DEV)
+    with pytest.raises(ValueError, match="needs K·bytes % 16 == 0"):
+        dense.launch(x, w, TMA)
+    d = dense.default_tile(dense.problem(w, 64, torch.float16))
+    assert d["path"] == "tiled", "the default tile of such a layer takes pointer loads"
+    assert_close(run(dense.launch, x, w, d), dense.reference_linear(x, w))
+
+
 # --- fp8 ---------------------------------------------------------------------------------
 
 def fp8_weight(g, dtype, bias):
@@ -121,11 +148,26 @@ def test_fp8_activation_quantization_is_bit_exact(dtype):
     assert torch.equal(s, rs[:, 0])
 
 
-def test_fp8_tiled_path():
+def test_fp8_tiled_and_tma_paths():
     g = gen(6)
     w = fp8_weight(g, torch.float16, True)
     x = torch.randn(40, K, generator=g).half().to(DEV)
     assert_close(run(fp8.launch, x, w, TILED), fp8.reference_linear(x, w))
+    assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128)), fp8.reference_linear(x, w))
+
+
+def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
+    # torch on CUDA divides by a Python number as a product with the fp32 reciprocal; the kernel's
+    # RECIPROCAL switch reproduces it (checked on CPU through the interpreter, where torch divides).
+    amax = torch.tensor([13.937500762939453, 0.30273, 447.99], dtype=torch.float32)
+    prod = (amax * (torch.tensor(1.0) / 448.0)).float()
+    assert not torch.equal(prod, amax / 448.0), "a value where the two rules differ"
+    x = torch.zeros(3, 16)
+    x[:, 0] = amax
+    xq = torch.empty((3, 16), dtype=torch.uint8, device=DEV)
+    s = torch.empty(3, device=DEV)
+    fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, ONE_PASS=True, BLOCK_K=16, RECIPROCAL=True)
+    assert torch.equal(s.cpu(), prod)
 
 
 # --- int4 --------------------------------------------------------------------------------
@@ -171,7 +213,8 @@ def test_int4_dequant_path_for_large_buckets():
     for sym in (True, False):
         w = int4_weight(g, 64, sym, True, bias=True)
         x = torch.randn(40, K, generator=g).half().to(DEV)
-        assert_close(run(int4.launch, x, w, dict(TILED, path="dequant")), int4.reference_linear(x, w))
+        for path in ("dequant", "dequant-tma"):
+            assert_close(run(int4.launch, x, w, dict(TILED, path=path)), int4.reference_linear(x, w))
 
 
 @pytest.mark.parametrize("split", [1, 3])

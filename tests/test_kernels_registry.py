@@ -98,13 +98,18 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             assert common.smem_bytes(c, *ab) <= common.SMEM_LIMIT
             if fmt == "int4" and c["path"] in ("splitk", "tiled"):
                 assert 128 % c["BLOCK_K"] == 0, "a tensor-core tile lies inside one group"
-        # Small buckets take the split-K path, large ones the tiled path.
-        if fmt == "int4":  # tensor-core split-K for small M, a transient dense tile for large M
-            assert d["path"] == ("splitk" if b <= 128 else "dequant")
+        # Small buckets take the split-K path (int4: the GEMV at one row), large ones a tiled path:
+        # TMA descriptors where the operands' row strides are 16-byte multiples, never for nvfp4.
+        tma = fmt in ("dense", "fp8", "int4") and (w.K * 2) % 16 == 0
+        if fmt == "int4":  # a transient dense tile for large M
+            assert d["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else
+                                 "dequant-tma" if tma else "dequant")
             if b == 1:
-                assert any(c["path"] == "gemv" for c in space), "the one-row GEMV is a candidate"
+                assert any(c["path"] == "splitk" for c in space), "the split-K tile is a candidate at one row"
         else:
-            assert d["path"] == ("splitk" if b <= 16 else "tiled")
+            assert d["path"] == ("splitk" if b <= 16 else "tma" if tma else "tiled")
+        if b >= 32 and fmt in ("dense", "fp8"):
+            assert {c["path"] for c in space} >= {"tma", "tiled"}, "both tiled forms are candidates"
 
 
 def test_split_plan_covers_k_in_whole_tiles():
