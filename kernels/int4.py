@@ -373,8 +373,8 @@ def _gemv_block_k(K: int) -> int:
 def _gemv_tiles(p: Problem) -> list[dict]:
     """GEMV candidates around the run-5 winners (BLOCK_N 8, 128 words per step, 4 warps)."""
     out = []
-    for bn, bk, warps in ((8, 1024, 4), (4, 1024, 4), (8, 2048, 4), (8, 512, 4), (16, 512, 4), (32, 256, 4),
-                          (8, 1024, 2), (16, 1024, 8)):
+    for bn, bk, warps in ((8, 1024, 4), (8, 2048, 4), (16, 1024, 4), (8, 1024, 2), (4, 2048, 4), (4, 1024, 4),
+                          (8, 512, 4), (16, 512, 4)):
         bk = min(bk, _gemv_block_k(p.K) * (2 if bk > 1024 else 1))
         for s in (1, 2, 4):
             if s == 1 or p.K // s >= bk:

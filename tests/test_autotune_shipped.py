@@ -26,14 +26,26 @@ def _store():
     return JsonStore(path, create=False)
 
 
+def _wanted(identity) -> set[tuple[str, str, int, int, int]]:
+    """(format, activation dtype, N, K, bucket) of every key the project ships for the device: the
+    27B-class and MiniLM shapes in every format it runs with bf16 activations, and the MiniLM shapes
+    with fp32 activations too (the built-in router is an fp32 model: `--dtype auto` runs the fp32
+    base package and its FP8 and int4 siblings with fp32 activations)."""
+    fmts = device_formats(identity)
+    want = {(f, "bfloat16", N, K, b) for f in fmts
+            for _, N, K in shapes.SHAPES_27B + shapes.SHAPES_MINILM for b in ROW_BUCKETS}
+    fp32 = ["fp32"] + [f for f in fmts if f in ("fp8", "int4-gptq", "int4-awq")]
+    want |= {(f, "float32", N, K, b) for f in fp32 for _, N, K in shapes.SHAPES_MINILM for b in ROW_BUCKETS}
+    return want
+
+
 def test_h200_cache_is_found_by_identity_and_complete():
     store = _store()
     assert shipped_cache_for(H200, [CACHES]) == CACHES / "nvidia-h200.json"
     assert store.devices() == {H200.key()}
-    have = {(shapes.format_label(e.key), e.key.N, e.key.K, e.key.bucket) for e in store.entries()}
-    want = {(f, N, K, b) for f in device_formats(H200)
-            for _, N, K in shapes.SHAPES_27B + shapes.SHAPES_MINILM for b in ROW_BUCKETS}
-    assert not want - have, f"missing: {sorted(want - have)[:5]}"
+    have = {(shapes.format_label(e.key), e.key.act_dtype, e.key.N, e.key.K, e.key.bucket) for e in store.entries()}
+    missing = sorted(_wanted(H200) - have)
+    assert not missing, f"{len(missing)} keys missing, e.g. {missing[:5]}"
     for e in store.entries():
         assert e.tile and e.ms and e.ms > 0 and e.candidates and e.candidates[0]["ok"]
 

@@ -14,6 +14,10 @@ from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError, RequestError
 
 
+def needs_llmcompressor():
+    pytest.importorskip("llmcompressor", reason="building a compressed package needs vsr[quant]")
+
+
 @pytest.fixture(scope="module")
 def router(minilm_router):  # noqa: F811
     return load_engine(Pkg(minilm_router))
@@ -90,6 +94,7 @@ def _digest(d):
 
 @pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM"])
 def test_compress_is_byte_identical_on_rebuild(tmp_path, tiny_qwen3, scheme):  # noqa: F811
+    needs_llmcompressor()
     # GPTQ and AWQ: calibration data decides the weights, so the order and threads must be fixed.
     threads = torch.get_num_threads()
     a = compress_package(tiny_qwen3, tmp_path / "a", scheme, CALIBRATION[:6])
@@ -101,6 +106,7 @@ def test_compress_is_byte_identical_on_rebuild(tmp_path, tiny_qwen3, scheme):  #
 
 
 def test_compress_keeps_the_head_and_tokenizer(tmp_path, minilm_router):  # noqa: F811
+    needs_llmcompressor()
     a = compress_package(minilm_router, tmp_path / "a", "FP8_DYNAMIC", CALIBRATION[:4])
     # Tokenizer files verbatim, head tensors and config keys kept.
     for f in ("tokenizer.json", "vocab.txt", "sentence_bert_config.json"):
@@ -119,6 +125,7 @@ def test_compress_keeps_the_head_and_tokenizer(tmp_path, minilm_router):  # noqa
 
 
 def test_compress_errors(tmp_path, tiny_qwen3, monkeypatch):  # noqa: F811
+    needs_llmcompressor()
     with pytest.raises(PackageError, match="unknown compression scheme 'W3A3'"):
         compress_package(tiny_qwen3, tmp_path / "x", "W3A3", CALIBRATION)
     with pytest.raises(PackageError, match="calibration_texts is empty"):

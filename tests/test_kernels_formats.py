@@ -148,6 +148,17 @@ def test_fp8_activation_quantization_is_bit_exact(dtype):
     assert torch.equal(s, rs[:, 0])
 
 
+@pytest.mark.parametrize("Kx,bias", [(K, True), (200, False)])
+def test_fp8_gemv_path(Kx, bias):
+    g = gen(31 + Kx)
+    w = fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(N, Kx, generator=g) * 40), (torch.rand(N, generator=g) * 0.01 + 1e-3).half(),
+                      torch.randn(N, generator=g).half() if bias else None).to(DEV)
+    x = (torch.randn(1, Kx, generator=g) * 3).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w))
+    assert fp8.default_tile(fp8.problem(w, 1, torch.float16))["path"] == "gemv"
+
+
 def test_fp8_tiled_and_tma_paths():
     g = gen(6)
     w = fp8_weight(g, torch.float16, True)

@@ -302,9 +302,10 @@ def test_loaded_layouts_run_on_the_triton_templates(tmp_path, fmt):
     else:
         t, group, emulate = _nvfp4_tensors(gen, N=20, K=64), NVFP4_GROUP, True
     t = {k: (v.half() if v.dtype == torch.float32 and "global" not in k else v) for k, v in t.items()}
-    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter on CPU, the GPU where there is one
+    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin").to(dev)
     # fp16 activations: the Triton interpreter's bf16 tl.dot is wrong.
-    x = torch.randn(5, 64, generator=gen).half()
+    x = torch.randn(5, 64, generator=gen).half().to(dev)
     y = QLinear(w, "triton", tiles=_DefaultTiles(), emulate=emulate)(x)
     ref = QLinear(w, "reference")(x)
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-3, atol=2e-3 * ref.abs().max().item())
