@@ -279,10 +279,11 @@ def test_qlinear_triton_mode_matches_reference():
     registry = pytest.importorskip("vsr.kernels.registry", reason="vsr.kernels.registry (the Triton templates) is not there")
     gen = torch.Generator().manual_seed(9)
     # fp32/fp16 activations only: the Triton interpreter's bf16 tl.dot is wrong.
-    dw = dense.DenseWeight(torch.randn(37, 64, generator=gen), torch.randn(37, generator=gen))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter on CPU, the GPU where there is one
+    dw = dense.DenseWeight(torch.randn(37, 64, generator=gen), torch.randn(37, generator=gen)).to(dev)
     tiles = _DefaultTiles()
     lin = QLinear(dw, "triton", tiles=tiles)
-    x = torch.randn(2, 3, 64, generator=gen)
+    x = torch.randn(2, 3, 64, generator=gen).to(dev)
     torch.testing.assert_close(lin(x), QLinear(dw)(x), rtol=1e-5, atol=1e-5)
     assert tiles.calls == 1 and registry.template_for(dw, torch.float32).name == "dense"
 
