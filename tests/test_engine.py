@@ -8,14 +8,10 @@ import torch
 from safetensors import safe_open
 
 from tinypkgs import (CALIBRATION, ROUTER_LABELS, TEST_TEXTS, Pkg, compressed, minilm_router,  # noqa: F401
-                      tiny_qwen3)
+                      needs_llmcompressor, tiny_qwen3)
 from vsr.runtime.compress import compress_package
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError, RequestError
-
-
-def needs_llmcompressor():
-    pytest.importorskip("llmcompressor", reason="building a compressed package needs vsr[quant]")
 
 
 @pytest.fixture(scope="module")

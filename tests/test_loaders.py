@@ -20,6 +20,7 @@ from vsr.runtime.linear import QLinear, to_run_dtype
 from vsr.runtime.loaders import PackageLoader, act_order_perm
 
 G = 32
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter on CPU, the GPU where there is one
 
 
 def int4_group(symmetric: bool, actorder: str | None = None, group_size: int = G) -> dict:
@@ -279,11 +280,10 @@ def test_qlinear_triton_mode_matches_reference():
     registry = pytest.importorskip("vsr.kernels.registry", reason="vsr.kernels.registry (the Triton templates) is not there")
     gen = torch.Generator().manual_seed(9)
     # fp32/fp16 activations only: the Triton interpreter's bf16 tl.dot is wrong.
-    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter on CPU, the GPU where there is one
-    dw = dense.DenseWeight(torch.randn(37, 64, generator=gen), torch.randn(37, generator=gen)).to(dev)
+    dw = dense.DenseWeight(torch.randn(37, 64, generator=gen), torch.randn(37, generator=gen)).to(DEV)
     tiles = _DefaultTiles()
     lin = QLinear(dw, "triton", tiles=tiles)
-    x = torch.randn(2, 3, 64, generator=gen).to(dev)
+    x = torch.randn(2, 3, 64, generator=gen).to(DEV)
     torch.testing.assert_close(lin(x), QLinear(dw)(x), rtol=1e-5, atol=1e-5)
     assert tiles.calls == 1 and registry.template_for(dw, torch.float32).name == "dense"
 
@@ -303,10 +303,9 @@ def test_loaded_layouts_run_on_the_triton_templates(tmp_path, fmt):
     else:
         t, group, emulate = _nvfp4_tensors(gen, N=20, K=64), NVFP4_GROUP, True
     t = {k: (v.half() if v.dtype == torch.float32 and "global" not in k else v) for k, v in t.items()}
-    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the interpreter on CPU, the GPU where there is one
-    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin").to(dev)
+    w = PackageLoader(*write_pkg(tmp_path, t, group)).linear("lin").to(DEV)
     # fp16 activations: the Triton interpreter's bf16 tl.dot is wrong.
-    x = torch.randn(5, 64, generator=gen).half().to(dev)
+    x = torch.randn(5, 64, generator=gen).half().to(DEV)
     y = QLinear(w, "triton", tiles=_DefaultTiles(), emulate=emulate)(x)
     ref = QLinear(w, "reference")(x)
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-3, atol=2e-3 * ref.abs().max().item())

@@ -137,11 +137,16 @@ def minilm_router(tmp_path_factory) -> Path:
 _built: dict[tuple[str, str], Path] = {}
 
 
+def needs_llmcompressor() -> None:
+    """Skip the calling test on a machine without the quant extra (e.g. the H200 image)."""
+    pytest.importorskip("llmcompressor", reason="building a compressed package needs vsr[quant]")
+
+
 def compressed(src: Path, scheme: str) -> Path:
     """src compressed with `scheme`, built once per session beside src."""
     key = (str(src), scheme)
     if key not in _built:
-        pytest.importorskip("llmcompressor", reason="building a compressed package needs vsr[quant]")
+        needs_llmcompressor()
         from vsr.runtime.compress import compress_package
 
         # Eight calibration texts: AWQ's grid search costs time in proportion, and the tests
