@@ -107,8 +107,9 @@ def kernel_source_hash(template) -> str:
     memo = (template.name, name)  # per template: two templates of one module may have other deps
     if memo in _source_hashes:
         return _source_hashes[memo]
-    import inspect
     import types
+
+    from vsr.kernels.template import code_text
     deps = sorted({m.__name__ for m in vars(mod).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
                    and m.__name__ not in (name, "vsr.kernels.template")})
@@ -118,7 +119,7 @@ def kernel_source_hash(template) -> str:
         import sys
         hs = hashlib.sha256(template.source_hash.encode())
         for d in deps:
-            hs.update(d.encode() + inspect.getsource(sys.modules[d]).encode())
+            hs.update(d.encode() + code_text(sys.modules[d]).encode())
         h = hs.hexdigest()[:16]
     _source_hashes[memo] = h
     return h

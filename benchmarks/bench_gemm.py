@@ -6,7 +6,7 @@
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
-for M <= GRAPH_MAX_M also CUDA-graph replays cycling through weight copies that together exceed
+for M <= GRAPH_MAX_M (every M of the table) also CUDA-graph replays cycling through weight copies that together exceed
 twice the L2. vsr tiles come from vsr.autotune.tuner.sweep over the template's search
 space (--sweep N candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last.
@@ -62,10 +62,11 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
 
 
-# Graph replay up to this M as well as eager: vsr's Python launch path costs 58-125 us of host time
-# per call (H200 run 6: bf16 qkv M=64 took 79.6 us eager and 28.9 us replayed), which hides the
-# kernel below M ~ 1024 in eager timing. BENCHMARKS.md asks for both figures where that happens.
-GRAPH_MAX_M = 256
+# Graph replay up to this M as well as eager: vsr's Python launch path costs 40-170 us of host time
+# per call (H200 run 6: bf16 qkv M=64 took 79.6 us eager and 28.9 us replayed; run 7: fp8 qkv
+# M=1024 171 us of host time against 109 us replayed), which hides the kernel up to M ~ 1024 in
+# eager timing. BENCHMARKS.md asks for both figures where that happens: every M here.
+GRAPH_MAX_M = 4096
 
 
 def timings(fns, M: int) -> list[tuple[bool, float]]:

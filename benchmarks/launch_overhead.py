@@ -1,16 +1,21 @@
 """Host time of vsr's launch path against its GPU time (H200 run 6, benchmarks/NOTES.md).
 
-    python benchmarks/launch_overhead.py [--shapes qkv,down] [--ms 64,256,1024] [--out FILE]
+    python benchmarks/launch_overhead.py [--shapes qkv,down] [--ms 64,256,1024] [--formats bf16,fp8]
+                                         [--profile] [--out FILE]
 
 Per (format, shape, M) with the template's default tile: host microseconds per call (200 calls
 issued back to back, timed on the CPU), the eager time (triton do_bench, L2 cleared) and the CUDA
 graph replay time; for fp8 also its activation-quantization prologue alone. Where host time per
 call exceeds the graph time, eager figures measure the Python launch path, not the kernel.
+--profile adds, per row, the ten functions with the most host time over those calls (cProfile).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -37,16 +42,36 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return host
 
 
+def profile_top(fn, calls: int = 200, top: int = 10) -> list[dict]:
+    """The `top` functions by own host time over `calls` calls of fn (cProfile, microseconds per call)."""
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+        rows.append({"fn": f"{Path(file).name}:{line}:{name}", "own_us": tt / calls * 1e6, "cum_us": ct / calls * 1e6,
+                     "calls_per_call": nc / calls})
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qkv,down")
     ap.add_argument("--ms", default="64,256,1024")
+    ap.add_argument("--formats", default="bf16,fp8")
+    ap.add_argument("--profile", action="store_true", help="add a cProfile breakdown of each row's host time")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     rows = []
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
-        for fmt in ("bf16", "fp8"):
+        for fmt in a.formats.split(","):
             w = make_weight(fmt, N, K, "cuda")
             for M in (int(m) for m in a.ms.split(",")):
                 x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
@@ -55,6 +80,8 @@ def main() -> int:
                 fn = lambda: t.launch(x, w, tile)  # noqa: E731
                 row = {"format": fmt, "shape": sh, "M": M, "tile": tile, "host_us_per_call": host_us_per_call(fn),
                        "eager_us": eager_ms(fn) * 1e3, "graph_us": graph_ms([fn]) * 1e3}
+                if a.profile:
+                    row["profile"] = profile_top(fn)
                 if fmt == "fp8":
                     q = lambda: fp8mod.quantize_activation_triton(x)  # noqa: E731
                     row.update(quant_eager_us=eager_ms(q) * 1e3, quant_graph_us=graph_ms([q]) * 1e3)

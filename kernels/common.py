@@ -7,7 +7,6 @@ tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -16,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels.template import Template
+from vsr.kernels.template import Template, code_text
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
 # pipelined operand tiles need more are pruned from the search space.
@@ -96,6 +95,43 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
 
 
 @triton.jit
+def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
+                      K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                      IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
+    (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
+    split-K path (partial sums to the workspace) of both templates."""
+    pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows/columns past the edge read a valid row (modulo) instead of masking: their
+    # results are never stored, and the loads stay unmasked and vectorised.
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = b_ptr + rn[None, :] * stride_bn + offs_k[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False)
+
+
+@triton.jit
 def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
                     HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -122,15 +158,41 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+# Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr functions
+# from Triton 3.5 on, a few microseconds of wrapper per host call (seen in the H200 profile
+# of the launch path, run 7): the launchers use these instead.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def tma_aligned(K: int, *elem_bytes: float) -> bool:
     """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
     return all((K * b) % 16 == 0 for b in elem_bytes)
 
 
-def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None) -> None:
+def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
+    """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on
+    the object (the weight outlives its calls; a descriptor costs host time on every build)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    cache = owner.__dict__.setdefault("_tma_descriptors", {})
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
+    d = cache.get(key)
+    if d is None:
+        assert t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0, \
+            "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
+        d = cache[key] = TensorDescriptor.from_tensor(t, list(block))
+    return d
+
+
+def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel. a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
-    is aligned), so the tile's path never depends on where the caller's tensor happens to start."""
+    is aligned), so the tile's path never depends on where the caller's tensor happens to start.
+    `owner` (the weight object b belongs to) keeps b's descriptor between calls."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -138,13 +200,11 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None) -> 
         raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
-    assert b.stride(1) == 1 and (b.stride(0) * b.element_size()) % 16 == 0 and b.data_ptr() % 16 == 0, \
-        "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(b, [bn, bk])
+    b_desc = weight_descriptor(owner if owner is not None else _Transient(), b, [bn, bk])
     d = y
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     tma_gemm_kernel[grid](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
                           d if cs is None else cs, d if alpha is None else alpha, M, N, K, y.stride(0),
                           HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
@@ -153,19 +213,43 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None) -> 
                           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
+class _Transient:
+    """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""
+
+
+def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
+    """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
+    fixed-order reduction. a [M, K] and b [N, K] K-contiguous, one dtype."""
+    M, K = a.shape
+    N = b.shape[0]
+    k_split, split = split_plan(K, tile)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else y
+    d = y
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    grid = (cdiv(M, bm) * cdiv(N, bn), split)
+    tiled_gemm_kernel[grid](a, b, y, ws, d if bias is None else bias, d if rs is None else rs,
+                            d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
+                            HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+                            IEEE=a.dtype == torch.float32, EVEN_K=(K % bk == 0 and k_split % bk == 0),
+                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+
+
 def split_plan(K: int, tile: dict) -> tuple[int, int]:
     """(K columns per split, number of splits actually launched). Each split's range is a
     whole number of BLOCK_K tiles, so tiles never straddle a quantization group."""
     bk = tile["BLOCK_K"]
     split = max(1, int(tile.get("SPLIT_K", 1)))
-    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-    return k_split, triton.cdiv(K, k_split)
+    k_split = cdiv(cdiv(K, split), bk) * bk
+    return k_split, cdiv(K, k_split)
 
 
 def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
     """Launch the fixed-order reduction over `split` partial sums into y."""
     dummy = ws
-    grid = (triton.cdiv(M, 16), triton.cdiv(N, 128))
+    grid = (cdiv(M, 16), cdiv(N, 128))
     splitk_reduce_kernel[grid](
         ws, y, bias if bias is not None else dummy, rs if rs is not None else dummy,
         cs if cs is not None else dummy, alpha if alpha is not None else dummy,
@@ -177,7 +261,7 @@ def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split
                waves: int = 2) -> int:
     """Split K until the grid holds `waves` programs per multiprocessor (deterministic in the shape).
     Small-M calls are memory-bound: more programs keep more loads in flight."""
-    programs = triton.cdiv(N, bn) * triton.cdiv(bucket, bm)
+    programs = cdiv(N, bn) * cdiv(bucket, bm)
     split = 1
     while programs * split < waves * sms and split < max_split and K // (split * 2) >= 2 * bk:
         split *= 2
@@ -205,7 +289,7 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     if bucket <= 128:
         # Few row blocks: narrow the columns until the grid has about half a wave of programs.
         bm = 32 if bucket == 32 else 64
-        bn = 128 if triton.cdiv(N, 128) >= 66 else 64
+        bn = 128 if cdiv(N, 128) >= 66 else 64
         return tile("tma", bm, bn, int(128 * kx), 1, 4, 4 if bn == 128 else 6)
     if bucket <= 512:
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
@@ -319,7 +403,7 @@ class KernelTemplate(Template):
 
     @property
     def source_hash(self) -> str:
-        h = hashlib.sha256(inspect.getsource(self.module).encode())
+        h = hashlib.sha256(code_text(self.module).encode())
         for m in (sys.modules[__name__],) + tuple(self.deps):
-            h.update(inspect.getsource(m).encode())
+            h.update(code_text(m).encode())
         return h.hexdigest()[:16]

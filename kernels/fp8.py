@@ -4,8 +4,9 @@ Weights: e4m3 [N, K] with one scale per output channel. Activations: e4m3 with
 one dynamic scale per row (token), computed as each call runs. FORMATS.md §4.
 Below the reference: the Triton template "fp8_w8a8": a prologue kernel quantizes each
 row of x exactly as quantize_activation does (same roundings: the division in x's
-dtype, then e4m3 round-to-nearest-even), then an fp8 tl.dot GEMM with fp32
-accumulation applies row scale × channel scale and the bias in its epilogue.
+dtype, then e4m3 round-to-nearest-even), then an fp8 product with fp32 accumulation
+applies row scale × channel scale and the bias in its epilogue: a CUDA-core GEMV for one
+row, else common.py's tensor-core kernels (shared with the dense template).
 """
 from __future__ import annotations
 
@@ -98,14 +99,26 @@ def reference_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.constexpr, BLOCK_K: tl.constexpr,
-                      RECIPROCAL: tl.constexpr):
+def _quantize_chunk(v, s, xq_ptrs, mask, HW_CVT: tl.constexpr):
+    """Store e4m3_rne(v / s) with the quotient rounded to v's dtype first, as the reference does."""
+    q = tl.div_rn(v.to(tl.float32), s).to(v.dtype).to(tl.float32)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does
+        tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
+    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
+        tl.store(xq_ptrs, common.e4m3_encode(q), mask=mask)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr,
+                      RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr):
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
     s = amax/448 (rounded to x's dtype, eps for an all-zero row); on CUDA, torch divides a
     tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
     seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
-    on each device;
-    xq = e4m3_rne(x / s) with the quotient rounded to x's dtype first, as the reference does."""
+    on each device; xq = e4m3_rne(x / s). ONE_PASS keeps the row in registers (few rows: the
+    latency of one load); otherwise two passes over BLOCK_K chunks, the second from L2 (many
+    rows: no lanes lost to padding K up to a power of two)."""
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * stride_xm
     offs = tl.arange(0, BLOCK_K)
@@ -113,11 +126,11 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.cons
         xv = tl.load(xrow + offs, mask=offs < K, other=0.0)
         amax = tl.max(tl.abs(xv.to(tl.float32)), axis=0)
     else:
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        amax_k = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
-            amax = tl.maximum(amax, tl.abs(v.to(tl.float32)))
-        amax = tl.max(amax, axis=0)
+            amax_k = tl.maximum(amax_k, tl.abs(v.to(tl.float32)))
+        amax = tl.max(amax_k, axis=0)
     if RECIPROCAL:
         s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)  # fp32(1/448), exact
     else:
@@ -125,15 +138,23 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, ONE_PASS: tl.cons
     s = tl.where(s == 0.0, EPS, s)
     tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
     if ONE_PASS:
-        q = tl.div_rn(xv.to(tl.float32), s).to(x_ptr.dtype.element_ty).to(tl.float32)
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-        tl.store(xq_ptr + row * K + offs, common.e4m3_encode(q), mask=offs < K)
+        _quantize_chunk(xv, s, xq_ptr + row * K + offs, offs < K, HW_CVT)
     else:
         for k0 in range(0, K, BLOCK_K):
             v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
-            q = tl.div_rn(v.to(tl.float32), s).to(x_ptr.dtype.element_ty).to(tl.float32)
-            q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-            tl.store(xq_ptr + row * K + k0 + offs, common.e4m3_encode(q), mask=k0 + offs < K)
+            _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs, k0 + offs < K, HW_CVT)
+
+
+_HW_CVT: dict[torch.device, bool] = {}
+
+
+def _hardware_e4m3(dev: torch.device) -> bool:
+    """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
+    ok = _HW_CVT.get(dev)
+    if ok is None:
+        ok = _HW_CVT[dev] = (dev.type == "cuda" and torch.version.hip is None
+                             and torch.cuda.get_device_capability(dev) >= (8, 9))
+    return ok
 
 
 def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,42 +162,16 @@ def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
-    one_pass = K <= 32768
-    bk = triton.next_power_of_2(K) if one_pass else 4096
+    # Few rows: the whole row in registers, one load's latency. Many rows: 2048-column chunks,
+    # every lane busy, and the other rows' programs hide the latency. (Any choice gives the same
+    # bits: the amax is exact and every element is rounded on its own.)
+    one_pass = M <= 256 and K <= 32768
+    bk = common.next_pow2(K) if one_pass else 2048
     warps = 4 if bk <= 2048 else 8 if bk <= 8192 else 16
-    # Codes are written as uint8 (see common.e4m3_encode) into the e4m3 buffer.
-    _act_quant_kernel[(M,)](x, xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype), ONE_PASS=one_pass, BLOCK_K=bk,
-                            RECIPROCAL=x.is_cuda, num_warps=warps)
+    hw = _hardware_e4m3(x.device)
+    _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
+                            BLOCK_K=bk, ONE_PASS=one_pass, RECIPROCAL=x.is_cuda, HW_CVT=hw, num_warps=warps)
     return xq, s
-
-
-@triton.jit
-def _fp8_kernel(xq_ptr, w_ptr, y_ptr, ws_ptr, xs_ptr, wsc_ptr, bias_ptr, M, N, K, stride_wn, stride_ym, K_SPLIT,
-                HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a_ptrs = xq_ptr + rm[:, None] * K + offs_k[None, :]
-        b_ptrs = w_ptr + rn[None, :] * stride_wn + offs_k[:, None]
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
-        acc = tl.dot(a, b, acc)
-    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, xs_ptr, wsc_ptr, bias_ptr, SPLIT_K, HAS_BIAS, True, True, False)
 
 
 @triton.jit
@@ -220,28 +215,18 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     xq, xs = quantize_activation_triton(x)
-    if tile.get("path") == "tma":
-        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
-        return y
-    if tile.get("path") == "gemv":
+    path = tile.get("path")
+    if path == "tma":
+        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
+    elif path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"
         bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
-        _fp8_gemv_kernel[(triton.cdiv(N, bn),)](
+        _fp8_gemv_kernel[(common.cdiv(N, bn),)](
             xq, w.weight, y, xs, w.weight_scale, w.bias if w.bias is not None else y, N, K, w.weight.stride(0),
             HAS_BIAS=w.bias is not None, EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk,
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-        return y
-    k_split, split = common.split_plan(K, tile)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    bias = w.bias if w.bias is not None else y
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
-    _fp8_kernel[grid](xq, w.weight, y, ws, xs, w.weight_scale, bias, M, N, K, w.weight.stride(0), y.stride(0),
-                      k_split, HAS_BIAS=w.bias is not None, EVEN_K=(K % bk == 0 and k_split % bk == 0),
-                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                      num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
-        common.reduce_splits(ws, y, split, M, N, w.bias, xs, w.weight_scale, None)
+    else:
+        common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
     return y
 
 
@@ -253,7 +238,7 @@ def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
 def default_tile(p: Problem) -> dict:
     if p.bucket == 1:
         # H200 (run 5): 8 rows x 512 columns per step, 3 stages, beat the split-K tile on every shape.
-        return common.tile("gemv", 1, 8, min(512, max(32, triton.next_power_of_2(p.K))), 1, 4, 3)
+        return common.tile("gemv", 1, 8, min(512, max(32, common.next_pow2(p.K))), 1, 4, 3)
     t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket <= 16:  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
@@ -262,7 +247,7 @@ def default_tile(p: Problem) -> dict:
 
 
 def _gemv_tiles(p: Problem) -> list[dict]:
-    kmax = max(32, triton.next_power_of_2(p.K))
+    kmax = max(32, common.next_pow2(p.K))
     out = []
     for bn, bk, warps, stages in ((8, 512, 4, 3), (8, 512, 4, 1), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3),
                                   (16, 256, 4, 3), (8, 512, 8, 3)):

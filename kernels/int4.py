@@ -204,26 +204,30 @@ def _nibble_field(words, MASK: tl.constexpr):
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K8, KG, KW_SPLIT,
                       GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, W8: tl.constexpr, SPLIT_K: tl.constexpr):
-    """One row of x: y[n] = Σ_words scale[n, g] · (Σ_j u_j·x_j - zu·Σ_j x_j), in fp32 on the CUDA
-    cores. Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided
-    by 16^j (a power of two: exact), nibbles 5-7 after one shift by 20. The zero point is taken
-    once per word through Σ_j x_j. (H200, run 5: 1.2-1.35x cuBLAS at M=1 against 0.54-0.93x for
-    the nibble-unpacking GEMV and the split-K tile.) x past K is read as 0 (masked), so a partial
-    word contributes nothing beyond K."""
+                      BLOCK_N: tl.constexpr, W8: tl.constexpr, GW: tl.constexpr, SPLIT_K: tl.constexpr):
+    """One row of x: y[n] = Σ_groups scale[n, g] · (Σ_{words of g} Σ_j u_j·x_j - zu·Σ_{words of g} Σ_j x_j),
+    in fp32 on the CUDA cores. A step of W8 words is held as [BLOCK_N, W8/GW, GW]: GW words (one
+    group, or the whole step when a group is longer) per sub-block, so scales and zero points are
+    loaded once per group as [BLOCK_N, W8/GW] (not gathered per word) and multiply per group.
+    Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided by 16^j
+    (a power of two: exact), nibbles 5-7 after one shift by 20. (H200, run 5: the per-word form of
+    this GEMV took 1.2-1.35x cuBLAS at M=1 against 0.54-0.93x for the nibble-unpacking GEMV and
+    the split-K tile.) x past K is read as 0 (masked), so a partial word adds nothing beyond K."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (offs_n % N).to(tl.int64)
-    i = tl.arange(0, W8)
+    NG: tl.constexpr = W8 // GW
     G8: tl.constexpr = GROUP // 8
+    sub = tl.arange(0, NG) * GW                                   # first word of each sub-block
+    j = sub[:, None] + tl.arange(0, GW)[None, :]                  # [NG, GW] word offsets in a step
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
-    acc = tl.zeros((BLOCK_N, W8), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + i
+        offs_w = kw0 + j
         wm = offs_w < kw_hi
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=wm[None, :], other=0)
+        words = tl.load(q_ptr + rn[:, None, None] * K8 + offs_w[None, :, :], mask=wm[None, :, :], other=0)
         xp = x_ptr + offs_w * 8
         x0 = tl.load(xp + 0, mask=wm, other=0.0).to(tl.float32)
         x1 = tl.load(xp + 1, mask=wm, other=0.0).to(tl.float32)
@@ -235,21 +239,24 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
         x7 = tl.load(xp + 7, mask=wm, other=0.0).to(tl.float32)
         sx = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
         hi = words >> 20
-        u = _nibble_field(words, 0xF) * x0[None, :]
-        u += _nibble_field(words, 0xF0) * (x1 * 0.0625)[None, :]
-        u += _nibble_field(words, 0xF00) * (x2 * 0.00390625)[None, :]
-        u += _nibble_field(words, 0xF000) * (x3 * 0.000244140625)[None, :]
-        u += _nibble_field(words, 0xF0000) * (x4 * 0.0000152587890625)[None, :]
-        u += _nibble_field(hi, 0xF) * x5[None, :]
-        u += _nibble_field(hi, 0xF0) * (x6 * 0.0625)[None, :]
-        u += _nibble_field(hi, 0xF00) * (x7 * 0.00390625)[None, :]
-        g = offs_w // G8                                       # a word never straddles a group (G % 8 == 0)
-        sc = tl.load(sc_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0.0).to(tl.float32)
+        u = _nibble_field(words, 0xF) * x0[None, :, :]
+        u += _nibble_field(words, 0xF0) * (x1 * 0.0625)[None, :, :]
+        u += _nibble_field(words, 0xF00) * (x2 * 0.00390625)[None, :, :]
+        u += _nibble_field(words, 0xF000) * (x3 * 0.000244140625)[None, :, :]
+        u += _nibble_field(words, 0xF0000) * (x4 * 0.0000152587890625)[None, :, :]
+        u += _nibble_field(hi, 0xF) * x5[None, :, :]
+        u += _nibble_field(hi, 0xF0) * (x6 * 0.0625)[None, :, :]
+        u += _nibble_field(hi, 0xF00) * (x7 * 0.00390625)[None, :, :]
+        ug = tl.sum(u, axis=2)                                    # [BN, NG]
+        sxg = tl.sum(sx, axis=1)                                  # [NG]
+        g = (kw0 + sub) // G8                                     # a sub-block lies in one group
+        gm = (kw0 + sub) < kw_hi
+        sc = tl.load(sc_ptr + rn[:, None] * KG + g[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
         if HAS_ZP:
-            zu = tl.load(zp_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0).to(tl.float32)
-            acc += sc * (u - zu * sx[None, :])
+            zu = tl.load(zp_ptr + rn[:, None] * KG + g[None, :], mask=gm[None, :], other=0).to(tl.float32)
+            acc += sc * (ug - zu * sxg[None, :])
         else:
-            acc += sc * (u - 8.0 * sx[None, :])
+            acc += sc * (ug - 8.0 * sxg[None, :])
     yv = tl.sum(acc, axis=1)
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -316,7 +323,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     bias = w.bias if w.bias is not None else y
     if path in ("dequant", "dequant-tma"):
         wt = torch.empty((N, K), dtype=x.dtype, device=x.device)
-        _int4_dequant_kernel[(triton.cdiv(N, 64), triton.cdiv(K, 128))](
+        _int4_dequant_kernel[(common.cdiv(N, 64), common.cdiv(K, 128))](
             w.packed, w.scale, zp, wt, N, K, w.packed.stride(0), w.scale.stride(0), GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             BLOCK_N=64, BLOCK_K=128, num_warps=4)
         from vsr.kernels import dense
@@ -332,14 +339,16 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             x = torch.nn.functional.pad(x, (0, 8 - K % 8))
         ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bn = tile["BLOCK_N"]
-        _int4_gemv_kernel[(triton.cdiv(N, bn), split)](
+        g8 = w.group_size // 8
+        assert g8 & (g8 - 1) == 0, f"the gemv path needs a power-of-two group size, got {w.group_size}"
+        _int4_gemv_kernel[(common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, N, w.packed.stride(0), w.scale.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            BLOCK_N=bn, W8=bk // 8, GW=min(g8, bk // 8), SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+        grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
         _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
                            x.stride(0), y.stride(0), k_split // 8,
                            GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
@@ -367,7 +376,7 @@ def _bk_choices(group: int) -> tuple[int, ...]:
 
 def _gemv_block_k(K: int) -> int:
     """The GEMV's K step: 1024 columns (128 words) where K allows, else K rounded up to a power of two."""
-    return min(1024, max(64, triton.next_power_of_2(K)))
+    return min(1024, max(64, common.next_pow2(K)))
 
 
 def _gemv_tiles(p: Problem) -> list[dict]:
@@ -391,12 +400,13 @@ def default_tile(p: Problem) -> dict:
     bks = _bk_choices(group)
     if not bks:
         raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
-    if p.bucket == 1:
+    gemv_ok = (group // 8) & (group // 8 - 1) == 0   # the GEMV holds a group as a power-of-two block
+    if p.bucket == 1 and gemv_ok:
         # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
         # 1.2-1.35x cuBLAS on the 27B shapes, against 0.54-0.93x for the split-K tile.
         bk = _gemv_block_k(p.K)
         split = 1
-        while triton.cdiv(p.N, 8) * split < 4 * 132 and p.K // (split * 2) >= 2 * bk:
+        while common.cdiv(p.N, 8) * split < 4 * 132 and p.K // (split * 2) >= 2 * bk:
             split *= 2
         return common.tile("gemv", 1, 8, bk, split, 4, 2)
     if p.bucket >= 256:
@@ -424,7 +434,7 @@ def search_space(p: Problem) -> list[dict]:
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
     if p.bucket == 1:
-        rest = _gemv_tiles(p) + mma
+        rest = (_gemv_tiles(p) if d["path"] == "gemv" else []) + mma
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]

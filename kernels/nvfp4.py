@@ -225,7 +225,7 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
 def _quantize(x: torch.Tensor, gx: torch.Tensor, packed: bool):
     M, K = x.shape
     blocks = min(64, triton.next_power_of_2(K // BLOCK))
-    grid = (M, triton.cdiv(K // BLOCK, blocks))
+    grid = (M, common.cdiv(K // BLOCK, blocks))
     if packed:
         codes = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
         sc = torch.empty((M, K // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
@@ -327,7 +327,7 @@ def launch_emulated(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tens
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     bias = w.bias if w.bias is not None else y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+    grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
     _emulated_kernel[grid](a, w.packed, w.block_scale.view(torch.uint8), gw, alpha, y, ws, bias, M, N, K, K // 2, K // 16,
                            a.stride(0), y.stride(0), k_split, A16=a16, HAS_BIAS=w.bias is not None,
                            EVEN_K=(K % bk == 0 and k_split % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
@@ -387,7 +387,7 @@ def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor |
     alpha = _alpha(w)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     bias = w.bias if w.bias is not None else y
-    grid = (triton.cdiv(M, tile["BLOCK_M"]) * triton.cdiv(N, tile["BLOCK_N"]), split)
+    grid = (common.cdiv(M, tile["BLOCK_M"]) * common.cdiv(N, tile["BLOCK_N"]), split)
     _w4a4_kernel[grid](codes, sc, w.packed, w.block_scale, alpha, y, ws, bias, M, N, K, K // 2, K // 16, y.stride(0), k_split,
                        HAS_BIAS=w.bias is not None, BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], BLOCK_K=bk,
                        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),

@@ -7,8 +7,11 @@ that defines the format's numerics.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
+import io
+import tokenize
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
@@ -51,9 +54,39 @@ class Template:
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the template module's source: a changed kernel never reuses old tiles."""
+        """sha256 of the template module's code: a changed kernel never reuses old tiles."""
         return source_hash(self.module)
 
 
+def code_text(module: ModuleType) -> str:
+    """A module's source without its comments, docstrings and blank lines: what the source hashes
+    cover, so that a note in a kernel file leaves the cache keys (and a shipped cache) valid,
+    while any change to code changes them. Line-based, on positions that Python's tokenizer and
+    parser give alike from 3.11 on, so the text is the same on every supported Python."""
+    src = inspect.getsource(module)
+    lines = src.splitlines()
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not body:
+            continue
+        doc = body[0]
+        if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str):
+            first, last = lines[doc.lineno - 1], lines[doc.end_lineno - 1]
+            # Only a docstring alone on its lines (not `def f(): "doc"`) is dropped.
+            if first[:doc.col_offset].strip() == "" and last[doc.end_col_offset:].strip() == "":
+                drop.update(range(doc.lineno, doc.end_lineno + 1))
+    comment_at = {t.start[0]: t.start[1] for t in tokenize.generate_tokens(io.StringIO(src).readline)
+                  if t.type == tokenize.COMMENT}
+    out = []
+    for i, line in enumerate(lines, 1):
+        if i in drop:
+            continue
+        line = line[:comment_at[i]].rstrip() if i in comment_at else line.rstrip()
+        if line:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def source_hash(module: ModuleType) -> str:
-    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
+    return hashlib.sha256(code_text(module).encode()).hexdigest()[:16]

@@ -68,3 +68,26 @@ def test_source_hash_is_per_template_not_per_module():
     b = replace(dense.TEMPLATE, name="dense_with_fp8_dep", deps=(fp8,))
     assert kernel_source_hash(a) != kernel_source_hash(b)
     assert kernel_source_hash(b) == kernel_source_hash(b)
+
+
+def _module_from(tmp_path, name, text):
+    import importlib.util
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_code_text_ignores_comments_and_docstrings_not_code(tmp_path):
+    from vsr.kernels.template import code_text, source_hash
+    base = 'X = 1\n\n\ndef f(a):\n    return a + X\n'
+    noted = ('"""A module docstring."""\n# a comment\nX = 1  # why one\n\n\ndef f(a):\n'
+             '    """Doc,\n    on two lines."""\n    # note\n    return a + X\n')
+    changed = 'X = 2\n\n\ndef f(a):\n    return a + X\n'
+    keep_hash = '"""doc"""\nS = "# not a comment"\n'
+    mods = [_module_from(tmp_path, f"m{i}", t) for i, t in enumerate((base, noted, changed, keep_hash))]
+    assert code_text(mods[0]) == code_text(mods[1]) == "X = 1\ndef f(a):\n    return a + X\n"
+    assert source_hash(mods[0]) == source_hash(mods[1]) != source_hash(mods[2])
+    assert code_text(mods[3]) == 'S = "# not a comment"\n'
