@@ -70,6 +70,19 @@ def _count_timing() -> None:
         TIMING_CALLS += 1
 
 
+def candidates(space: list, n: int | None) -> list:
+    """At most n tiles of a search space: the default (first) and an evenly strided pick of the
+    rest, so a short sweep still sees every part of the space (all of it when n is None). The
+    spaces list tiles grouped by path and shape; their first n alone would be one corner (run 5:
+    at bucket 256 the first tiles were all TMA tiles, and a faster pointer-load tile went unseen)."""
+    if n is None or len(space) <= max(1, n):
+        return list(space)
+    if n <= 1:
+        return space[:1]
+    step = (len(space) - 1) / (n - 1)
+    return [space[0]] + [space[1 + int(i * step)] for i in range(n - 1)]
+
+
 def tile_json(tile: dict) -> str:
     return json.dumps(tile, sort_keys=True, separators=(",", ":"))
 

@@ -1,7 +1,8 @@
 """The autotune cache benchmark (issue 5 proofs a, b, e), on a GPU.
 
     python benchmarks/bench_cache.py --out-dir DIR [--time-budget-27b S] [--time-budget-minilm S]
-                                     [--max-candidates N] [--formats bf16,fp8,int4-gptq,int4-awq]
+                                     [--max-candidates N] [--max-candidates-small N]
+                                     [--formats bf16,fp8,int4-gptq,int4-awq]
 
 1. tune (this process): a fresh cache; the 27B-class set (BENCHMARKS.md shapes) x every bucket x
    every format, timed as cold_tune_s; then the built-in router's MiniLM shapes. Keys are tuned
@@ -103,7 +104,9 @@ def role_tune(args):
         p.unlink(missing_ok=True)
     resolver = TileResolver(db, "tune", dev, jobs=args.jobs)
     report = {}
-    for name, spec, budget in (("27b", args.big, args.time_budget_27b), ("minilm", args.small, args.time_budget_minilm)):
+    small_n = args.max_candidates_small if args.max_candidates_small is not None else args.max_candidates
+    for name, spec, budget, most in (("27b", args.big, args.time_budget_27b, args.max_candidates),
+                                     ("minilm", args.small, args.time_budget_minilm, small_n)):
         t0 = time.monotonic()
         jobs = []
         for label, N, K in shapes.parse_shapes(spec):  # shape-major: every format gets each shape
@@ -114,7 +117,8 @@ def role_tune(args):
             if time.monotonic() - t0 > budget:
                 skipped += 1
                 continue
-            tiles = None if args.max_candidates is None else job["template"].search_space(job["problem"])[:args.max_candidates]
+            space = job["template"].search_space(job["problem"])
+            tiles = None if most is None else tuner.candidates(space, most)
             try:
                 resolver.tune(job["template"], job["problem"], weight=job["weight"], tiles=tiles)
                 tuned += 1
@@ -180,7 +184,9 @@ def main():
     ap.add_argument("--formats", default="bf16,fp8,int4-gptq,int4-awq")
     ap.add_argument("--time-budget-27b", type=float, default=540.0)
     ap.add_argument("--time-budget-minilm", type=float, default=120.0)
-    ap.add_argument("--max-candidates", type=int, default=None)
+    ap.add_argument("--max-candidates", type=int, default=None, help="tiles tried per key (default: all)")
+    ap.add_argument("--max-candidates-small", type=int, default=None,
+                    help="tiles tried per key of the --small shapes (default: --max-candidates)")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--load-repeats", type=int, default=5)
     ap.add_argument("--big", default="27b", help="the model whose cold tune and load are measured")
@@ -210,7 +216,9 @@ def main():
     if not args.skip_tune:
         subprocess.run(base + ["--role", "tune", "--time-budget-27b", str(args.time_budget_27b),
                                "--time-budget-minilm", str(args.time_budget_minilm), "--jobs", str(args.jobs)]
-                       + ([] if args.max_candidates is None else ["--max-candidates", str(args.max_candidates)]),
+                       + ([] if args.max_candidates is None else ["--max-candidates", str(args.max_candidates)])
+                       + ([] if args.max_candidates_small is None
+                          else ["--max-candidates-small", str(args.max_candidates_small)]),
                        check=True)
     for i in (1, 2):  # two fresh processes, one after the other (they share one GPU)
         subprocess.run(base + ["--role", "load", "--index", str(i), "--load-repeats", str(args.load_repeats)],
@@ -238,6 +246,7 @@ def main():
         "tune_commit": os.environ.get("VSR_TUNE_COMMIT", "") if args.skip_tune else commit,
         "cold_tune_s": t27["seconds"], "cold_tune_complete": t27["tuned"] == t27["keys"],
         "cold_tune": tune["report"], "max_candidates": args.max_candidates,
+        "max_candidates_small": args.max_candidates_small,
         "rows": [{"format": k.split("/")[0], "shape": hs[0], "N": hs[1], "K": hs[2],
                   "M": int(k.split("/")[1]), "provider": "vsr", "graph": False, "ms": None, "floor_ms": None,
                   "checked": all(ld["hashes"].get(k) == v for ld in loads), "sha256": v}

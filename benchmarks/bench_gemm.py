@@ -28,6 +28,7 @@ from common_bench import (SHAPES, check, code_commit, copies_for, eager_ms, grap
                           result_path)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.tuner import candidates  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import int4 as int4mod  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
@@ -77,14 +78,6 @@ def timings(fns, M: int) -> list[tuple[bool, float]]:
     return out
 
 
-def subset(space: list, n: int) -> list:
-    """The default (first) plus an evenly strided pick of the rest: n candidates in all."""
-    if n <= 0 or len(space) <= n:
-        return space if n > 0 else space[:1]
-    step = (len(space) - 1) / (n - 1)
-    return [space[0]] + [space[1 + int(i * step)] for i in range(n - 1)]
-
-
 def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
     from vsr.autotune.tuner import sweep
     dev = torch.device("cuda")
@@ -98,7 +91,7 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
         p = t.problem(w0, bucket_for(M), x.dtype)
         tile, swept = t.default_tile(p), 0
         if n_sweep > 0:
-            res = sweep(t, w0, x, tiles=subset(t.search_space(p), n_sweep))
+            res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep))
             swept = len(res)
             if res and res[0]["ok"]:
                 tile = res[0]["tile"]

@@ -190,12 +190,14 @@ def _fail(msg: str) -> None:
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
 @click.option("--max-candidates", default=None, type=int,
-              help="Try only the first N tiles of each search space (the default tile comes first).")
+              help="Try at most N tiles of each search space: the default tile, then an evenly strided "
+                   "pick of the rest.")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
     """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
     from vsr.autotune.resolver import TileResolver
+    from vsr.autotune.tuner import candidates
 
     t0 = time.monotonic()
     dev = _device(device)
@@ -231,7 +233,7 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
                        f"{time.monotonic() - k0:5.1f}s{left}", err=True, nl=False)
         try:
             tiles = (None if max_candidates is None
-                     else job["template"].search_space(job["problem"])[:max(1, max_candidates)])
+                     else candidates(job["template"].search_space(job["problem"]), max(1, max_candidates)))
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
                                          progress=progress, tiles=tiles)
         except (CacheError, ValueError, RuntimeError) as e:

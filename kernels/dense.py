@@ -1,9 +1,9 @@
 """Dense (bf16 / fp16 / fp32) linear: the weight layout and the pure-torch reference.
 
 Below the reference: the Triton template "dense", whose kernels live in common.py, shared
-with fp8's tensor-core paths: split-K for small row buckets, tiled paths for large ones (TMA
-descriptors where the row strides allow, pointer loads otherwise); fp32 operands multiply in
-IEEE precision, never tf32.
+with fp8's: a CUDA-core GEMV for one row, split-K for small row buckets, tiled paths for
+large ones (TMA descriptors where the row strides allow, pointer loads otherwise); fp32
+operands multiply in IEEE precision, never tf32.
 """
 from __future__ import annotations
 
@@ -76,8 +76,11 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
     N = w.N
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
-    if tile.get("path") == "tma":
+    path = tile.get("path")
+    if path == "tma":
         common.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)
+    elif path == "gemv":
+        common.launch_gemv(x, w.weight, y, tile, bias=w.bias)
     else:
         common.launch_tiled(x, w.weight, y, tile, bias=w.bias)
     return y
@@ -99,7 +102,10 @@ def default_tile(p: Problem) -> dict:
 
 def search_space(p: Problem) -> list[dict]:
     b = _bytes(p.act_dtype)
-    return common.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
+    space = common.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
+    if p.bucket == 1:  # one row: the CUDA-core GEMV (fp8's M=1 winner) beside the split-K tiles
+        space = space[:1] + common.gemv_tiles(p.K, b) + space[1:]
+    return space
 
 
 TEMPLATE = common.KernelTemplate(name="dense", module=sys.modules[__name__], search_space=search_space,

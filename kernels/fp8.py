@@ -174,30 +174,6 @@ def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return xq, s
 
 
-@triton.jit
-def _fp8_gemv_kernel(xq_ptr, w_ptr, y_ptr, xs_ptr, wsc_ptr, bias_ptr, N, K, stride_wn,
-                     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One row on the CUDA cores: y[n] = (Σ_k xq[k]·w[n, k]) · s_x · s_w[n] + b[n], both e4m3 operands
-    decoded to fp32 (exact products, fp32 sums). (H200, run 5: 1.19-1.62x cuBLAS at M=1 against
-    1.02-1.47x for the split-K tensor-core tile, which also needs a second, reducing launch.)"""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = (offs_n % N).to(tl.int64)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            wv = tl.load(w_ptr + rn[:, None] * stride_wn + offs_k[None, :])
-            xv = tl.load(xq_ptr + offs_k)
-        else:
-            wv = tl.load(w_ptr + rn[:, None] * stride_wn + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
-            xv = tl.load(xq_ptr + offs_k, mask=offs_k < K, other=0.0)
-        acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
-    yv = tl.sum(acc, axis=1)[None, :]
-    zero = tl.zeros((1,), dtype=tl.int32)
-    yv = common.epilogue(yv, zero, offs_n, 1, N, bias_ptr, xs_ptr, wsc_ptr, bias_ptr, HAS_BIAS, True, True, False)
-    tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
-
-
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -219,12 +195,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     if path == "tma":
         common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
     elif path == "gemv":
-        assert M == 1, f"the gemv path takes one row, got M={M}"
-        bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
-        _fp8_gemv_kernel[(common.cdiv(N, bn),)](
-            xq, w.weight, y, xs, w.weight_scale, w.bias if w.bias is not None else y, N, K, w.weight.stride(0),
-            HAS_BIAS=w.bias is not None, EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
     else:
         common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
     return y
@@ -238,7 +209,7 @@ def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
 def default_tile(p: Problem) -> dict:
     if p.bucket == 1:
         # H200 (run 5): 8 rows x 512 columns per step, 3 stages, beat the split-K tile on every shape.
-        return common.tile("gemv", 1, 8, min(512, max(32, common.next_pow2(p.K))), 1, 4, 3)
+        return common.gemv_tiles(p.K, 1)[0]
     t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket <= 16:  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
@@ -246,22 +217,11 @@ def default_tile(p: Problem) -> dict:
     return t
 
 
-def _gemv_tiles(p: Problem) -> list[dict]:
-    kmax = max(32, common.next_pow2(p.K))
-    out = []
-    for bn, bk, warps, stages in ((8, 512, 4, 3), (8, 512, 4, 1), (4, 1024, 4, 3), (8, 1024, 4, 3), (16, 512, 4, 3),
-                                  (16, 256, 4, 3), (8, 512, 8, 3)):
-        t = common.tile("gemv", 1, bn, min(bk, kmax), 1, warps, stages)
-        if t not in out:
-            out.append(t)
-    return out
-
-
 def search_space(p: Problem) -> list[dict]:
     d = default_tile(p)
     if p.bucket == 1:
         split_tiles = common.gemm_space(1, p.N, p.K, 1, 1, d, bk_choices=(64, 128, 256))[1:]
-        rest = [t for t in _gemv_tiles(p) if t != d] + split_tiles[:24]
+        rest = [t for t in common.gemv_tiles(p.K, 1) if t != d] + split_tiles[:24]
         return [d] + rest
     return common.gemm_space(p.bucket, p.N, p.K, 1, 1, d, bk_choices=(64, 128, 256))
 

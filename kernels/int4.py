@@ -204,30 +204,26 @@ def _nibble_field(words, MASK: tl.constexpr):
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K8, KG, KW_SPLIT,
                       GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, W8: tl.constexpr, GW: tl.constexpr, SPLIT_K: tl.constexpr):
-    """One row of x: y[n] = Σ_groups scale[n, g] · (Σ_{words of g} Σ_j u_j·x_j - zu·Σ_{words of g} Σ_j x_j),
-    in fp32 on the CUDA cores. A step of W8 words is held as [BLOCK_N, W8/GW, GW]: GW words (one
-    group, or the whole step when a group is longer) per sub-block, so scales and zero points are
-    loaded once per group as [BLOCK_N, W8/GW] (not gathered per word) and multiply per group.
-    Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided by 16^j
-    (a power of two: exact), nibbles 5-7 after one shift by 20. (H200, run 5: the per-word form of
-    this GEMV took 1.2-1.35x cuBLAS at M=1 against 0.54-0.93x for the nibble-unpacking GEMV and
-    the split-K tile.) x past K is read as 0 (masked), so a partial word adds nothing beyond K."""
+                      BLOCK_N: tl.constexpr, W8: tl.constexpr, SPLIT_K: tl.constexpr):
+    """One row of x: y[n] = Σ_words scale[n, g] · (Σ_j u_j·x_j - zu·Σ_j x_j), in fp32 on the CUDA
+    cores. Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided
+    by 16^j (a power of two: exact), nibbles 5-7 after one shift by 20. The zero point is taken
+    once per word through Σ_j x_j. (H200, run 5: 1.2-1.35x cuBLAS at M=1 against 0.54-0.93x for
+    the nibble-unpacking GEMV and the split-K tile.) x past K is read as 0 (masked), so a partial
+    word contributes nothing beyond K."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (offs_n % N).to(tl.int64)
-    NG: tl.constexpr = W8 // GW
+    i = tl.arange(0, W8)
     G8: tl.constexpr = GROUP // 8
-    sub = tl.arange(0, NG) * GW                                   # first word of each sub-block
-    j = sub[:, None] + tl.arange(0, GW)[None, :]                  # [NG, GW] word offsets in a step
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
-    acc = tl.zeros((BLOCK_N, NG), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, W8), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + j
+        offs_w = kw0 + i
         wm = offs_w < kw_hi
-        words = tl.load(q_ptr + rn[:, None, None] * K8 + offs_w[None, :, :], mask=wm[None, :, :], other=0)
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=wm[None, :], other=0)
         xp = x_ptr + offs_w * 8
         x0 = tl.load(xp + 0, mask=wm, other=0.0).to(tl.float32)
         x1 = tl.load(xp + 1, mask=wm, other=0.0).to(tl.float32)
@@ -239,24 +235,21 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
         x7 = tl.load(xp + 7, mask=wm, other=0.0).to(tl.float32)
         sx = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
         hi = words >> 20
-        u = _nibble_field(words, 0xF) * x0[None, :, :]
-        u += _nibble_field(words, 0xF0) * (x1 * 0.0625)[None, :, :]
-        u += _nibble_field(words, 0xF00) * (x2 * 0.00390625)[None, :, :]
-        u += _nibble_field(words, 0xF000) * (x3 * 0.000244140625)[None, :, :]
-        u += _nibble_field(words, 0xF0000) * (x4 * 0.0000152587890625)[None, :, :]
-        u += _nibble_field(hi, 0xF) * x5[None, :, :]
-        u += _nibble_field(hi, 0xF0) * (x6 * 0.0625)[None, :, :]
-        u += _nibble_field(hi, 0xF00) * (x7 * 0.00390625)[None, :, :]
-        ug = tl.sum(u, axis=2)                                    # [BN, NG]
-        sxg = tl.sum(sx, axis=1)                                  # [NG]
-        g = (kw0 + sub) // G8                                     # a sub-block lies in one group
-        gm = (kw0 + sub) < kw_hi
-        sc = tl.load(sc_ptr + rn[:, None] * KG + g[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
+        u = _nibble_field(words, 0xF) * x0[None, :]
+        u += _nibble_field(words, 0xF0) * (x1 * 0.0625)[None, :]
+        u += _nibble_field(words, 0xF00) * (x2 * 0.00390625)[None, :]
+        u += _nibble_field(words, 0xF000) * (x3 * 0.000244140625)[None, :]
+        u += _nibble_field(words, 0xF0000) * (x4 * 0.0000152587890625)[None, :]
+        u += _nibble_field(hi, 0xF) * x5[None, :]
+        u += _nibble_field(hi, 0xF0) * (x6 * 0.0625)[None, :]
+        u += _nibble_field(hi, 0xF00) * (x7 * 0.00390625)[None, :]
+        g = offs_w // G8                                       # a word never straddles a group (G % 8 == 0)
+        sc = tl.load(sc_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0.0).to(tl.float32)
         if HAS_ZP:
-            zu = tl.load(zp_ptr + rn[:, None] * KG + g[None, :], mask=gm[None, :], other=0).to(tl.float32)
-            acc += sc * (ug - zu * sxg[None, :])
+            zu = tl.load(zp_ptr + rn[:, None] * KG + g[None, :], mask=wm[None, :], other=0).to(tl.float32)
+            acc += sc * (u - zu * sx[None, :])
         else:
-            acc += sc * (ug - 8.0 * sxg[None, :])
+            acc += sc * (u - 8.0 * sx[None, :])
     yv = tl.sum(acc, axis=1)
     if SPLIT_K == 1:
         if HAS_BIAS:
@@ -269,26 +262,31 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
 @triton.jit
 def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W[n, k] = (u - zu) · scale[n, k // G] in W's dtype, for one call's transient buffer."""
+    """W[n, k] = (u - zu) · scale[n, k // G] in W's dtype, for one call's transient buffer. BLOCK_K
+    divides the group, so a tile takes one scale (and zero point) per row, loaded once, not
+    gathered per element; nibbles become floats through the mantissa of 2^23 (_nibble_field's
+    trick), and each row of the tile is stored as contiguous, vectorised columns."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     W8: tl.constexpr = BLOCK_K // 8
     i = tl.arange(0, W8)
-    nmask = offs_n[:, None] < N
-    words = tl.load(q_ptr + offs_n[:, None].to(tl.int64) * K8 + k0 // 8 + i[None, :],
-                    mask=nmask & (k0 // 8 + i[None, :] < K8), other=0)
+    nmask = offs_n < N
+    rn = offs_n.to(tl.int64)
+    words = tl.load(q_ptr + rn[:, None] * K8 + k0 // 8 + i[None, :],
+                    mask=nmask[:, None] & (k0 // 8 + i[None, :] < K8), other=0)
     u = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF      # [BN, BK/8, 8]
-    k = k0 + i[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
-    g = k // GROUP
-    n3 = offs_n[:, None, None].to(tl.int64)
-    m3 = (offs_n[:, None, None] < N) & (k < K)
-    sc = tl.load(sc_ptr + n3 * KG + g, mask=m3, other=0.0).to(tl.float32)
+    f = (u | 0x4B000000).to(tl.float32, bitcast=True)                          # 2^23 + u, exactly
+    g = k0 // GROUP
+    sc = tl.load(sc_ptr + rn * KG + g, mask=nmask, other=0.0).to(tl.float32)
     if HAS_ZP:
-        zu = tl.load(zp_ptr + n3 * KG + g, mask=m3, other=0)
-        wv = (u - zu).to(tl.float32) * sc
+        zu = tl.load(zp_ptr + rn * KG + g, mask=nmask, other=0).to(tl.float32)
+        wv = (f - (8388608.0 + zu)[:, None, None]) * sc[:, None, None]
     else:
-        wv = (u - 8).to(tl.float32) * sc
-    tl.store(w_ptr + n3 * K + k, wv.to(w_ptr.dtype.element_ty), mask=m3)
+        wv = (f - 8388616.0) * sc[:, None, None]
+    wv = tl.reshape(wv, (BLOCK_N, BLOCK_K))                                    # k = 8·word + nibble
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(w_ptr + rn[:, None] * K + offs_k[None, :], wv.to(w_ptr.dtype.element_ty),
+             mask=nmask[:, None] & (offs_k[None, :] < K))
 
 
 _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -323,9 +321,10 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     bias = w.bias if w.bias is not None else y
     if path in ("dequant", "dequant-tma"):
         wt = torch.empty((N, K), dtype=x.dtype, device=x.device)
-        _int4_dequant_kernel[(common.cdiv(N, 64), common.cdiv(K, 128))](
-            w.packed, w.scale, zp, wt, N, K, w.packed.stride(0), w.scale.stride(0), GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
-            BLOCK_N=64, BLOCK_K=128, num_warps=4)
+        dbk = _dequant_block_k(w.group_size)
+        _int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
+            w.packed, w.scale, zp, wt, N, K, w.packed.stride(0), w.scale.stride(0), GROUP=w.group_size,
+            HAS_ZP=w.zero_point is not None, BLOCK_N=32, BLOCK_K=dbk, num_warps=4)
         from vsr.kernels import dense
         return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path="tma" if path == "dequant-tma" else "tiled"),
                             out=y)
@@ -339,12 +338,10 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             x = torch.nn.functional.pad(x, (0, 8 - K % 8))
         ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bn = tile["BLOCK_N"]
-        g8 = w.group_size // 8
-        assert g8 & (g8 - 1) == 0, f"the gemv path needs a power-of-two group size, got {w.group_size}"
         _int4_gemv_kernel[(common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, N, w.packed.stride(0), w.scale.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-            BLOCK_N=bn, W8=bk // 8, GW=min(g8, bk // 8), SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
@@ -374,6 +371,11 @@ def _bk_choices(group: int) -> tuple[int, ...]:
     return tuple(b for b in (32, 64, 128, 256) if group % b == 0)
 
 
+def _dequant_block_k(group: int) -> int:
+    """The dequantization kernel's K step: the largest power of two up to 256 that divides the group."""
+    return next(b for b in (256, 128, 64, 32, 16, 8) if group % b == 0)
+
+
 def _gemv_block_k(K: int) -> int:
     """The GEMV's K step: 1024 columns (128 words) where K allows, else K rounded up to a power of two."""
     return min(1024, max(64, common.next_pow2(K)))
@@ -400,8 +402,7 @@ def default_tile(p: Problem) -> dict:
     bks = _bk_choices(group)
     if not bks:
         raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
-    gemv_ok = (group // 8) & (group // 8 - 1) == 0   # the GEMV holds a group as a power-of-two block
-    if p.bucket == 1 and gemv_ok:
+    if p.bucket == 1:
         # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
         # 1.2-1.35x cuBLAS on the 27B shapes, against 0.54-0.93x for the split-K tile.
         bk = _gemv_block_k(p.K)
@@ -434,7 +435,7 @@ def search_space(p: Problem) -> list[dict]:
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
     if p.bucket == 1:
-        rest = (_gemv_tiles(p) if d["path"] == "gemv" else []) + mma
+        rest = _gemv_tiles(p) + mma
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]

@@ -120,3 +120,13 @@ def test_fp8_problems_are_checked_at_the_fp16_level_whatever_the_output_dtype():
     y = ref + 1e-3 * ref.abs().max()
     assert tuner.check_output(y, ref, torch.float32, tuner.tolerance_for(p32, torch.float32)) is None
     assert tuner.check_output(y, ref, torch.float32) is not None
+
+
+def test_candidates_keep_the_default_and_spread_over_the_space():
+    from vsr.autotune.tuner import candidates
+    space = list(range(50))
+    pick = candidates(space, 12)
+    assert len(pick) == 12 and pick[0] == 0 and pick == sorted(set(pick))
+    assert pick[1] == 1 and pick[-1] >= 45          # both ends of the rest are seen, not just its head
+    assert candidates(space, None) == space and candidates(space, 80) == space
+    assert candidates(space, 1) == [0]

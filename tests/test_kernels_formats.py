@@ -66,6 +66,19 @@ def test_dense_matches_reference(dtype, M, bias):
     assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("Kx,bias", [(256, True), (200, False)])   # 200: a masked tail in the last step
+def test_dense_gemv_path(dtype, Kx, bias):
+    g = gen(41 + Kx + bias)
+    w = dense.DenseWeight(torch.randn(N, Kx, generator=g).to(dtype),
+                          torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(1, Kx, generator=g).to(dtype).to(DEV)
+    tiles = [t for t in dense.search_space(dense.problem(w, 1, dtype)) if t["path"] == "gemv"]
+    assert tiles, "bucket 1 offers the GEMV"
+    for tile in tiles[:2]:
+        assert_close(run(dense.launch, x, w, dict(tile, BLOCK_K=64)), dense.reference_linear(x, w))
+
+
 def test_dense_fp32_is_ieee_not_tf32():
     # Values whose products need more than tf32's 10 mantissa bits: a tf32 product would be off by ~1e-3.
     g = gen(3)
@@ -235,6 +248,14 @@ def test_int4_dequant_path_for_large_buckets():
         x = torch.randn(40, K, generator=g).half().to(DEV)
         for path in ("dequant", "dequant-tma"):
             assert_close(run(int4.launch, x, w, dict(TILED, path=path)), int4.reference_linear(x, w))
+    # K neither a multiple of the dequantization step nor of 8, group 32 (pointer-load tile only:
+    # TMA needs 16-byte rows).
+    Kodd, G = 204, 32
+    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
+                        (torch.rand(N, 7, generator=g) * 0.05).half(), Kodd, G,
+                        torch.randint(0, 16, (N, 7), generator=g, dtype=torch.int32), None, None).to(DEV)
+    x = torch.randn(40, Kodd, generator=g).half().to(DEV)
+    assert_close(run(int4.launch, x, w, dict(TILED, path="dequant", BLOCK_K=32)), int4.reference_linear(x, w))
 
 
 @pytest.mark.parametrize("split", [1, 3])
