@@ -1,0 +1,161 @@
+"""What limits the speed targets still missed (issue 4 point 6), on the kernels and shipped tiles.
+
+    python benchmarks/limits.py [--shapes qkv,down] [--out FILE]
+
+Each case times the shipped tile of a call (caches/nvidia-h200.json, CUDA-graph replay cycling
+through weight copies larger than the L2, as bench_gemm.py) beside variants that isolate one cost:
+  int4 M=1      the GEMV's bandwidth beside fp8's GEMV on the same N x K (twice the bytes, a plain
+                decode): the share of copy bandwidth each reaches;
+  int4 M=64     the split-K tile beside the same tile on a bf16 weight (no unpacking in the loop);
+  int4 M=256+   the transient-dequantization path split into its two launches;
+  fp8 M=256+    the call split into the activation prologue and the product alone, beside
+                _scaled_mm alone;
+  bf16 M=256+   the shipped tile beside cuBLAS.
+Then a resource report (registers, spills, shared memory) of every kernel compiled on the way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import SHAPES, code_commit, copies_for, graph_ms, make_weight, result_path  # noqa: E402
+
+from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.resolver import TileResolver  # noqa: E402
+from vsr.kernels import common, dense, fp8, int4, registry  # noqa: E402
+
+CACHE = Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"
+
+
+def copy_TBps() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() / (graph_ms([lambda: b.copy_(a)]) * 1e-3) / 1e12
+
+
+def weights(fmt, N, K):
+    w0 = make_weight(fmt, N, K, "cuda", seed=0)
+    return [w0] + [make_weight(fmt, N, K, "cuda", seed=i) for i in range(1, copies_for(w0.nbytes()))]
+
+
+def us(fns) -> float:
+    return round(graph_ms(fns) * 1e3, 2)
+
+
+def shipped_tile(resolver, w, M):
+    t = registry.template_for(w, torch.bfloat16)
+    return t, resolver.tile(t, t.problem(w, bucket_for(M), torch.bfloat16))
+
+
+def resource_report() -> list[dict]:
+    """Registers, spills and shared memory of every variant compiled in this process."""
+    fns = {"tiled_gemm_kernel": common.tiled_gemm_kernel, "tma_gemm_kernel": common.tma_gemm_kernel,
+           "gemv_kernel": common.gemv_kernel, "splitk_reduce_kernel": common.splitk_reduce_kernel,
+           "_int4_kernel": int4._int4_kernel, "_int4_gemv_kernel": int4._int4_gemv_kernel,
+           "_int4_dequant_kernel": int4._int4_dequant_kernel, "_act_quant_kernel": fp8._act_quant_kernel}
+    out = []
+    for name, fn in fns.items():
+        for dev, caches in getattr(fn, "device_caches", {}).items():
+            for k in caches[0].values():
+                k = k.result() if hasattr(k, "result") else k
+                k._init_handles()
+                md = k.metadata
+                consts = getattr(k.src, "constants", {})
+                out.append({"kernel": name, "n_regs": k.n_regs, "n_spills": k.n_spills, "shared": md.shared,
+                            "num_warps": md.num_warps, "num_stages": md.num_stages,
+                            "constexprs": {str(a): v for a, v in consts.items() if isinstance(v, (int, bool, str))}})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qkv,down")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    res = TileResolver(CACHE, "error", torch.device("cuda"))
+    bw = copy_TBps()
+    rows = []
+
+    def row(**r):
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    for sh in a.shapes.split(","):
+        N, K = SHAPES[sh]
+        # int4 M=1: bytes per second of the int4 GEMV and of fp8's GEMV.
+        x1 = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+        for fmt in ("int4-gptq", "fp8", "bf16"):
+            ws = weights(fmt, N, K)
+            t, tile = shipped_tile(res, ws[0], 1)
+            ms = us([lambda w=w: t.launch(x1, w, tile) for w in ws])
+            row(case="M=1 bandwidth", shape=sh, format=fmt, tile=tile, us=ms,
+                bw_share=round(ws[0].nbytes() / (ms * 1e-6) / (bw * 1e12), 3))
+        # int4 M=64: the split-K tile with and without unpacking.
+        x64 = torch.randn(64, K, device="cuda").to(torch.bfloat16)
+        w4 = weights("int4-gptq", N, K)
+        wb = weights("bf16", N, K)
+        t4, tile4 = shipped_tile(res, w4[0], 64)
+        tb, tileb = shipped_tile(res, wb[0], 64)
+        same = dict(tile4, path="splitk" if tile4["path"] == "splitk" else "tiled")
+        row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4, int4_us=us([lambda w=w: t4.launch(x64, w, tile4) for w in w4]),
+            bf16_same_tile_us=us([lambda w=w: tb.launch(x64, w, same) for w in wb]),
+            bf16_shipped_tile=tileb, bf16_shipped_us=us([lambda w=w: tb.launch(x64, w, tileb) for w in wb]),
+            cublas_us=us([lambda w=w: x64 @ w.weight.t() for w in wb]))
+        for M in (256, 1024):
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            # int4: the transient-dequantization path in its two launches.
+            t4, tile4 = shipped_tile(res, w4[0], M)
+            r = {"case": f"int4 M={M} parts", "shape": sh, "tile": tile4,
+                 "call_us": us([lambda w=w: t4.launch(x, w, tile4) for w in w4])}
+            if tile4["path"].startswith("dequant"):
+                wt = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
+                dbk = int4._dequant_block_k(w4[0].group_size)
+
+                def deq(w):
+                    int4._int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
+                        w.packed, w.scale, w.packed, wt, N, K, w.packed.stride(0), w.scale.stride(0),
+                        GROUP=w.group_size, HAS_ZP=False, BLOCK_N=32, BLOCK_K=dbk, num_warps=4)
+                dw = dense.DenseWeight(wt)
+                gt = dict(tile4, path="tma" if tile4["path"] == "dequant-tma" else "tiled")
+                r.update(dequant_us=us([lambda w=w: deq(w) for w in w4]),
+                         dequant_bytes_share_of_copy=None,
+                         gemm_us=us([lambda: dense.launch(x, dw, gt)]))
+                moved = w4[0].nbytes() + N * K * 2
+                r["dequant_bytes_share_of_copy"] = round(moved / (r["dequant_us"] * 1e-6) / (bw * 1e12), 3)
+            r["cublas_us"] = us([lambda w=w: x @ w.weight.t() for w in wb])
+            tb, tileb = shipped_tile(res, wb[0], M)
+            r["bf16_tile"], r["bf16_us"] = tileb, us([lambda w=w: tb.launch(x, w, tileb) for w in wb])
+            # fp8: prologue and product apart, and _scaled_mm alone.
+            w8 = weights("fp8", N, K)
+            t8, tile8 = shipped_tile(res, w8[0], M)
+            xq, xs = fp8.quantize_activation_triton(x)
+            y = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+            if tile8["path"] == "tma":
+                prod = [lambda w=w: common.launch_tma(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale, owner=w) for w in w8]
+            else:
+                prod = [lambda w=w: common.launch_tiled(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale) for w in w8]
+            one = torch.ones(1, N, device="cuda")
+            r.update(fp8_tile=tile8, fp8_call_us=us([lambda w=w: t8.launch(x, w, tile8) for w in w8]),
+                     fp8_prologue_us=us([lambda: fp8.quantize_activation_triton(x)]),
+                     fp8_product_us=us(prod),
+                     scaled_mm_alone_us=us([lambda w=w: torch._scaled_mm(
+                         xq, w.weight.t(), scale_a=xs.float()[:, None], scale_b=one, out_dtype=torch.bfloat16,
+                         use_fast_accum=True) for w in w8]))
+            row(**r)
+    doc = {"benchmark": "limits", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "commit": code_commit(), "copy_TBps": round(bw, 3), "rows": rows,
+           "resources": resource_report()}
+    out = Path(a.out) if a.out else result_path("limits", doc["device"])
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
