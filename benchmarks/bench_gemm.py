@@ -1,14 +1,15 @@
 """GEMM benchmark: every vsr format x the 27B-class shapes x M, beside the peers, in one run.
 
     python benchmarks/bench_gemm.py [--ms 1,16,64,256,1024,4096] [--shapes ...] [--formats ...]
-                                    [--sweep N] [--no-peers] [--out FILE]
+                                    [--sweep N | --cache FILE] [--no-peers] [--out FILE]
 
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
-for M <= GRAPH_MAX_M (every M of the table) also CUDA-graph replays cycling through weight copies that together exceed
-twice the L2. vsr tiles come from vsr.autotune.tuner.sweep over the template's search
-space (--sweep N candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
+for M <= GRAPH_MAX_M (every M of the table) also CUDA-graph replays cycling through weight
+copies that together exceed twice the L2. vsr tiles come from an autotune cache (--cache: the
+tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
+candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last.
 """
 from __future__ import annotations
@@ -78,7 +79,9 @@ def timings(fns, M: int) -> list[tuple[bool, float]]:
     return out
 
 
-def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
+def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
+    """vsr's rows: tiles from `resolver` (an autotune cache, what users run) when given, else from
+    a sweep of n_sweep candidates, else the default tiles."""
     from vsr.autotune.tuner import sweep
     dev = torch.device("cuda")
     w0 = make_weight(fmt, N, K, dev, seed=0)
@@ -90,7 +93,9 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
         x = torch.randn(M, K, device=dev).to(torch.bfloat16)
         p = t.problem(w0, bucket_for(M), x.dtype)
         tile, swept = t.default_tile(p), 0
-        if n_sweep > 0:
+        if resolver is not None:
+            tile = resolver.tile(t, p)
+        elif n_sweep > 0:
             res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep))
             swept = len(res)
             if res and res[0]["ok"]:
@@ -101,7 +106,8 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log):
         for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws], M):
             rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": "vsr", "graph": graph,
                          "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok,
-                         "max_rel_err": rel, "template": t.name, "tile": tile, "candidates_swept": swept})
+                         "max_rel_err": rel, "template": t.name, "tile": tile, "candidates_swept": swept,
+                         "tile_source": "cache" if resolver is not None else "sweep" if n_sweep > 0 else "default"})
         log(rows[-1])
     return rows
 
@@ -235,6 +241,8 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--formats", default=",".join(VSR_FORMATS))
     ap.add_argument("--sweep", type=int, default=12, help="candidates per key from the search space (0: default tile)")
+    ap.add_argument("--cache", default=None, help="take vsr's tiles from this autotune cache (.json or .db; "
+                    "a missing key is an error) instead of sweeping")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-gemlite", action="store_true")
     ap.add_argument("--out", default=None)
@@ -247,6 +255,10 @@ def main() -> int:
     ceil = ceilings()
     print("ceilings", ceil, flush=True)
     ms = [int(m) for m in a.ms.split(",")]
+    resolver = None
+    if a.cache:
+        from vsr.autotune.resolver import TileResolver
+        resolver = TileResolver(a.cache, "error", torch.device("cuda"))
     rows = []
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
@@ -254,7 +266,7 @@ def main() -> int:
             rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite)
             torch.cuda.empty_cache()
         for fmt in a.formats.split(","):
-            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log)
+            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log, resolver)
             torch.cuda.empty_cache()
         write(a, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
     write(a, ceil, rows, t_start, partial=False)
@@ -268,7 +280,8 @@ def write(a, ceil, rows, t_start, partial):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": a.commit, "ceilings": ceil,
-                               "sweep_candidates": a.sweep, "wall_s": round(time.time() - t_start, 1),
+                               "sweep_candidates": None if a.cache else a.sweep, "tile_cache": a.cache,
+                               "wall_s": round(time.time() - t_start, 1),
                                "partial": partial, "rows": rows}, indent=1))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)
 
