@@ -234,29 +234,6 @@ def test_int4_fp32_activations_every_path(path):
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
-@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("split", [1, 3])
-def test_int4_swap_path(symmetric, act_order, split):
-    g = gen(60 + split + 2 * symmetric)
-    w = int4_weight(g, 64, symmetric, act_order, bias=split == 1)
-    x = torch.randn(5, K, generator=g).half().to(DEV)
-    tile = dict(TILED, path="swap", BLOCK_M=16, SPLIT_K=split)
-    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
-
-
-def test_int4_swap_path_uneven_k_and_fp32():
-    g = gen(66)
-    Kodd, G = 196, 32        # a partial last word, a masked last BLOCK_K step
-    KG = -(-Kodd // G)
-    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, KG, generator=g) * 0.05).float(), Kodd, G,
-                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
-                        torch.randn(N, generator=g).float()).to(DEV)
-    x = torch.randn(3, Kodd, generator=g).float().to(DEV)
-    tile = dict(TILED, path="swap", BLOCK_M=16, BLOCK_K=32, SPLIT_K=2)
-    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
-
-
 def test_int4_tiled_path_and_group_128():
     g = gen(7)
     w = int4_weight(g, 128, False, False, bias=True)
