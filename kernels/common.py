@@ -1,5 +1,7 @@
 """Pieces every format's Triton template shares: the split-K reduction, the epilogue,
-the program-id swizzle, the tile search spaces and the launch bookkeeping.
+the program-id swizzle, the tile search spaces and the launch bookkeeping; and the product
+kernels of the dense and fp8 templates (pointer-load tiles and split-K, TMA tiles, the
+one-row GEMV), which differ only in their operands' dtype and the scales of the epilogue.
 
 Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
 tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.
