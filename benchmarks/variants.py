@@ -1,16 +1,21 @@
 """Variant study: a candidate kernel design timed beside the shipped template, on the same tiles, in one run.
 
-    python benchmarks/variants.py [--shapes qkv,down] [--ms 64,256] [--out FILE]
+    python benchmarks/variants.py [--shapes qkv,down] [--ms 16,64,256,1024,4096] [--out FILE]
 
-Run 5 (benchmarks/NOTES.md) studied the int4 GEMV's nibble conversion, int4 split-K conversions,
-TMA descriptors and an fp8 GEMV; the winners moved into kernels/ and the study's code is in git
-history (commits 78fe409 and 3a07e94, results under benchmarks/results/variants-*-run5*.json).
+Earlier studies (run 5: int4 conversions, TMA descriptors, the fp8 GEMV; run 6: the TMA lead,
+which turned out to be launch overhead) are in git history (commits 78fe409, 3a07e94, f7244a8),
+their results under benchmarks/results/variants-*.json.
 
-What is left here is run 5's open lead: the same TMA tile measured 38.6 us in the study's kernel and
-49.5 us through the shipped kernel (bf16, qkv, M=64; 56 vs 83 us on down). The study's kernel wraps
-the K loop in a one-iteration `tl.range` tile loop (it doubled as the persistent kernel); the shipped
-one does not. This script times both on identical tiles, through the shipped launcher and a lean
-one, so the difference can be pinned on the loop nest or on the launch path.
+This one answers issue 4's choice for FP8 W8A8: per-token activation quantization fused into
+the product kernel, or a Triton prologue kernel ("whichever the benchmark shows faster"). The
+shipped template runs the prologue (fp8._act_quant_kernel), then the product. The fused variant
+below quantizes inside the product kernel: each program first takes the amax of its BLOCK_M
+rows over all of K, then quantizes every A tile in registers before the MMA. It needs no
+launch and no [M, K] e4m3 buffer, but every column-block program repeats the amax pass and
+the quantization of its rows (N / BLOCK_N times the prologue's work). Both give the
+reference's exact roundings. Timed by CUDA-graph replay (no host launch time in the figures),
+on the shipped tile's shape with pointer loads for both (the fused kernel cannot take A
+through TMA: A is quantized in registers), plus the shipped path with its own cached tile.
 Every output is checked against the format's reference before its time counts.
 """
 from __future__ import annotations
@@ -27,88 +32,108 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, code_commit, eager_ms, make_weight  # noqa: E402
+from common_bench import SHAPES, check, code_commit, copies_for, graph_ms, make_weight  # noqa: E402
 
+from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import common, registry  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 
 
 @triton.jit
-def gemm_tma_tile_loop(a_desc, b_desc, y_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym, HAS_SCALES: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """common.tma_gemm_kernel's product inside a one-iteration tile loop (run 5's study kernel)."""
-    start = tl.program_id(0)
-    for t in tl.range(start, start + 1, 1):
-        pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(tl.cdiv(K, BLOCK_K)):
-            acc = tl.dot(a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K]), b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K]).T,
-                         acc)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = common.epilogue(acc, offs_m, offs_n, M, N, y_ptr, rs_ptr, cs_ptr, y_ptr, False, HAS_SCALES, HAS_SCALES,
-                              False)
-        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-def lean_launch(kernel, a, b, y, tile, rs=None, cs=None):
-    """A launcher with no checks: descriptors, one launch."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    grid = (triton.cdiv(a.shape[0], bm) * triton.cdiv(b.shape[0], bn),)
-    ad, bd = TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk])
-    if kernel is common.tma_gemm_kernel:
-        kernel[grid](ad, bd, y, y, y if rs is None else rs, y if cs is None else cs, y, a.shape[0], b.shape[0],
-                     a.shape[1], y.stride(0), HAS_BIAS=False, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                     HAS_ALPHA=False, IEEE=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                     num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+def fp8_fused_quant_kernel(x_ptr, w_ptr, y_ptr, wsc_ptr, M, N, K, stride_xm, stride_wn, stride_ym, EPS,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr):
+    """y = (Σ_k e4m3(x/s)·w) · s · w_scale with s = amax(x row)/448, all in one kernel."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + rm[:, None] * stride_xm + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), axis=1))
+    if RECIPROCAL:  # as fp8._act_quant_kernel: torch on CUDA multiplies by fp32(1/448)
+        s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)
     else:
-        kernel[grid](ad, bd, y, y if rs is None else rs, y if cs is None else cs, a.shape[0], b.shape[0], a.shape[1],
-                     y.stride(0), HAS_SCALES=rs is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                     num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+    s = tl.where(s == 0.0, EPS, s)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + rm[:, None] * stride_xm + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+        q = tl.div_rn(a.to(tl.float32), s[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+        if HW_CVT:
+            qa = q.to(tl.float8e4nv)
+        else:  # the interpreter's cast rounds wrongly (see common.e4m3_encode)
+            qa = common.e4m3_encode(q).to(tl.float8e4nv, bitcast=True)
+        b = tl.load(w_ptr + rn[None, :] * stride_wn + offs_k[:, None], mask=offs_k[:, None] < K, other=0.0)
+        acc = tl.dot(qa, b, acc)
+    acc = acc * s[:, None]     # row scale, then channel scale: the reference's order of roundings
+    acc = common.epilogue(acc, offs_m, offs_n, M, N, wsc_ptr, wsc_ptr, wsc_ptr, wsc_ptr, False, False, True, False)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def launch_fused(x, w, tile, out=None):
+    """The fused variant on fp8 weight w (no bias), with the tile's BLOCK_M/N/K and warps/stages."""
+    M, K = x.shape
+    N = w.N
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    fp8_fused_quant_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn),)](
+        x, w.weight, y, w.weight_scale, M, N, K, x.stride(0), w.weight.stride(0), y.stride(0),
+        fp8mod.dtype_eps(x.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8),
+        RECIPROCAL=x.is_cuda, HW_CVT=fp8mod._hardware_e4m3(x.device),
+        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     return y
+
+
+def pointer_tile(tile: dict, M: int) -> dict:
+    """The tile's shape as a one-split pointer-load tile (what the fused kernel can run); rows at
+    least 16 (tl.dot's minimum)."""
+    bm = max(16, tile["BLOCK_M"] if tile["path"] in ("tma", "tiled", "splitk") else 16)
+    return common.tile("tiled", bm, max(16, tile["BLOCK_N"]), max(32, tile["BLOCK_K"]), 1,
+                       tile["num_warps"], tile["num_stages"])
 
 
 def study(shapes, ms, log):
     dev = torch.device("cuda")
+    t8 = registry.TEMPLATES["fp8_w8a8"]
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
-        wd = make_weight("bf16", N, K, dev)
-        w8 = make_weight("fp8", N, K, dev)
+        w0 = make_weight("fp8", N, K, dev)
+        ws = [w0] + [make_weight("fp8", N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
+        wb = [make_weight("bf16", N, K, dev, seed=i) for i in range(len(ws))]
         for M in ms:
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            y = torch.empty((M, N), dtype=x.dtype, device=dev)
-            base = eager_ms(lambda: x @ wd.weight.t())
-            rows.append(dict(fmt="bf16", shape=sh, M=M, variant="cublas", ms=base))
-            td, tf = registry.TEMPLATES["dense"], registry.TEMPLATES["fp8_w8a8"]
-            xq, xs = fp8mod.quantize_activation_triton(x)
-            for fmt, t, w, a, b, rs, cs, ref in (
-                    ("bf16", td, wd, x, wd.weight, None, None, td.reference(x, wd)),
-                    ("fp8", tf, w8, xq, w8.weight, xs, w8.weight_scale, tf.reference(x, w8))):
-                for tile in [c for c in t.search_space(t.problem(w, M, x.dtype)) if c["path"] == "tma"][:4]:
-                    for name, fn in (("shipped-launch", lambda: t.launch(x, w, tile)),
-                                     ("shipped-kernel-lean-launch",
-                                      lambda: lean_launch(common.tma_gemm_kernel, a, b, y, tile, rs, cs)),
-                                     ("tile-loop-kernel-lean-launch",
-                                      lambda: lean_launch(gemm_tma_tile_loop, a, b, y, tile, rs, cs))):
-                        row = dict(fmt=fmt, shape=sh, M=M, variant=name, tile=tile)
-                        try:
-                            row["ok"], row["rel_err"] = check(fn().clone(), ref)
-                            row["ms"] = eager_ms(fn)
-                            row["ratio"] = base / row["ms"]
-                        except Exception as e:  # a variant that does not compile is a finding
-                            row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
-                        rows.append(row)
-                        log(row)
+            ref = t8.reference(x, w0)
+            shipped = t8.default_tile(t8.problem(w0, bucket_for(M), x.dtype))
+            same = pointer_tile(shipped, M)
+            base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
+            rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
+            for name, tile, run in (("prologue+product, default tile", shipped, lambda w, t: t8.launch(x, w, t)),
+                                    ("prologue+product, pointer tile", same, lambda w, t: t8.launch(x, w, t)),
+                                    ("fused, pointer tile", same, lambda w, t: launch_fused(x, w, t))):
+                row = dict(shape=sh, M=M, variant=name, tile=tile)
+                try:
+                    row["ok"], row["rel_err"] = check(run(w0, tile).clone(), ref)
+                    row["ms"] = graph_ms([lambda w=w: run(w, tile) for w in ws])
+                    row["ratio_vs_cublas"] = base / row["ms"]
+                except Exception as e:  # a variant that does not compile is a finding
+                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+                log(row)
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qkv,down")
-    ap.add_argument("--ms", default="64,256")
+    ap.add_argument("--ms", default="16,64,256,1024,4096")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
     a = ap.parse_args()
     t0 = time.time()
@@ -116,12 +141,10 @@ def main() -> int:
     Path(a.out).write_text(json.dumps({"benchmark": "variants", "commit": code_commit(),
                                        "device": torch.cuda.get_device_name(), "triton": triton.__version__,
                                        "torch": torch.__version__, "rows": rows, "seconds": time.time() - t0}, indent=1))
-    print("\nfmt  shape M     variant                        ms(us)  vs cuBLAS  tile")
+    print("\nshape M     variant                          us      vs cuBLAS")
     for r in rows:
-        if "ratio" in r:
-            t = r["tile"]
-            print(f"{r['fmt']:4s} {r['shape']:5s} {r['M']:5d} {r['variant']:30s} {r['ms'] * 1e3:7.1f}  {r['ratio']:.2f}x  "
-                  f"{t['BLOCK_M']}x{t['BLOCK_N']}x{t['BLOCK_K']} w{t['num_warps']} s{t['num_stages']}")
+        if "ratio_vs_cublas" in r:
+            print(f"{r['shape']:5s} {r['M']:5d} {r['variant']:32s} {r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x")
     return 0
 
 

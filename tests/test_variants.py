@@ -1,0 +1,40 @@
+"""The fused-quantization FP8 variant of benchmarks/variants.py (timed on the GPU against the
+shipped prologue + product) computes the reference's numbers: checked here under the interpreter."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vsr.kernels import fp8
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def variants():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("vsr_bench_variants", BENCH / "variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M,K", [(5, 96), (40, 200)])   # 200: a masked last K step
+def test_fused_quantization_variant_matches_reference(variants, dtype, M, K):
+    g = torch.Generator().manual_seed(M + K)
+    N = 37
+    w = fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(N, K, generator=g) * 40),
+                      (torch.rand(N, generator=g) * 0.01 + 1e-3).to(dtype)).to(DEV)
+    x = (torch.randn(M, K, generator=g) * 3).to(dtype).to(DEV)
+    x[1] = 0                                         # an all-zero row: scale eps
+    tile = {"path": "tiled", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 2,
+            "num_warps": 4, "num_stages": 2}
+    y = torch.full((M, N), float("nan"), dtype=dtype, device=DEV)
+    variants.launch_fused(x, w, tile, out=y)
+    torch.testing.assert_close(y, fp8.reference_linear(x, w), rtol=2e-3, atol=2e-3)
+    # Same roundings as the shipped path on the same tile: the same bits.
+    assert torch.equal(y, fp8.launch(x, w, tile))
