@@ -105,6 +105,10 @@ class Store:
         """Record `entry`; False (and nothing written) when its key is present and not `replace`."""
         raise NotImplementedError
 
+    def delete(self, digests: Iterable[str]) -> int:
+        """Remove the entries with these key digests (in one write); how many were there."""
+        raise NotImplementedError
+
     def devices(self) -> set[str]:
         return {e.key.device for e in self.entries()}
 
@@ -226,6 +230,15 @@ class SqliteStore(Store):
                 self.db["tiles"].insert(row, pk="digest", replace=True)
         return True
 
+    def delete(self, digests: Iterable[str]) -> int:
+        ds = sorted(set(digests))
+        if not ds:
+            return 0
+        with self.lock():
+            with self.db.atomic():
+                cur = self.db.execute(f"DELETE FROM tiles WHERE digest IN ({','.join('?' * len(ds))})", ds)
+        return cur.rowcount
+
     def integrity_check(self) -> str:
         return self.db.conn.execute("PRAGMA integrity_check").fetchone()[0]
 
@@ -306,6 +319,16 @@ class JsonStore(Store):
             self._sorted = None
             write_atomic(self.path, canonical_json(self._entries.values()))
         return True
+
+
+    def delete(self, digests: Iterable[str]) -> int:
+        with self.lock():
+            self.refresh()
+            gone = [d for d in set(digests) if self._entries.pop(d, None) is not None]
+            if gone:
+                self._sorted = None
+                write_atomic(self.path, canonical_json(self._entries.values()))
+        return len(gone)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -358,6 +358,42 @@ for _name in ("import", "merge"):
         _merge(src, cache, prefer_incoming, as_json)
 
 
+def _source_stale(e) -> str | None:
+    """Why entry e can never be read by this vsr (its template is gone, or its kernel source
+    changed since it was tuned), or None. Device and Triton version aside: an entry of another
+    device or Triton release stays valid there."""
+    from vsr.autotune.keys import kernel_source_hash
+    from vsr.kernels.registry import TEMPLATES
+
+    t = TEMPLATES.get(e.key.template)
+    if t is None:
+        return f"no template named {e.key.template!r} in this vsr"
+    if kernel_source_hash(t) != e.key.source_hash:
+        return "stale: the template's source changed since this tile was tuned"
+    return None
+
+
+@main.command("prune")
+@cache_option
+@click.option("--dry-run", is_flag=True, help="List what would be removed; change nothing.")
+@json_option
+def prune_cmd(cache, dry_run, as_json):
+    """Remove the entries this vsr can never read: their template's kernel source changed since
+    they were tuned (or the template is gone). After a kernel change: import the shipped file,
+    prune, tune (only the missing keys are tuned), export."""
+    store = _open(cache)
+    stale = [(e, _source_stale(e)) for e in store.entries()]
+    stale = [(e, why) for e, why in stale if why is not None]
+    removed = 0 if dry_run else store.delete(e.digest for e, _ in stale)
+    if as_json:
+        _echo_json({"stale": len(stale), "removed": removed, "dry_run": dry_run,
+                    "entries": [{"digest": e.digest, "key": e.key.short(), "why": why} for e, why in stale]})
+    else:
+        for e, why in stale:
+            click.echo(f"{'would remove' if dry_run else 'removed'} {e.key.short()}: {why}")
+        click.echo(f"{len(stale)} stale entries{' (dry run: none removed)' if dry_run else f', {removed} removed'}")
+
+
 @main.command("verify")
 @cache_option
 @device_option
@@ -367,7 +403,7 @@ def verify_cmd(cache, device, as_json):
     passes the reference check (nothing is timed)."""
     from vsr.autotune import synth, tuner
     from vsr.autotune.device_id import current_device_identity
-    from vsr.autotune.keys import kernel_source_hash, make_key, triton_version
+    from vsr.autotune.keys import make_key, triton_version
     from vsr.autotune.shapes import _DT as _DT_BY_NAME
     from vsr.kernels.registry import TEMPLATES
 
@@ -380,10 +416,8 @@ def verify_cmd(cache, device, as_json):
             continue
         t = TEMPLATES.get(e.key.template)
         row = {"digest": e.digest, "key": e.key.short(), "ok": False, "error": None}
-        if t is None:
-            row["error"] = f"no template named {e.key.template!r} in this vsr"
-        elif kernel_source_hash(t) != e.key.source_hash:
-            row["error"] = "stale: the template's source changed since this tile was tuned"
+        if _source_stale(e) is not None:
+            row["error"] = _source_stale(e)
         elif e.key.triton != this_triton:
             row["error"] = (f"stale: tuned with Triton {e.key.triton}, this is Triton {this_triton} "
                             "(the runtime never reads this entry here)")

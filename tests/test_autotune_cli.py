@@ -80,6 +80,31 @@ def test_verify_passes_and_catches_a_bad_tile(tuned, tmp_path):
     assert "stale" in errors and "failed" in errors
 
 
+@pytest.mark.parametrize("form", ["json", "db"])
+def test_prune_removes_only_stale_entries(tuned, tmp_path, form):
+    d, _ = tuned
+    run("export", "--autotune-cache", d / "c.db", "--out", tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["entries"][1]["key"]["source_hash"] = "0" * 16           # tuned against other kernel code
+    doc["entries"][2]["key"]["template"] = "gone"                # a template this vsr lacks
+    for e in doc["entries"][1:3]:
+        e.pop("digest")
+    (tmp_path / "s.json").write_text(json.dumps(doc))
+    target = tmp_path / f"p.{form}"
+    run("import", tmp_path / "s.json", "--autotune-cache", target)
+    dry = json.loads(run("prune", "--dry-run", "--autotune-cache", target, "--json").stdout)
+    assert dry["stale"] == 2 and dry["removed"] == 0
+    assert len(json.loads(run("ls", "--autotune-cache", target, "--json").stdout)) == 8
+    rep = json.loads(run("prune", "--autotune-cache", target, "--json").stdout)
+    assert rep["removed"] == 2 and {e["why"][:5] for e in rep["entries"]} == {"stale", "no te"}
+    left = json.loads(run("ls", "--autotune-cache", target, "--json").stdout)
+    assert len(left) == 6
+    assert json.loads(run("verify", "--autotune-cache", target, "--json").stdout)["failed"] == 0
+    # Tuning afterwards records just the two pruned keys again.
+    again = json.loads(run(*SHAPES, "--autotune-cache", target, "--json").stdout)
+    assert len(again["tuned"]) == 2 and again["recorded_before"] == 6
+
+
 def test_coverage_of_shapes(tuned):
     d, _ = tuned
     rep = json.loads(run("coverage", "40x64,8x16", "--formats", "fp16", "--buckets", "1,4,16",
