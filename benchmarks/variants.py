@@ -1,22 +1,31 @@
-"""Variant study: a candidate kernel design timed beside the shipped template, on the same tiles, in one run.
+"""Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--shapes qkv,down] [--ms 16,64,256,1024,4096] [--out FILE]
+    python benchmarks/variants.py [--study fp8-fused,int4-mid] [--shapes qkv,down] [--out FILE]
 
 Earlier studies (run 5: int4 conversions, TMA descriptors, the fp8 GEMV; run 6: the TMA lead,
 which turned out to be launch overhead) are in git history (commits 78fe409, 3a07e94, f7244a8),
-their results under benchmarks/results/variants-*.json.
+their results under benchmarks/results/variants-*.json. Both studies here were written in
+session 3 and checked under the interpreter (tests/test_variants.py), never run on a GPU.
 
-This one answers issue 4's choice for FP8 W8A8: per-token activation quantization fused into
-the product kernel, or a Triton prologue kernel ("whichever the benchmark shows faster"). The
-shipped template runs the prologue (fp8._act_quant_kernel), then the product. The fused variant
-below quantizes inside the product kernel: each program first takes the amax of its BLOCK_M
-rows over all of K, then quantizes every A tile in registers before the MMA. It needs no
-launch and no [M, K] e4m3 buffer, but every column-block program repeats the amax pass and
-the quantization of its rows (N / BLOCK_N times the prologue's work). Both give the
-reference's exact roundings. Timed by CUDA-graph replay (no host launch time in the figures),
-on the shipped tile's shape with pointer loads for both (the fused kernel cannot take A
-through TMA: A is quantized in registers), plus the shipped path with its own cached tile.
-Every output is checked against the format's reference before its time counts.
+fp8-fused: issue 4's choice for FP8 W8A8, per-token activation quantization fused into the
+product kernel or a Triton prologue kernel ("whichever the benchmark shows faster"). The
+shipped template runs the prologue (fp8._act_quant_kernel), then the product. The fused
+variant quantizes inside the product kernel: each program first takes the amax of its
+BLOCK_M rows over all of K, then quantizes every A tile in registers before the MMA. It
+needs no launch and no [M, K] e4m3 buffer, but every column-block program repeats the amax
+pass and the quantization of its rows (N / BLOCK_N times the prologue's work). Both give
+the reference's exact roundings. Timed on the shipped tile's shape with pointer loads for
+both (the fused kernel cannot take A through TMA: A is quantized in registers), plus the
+shipped path with its own default tile.
+
+int4-mid: int4 at M = 16-128 (run 7: 0.42-0.83x cuBLAS; target >= 1x up to M=256). The
+shipped split-K tile against the transposed product of run 8 ("swap": the unpacked weights
+are the MMA's left operand, the few rows of x its narrow side; +18-44% at M=64, commit
+1e92cc2) and the same with both operands fetched by TMA (packed words [BN, BK/8] and x
+[BM, BK] through descriptors, zero-filled past the edges).
+
+Every output is checked against the format's reference before its time counts; times are
+CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
 """
 from __future__ import annotations
 
@@ -91,6 +100,79 @@ def launch_fused(x, w, tile, out=None):
     return y
 
 
+@triton.jit
+def int4_swap_kernel(x_ptr, x_desc, q_ptr, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG,
+                     stride_xm, stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """acc[BN, BM] = W_tile · x_tileᵀ over this split's K range, the group scale on each BLOCK_K
+    tile's partial product (BLOCK_K divides the group). USE_TMA: x [BM, BK] and the packed words
+    [BN, BK/8] come through descriptors (zero-filled past the edges: a zero x column cancels the
+    (0 - zu) weight of a zero-filled word); else through masked pointer loads (run 8's kernel).
+    A split's range is a whole number of BLOCK_K tiles, so no tile crosses into the next split."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, BLOCK_K // 8):
+        k0 = kw0 * 8
+        if USE_TMA:
+            xt = x_desc.load([pid_m * BLOCK_M, k0]).T                                   # [BK, BM]
+            words = q_desc.load([pid_n * BLOCK_N, kw0])                                 # [BN, BK/8]
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            offs_w = kw0 + tl.arange(0, BLOCK_K // 8)
+            xt = tl.load(x_ptr + rm[None, :] * stride_xm + offs_k[:, None], mask=offs_k[:, None] < k_hi, other=0.0)
+            words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))       # k = 8·word + nibble
+        f = (u | 0x4B000000).to(tl.float32, bitcast=True)                               # 2^23 + u, exactly
+        g = k0 // GROUP
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g)
+            wt = (f - (8388608.0 + zu.to(tl.float32))[:, None]).to(xt.dtype)
+        else:
+            wt = (f - 8388616.0).to(xt.dtype)
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        acc += tl.dot(wt, xt) * scale[:, None]
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
+
+
+def launch_int4_swap(x, w, tile, use_tma: bool, out=None):
+    """y = x · dequant(W)ᵀ + b through int4_swap_kernel (bf16/fp16 x, no act-order permutation)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    assert w.act_perm is None and x.dtype in (torch.bfloat16, torch.float16)
+    M, K = x.shape
+    N = w.N
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    assert w.group_size % bk == 0 and bk % 32 == 0, f"BLOCK_K={bk} must divide the group and hold 4 words"
+    k_split, split = common.split_plan(K, tile)
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    xd = qd = None
+    if use_tma:
+        assert common.tma_aligned(K, x.element_size()) and w.packed.shape[1] % 4 == 0, "TMA needs 16-byte rows"
+        xd = TensorDescriptor.from_tensor(x, [bm, bk])
+        qd = TensorDescriptor.from_tensor(w.packed, [bn, bk // 8])
+    grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
+    int4_swap_kernel[grid](x, xd, w.packed, qd, w.scale, w.zero_point if w.zero_point is not None else w.packed,
+                           y, ws, w.bias if w.bias is not None else y, M, N, K, w.packed.shape[1], w.scale.shape[1],
+                           x.stride(0), y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+                           HAS_BIAS=w.bias is not None, USE_TMA=use_tma, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
+    return y
+
+
 def pointer_tile(tile: dict, M: int) -> dict:
     """The tile's shape as a one-split pointer-load tile (what the fused kernel can run); rows at
     least 16 (tl.dot's minimum)."""
@@ -99,52 +181,105 @@ def pointer_tile(tile: dict, M: int) -> dict:
                        tile["num_warps"], tile["num_stages"])
 
 
-def study(shapes, ms, log):
+def _timed(row, run, ws, ref, base):
+    """Check run(w0) against ref, then time run over the weight copies (graph replay)."""
+    try:
+        row["ok"], row["rel_err"] = check(run(ws[0]).clone(), ref)
+        row["ms"] = graph_ms([lambda w=w: run(w) for w in ws])
+        row["ratio_vs_cublas"] = base / row["ms"]
+    except Exception as e:  # a variant that does not compile is a finding
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+    return row
+
+
+def _weights(fmt, N, K, dev):
+    w0 = make_weight(fmt, N, K, dev)
+    return [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
+
+
+def study_fp8_fused(shapes, ms, log):
     dev = torch.device("cuda")
     t8 = registry.TEMPLATES["fp8_w8a8"]
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
-        w0 = make_weight("fp8", N, K, dev)
-        ws = [w0] + [make_weight("fp8", N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
-        wb = [make_weight("bf16", N, K, dev, seed=i) for i in range(len(ws))]
+        ws, wb = _weights("fp8", N, K, dev), _weights("bf16", N, K, dev)
         for M in ms:
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            ref = t8.reference(x, w0)
-            shipped = t8.default_tile(t8.problem(w0, bucket_for(M), x.dtype))
+            ref = t8.reference(x, ws[0])
+            shipped = t8.default_tile(t8.problem(ws[0], bucket_for(M), x.dtype))
             same = pointer_tile(shipped, M)
             base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
-            rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
-            for name, tile, run in (("prologue+product, default tile", shipped, lambda w, t: t8.launch(x, w, t)),
-                                    ("prologue+product, pointer tile", same, lambda w, t: t8.launch(x, w, t)),
-                                    ("fused, pointer tile", same, lambda w, t: launch_fused(x, w, t))):
-                row = dict(shape=sh, M=M, variant=name, tile=tile)
-                try:
-                    row["ok"], row["rel_err"] = check(run(w0, tile).clone(), ref)
-                    row["ms"] = graph_ms([lambda w=w: run(w, tile) for w in ws])
-                    row["ratio_vs_cublas"] = base / row["ms"]
-                except Exception as e:  # a variant that does not compile is a finding
-                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
-                rows.append(row)
+            rows.append(dict(study="fp8-fused", shape=sh, M=M, variant="cublas-bf16", ms=base))
+            for name, tile, run in (("prologue+product, default tile", shipped, t8.launch),
+                                    ("prologue+product, pointer tile", same, t8.launch),
+                                    ("fused, pointer tile", same, launch_fused)):
+                row = dict(study="fp8-fused", shape=sh, M=M, variant=name, tile=tile)
+                rows.append(_timed(row, lambda w, run=run, tile=tile: run(x, w, tile), ws, ref, base))
                 log(row)
     return rows
 
 
+def swap_tiles(bucket: int, N: int, K: int) -> list[dict]:
+    """Run 8's likeliest swap tile for the bucket, and two neighbours."""
+    bm = min(64, max(16, bucket))
+    split = common._split_for(bucket, N, K, bm, 128, 128, 16, waves=4)
+    return [common.tile("swap", bm, 128, 128, split, 4, 3), common.tile("swap", bm, 128, 128, split, 4, 4),
+            common.tile("swap", bm, 64, 128, min(16, split * 2), 4, 4)]
+
+
+def study_int4_mid(shapes, ms, log):
+    dev = torch.device("cuda")
+    t4 = registry.TEMPLATES["int4_w4a16"]
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for fmt in ("int4-gptq", "int4-awq"):
+            ws = _weights(fmt, N, K, dev)
+            for M in ms:
+                x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+                ref = t4.reference(x, ws[0])
+                base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
+                rows.append(dict(study="int4-mid", format=fmt, shape=sh, M=M, variant="cublas-bf16", ms=base))
+                shipped = t4.default_tile(t4.problem(ws[0], bucket_for(M), x.dtype))
+                cases = [("shipped default tile", shipped, lambda w, t: t4.launch(x, w, t))]
+                for t in swap_tiles(bucket_for(M), N, K):
+                    cases += [("swap, pointer loads", t, lambda w, t: launch_int4_swap(x, w, t, use_tma=False)),
+                              ("swap, TMA", t, lambda w, t: launch_int4_swap(x, w, t, use_tma=True))]
+                for name, tile, run in cases:
+                    row = dict(study="int4-mid", format=fmt, shape=sh, M=M, variant=name, tile=tile)
+                    rows.append(_timed(row, lambda w, run=run, tile=tile: run(w, tile), ws, ref, base))
+                    log(row)
+    return rows
+
+
+STUDIES = {"fp8-fused": (study_fp8_fused, "16,64,256,1024,4096"), "int4-mid": (study_int4_mid, "16,32,64,128")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default=",".join(STUDIES), help=f"comma-separated, of {', '.join(STUDIES)}")
     ap.add_argument("--shapes", default="qkv,down")
-    ap.add_argument("--ms", default="16,64,256,1024,4096")
+    ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
     a = ap.parse_args()
     t0 = time.time()
-    rows = study(a.shapes.split(","), [int(m) for m in a.ms.split(",")], lambda r: print(json.dumps(r), flush=True))
+    rows = []
+    for name in a.study.split(","):
+        fn, default_ms = STUDIES[name]
+        rows += fn(a.shapes.split(","), [int(m) for m in (a.ms or default_ms).split(",")],
+                   lambda r: print(json.dumps(r), flush=True))
     Path(a.out).write_text(json.dumps({"benchmark": "variants", "commit": code_commit(),
                                        "device": torch.cuda.get_device_name(), "triton": triton.__version__,
                                        "torch": torch.__version__, "rows": rows, "seconds": time.time() - t0}, indent=1))
-    print("\nshape M     variant                          us      vs cuBLAS")
+    print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:
         if "ratio_vs_cublas" in r:
-            print(f"{r['shape']:5s} {r['M']:5d} {r['variant']:32s} {r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x")
+            t = r["tile"]
+            print(f"{r['study']:10s} {r.get('format', 'fp8'):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
+                  f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {t['BLOCK_M']}x{t['BLOCK_N']}x{t['BLOCK_K']}"
+                  f" split {t['SPLIT_K']} s{t['num_stages']}")
     return 0
 
 

@@ -38,3 +38,21 @@ def test_fused_quantization_variant_matches_reference(variants, dtype, M, K):
     torch.testing.assert_close(y, fp8.reference_linear(x, w), rtol=2e-3, atol=2e-3)
     # Same roundings as the shipped path on the same tile: the same bits.
     assert torch.equal(y, fp8.launch(x, w, tile))
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+@pytest.mark.parametrize("symmetric,split,K,G,bk", [(True, 1, 256, 64, 64), (False, 2, 224, 64, 64)])  # 224: a zero-filled tail
+def test_int4_swap_variants_match_reference(variants, use_tma, symmetric, split, K, G, bk):
+    from vsr.kernels import int4
+    g = torch.Generator().manual_seed(K + split + use_tma)
+    N, M, KG = 37, 5, -(-K // G)
+    zp = None if symmetric else torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32)
+    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)),
+                        (torch.rand(N, KG, generator=g) * 0.05 + 1e-3).half(), K, G, zp, None,
+                        torch.randn(N, generator=g).half()).to(DEV)
+    x = torch.randn(M, K, generator=g).half().to(DEV)
+    tile = {"path": "swap", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 2,
+            "num_warps": 4, "num_stages": 2}
+    y = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEV)
+    variants.launch_int4_swap(x, w, tile, use_tma, out=y)
+    torch.testing.assert_close(y, int4.reference_linear(x, w), rtol=2e-3, atol=2e-3)
