@@ -1,10 +1,10 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study fp8-fused,int4-mid] [--shapes qkv,down] [--out FILE]
+    python benchmarks/variants.py [--study fp8-fused,int4-mid,persistent] [--shapes qkv,down] [--out FILE]
 
 Earlier studies (run 5: int4 conversions, TMA descriptors, the fp8 GEMV; run 6: the TMA lead,
 which turned out to be launch overhead) are in git history (commits 78fe409, 3a07e94, f7244a8),
-their results under benchmarks/results/variants-*.json. Both studies here were written in
+their results under benchmarks/results/variants-*.json. The studies here were written in
 session 3 and checked under the interpreter (tests/test_variants.py), never run on a GPU.
 
 fp8-fused: issue 4's choice for FP8 W8A8, per-token activation quantization fused into the
@@ -23,6 +23,11 @@ shipped split-K tile against the transposed product of run 8 ("swap": the unpack
 are the MMA's left operand, the few rows of x its narrow side; +18-44% at M=64, commit
 1e92cc2) and the same with both operands fetched by TMA (packed words [BN, BK/8] and x
 [BM, BK] through descriptors, zero-filled past the edges).
+
+persistent: bf16 and fp8 products at M >= 256 (run 7: bf16 0.78-0.91x cuBLAS there, fp8's
+product alone 0.89x `_scaled_mm` at M=1024 on qkv): the shipped TMA kernel (one program per
+output tile) against a persistent one (a program per multiprocessor walking the tiles, as in
+Triton's persistent-matmul tutorial), with pointer or TMA stores, on the same tile.
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -173,6 +178,52 @@ def launch_int4_swap(x, w, tile, use_tma: bool, out=None):
     return y
 
 
+@triton.jit
+def persistent_tma_kernel(a_desc, b_desc, y_desc, y_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
+                          HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, TMA_STORE: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+    """common.tma_gemm_kernel's product as a persistent kernel: NUM_PROGRAMS programs (one per
+    multiprocessor) walk the output tiles in the swizzled order, so tile set-up and the epilogue
+    of one tile overlap the next tile's loads (Triton's persistent-matmul tutorial design).
+    TMA_STORE writes the tile through a descriptor instead of masked pointer stores."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k0]), b_desc.load([pid_n * BLOCK_N, k0]).T, acc)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = common.epilogue(acc, offs_m, offs_n, M, N, y_ptr, rs_ptr, cs_ptr, y_ptr, False, HAS_RS, HAS_CS, False)
+        if TMA_STORE:
+            y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+        else:
+            tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+                     acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def launch_persistent(a, b, y, tile, tma_store: bool, rs=None, cs=None, programs: int | None = None):
+    """y = epilogue(a · bᵀ) through persistent_tma_kernel with the tile's shape."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    M, K = a.shape
+    N = b.shape[0]
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    if programs is None:
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+    programs = min(programs, common.cdiv(M, bm) * common.cdiv(N, bn))
+    if tma_store:
+        assert common.tma_aligned(N, y.element_size()), "a TMA store needs 16-byte output rows"
+    yd = TensorDescriptor.from_tensor(y, [bm, bn]) if tma_store else None
+    persistent_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]), yd, y,
+        y if rs is None else rs, y if cs is None else cs, M, N, K, y.stride(0),
+        HAS_RS=rs is not None, HAS_CS=cs is not None, TMA_STORE=tma_store, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        GROUP_M=tile.get("GROUP_M", 8), NUM_PROGRAMS=programs,
+        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    return y
+
+
 def pointer_tile(tile: dict, M: int) -> dict:
     """The tile's shape as a one-split pointer-load tile (what the fused kernel can run); rows at
     least 16 (tl.dot's minimum)."""
@@ -254,7 +305,44 @@ def study_int4_mid(shapes, ms, log):
     return rows
 
 
-STUDIES = {"fp8-fused": (study_fp8_fused, "16,64,256,1024,4096"), "int4-mid": (study_int4_mid, "16,32,64,128")}
+def study_persistent(shapes, ms, log):
+    """bf16 and fp8 products (fp8 on pre-quantized activations: the product alone) at large M:
+    the shipped TMA kernel with its default tile against the persistent kernel on that tile."""
+    dev = torch.device("cuda")
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb, w8 = _weights("bf16", N, K, dev), _weights("fp8", N, K, dev)
+        for M in ms:
+            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+            xq, xs = fp8mod.quantize_activation_triton(x)
+            base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
+            one = torch.ones(1, N, device=dev)
+            for fmt, ws, a, tname in (("bf16", wb, x, "dense"), ("fp8", w8, xq, "fp8_w8a8")):
+                t = registry.TEMPLATES[tname]
+                tile = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
+                if tile["path"] != "tma":
+                    continue
+                y = torch.empty((M, N), dtype=x.dtype, device=dev)
+                sc = (lambda w: {}) if fmt == "bf16" else (lambda w: {"rs": xs, "cs": w.weight_scale})
+                ref = t.reference(x, ws[0])
+                rows.append(dict(study="persistent", format=fmt, shape=sh, M=M, variant="cublas-bf16", ms=base))
+                cases = [("shipped TMA kernel", lambda w: (common.launch_tma(a, w.weight, y, tile, owner=w, **sc(w)), y)[1]),
+                         ("persistent, pointer store", lambda w: launch_persistent(a, w.weight, y, tile, False, **sc(w))),
+                         ("persistent, TMA store", lambda w: launch_persistent(a, w.weight, y, tile, True, **sc(w)))]
+                if fmt == "fp8":
+                    cases.append(("scaled_mm alone", lambda w: torch._scaled_mm(
+                        xq, w.weight.t(), scale_a=xs.float()[:, None], scale_b=w.weight_scale.float()[None, :],
+                        out_dtype=torch.bfloat16, use_fast_accum=True)))
+                for name, run in cases:
+                    row = dict(study="persistent", format=fmt, shape=sh, M=M, variant=name, tile=tile)
+                    rows.append(_timed(row, run, ws, ref, base))
+                    log(row)
+    return rows
+
+
+STUDIES = {"fp8-fused": (study_fp8_fused, "16,64,256,1024,4096"), "int4-mid": (study_int4_mid, "16,32,64,128"),
+           "persistent": (study_persistent, "256,1024,4096")}
 
 
 def main() -> int:

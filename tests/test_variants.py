@@ -56,3 +56,26 @@ def test_int4_swap_variants_match_reference(variants, use_tma, symmetric, split,
     y = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEV)
     variants.launch_int4_swap(x, w, tile, use_tma, out=y)
     torch.testing.assert_close(y, int4.reference_linear(x, w), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("tma_store", [False, True])
+@pytest.mark.parametrize("fmt", ["fp16", "fp8"])
+def test_persistent_variant_matches_reference(variants, tma_store, fmt):
+    from vsr.kernels import dense
+    g = torch.Generator().manual_seed(70 + tma_store)
+    M, N, K = 37, 40, 128                      # ragged M: the last row tile is clipped
+    x = torch.randn(M, K, generator=g).half().to(DEV)
+    tile = {"path": "tma", "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 2,
+            "num_warps": 4, "num_stages": 2}
+    y = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEV)
+    if fmt == "fp16":
+        w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+        variants.launch_persistent(x, w.weight, y, tile, tma_store, programs=3)
+        ref = dense.reference_linear(x, w)
+    else:
+        w = fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(N, K, generator=g) * 40),
+                          (torch.rand(N, generator=g) * 0.01 + 1e-3).half()).to(DEV)
+        xq, xs = fp8.quantize_activation_triton(x)
+        variants.launch_persistent(xq, w.weight, y, tile, tma_store, rs=xs, cs=w.weight_scale, programs=3)
+        ref = fp8.reference_linear(x, w)
+    torch.testing.assert_close(y, ref, rtol=2e-3, atol=2e-3)
