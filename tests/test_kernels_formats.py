@@ -115,6 +115,23 @@ def test_dense_tma_path_with_a_misaligned_activation_view(dtype):
     assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
 
 
+def test_weight_descriptor_is_built_once_per_weight_and_tile():
+    g = gen(23)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+    x = torch.randn(40, K, generator=g).half().to(DEV)
+    tile = dict(TMA, BLOCK_K=64)
+    first = run(dense.launch, x, w, tile)
+    cached = dict(w._tma_descriptors)
+    assert len(cached) == 1
+    assert torch.equal(run(dense.launch, x, w, tile), first)
+    assert w._tma_descriptors == cached and all(w._tma_descriptors[k] is v for k, v in cached.items())
+    run(dense.launch, x, w, dict(tile, BLOCK_N=64))                # another block shape: its own descriptor
+    assert len(w._tma_descriptors) == 2
+    w2 = dense.DenseWeight(w.weight.clone())                       # a new weight object: nothing shared
+    assert_close(run(dense.launch, x, w2, tile), dense.reference_linear(x, w2))
+    assert len(w2._tma_descriptors) == 1
+
+
 def test_tma_tile_refuses_unaligned_rows():
     g = gen(22)
     w = dense.DenseWeight(torch.randn(N, 100, generator=g).half()).to(DEV)   # 200-byte rows
