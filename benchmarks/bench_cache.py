@@ -117,8 +117,7 @@ def role_tune(args):
             if time.monotonic() - t0 > budget:
                 skipped += 1
                 continue
-            space = job["template"].search_space(job["problem"])
-            tiles = None if most is None else tuner.candidates(space, most)
+            tiles = None if most is None else tuner.candidates(job["template"].search_space(job["problem"]), most)
             try:
                 resolver.tune(job["template"], job["problem"], weight=job["weight"], tiles=tiles)
                 tuned += 1

@@ -12,6 +12,8 @@ through weight copies larger than the L2, as bench_gemm.py) beside variants that
                 _scaled_mm alone;
   bf16 M=256+   the shipped tile beside cuBLAS.
 Then a resource report (registers, spills, shared memory) of every kernel compiled on the way.
+Every timed call (and each part of a split call) is checked against its reference first
+(`checked`, `parts_checked`, `fp8_parts_checked` in the rows).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, code_commit, copies_for, eager_ms, graph_ms, make_weight, result_path  # noqa: E402
+from common_bench import (SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight,  # noqa: E402
+                          result_path)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
@@ -96,15 +99,20 @@ def main() -> int:
             t, tile = shipped_tile(res, ws[0], 1)
             ms = us([lambda w=w: t.launch(x1, w, tile) for w in ws])
             row(case="M=1 bandwidth", shape=sh, format=fmt, tile=tile, us=ms,
+                checked=check(t.launch(x1, ws[0], tile), t.reference(x1, ws[0]))[0],
                 bw_share=round(ws[0].nbytes() / (ms * 1e-6) / (bw * 1e12), 3))
         # int4 M=64: the split-K tile with and without unpacking.
         x64 = torch.randn(64, K, device="cuda").to(torch.bfloat16)
         w4 = weights("int4-gptq", N, K)
         wb = weights("bf16", N, K)
+        w8 = weights("fp8", N, K)
         t4, tile4 = shipped_tile(res, w4[0], 64)
         tb, tileb = shipped_tile(res, wb[0], 64)
         same = dict(tile4, path="splitk" if tile4["path"] == "splitk" else "tiled")
-        row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4, int4_us=us([lambda w=w: t4.launch(x64, w, tile4) for w in w4]),
+        row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4,
+            checked=(check(t4.launch(x64, w4[0], tile4), t4.reference(x64, w4[0]))[0]
+                     and check(tb.launch(x64, wb[0], same), tb.reference(x64, wb[0]))[0]),
+            int4_us=us([lambda w=w: t4.launch(x64, w, tile4) for w in w4]),
             bf16_same_tile_us=us([lambda w=w: tb.launch(x64, w, same) for w in wb]),
             bf16_shipped_tile=tileb, bf16_shipped_us=us([lambda w=w: tb.launch(x64, w, tileb) for w in wb]),
             cublas_us=us([lambda w=w: x64 @ w.weight.t() for w in wb]))
@@ -124,16 +132,15 @@ def main() -> int:
                         GROUP=w.group_size, HAS_ZP=False, BLOCK_N=32, BLOCK_K=dbk, num_warps=4)
                 dw = dense.DenseWeight(wt)
                 gt = dict(tile4, path="tma" if tile4["path"] == "dequant-tma" else "tiled")
-                r.update(dequant_us=us([lambda w=w: deq(w) for w in w4]),
-                         dequant_bytes_share_of_copy=None,
-                         gemm_us=us([lambda: dense.launch(x, dw, gt)]))
+                deq(w4[0])
+                r["parts_checked"] = check(dense.launch(x, dw, gt), t4.reference(x, w4[0]))[0]
+                r.update(dequant_us=us([lambda w=w: deq(w) for w in w4]), gemm_us=us([lambda: dense.launch(x, dw, gt)]))
                 moved = w4[0].nbytes() + N * K * 2
                 r["dequant_bytes_share_of_copy"] = round(moved / (r["dequant_us"] * 1e-6) / (bw * 1e12), 3)
             r["cublas_us"] = us([lambda w=w: x @ w.weight.t() for w in wb])
             tb, tileb = shipped_tile(res, wb[0], M)
             r["bf16_tile"], r["bf16_us"] = tileb, us([lambda w=w: tb.launch(x, w, tileb) for w in wb])
             # fp8: prologue and product apart, and _scaled_mm alone.
-            w8 = weights("fp8", N, K)
             t8, tile8 = shipped_tile(res, w8[0], M)
             xq, xs = fp8.quantize_activation_triton(x)
             y = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
@@ -141,13 +148,15 @@ def main() -> int:
                 prod = [lambda w=w: common.launch_tma(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale, owner=w) for w in w8]
             else:
                 prod = [lambda w=w: common.launch_tiled(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale) for w in w8]
-            one = torch.ones(1, N, device="cuda")
+            scaled = [lambda w=w: torch._scaled_mm(xq, w.weight.t(), scale_a=xs.float()[:, None],
+                                                   scale_b=w.weight_scale.float()[None, :], out_dtype=torch.bfloat16,
+                                                   use_fast_accum=True) for w in w8]
+            ref8 = t8.reference(x, w8[0])
+            prod[0]()
+            r["fp8_parts_checked"] = check(y, ref8)[0] and check(scaled[0](), ref8)[0]
             r.update(fp8_tile=tile8, fp8_call_us=us([lambda w=w: t8.launch(x, w, tile8) for w in w8]),
                      fp8_prologue_us=us([lambda: fp8.quantize_activation_triton(x)]),
-                     fp8_product_us=us(prod),
-                     scaled_mm_alone_us=us([lambda w=w: torch._scaled_mm(
-                         xq, w.weight.t(), scale_a=xs.float()[:, None], scale_b=one, out_dtype=torch.bfloat16,
-                         use_fast_accum=True) for w in w8]))
+                     fp8_product_us=us(prod), scaled_mm_alone_us=us(scaled))
             row(**r)
     doc = {"benchmark": "limits", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "commit": code_commit(), "copy_TBps": round(bw, 3), "rows": rows,

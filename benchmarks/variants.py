@@ -248,8 +248,26 @@ def _weights(fmt, N, K, dev):
     return [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
 
 
+DEV = "cuda"  # the studies' device (the tests run them on the CPU through the interpreter)
+
+
+def _baseline(rows, x, wb, **ids) -> float:
+    """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies: every ratio's
+    denominator, recorded as a row of its own."""
+    base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
+    rows.append(dict(ids, variant="cublas-bf16", ms=base))
+    return base
+
+
+def _run_cases(rows, log, cases, ws, ref, base, **ids) -> None:
+    """cases: (name, tile, run(w)); each checked, timed and recorded with the ids."""
+    for name, tile, run in cases:
+        rows.append(_timed(dict(ids, variant=name, tile=tile), run, ws, ref, base))
+        log(rows[-1])
+
+
 def study_fp8_fused(shapes, ms, log):
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     t8 = registry.TEMPLATES["fp8_w8a8"]
     rows = []
     for sh in shapes:
@@ -257,17 +275,15 @@ def study_fp8_fused(shapes, ms, log):
         ws, wb = _weights("fp8", N, K, dev), _weights("bf16", N, K, dev)
         for M in ms:
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            ref = t8.reference(x, ws[0])
+            ids = dict(study="fp8-fused", shape=sh, M=M)
+            base = _baseline(rows, x, wb, **ids)
             shipped = t8.default_tile(t8.problem(ws[0], bucket_for(M), x.dtype))
             same = pointer_tile(shipped, M)
-            base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
-            rows.append(dict(study="fp8-fused", shape=sh, M=M, variant="cublas-bf16", ms=base))
-            for name, tile, run in (("prologue+product, default tile", shipped, t8.launch),
-                                    ("prologue+product, pointer tile", same, t8.launch),
-                                    ("fused, pointer tile", same, launch_fused)):
-                row = dict(study="fp8-fused", shape=sh, M=M, variant=name, tile=tile)
-                rows.append(_timed(row, lambda w, run=run, tile=tile: run(x, w, tile), ws, ref, base))
-                log(row)
+            cases = [(name, tile, lambda w, run=run, tile=tile: run(x, w, tile))
+                     for name, tile, run in (("prologue+product, default tile", shipped, t8.launch),
+                                             ("prologue+product, pointer tile", same, t8.launch),
+                                             ("fused, pointer tile", same, launch_fused))]
+            _run_cases(rows, log, cases, ws, t8.reference(x, ws[0]), base, **ids)
     return rows
 
 
@@ -280,7 +296,7 @@ def swap_tiles(bucket: int, N: int, K: int) -> list[dict]:
 
 
 def study_int4_mid(shapes, ms, log):
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     t4 = registry.TEMPLATES["int4_w4a16"]
     rows = []
     for sh in shapes:
@@ -290,25 +306,21 @@ def study_int4_mid(shapes, ms, log):
             ws = _weights(fmt, N, K, dev)
             for M in ms:
                 x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-                ref = t4.reference(x, ws[0])
-                base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
-                rows.append(dict(study="int4-mid", format=fmt, shape=sh, M=M, variant="cublas-bf16", ms=base))
+                ids = dict(study="int4-mid", format=fmt, shape=sh, M=M)
+                base = _baseline(rows, x, wb, **ids)
                 shipped = t4.default_tile(t4.problem(ws[0], bucket_for(M), x.dtype))
-                cases = [("shipped default tile", shipped, lambda w, t: t4.launch(x, w, t))]
+                cases = [("shipped default tile", shipped, lambda w, t=shipped: t4.launch(x, w, t))]
                 for t in swap_tiles(bucket_for(M), N, K):
-                    cases += [("swap, pointer loads", t, lambda w, t: launch_int4_swap(x, w, t, use_tma=False)),
-                              ("swap, TMA", t, lambda w, t: launch_int4_swap(x, w, t, use_tma=True))]
-                for name, tile, run in cases:
-                    row = dict(study="int4-mid", format=fmt, shape=sh, M=M, variant=name, tile=tile)
-                    rows.append(_timed(row, lambda w, run=run, tile=tile: run(w, tile), ws, ref, base))
-                    log(row)
+                    cases += [("swap, pointer loads", t, lambda w, t=t: launch_int4_swap(x, w, t, use_tma=False)),
+                              ("swap, TMA", t, lambda w, t=t: launch_int4_swap(x, w, t, use_tma=True))]
+                _run_cases(rows, log, cases, ws, t4.reference(x, ws[0]), base, **ids)
     return rows
 
 
 def study_persistent(shapes, ms, log):
     """bf16 and fp8 products (fp8 on pre-quantized activations: the product alone) at large M:
     the shipped TMA kernel with its default tile against the persistent kernel on that tile."""
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
@@ -316,8 +328,7 @@ def study_persistent(shapes, ms, log):
         for M in ms:
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
             xq, xs = fp8mod.quantize_activation_triton(x)
-            base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
-            one = torch.ones(1, N, device=dev)
+            base = _baseline(rows, x, wb, study="persistent", shape=sh, M=M)
             for fmt, ws, a, tname in (("bf16", wb, x, "dense"), ("fp8", w8, xq, "fp8_w8a8")):
                 t = registry.TEMPLATES[tname]
                 tile = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
@@ -325,19 +336,16 @@ def study_persistent(shapes, ms, log):
                     continue
                 y = torch.empty((M, N), dtype=x.dtype, device=dev)
                 sc = (lambda w: {}) if fmt == "bf16" else (lambda w: {"rs": xs, "cs": w.weight_scale})
-                ref = t.reference(x, ws[0])
-                rows.append(dict(study="persistent", format=fmt, shape=sh, M=M, variant="cublas-bf16", ms=base))
-                cases = [("shipped TMA kernel", lambda w: (common.launch_tma(a, w.weight, y, tile, owner=w, **sc(w)), y)[1]),
-                         ("persistent, pointer store", lambda w: launch_persistent(a, w.weight, y, tile, False, **sc(w))),
-                         ("persistent, TMA store", lambda w: launch_persistent(a, w.weight, y, tile, True, **sc(w)))]
+                cases = [("shipped TMA kernel", tile,
+                          lambda w: (common.launch_tma(a, w.weight, y, tile, owner=w, **sc(w)), y)[1]),
+                         ("persistent, pointer store", tile, lambda w: launch_persistent(a, w.weight, y, tile, False, **sc(w))),
+                         ("persistent, TMA store", tile, lambda w: launch_persistent(a, w.weight, y, tile, True, **sc(w)))]
                 if fmt == "fp8":
-                    cases.append(("scaled_mm alone", lambda w: torch._scaled_mm(
+                    cases.append(("scaled_mm alone", None, lambda w: torch._scaled_mm(
                         xq, w.weight.t(), scale_a=xs.float()[:, None], scale_b=w.weight_scale.float()[None, :],
                         out_dtype=torch.bfloat16, use_fast_accum=True)))
-                for name, run in cases:
-                    row = dict(study="persistent", format=fmt, shape=sh, M=M, variant=name, tile=tile)
-                    rows.append(_timed(row, run, ws, ref, base))
-                    log(row)
+                _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base,
+                           study="persistent", format=fmt, shape=sh, M=M)
     return rows
 
 
@@ -365,9 +373,10 @@ def main() -> int:
     for r in rows:
         if "ratio_vs_cublas" in r:
             t = r["tile"]
+            shape = (f"{t['BLOCK_M']}x{t['BLOCK_N']}x{t['BLOCK_K']} split {t['SPLIT_K']} s{t['num_stages']}"
+                     if t else "")
             print(f"{r['study']:10s} {r.get('format', 'fp8'):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
-                  f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {t['BLOCK_M']}x{t['BLOCK_N']}x{t['BLOCK_K']}"
-                  f" split {t['SPLIT_K']} s{t['num_stages']}")
+                  f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
     return 0
 
 

@@ -416,8 +416,9 @@ def verify_cmd(cache, device, as_json):
             continue
         t = TEMPLATES.get(e.key.template)
         row = {"digest": e.digest, "key": e.key.short(), "ok": False, "error": None}
-        if _source_stale(e) is not None:
-            row["error"] = _source_stale(e)
+        stale = _source_stale(e)
+        if stale is not None:
+            row["error"] = stale
         elif e.key.triton != this_triton:
             row["error"] = (f"stale: tuned with Triton {e.key.triton}, this is Triton {this_triton} "
                             "(the runtime never reads this entry here)")

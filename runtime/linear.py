@@ -50,9 +50,9 @@ class QLinear(torch.nn.Module):
         # Only with an explicit opt-in may "triton" pick an emulating template (nvfp4_emulated).
         self.emulate = emulate
         # (row bucket, activation dtype) -> (weight, resolver, template, tile): the template and
-        # tile of a call are resolved once per bucket, not per call. Resolving (template choice,
-        # cache key, lookup) costs ~10-20 us of host time, paid by every layer of an eager forward.
-        # An entry holds only while the same weight and resolver objects are in place.
+        # tile of a call are resolved once per bucket, not per call, since resolving (template
+        # choice, cache key, lookup) is host work that every layer of an eager forward would
+        # repeat. An entry holds only while the same weight and resolver objects are in place.
         self._plans: dict[tuple[int, torch.dtype], tuple] = {}
 
     @property
