@@ -134,15 +134,10 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
 
 
 @triton.jit
-def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
-                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr):
-    """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
-    through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
-    zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
-    cuBLAS at M=64 on qkv, 0.80x -> 0.96x at M=4096, against the same tiles' pointer loads.)"""
-    pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+              HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = a_desc.load([pid_m * BLOCK_M, k0])
@@ -158,6 +153,61 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
+                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr):
+    """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
+    through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
+    zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
+    cuBLAS at M=64 on qkv, 0.80x -> 0.96x at M=4096, against the same tiles' pointer loads.)
+    PERSISTENT: NUM_PROGRAMS programs (one per multiprocessor) walk the output tiles in the
+    swizzled order, so one tile's epilogue overlaps the next tile's loads (Triton's
+    persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
+    cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
+    one program, in the same order: the output does not depend on NUM_PROGRAMS."""
+    if PERSISTENT:
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        for t in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym, K_SPLIT,
+                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, IEEE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
+    fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
+    side (16 columns), instead of padding x's rows up to 64; the copy engine streams the weight
+    through a deep pipeline with no address arithmetic (the memory-bound regime of M <= 64).
+    Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
+    order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split."""
+    pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        b = b_desc.load([pid_n * BLOCK_N, k0])
+        a = a_desc.load([pid_m * BLOCK_M, k0])
+        if IEEE:
+            acc = tl.dot(b, a.T, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b, a.T, acc)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False)
 
 
 @triton.jit
@@ -258,13 +308,38 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = weight_descriptor(owner if owner is not None else _Transient(), b, [bn, bk])
     d = y
-    grid = (cdiv(M, bm) * cdiv(N, bn),)
-    tma_gemm_kernel[grid](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
-                          d if cs is None else cs, d if alpha is None else alpha, M, N, K, y.stride(0),
-                          HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                          HAS_ALPHA=alpha is not None, IEEE=a.dtype == torch.float32,
-                          BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8),
-                          num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if tile.get("path") == "tma-swap":
+        k_split, split = split_plan(K, tile)
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else y
+        tma_swap_kernel[(cdiv(M, bm) * cdiv(N, bn), split)](
+            a_desc, b_desc, y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+            M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+            IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        if split > 1:
+            reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+        return
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    persistent = bool(tile.get("PERSISTENT", 0))
+    programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
+                                 d if cs is None else cs, d if alpha is None else alpha, M, N, K, y.stride(0),
+                                 programs if persistent else 0, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
+                                 HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, IEEE=a.dtype == torch.float32,
+                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8),
+                                 PERSISTENT=persistent, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+
+
+_MULTIPROCESSORS: dict = {}
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (a persistent grid's size); 4 on the CPU (interpreter)."""
+    n = _MULTIPROCESSORS.get(device)
+    if n is None:
+        n = _MULTIPROCESSORS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
+                                        if device.type == "cuda" else 4)
+    return n
 
 
 class _Transient:
@@ -327,6 +402,11 @@ def tile(path, bm, bn, bk, split, warps, stages, group_m=8) -> dict:
             "GROUP_M": group_m, "num_warps": warps, "num_stages": stages}
 
 
+# Row buckets from which TMA tiles are also tried in their persistent form (run 9: a loss at
+# M=256, mixed at 1024, a gain at 4096).
+PERSISTENT_FROM = 1024
+
+
 def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
     """The deterministic tile of a row bucket: split-K over 16-row tiles for small buckets,
     TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not).
@@ -349,7 +429,8 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
     if bucket <= 2048:
         return tile("tma", 128, 128, int(64 * kx), 1, 8, 4)
-    return tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3)
+    # The largest buckets walk their tiles persistently (H200, run 9: bf16 M=4096 0.88x -> 1.05x).
+    return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
 
 
 def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
@@ -381,6 +462,13 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         for path in paths:
             for bm, bn, bk, w, st in shapes:
                 cands.append(tile(path, bm, bn, bk, 1, w, st))
+        if bucket >= PERSISTENT_FROM and "tma" in paths:
+            # Both forms of every TMA shape, the default's other form second (a short sweep's
+            # strided pick always sees it).
+            other = dict(default, PERSISTENT=0 if default.get("PERSISTENT") else 1)
+            if default["path"] == "tma":
+                cands.insert(1, {k: v for k, v in other.items() if v or k != "PERSISTENT"})
+            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in shapes]
         if bucket <= 128:  # split-K over tensor-core tiles stays a candidate for mid buckets
             for bm in (16, 32, 64):
                 if bm <= bucket:

@@ -77,7 +77,7 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     path = tile.get("path")
-    if path == "tma":
+    if path in ("tma", "tma-swap"):
         common.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)
     elif path == "gemv":
         common.launch_gemv(x, w.weight, y, tile, bias=w.bias)

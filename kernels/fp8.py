@@ -192,7 +192,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     xq, xs = quantize_activation_triton(x)
     path = tile.get("path")
-    if path == "tma":
+    if path in ("tma", "tma-swap"):
         common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
     elif path == "gemv":
         common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)

@@ -125,10 +125,12 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Triton template "int4_w4a16": three paths, chosen by the tile's "path".
+# Triton template "int4_w4a16": its paths, chosen by the tile's "path".
 #   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
 #             loads along K) and turns nibbles into floats through the mantissa of 2^23
 #             (_nibble_field), with the zero point taken once per word.
+#   "swap"    buckets 2..128: the split-K product taken transposed (weights as the MMA's left
+#             operand, the few rows of x as its narrow side); _int4_swap_kernel.
 #   "splitk" / "tiled": tl.dot on the unpacked integers (u - zu) with the group scale
 #             applied to the fp32 partial product of each BLOCK_K tile (a nibble-major K
 #             order inside the tile, which avoids the interleaving reshape, measured slower
@@ -190,6 +192,57 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
             part = tl.dot(a, b)
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
+
+
+@triton.jit
+def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym,
+                      KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, IEEE: tl.constexpr = False):
+    """Path "swap" (few rows): the product taken transposed, acc[BN, BM] = W_tile · x_tileᵀ. The
+    weights, unpacked in registers, are the MMA's left operand (which Hopper's wgmma can read from
+    registers) and the few rows of x its narrow side (8-64 columns), instead of padding the rows
+    up to the MMA's 64. Otherwise as the split-K path: BLOCK_K inside one group, the group scale
+    on each tile's fp32 partial product, partial sums to the workspace in a fixed order."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, BLOCK_K // 8):
+        k0 = kw0 * 8
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_w = kw0 + tl.arange(0, BLOCK_K // 8)
+        xt_ptrs = x_ptr + rm[None, :] * stride_xm + offs_k[:, None]           # xᵀ [BK, BM]
+        q_ptrs = q_ptr + rn[:, None] * K8 + offs_w[None, :]                    # words [BN, BK/8]
+        if EVEN_K:
+            xt = tl.load(xt_ptrs)
+            words = tl.load(q_ptrs)
+        else:
+            xt = tl.load(xt_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
+            words = tl.load(q_ptrs, mask=offs_w[None, :] < K8, other=0)
+        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble
+        g = k0 // GROUP
+        f = (u | 0x4B000000).to(tl.float32, bitcast=True)                       # 2^23 + u, exactly
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g)
+            wt = (f - (8388608.0 + zu.to(tl.float32))[:, None]).to(x_ptr.dtype.element_ty)
+        else:
+            wt = (f - 8388616.0).to(x_ptr.dtype.element_ty)
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        if IEEE:
+            part = tl.dot(wt, xt, input_precision="ieee")
+        else:
+            part = tl.dot(wt, xt)
+        acc += part * scale[:, None]
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
 
 
@@ -304,7 +357,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         "zero_point must be contiguous int32 (unpacked u-domain)"
     path = tile.get("path", "splitk")
     bk = tile["BLOCK_K"]
-    if path in ("splitk", "tiled"):
+    if path in ("splitk", "tiled", "swap"):
         assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
     assert w.group_size % 8 == 0, f"int4 group size {w.group_size} must be a multiple of 8"
     assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
@@ -346,12 +399,13 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
         bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
         grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
-        _int4_kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
-                           x.stride(0), y.stride(0), k_split // 8,
-                           GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-                           EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                           SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
-                           num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
+        kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
+                     x.stride(0), y.stride(0), k_split // 8,
+                     GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
+                     EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                     SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
+                     num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
     return y
@@ -430,6 +484,35 @@ def default_tile(p: Problem) -> dict:
 _DEQUANT_PATH = {"tma": "dequant-tma", "tiled": "dequant"}
 
 
+def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
+    """Candidates of the transposed ("swap") product for buckets 2..128, the likeliest first (rows
+    as narrow as the bucket, 128 weight rows, the split that fills the machine): a short sweep's
+    strided pick always takes the second tile of the space, so that one is this first tile."""
+    bk_opts = [b for b in bks if b in (64, 128)] or [max(b for b in bks if b <= 128)]
+    bm0 = min(64, max(16, p.bucket))
+    first = common.tile("swap", bm0, 128, bk_opts[-1],
+                        common._split_for(p.bucket, p.N, p.K, bm0, 128, bk_opts[-1], 16, waves=4), 4, 3)
+    out = [first]
+    for bm in (16, 32, 64):
+        if bm > max(16, p.bucket):
+            continue
+        for bn in (64, 128):
+            for bk in bk_opts:
+                for split in (1, 2, 4, 8):
+                    t = common.tile("swap", bm, bn, bk, split, 4, 3)
+                    if p.K // split >= bk and t not in out:
+                        out.append(t)
+    return out
+
+
+def _interleave(a: list, b: list) -> list:
+    """a[0], b[0], a[1], b[1], ...: a strided pick then sees both lists."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
+
+
 def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
@@ -441,7 +524,7 @@ def search_space(p: Problem) -> list[dict]:
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
                 if t["path"] in _DEQUANT_PATH] + mma[:4]   # in-loop unpacking: 0.22x against 0.67x (run 3)
     else:
-        rest = mma
+        rest = _interleave(_swap_tiles(p, bks), mma)
     out, seen = [d], {tuple(sorted(d.items()))}
     for t in rest:
         key = tuple(sorted(t.items()))

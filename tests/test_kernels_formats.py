@@ -12,7 +12,7 @@ import torch
 
 from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES
-from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.kernels import common, dense, fp8, int4, nvfp4
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 37, 256
@@ -132,6 +132,36 @@ def test_weight_descriptor_is_built_once_per_weight_and_tile():
     assert len(w2._tma_descriptors) == 1
 
 
+SWAP = dict(TMA, path="tma-swap", BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("M,split,bias", [(1, 1, True), (5, 3, False), (20, 2, True)])
+def test_dense_tma_swap_path(dtype, M, split, bias):
+    # The transposed TMA product: rows past M (zero-filled by the copy engine), an odd N, a K
+    # split into 3 parts of 2 BLOCK_K tiles (the last one short), two row blocks at M=20.
+    g = gen(31 + M + split)
+    w = dense.DenseWeight(torch.randn(N, K + 64 * (split == 3), generator=g).to(dtype),
+                          torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(M, w.K, generator=g).to(dtype).to(DEV)
+    tile = dict(SWAP, SPLIT_K=split, BLOCK_K=32 if dtype == torch.float32 else 64)
+    assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dense_persistent_tma_tile(dtype, monkeypatch):
+    # 4 output tiles (2 x 2) on 3 programs: one program walks two.
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    g = gen(32)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype)).to(DEV)
+    x = torch.randn(40, K, generator=g).to(dtype).to(DEV)
+    tile = dict(TMA, BLOCK_K=32 if dtype == torch.float32 else 64, PERSISTENT=1)
+    y = run(dense.launch, x, w, tile)
+    assert_close(y, dense.reference_linear(x, w))
+    if DEV == "cuda":   # same tile, one program per output tile: the same bytes
+        assert torch.equal(y, run(dense.launch, x, w, dict(tile, PERSISTENT=0)))
+
+
 def test_tma_tile_refuses_unaligned_rows():
     g = gen(22)
     w = dense.DenseWeight(torch.randn(N, 100, generator=g).half()).to(DEV)   # 200-byte rows
@@ -202,6 +232,10 @@ def test_fp8_tiled_and_tma_paths():
     x = torch.randn(40, K, generator=g).half().to(DEV)
     assert_close(run(fp8.launch, x, w, TILED), fp8.reference_linear(x, w))
     assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128)), fp8.reference_linear(x, w))
+    assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128, PERSISTENT=1)), fp8.reference_linear(x, w))
+    for M, split in ((1, 2), (7, 1)):
+        xs = torch.randn(M, K, generator=g).half().to(DEV)
+        assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=128, SPLIT_K=split)), fp8.reference_linear(xs, w))
 
 
 def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
@@ -251,6 +285,29 @@ def test_int4_fp32_activations_every_path(path):
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
+@pytest.mark.parametrize("split", [1, 3])
+def test_int4_swap_path(symmetric, act_order, split):
+    g = gen(60 + split + 2 * symmetric)
+    w = int4_weight(g, 64, symmetric, act_order, bias=split == 1)
+    x = torch.randn(5, K, generator=g).half().to(DEV)
+    tile = dict(TILED, path="swap", BLOCK_M=16, SPLIT_K=split)
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def test_int4_swap_path_uneven_k_and_fp32():
+    g = gen(66)
+    Kodd, G = 196, 32        # a partial last word, a masked last BLOCK_K step
+    KG = -(-Kodd // G)
+    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
+                        (torch.rand(N, KG, generator=g) * 0.05).float(), Kodd, G,
+                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
+                        torch.randn(N, generator=g).float()).to(DEV)
+    x = torch.randn(3, Kodd, generator=g).float().to(DEV)
+    tile = dict(TILED, path="swap", BLOCK_M=16, BLOCK_K=32, SPLIT_K=2)
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
 def test_int4_tiled_path_and_group_128():
     g = gen(7)
     w = int4_weight(g, 128, False, False, bias=True)
@@ -265,6 +322,7 @@ def test_int4_dequant_path_for_large_buckets():
         x = torch.randn(40, K, generator=g).half().to(DEV)
         for path in ("dequant", "dequant-tma"):
             assert_close(run(int4.launch, x, w, dict(TILED, path=path)), int4.reference_linear(x, w))
+        assert_close(run(int4.launch, x, w, dict(TILED, path="dequant-tma", PERSISTENT=1)), int4.reference_linear(x, w))
     # K neither a multiple of the dequantization step nor of 8, group 32 (pointer-load tile only:
     # TMA needs 16-byte rows).
     Kodd, G = 204, 32
