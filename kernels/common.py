@@ -402,6 +402,25 @@ def tile(path, bm, bn, bk, split, warps, stages, group_m=8) -> dict:
             "GROUP_M": group_m, "num_warps": warps, "num_stages": stages}
 
 
+def swap_tile(bk: int, bn: int, stages: int, split: int = 1) -> dict:
+    """A "tma-swap" tile: 16 rows of x (M <= 16) against bn weight rows, bk columns per step."""
+    return tile("tma-swap", 16, bn, bk, split, 4, stages)
+
+
+def swap_space(K: int, b_bytes: float) -> list[dict]:
+    """tma-swap candidates for buckets <= 16: one split with deep pipelines first (run 10's
+    winners), then 2-way splits (the longest layers)."""
+    out = []
+    for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8), (256, 128, 4), (512, 128, 3), (256, 64, 6),
+                               (512, 64, 4), (128, 128, 8), (512, 64, 6)):
+        out.append(swap_tile(int(kbytes / b_bytes), bn, stages))
+    for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8)):
+        bk = int(kbytes / b_bytes)
+        if K // 2 >= 4 * bk:
+            out.append(swap_tile(bk, bn, stages, split=2))
+    return out
+
+
 # Row buckets from which TMA tiles are also tried in their persistent form (run 9: a loss at
 # M=256, mixed at 1024, a gain at 4096).
 PERSISTENT_FROM = 1024
@@ -413,6 +432,13 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     Depends only on (bucket, N, K, operand sizes). Tiles for buckets >= 32 are the H200 run-5
     winners (benchmarks/NOTES.md); fp8 operands take twice the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
+    swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
+    if bucket <= 16 and swap:
+        # H200, run 10 (variants.py small-m): the transposed TMA product, one split, 6 stages of
+        # 256 bytes of K, took fp8 at M=16 from 1.07-1.52x cuBLAS to 1.31-1.63x and bf16 from
+        # 0.80-0.96x to 1.00-1.04x on the four 27B shapes; splitting K only lost (the reduction's
+        # launch, and each split's pipeline filling anew).
+        return swap_tile(int(256 / b_bytes), 128, 6)
     if bucket <= 16:
         bk = 128 if wide else 64
         return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16, waves=8), 4, 4)
@@ -445,6 +471,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
     bks = bk_choices or (64, 128, 256)
     cands = [default]
     if bucket <= 16:
+        if tma and tma_aligned(K, a_bytes, b_bytes):
+            cands += swap_space(K, b_bytes)
         for bn in (32, 64, 128):
             for bk in bks:
                 for split in (1, 2, 4, 8, 16):
@@ -468,7 +496,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
             other = dict(default, PERSISTENT=0 if default.get("PERSISTENT") else 1)
             if default["path"] == "tma":
                 cands.insert(1, {k: v for k, v in other.items() if v or k != "PERSISTENT"})
-            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in shapes]
+            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in shapes
+                      if bm == 128 and w == 8]   # the large tiles, where it paid (run 10)
         if bucket <= 128:  # split-K over tensor-core tiles stays a candidate for mid buckets
             for bm in (16, 32, 64):
                 if bm <= bucket:

@@ -106,9 +106,12 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                                  "dequant-tma" if tma else "dequant")
             if b == 1:
                 assert any(c["path"] == "splitk" for c in space), "the split-K tile is a candidate at one row"
-        else:
-            gemv = fmt == "fp8" and b == 1   # fp8's one-row GEMV on the CUDA cores
-            assert d["path"] == ("gemv" if gemv else "splitk" if b <= 16 else "tma" if tma else "tiled")
+        else:   # (fp16 activations: the transposed TMA product for few rows where the strides allow)
+            assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tma" if tma else "tiled")
+            if b <= 16 and tma:
+                assert any(c["path"] == "splitk" for c in space), "the split-K tiles stay candidates"
+            if b == 1 and fmt in ("dense", "fp8"):
+                assert any(c["path"] == "gemv" for c in space), "the CUDA-core GEMV is a candidate at one row"
         if b >= 32 and fmt in ("dense", "fp8"):
             assert {c["path"] for c in space} >= {"tma", "tiled"}, "both tiled forms are candidates"
 
