@@ -18,6 +18,11 @@ common.tma_swap_kernel): the weight tile fills the MMA's 64-row side and x's few
 persistent: the shipped TMA kernel on its default tile at M >= 1024 in both forms
 (PERSISTENT 0/1), for bf16, fp8 and int4's transient-dequantization path.
 
+mid-m: bf16 at M = 256 and 1024 (run 10: 0.72-0.83x and 0.78-0.96x cuBLAS; no point may be
+below 0.9x). The tuned tile (caches/nvidia-h200.json) against TMA tiles split over K in two
+(the grid at M=256 is 1.2-2.4 waves of 132 multiprocessors: wave quantization) and against
+Triton's warp-specialized K loop (`tl.range(warp_specialize=True)`), on tma_split_kernel below.
+
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, check, code_commit, copies_for, graph_ms, make_weight  # noqa: E402
@@ -89,6 +95,72 @@ def swap_tiles(bucket: int, N: int, K: int, elem_bytes: int) -> list[dict]:
     return out
 
 
+@triton.jit
+def tma_split_kernel(a_desc, b_desc, y_ptr, ws_ptr, M, N, K, stride_ym, K_SPLIT,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr):
+    """common.tma_gemm_kernel's product (no epilogue scales) over one K split, its partial sum to
+    the workspace (SPLIT_K > 1); WS: the K loop warp-specialized (producer and consumer warps)."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, warp_specialize=WS):
+        acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k0]), b_desc.load([pid_n * BLOCK_N, k0]).T, acc)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
+
+
+def launch_tma_split(x, w, tile, ws_flag=False):
+    """y = x · Wᵀ through tma_split_kernel with the tile's shape and split (fixed-order reduction)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    M, K = x.shape
+    N = w.weight.shape[0]
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    k_split, split = common.split_plan(K, tile)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    tma_split_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), common.weight_descriptor(w, w.weight, [bn, bk]), y, ws,
+        M, N, K, y.stride(0), k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+        GROUP_M=tile.get("GROUP_M", 8), WS=ws_flag, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
+    return y
+
+
+def study_mid_m(shapes, ms, log):
+    dev = torch.device(DEV)
+    t = registry.TEMPLATES["dense"]
+    resolver = None
+    if DEV == "cuda":
+        from vsr.autotune.resolver import TileResolver
+        resolver = TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"),
+                                "default", dev)
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for M in ms:
+            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+            base = _baseline(rows, x, wb, study="mid-m", shape=sh, M=M)
+            p = t.problem(wb[0], bucket_for(M), x.dtype)
+            tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
+            cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
+            shapes_ = [dict(tuned, path="tma", SPLIT_K=1)] + [common.tile("tma", bm, bn, 64, 1, wp, st) for bm, bn, wp, st in
+                                                             ((128, 256, 8, 3), (128, 128, 8, 4), (64, 256, 4, 4))]
+            for c in shapes_:
+                for split, wsf in ((1, False), (2, False), (1, True)):
+                    tile = dict(c, SPLIT_K=split)
+                    cases.append((f"split {split}{' WS' if wsf else ''}", tile,
+                                  lambda w, tile=tile, wsf=wsf: launch_tma_split(x, w, tile, wsf)))
+            _run_cases(rows, log, cases, wb, t.reference(x, wb[0]), base, study="mid-m", format="bf16", shape=sh, M=M)
+    return rows
+
+
 def study_small_m(shapes, ms, log):
     dev = torch.device(DEV)
     rows = []
@@ -131,7 +203,8 @@ def study_persistent(shapes, ms, log):
     return rows
 
 
-STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096")}
+STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096"),
+           "mid-m": (study_mid_m, "256,1024")}
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ def variants():
     return mod
 
 
-@pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40])])
+@pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40]), ("mid-m", [40])])
 def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
     # The studies' orchestration on a tiny shape, timing replaced by a count: every case is built,
     # run and recorded (the figures themselves come from the H200).
