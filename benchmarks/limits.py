@@ -59,10 +59,8 @@ def shipped_tile(resolver, w, M):
 
 def resource_report() -> list[dict]:
     """Registers, spills and shared memory of every variant compiled in this process."""
-    fns = {"tiled_gemm_kernel": common.tiled_gemm_kernel, "tma_gemm_kernel": common.tma_gemm_kernel,
-           "gemv_kernel": common.gemv_kernel, "splitk_reduce_kernel": common.splitk_reduce_kernel,
-           "_int4_kernel": int4._int4_kernel, "_int4_gemv_kernel": int4._int4_gemv_kernel,
-           "_int4_dequant_kernel": int4._int4_dequant_kernel, "_act_quant_kernel": fp8._act_quant_kernel}
+    fns = {name: fn for mod in (common, fp8, int4) for name, fn in vars(mod).items()
+           if isinstance(fn, triton.runtime.jit.JITFunction)}
     out = []
     for name, fn in fns.items():
         for dev, caches in getattr(fn, "device_caches", {}).items():
