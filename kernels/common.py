@@ -1,7 +1,8 @@
 """Pieces every format's Triton template shares: the split-K reduction, the epilogue,
 the program-id swizzle, the tile search spaces and the launch bookkeeping; and the product
-kernels of the dense and fp8 templates (pointer-load tiles and split-K, TMA tiles, the
-one-row GEMV), which differ only in their operands' dtype and the scales of the epilogue.
+kernels of the dense and fp8 templates (pointer-load tiles and split-K; TMA tiles, one per
+program or persistent; the transposed TMA product for few rows; the one-row GEMV), which
+differ only in their operands' dtype and the scales of the epilogue.
 
 Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
 tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.

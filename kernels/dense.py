@@ -1,9 +1,10 @@
 """Dense (bf16 / fp16 / fp32) linear: the weight layout and the pure-torch reference.
 
 Below the reference: the Triton template "dense", whose kernels live in common.py, shared
-with fp8's: a CUDA-core GEMV for one row, split-K for small row buckets, tiled paths for
-large ones (TMA descriptors where the row strides allow, pointer loads otherwise); fp32
-operands multiply in IEEE precision, never tf32.
+with fp8's: a CUDA-core GEMV for one row; for small row buckets the transposed TMA product
+("tma-swap") and split-K tiles; tiled paths for large ones (TMA descriptors where the row
+strides allow, persistent from bucket 4096; pointer loads otherwise); fp32 operands multiply
+in IEEE precision, never tf32.
 """
 from __future__ import annotations
 
