@@ -1,8 +1,9 @@
 """Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only).
 
 Run alone as `python tests/gpu/test_determinism.py` it prints, as JSON, the sha256 of each
-output; the test starts that twice and compares. Split-K tiles are included on purpose:
-their partial sums meet in a fixed-order reduction, never through atomics.
+output; the test starts that twice and compares. Split-K tiles (plain and transposed) and a
+persistent tile are included on purpose: partial sums meet in a fixed-order reduction, never
+through atomics, and a persistent program computes each of its tiles whole.
 """
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ def outputs() -> dict[str, str]:
             tiles = [t.default_tile(t.problem(w, bucket_for(m), x.dtype))]
             if m <= 16:  # a split-K tile on purpose (BLOCK_K 128 fits every format's group)
                 tiles.append(dict(tiles[0], path="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=8))
+            # The other split and persistent paths: the transposed TMA product split in four,
+            # int4's transposed split-K tile, and a persistent TMA tile (more tiles than programs).
+            if t.name in ("dense", "fp8_w8a8") and m <= 16:
+                tiles.append(dict(tiles[0], path="tma-swap", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
+                                  num_warps=4, num_stages=4))
+            if t.name == "int4_w4a16" and 1 < m <= 128:
+                tiles.append(dict(tiles[0], path="swap", BLOCK_M=min(64, m), BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
+                                  num_warps=4, num_stages=3))
+            if m == 1024 and tiles[0]["path"] in ("tma", "dequant-tma"):
+                tiles.append(dict(tiles[0], PERSISTENT=1))
             for i, tile in enumerate(tiles):
                 y = t.launch(x, w, tile)
                 torch.cuda.synchronize()
@@ -53,7 +64,7 @@ def test_two_processes_give_identical_bytes():
         p = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
         assert p.returncode == 0, p.stderr[-3000:]
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    assert runs[0].keys() == runs[1].keys() and len(runs[0]) >= 20
+    assert runs[0].keys() == runs[1].keys() and len(runs[0]) >= 30
     diff = [k for k in runs[0] if runs[0][k] != runs[1][k]]
     assert diff == [], f"outputs differ between processes: {diff}"
 
