@@ -23,6 +23,12 @@ below 0.9x). The tuned tile (caches/nvidia-h200.json) against TMA tiles split ov
 (the grid at M=256 is 1.2-2.4 waves of 132 multiprocessors: wave quantization) and against
 Triton's warp-specialized K loop (`tl.range(warp_specialize=True)`), on tma_split_kernel below.
 
+int4-tma: int4 at M = 16-256 (run 10: 0.44-0.94x cuBLAS; the shipped swap tile is limited by
+its pointer-load pipeline and 255 registers, not by unpacking: limits.py). int4_tma_kernel
+fetches the packed words [BN, BK/8] and x [BM, BK] by TMA through a deep pipeline with one
+split, as tma-swap does for bf16/fp8, and unpacks in registers; the weights are the MMA's
+right operand (SWAP 0) or its left (SWAP 1), against the tuned tile of the shipped cache.
+
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
 """
@@ -161,6 +167,101 @@ def study_mid_m(shapes, ms, log):
     return rows
 
 
+@triton.jit
+def int4_tma_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, KG, stride_ym, K_SPLIT,
+                    GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP: tl.constexpr):
+    """int4's split-K product with both operands fetched by TMA (words [BN, BK/8], x [BM, BK]; the
+    copy engine zero-fills past the edges) and the nibbles unpacked in registers, k = 8·word +
+    nibble; the group scale on each BLOCK_K tile's fp32 partial product (BLOCK_K divides the
+    group). SWAP: acc[BN, BM] = W·xᵀ (weights as the MMA's left operand), else acc[BM, BN]."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (offs_n % N).to(tl.int64)
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        words = q_desc.load([pid_n * BLOCK_N, k0 // 8])
+        xa = x_desc.load([pid_m * BLOCK_M, k0])
+        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))
+        f = (u | 0x4B000000).to(tl.float32, bitcast=True)                     # 2^23 + u, exactly
+        g = k0 // GROUP
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g).to(tl.float32)
+            w = (f - (8388608.0 + zu)[:, None]).to(xa.dtype)
+        else:
+            w = (f - 8388616.0).to(xa.dtype)
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        if SWAP:
+            acc += tl.dot(w, xa.T) * scale[:, None]
+        else:
+            acc += tl.dot(xa, w.T) * scale[None, :]
+    if SWAP:
+        acc = tl.trans(acc)
+    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
+
+
+def launch_int4_tma(x, w, tile, swap: bool):
+    """y = x · dequant(W)ᵀ through int4_tma_kernel (no bias, no act-order: the study's weights)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    M, K = x.shape
+    N = w.N
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    assert w.group_size % bk == 0 and bk % 8 == 0 and w.act_perm is None and w.bias is None
+    k_split, split = common.split_plan(K, tile)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    zp = w.zero_point if w.zero_point is not None else w.packed
+    int4_tma_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), common.weight_descriptor(w, w.packed, [bn, bk // 8]),
+        w.scale, zp, y, ws, M, N, K, w.scale.stride(0), y.stride(0), k_split, GROUP=w.group_size,
+        HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+        GROUP_M=tile.get("GROUP_M", 8), SWAP=swap, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
+    return y
+
+
+def study_int4_tma(shapes, ms, log):
+    dev = torch.device(DEV)
+    t = registry.TEMPLATES["int4_w4a16"]
+    resolver = None
+    if DEV == "cuda":
+        from vsr.autotune.resolver import TileResolver
+        resolver = TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"),
+                                "default", dev)
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for fmt in ("int4-gptq", "int4-awq"):
+            ws = _weights(fmt, N, K, dev)
+            for M in ms:
+                x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+                ids = dict(study="int4-tma", format=fmt, shape=sh, M=M)
+                base = _baseline(rows, x, wb, **ids)
+                p = t.problem(ws[0], bucket_for(M), x.dtype)
+                tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
+                cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
+                bm = min(64, max(16, bucket_for(M)))
+                for swap, bn, stages, split in ((False, 128, 4, 1), (False, 128, 6, 1), (False, 64, 6, 1),
+                                                (False, 128, 4, 2), (True, 128, 4, 1), (True, 128, 6, 1),
+                                                (True, 64, 6, 1)):
+                    tile = common.tile("int4-tma", bm, bn, 128, split, 4, stages)
+                    cases.append((f"TMA {'swap' if swap else 'plain'}", tile,
+                                  lambda w, tile=tile, swap=swap: launch_int4_tma(x, w, tile, swap)))
+                _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
+    return rows
+
+
 def study_small_m(shapes, ms, log):
     dev = torch.device(DEV)
     rows = []
@@ -204,7 +305,7 @@ def study_persistent(shapes, ms, log):
 
 
 STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096"),
-           "mid-m": (study_mid_m, "256,1024")}
+           "mid-m": (study_mid_m, "256,1024"), "int4-tma": (study_int4_tma, "16,64,256")}
 
 
 def main() -> int:
