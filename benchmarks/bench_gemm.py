@@ -243,6 +243,9 @@ def main() -> int:
     ap.add_argument("--sweep", type=int, default=12, help="candidates per key from the search space (0: default tile)")
     ap.add_argument("--cache", default=None, help="take vsr's tiles from this autotune cache (.json or .db; "
                     "a missing key is an error) instead of sweeping")
+    ap.add_argument("--cache-formats", default="bf16,fp8,int4-gptq,int4-awq",
+                    help="with --cache: the formats whose tiles come from it (the shipped cache records these); "
+                         "any other format is swept with --sweep candidates, its rows saying so (tile_source)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-gemlite", action="store_true")
     ap.add_argument("--out", default=None)
@@ -266,7 +269,8 @@ def main() -> int:
             rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite)
             torch.cuda.empty_cache()
         for fmt in a.formats.split(","):
-            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log, resolver)
+            from_cache = resolver if fmt in a.cache_formats.split(",") else None
+            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log, from_cache)
             torch.cuda.empty_cache()
         write(a, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
     write(a, ceil, rows, t_start, partial=False)
@@ -280,7 +284,8 @@ def write(a, ceil, rows, t_start, partial):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": a.commit, "ceilings": ceil,
-                               "sweep_candidates": None if a.cache else a.sweep, "tile_cache": a.cache,
+                               "sweep_candidates": a.sweep, "tile_cache": a.cache,
+                               "cache_formats": a.cache_formats if a.cache else None,
                                "wall_s": round(time.time() - t_start, 1),
                                "partial": partial, "rows": rows}, indent=1))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)
