@@ -190,7 +190,8 @@ def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
     side (16 columns), instead of padding x's rows up to 64; the copy engine streams the weight
-    through a deep pipeline with no address arithmetic (the memory-bound regime of M <= 64).
+    through a deep pipeline with no address arithmetic (the memory-bound regime of M <= 16;
+    at M=64 the plain TMA tile was faster, run 10).
     Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
     order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split."""
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -428,10 +429,12 @@ PERSISTENT_FROM = 1024
 
 
 def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
-    """The deterministic tile of a row bucket: split-K over 16-row tiles for small buckets,
-    TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not).
-    Depends only on (bucket, N, K, operand sizes). Tiles for buckets >= 32 are the H200 run-5
-    winners (benchmarks/NOTES.md); fp8 operands take twice the K step."""
+    """The deterministic tile of a row bucket: for buckets <= 16 the transposed TMA product
+    (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
+    TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
+    persistent from bucket 4096. Depends only on (bucket, N, K, operand sizes). Tiles for
+    buckets 32-2048 are the H200 run-5 winners (benchmarks/NOTES.md); fp8 operands take twice
+    the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
     swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
     if bucket <= 16 and swap:
@@ -492,8 +495,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
             for bm, bn, bk, w, st in shapes:
                 cands.append(tile(path, bm, bn, bk, 1, w, st))
         if bucket >= PERSISTENT_FROM and "tma" in paths:
-            # Both forms of every TMA shape, the default's other form second (a short sweep's
-            # strided pick always sees it).
+            # The persistent form of the large TMA tiles (128 rows, 8 warps), and the default's
+            # other form second (a short sweep's strided pick always sees it).
             other = dict(default, PERSISTENT=0 if default.get("PERSISTENT") else 1)
             if default["path"] == "tma":
                 cands.insert(1, {k: v for k, v in other.items() if v or k != "PERSISTENT"})
