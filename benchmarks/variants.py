@@ -1,13 +1,16 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study small-m,persistent] [--shapes qkv,o,gate_up,down] [--out FILE]
+    python benchmarks/variants.py [--study small-m,persistent,mid-m,int4-tma] [--shapes qkv,o,gate_up,down]
+                                  [--ms 16,64] [--out FILE]
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json:
 run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6 (the TMA lead, which turned out
 to be launch overhead), and run 9 (commit ed0340c: fp8 quantization fused into the product
 kernel, 2-12x slower than the prologue; int4 swap products at M=16-128, +10-40% at M=32-128 with
 pointer loads; persistent TMA kernels, bf16 at M=4096 0.88x -> 1.05x cuBLAS). Run 9's winners
-are in the templates now; these studies time them through the shipped launchers.
+are in the templates now. Run 10 (results files *-run10*.json, verdicts in NOTES.md) ran the
+four studies below: small-m and persistent put tma-swap and persistent tiles into the defaults;
+mid-m and int4-tma found no gain (split-K and warp specialization at M=256; TMA-fed int4).
 
 small-m: bf16 and fp8 at M = 1-64 (run 7: bf16 1.00-1.07x cuBLAS, fp8 with its quantization
 1.24-1.47x, target 1.6x; M=1 moves 51-77% of copy bandwidth for fp8). The shipped default tile
@@ -24,7 +27,7 @@ below 0.9x). The tuned tile (caches/nvidia-h200.json) against TMA tiles split ov
 Triton's warp-specialized K loop (`tl.range(warp_specialize=True)`), on tma_split_kernel below.
 
 int4-tma: int4 at M = 16-256 (run 10: 0.44-0.94x cuBLAS; the shipped swap tile is limited by
-its pointer-load pipeline and 255 registers, not by unpacking: limits.py). int4_tma_kernel
+its pointer-load pipeline and 255 registers, not by unpacking, at M=64: limits.py). int4_tma_kernel
 fetches the packed words [BN, BK/8] and x [BM, BK] by TMA through a deep pipeline with one
 split, as tma-swap does for bf16/fp8, and unpacks in registers; the weights are the MMA's
 right operand (SWAP 0) or its left (SWAP 1), against the tuned tile of the shipped cache.
