@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study small-m,persistent,mid-m,int4-tma] [--shapes qkv,o,gate_up,down]
+    python benchmarks/variants.py [--study small-m,persistent,mid-m,int4-tma,int4-slices] [--shapes qkv,o,gate_up,down]
                                   [--ms 16,64] [--out FILE]
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json:
@@ -31,6 +31,14 @@ its pointer-load pipeline and 255 registers, not by unpacking, at M=64: limits.p
 fetches the packed words [BN, BK/8] and x [BM, BK] by TMA through a deep pipeline with one
 split, as tma-swap does for bf16/fp8, and unpacks in registers; the weights are the MMA's
 right operand (SWAP 0) or its left (SWAP 1), against the tuned tile of the shipped cache.
+
+int4-slices (written after run 10, checked under the interpreter, never run on a GPU): the
+shipped int4 kernels unpack a [BN, BK/8, 8] nibble tensor and reshape it to [BN, BK] (k = 8·word
++ nibble); that interleaving reshape keeps Triton from giving the loaded words the MMA
+operand's layout, so the unpacked tile goes through a layout conversion. int4_slices_kernel
+never reshapes: nibble j of every word is its own [BN, BK/8] operand, multiplied with the x
+columns 8·word + j (a strided load of the small activation tile), eight MMAs of depth BK/8
+per step, weights as the left operand (registers), split-K as the shipped swap path.
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -144,11 +152,7 @@ def launch_tma_split(x, w, tile, ws_flag=False):
 def study_mid_m(shapes, ms, log):
     dev = torch.device(DEV)
     t = registry.TEMPLATES["dense"]
-    resolver = None
-    if DEV == "cuda":
-        from vsr.autotune.resolver import TileResolver
-        resolver = TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"),
-                                "default", dev)
+    resolver = _shipped_resolver(dev)
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
@@ -236,11 +240,7 @@ def launch_int4_tma(x, w, tile, swap: bool):
 def study_int4_tma(shapes, ms, log):
     dev = torch.device(DEV)
     t = registry.TEMPLATES["int4_w4a16"]
-    resolver = None
-    if DEV == "cuda":
-        from vsr.autotune.resolver import TileResolver
-        resolver = TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"),
-                                "default", dev)
+    resolver = _shipped_resolver(dev)
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
@@ -263,6 +263,97 @@ def study_int4_tma(shapes, ms, log):
                                   lambda w, tile=tile, swap=swap: launch_int4_tma(x, w, tile, swap)))
                 _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
     return rows
+
+
+@triton.jit
+def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
+                       GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the j-th nibble of each word
+    (k = 8·word + j) and x_j the matching columns of x: no reshape of the unpacked weights. The
+    group scale on each step's fp32 partial sum (BLOCK_K divides the group), the zero point
+    (or 8) subtracted in the 2^23-mantissa conversion, split-K partial sums to the workspace."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    W8: tl.constexpr = BLOCK_K // 8
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, W8):
+        offs_w = kw0 + tl.arange(0, W8)
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < kw_hi, other=0)
+        g = (kw0 * 8) // GROUP
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        if HAS_ZP:
+            z = 8388608.0 + tl.load(zp_ptr + rn * KG + g).to(tl.float32)
+        else:
+            z = tl.full((BLOCK_N,), 8388616.0, tl.float32)
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for j in tl.static_range(8):
+            f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
+            kj = offs_w * 8 + j
+            xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
+            part = tl.dot((f - z[:, None]).to(xj.dtype), xj, part)
+        acc += part * scale[:, None]
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
+
+
+def launch_int4_slices(x, w, tile):
+    """y = x · dequant(W)ᵀ through int4_slices_kernel (no bias, no act-order: the study's weights)."""
+    M, K = x.shape
+    N = w.N
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    assert w.group_size % bk == 0 and bk >= 128 and w.act_perm is None and w.bias is None
+    k_split, split = common.split_plan(K, tile)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    zp = w.zero_point if w.zero_point is not None else w.packed
+    int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+        x, w.packed, w.scale, zp, y, ws, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0), y.stride(0),
+        k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    if split > 1:
+        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
+    return y
+
+
+def study_int4_slices(shapes, ms, log):
+    dev = torch.device(DEV)
+    t = registry.TEMPLATES["int4_w4a16"]
+    resolver = _shipped_resolver(dev)
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for fmt in ("int4-gptq", "int4-awq"):
+            ws = _weights(fmt, N, K, dev)
+            for M in ms:
+                x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+                ids = dict(study="int4-slices", format=fmt, shape=sh, M=M)
+                base = _baseline(rows, x, wb, **ids)
+                p = t.problem(ws[0], bucket_for(M), x.dtype)
+                tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
+                cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
+                bm = min(64, max(16, bucket_for(M)))
+                for bn, stages, waves in ((128, 3, 4), (128, 4, 2), (64, 3, 4), (64, 4, 8)):
+                    split = common._split_for(bucket_for(M), N, K, bm, bn, 128, 16, waves=waves)
+                    tile = common.tile("int4-slices", bm, bn, 128, split, 4, stages)
+                    cases.append(("nibble slices", tile, lambda w, tile=tile: launch_int4_slices(x, w, tile)))
+                _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
+    return rows
+
+
+def _shipped_resolver(dev):
+    """The shipped cache's tiles on the GPU (misses fall back to default tiles); None on the CPU."""
+    if dev.type != "cuda":
+        return None
+    from vsr.autotune.resolver import TileResolver
+    return TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"), "default", dev)
 
 
 def study_small_m(shapes, ms, log):
@@ -308,7 +399,8 @@ def study_persistent(shapes, ms, log):
 
 
 STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096"),
-           "mid-m": (study_mid_m, "256,1024"), "int4-tma": (study_int4_tma, "16,64,256")}
+           "mid-m": (study_mid_m, "256,1024"), "int4-tma": (study_int4_tma, "16,64,256"),
+           "int4-slices": (study_int4_slices, "16,64,128")}
 
 
 def main() -> int:
