@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study small-m,persistent,mid-m,int4-tma,int4-slices] [--shapes qkv,o,gate_up,down]
+    python benchmarks/variants.py [--study small-m,persistent,int4-slices] [--shapes qkv,o,gate_up,down]
                                   [--ms 16,64] [--out FILE]
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json:
@@ -8,9 +8,10 @@ run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6 (the TMA lead, wh
 to be launch overhead), and run 9 (commit ed0340c: fp8 quantization fused into the product
 kernel, 2-12x slower than the prologue; int4 swap products at M=16-128, +10-40% at M=32-128 with
 pointer loads; persistent TMA kernels, bf16 at M=4096 0.88x -> 1.05x cuBLAS). Run 9's winners
-are in the templates now. Run 10 (results files *-run10*.json, verdicts in NOTES.md) ran the
-four studies below: small-m and persistent put tma-swap and persistent tiles into the defaults;
-mid-m and int4-tma found no gain (split-K and warp specialization at M=256; TMA-fed int4).
+are in the templates now. Run 10 (results files *-run10*.json, verdicts in NOTES.md): small-m
+and persistent (below) put tma-swap and persistent tiles into the defaults; mid-m (TMA split-K
+and warp-specialized K loops for bf16 at M=256/1024) and int4-tma (TMA-fed deep pipelines for
+int4) found no gain and are in git history (commit c5ab24d).
 
 small-m: bf16 and fp8 at M = 1-64 (run 7: bf16 1.00-1.07x cuBLAS, fp8 with its quantization
 1.24-1.47x, target 1.6x; M=1 moves 51-77% of copy bandwidth for fp8). The shipped default tile
@@ -21,21 +22,11 @@ common.tma_swap_kernel): the weight tile fills the MMA's 64-row side and x's few
 persistent: the shipped TMA kernel on its default tile at M >= 1024 in both forms
 (PERSISTENT 0/1), for bf16, fp8 and int4's transient-dequantization path.
 
-mid-m: bf16 at M = 256 and 1024 (run 10: 0.72-0.83x and 0.78-0.96x cuBLAS; no point may be
-below 0.9x). The tuned tile (caches/nvidia-h200.json) against TMA tiles split over K in two
-(the grid at M=256 is 1.2-2.4 waves of 132 multiprocessors: wave quantization) and against
-Triton's warp-specialized K loop (`tl.range(warp_specialize=True)`), on tma_split_kernel below.
-
-int4-tma: int4 at M = 16-256 (run 10: 0.44-0.94x cuBLAS; the shipped swap tile is limited by
-its pointer-load pipeline and 255 registers, not by unpacking, at M=64: limits.py). int4_tma_kernel
-fetches the packed words [BN, BK/8] and x [BM, BK] by TMA through a deep pipeline with one
-split, as tma-swap does for bf16/fp8, and unpacks in registers; the weights are the MMA's
-right operand (SWAP 0) or its left (SWAP 1), against the tuned tile of the shipped cache.
-
 int4-slices (written after run 10, checked under the interpreter, never run on a GPU): the
 shipped int4 kernels unpack a [BN, BK/8, 8] nibble tensor and reshape it to [BN, BK] (k = 8·word
-+ nibble); that interleaving reshape keeps Triton from giving the loaded words the MMA
-operand's layout, so the unpacked tile goes through a layout conversion. int4_slices_kernel
++ nibble). The hypothesis under test (the SASS has not been read): that interleaving reshape
+keeps Triton from giving the loaded words the MMA operand's layout, so the unpacked tile goes
+through a layout conversion (a shared-memory round trip). int4_slices_kernel
 never reshapes: nibble j of every word is its own [BN, BK/8] operand, multiplied with the x
 columns 8·word + j (a strided load of the small activation tile), eight MMAs of depth BK/8
 per step, weights as the left operand (registers), split-K as the shipped swap path.
@@ -110,159 +101,6 @@ def swap_tiles(bucket: int, N: int, K: int, elem_bytes: int) -> list[dict]:
         if t not in out and common.smem_bytes(t, elem_bytes, elem_bytes) <= common.SMEM_LIMIT:
             out.append(t)
     return out
-
-
-@triton.jit
-def tma_split_kernel(a_desc, b_desc, y_ptr, ws_ptr, M, N, K, stride_ym, K_SPLIT,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr):
-    """common.tma_gemm_kernel's product (no epilogue scales) over one K split, its partial sum to
-    the workspace (SPLIT_K > 1); WS: the K loop warp-specialized (producer and consumer warps)."""
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, warp_specialize=WS):
-        acc = tl.dot(a_desc.load([pid_m * BLOCK_M, k0]), b_desc.load([pid_n * BLOCK_N, k0]).T, acc)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
-
-
-def launch_tma_split(x, w, tile, ws_flag=False):
-    """y = x · Wᵀ through tma_split_kernel with the tile's shape and split (fixed-order reduction)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    M, K = x.shape
-    N = w.weight.shape[0]
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    k_split, split = common.split_plan(K, tile)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    tma_split_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), common.weight_descriptor(w, w.weight, [bn, bk]), y, ws,
-        M, N, K, y.stride(0), k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-        GROUP_M=tile.get("GROUP_M", 8), WS=ws_flag, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
-        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
-    return y
-
-
-def study_mid_m(shapes, ms, log):
-    dev = torch.device(DEV)
-    t = registry.TEMPLATES["dense"]
-    resolver = _shipped_resolver(dev)
-    rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        for M in ms:
-            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            base = _baseline(rows, x, wb, study="mid-m", shape=sh, M=M)
-            p = t.problem(wb[0], bucket_for(M), x.dtype)
-            tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
-            cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
-            shapes_ = [dict(tuned, path="tma", SPLIT_K=1)] + [common.tile("tma", bm, bn, 64, 1, wp, st) for bm, bn, wp, st in
-                                                             ((128, 256, 8, 3), (128, 128, 8, 4), (64, 256, 4, 4))]
-            for c in shapes_:
-                for split, wsf in ((1, False), (2, False), (1, True)):
-                    tile = dict(c, SPLIT_K=split)
-                    cases.append((f"split {split}{' WS' if wsf else ''}", tile,
-                                  lambda w, tile=tile, wsf=wsf: launch_tma_split(x, w, tile, wsf)))
-            _run_cases(rows, log, cases, wb, t.reference(x, wb[0]), base, study="mid-m", format="bf16", shape=sh, M=M)
-    return rows
-
-
-@triton.jit
-def int4_tma_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, KG, stride_ym, K_SPLIT,
-                    GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP: tl.constexpr):
-    """int4's split-K product with both operands fetched by TMA (words [BN, BK/8], x [BM, BK]; the
-    copy engine zero-fills past the edges) and the nibbles unpacked in registers, k = 8·word +
-    nibble; the group scale on each BLOCK_K tile's fp32 partial product (BLOCK_K divides the
-    group). SWAP: acc[BN, BM] = W·xᵀ (weights as the MMA's left operand), else acc[BM, BN]."""
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = (offs_n % N).to(tl.int64)
-    shifts = (tl.arange(0, 8) * 4)[None, None, :]
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        words = q_desc.load([pid_n * BLOCK_N, k0 // 8])
-        xa = x_desc.load([pid_m * BLOCK_M, k0])
-        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))
-        f = (u | 0x4B000000).to(tl.float32, bitcast=True)                     # 2^23 + u, exactly
-        g = k0 // GROUP
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g).to(tl.float32)
-            w = (f - (8388608.0 + zu)[:, None]).to(xa.dtype)
-        else:
-            w = (f - 8388616.0).to(xa.dtype)
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if SWAP:
-            acc += tl.dot(w, xa.T) * scale[:, None]
-        else:
-            acc += tl.dot(xa, w.T) * scale[None, :]
-    if SWAP:
-        acc = tl.trans(acc)
-    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
-
-
-def launch_int4_tma(x, w, tile, swap: bool):
-    """y = x · dequant(W)ᵀ through int4_tma_kernel (no bias, no act-order: the study's weights)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    M, K = x.shape
-    N = w.N
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    assert w.group_size % bk == 0 and bk % 8 == 0 and w.act_perm is None and w.bias is None
-    k_split, split = common.split_plan(K, tile)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    zp = w.zero_point if w.zero_point is not None else w.packed
-    int4_tma_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), common.weight_descriptor(w, w.packed, [bn, bk // 8]),
-        w.scale, zp, y, ws, M, N, K, w.scale.stride(0), y.stride(0), k_split, GROUP=w.group_size,
-        HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-        GROUP_M=tile.get("GROUP_M", 8), SWAP=swap, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
-        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
-    return y
-
-
-def study_int4_tma(shapes, ms, log):
-    dev = torch.device(DEV)
-    t = registry.TEMPLATES["int4_w4a16"]
-    resolver = _shipped_resolver(dev)
-    rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        for fmt in ("int4-gptq", "int4-awq"):
-            ws = _weights(fmt, N, K, dev)
-            for M in ms:
-                x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-                ids = dict(study="int4-tma", format=fmt, shape=sh, M=M)
-                base = _baseline(rows, x, wb, **ids)
-                p = t.problem(ws[0], bucket_for(M), x.dtype)
-                tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
-                cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
-                bm = min(64, max(16, bucket_for(M)))
-                for swap, bn, stages, split in ((False, 128, 4, 1), (False, 128, 6, 1), (False, 64, 6, 1),
-                                                (False, 128, 4, 2), (True, 128, 4, 1), (True, 128, 6, 1),
-                                                (True, 64, 6, 1)):
-                    tile = common.tile("int4-tma", bm, bn, 128, split, 4, stages)
-                    cases.append((f"TMA {'swap' if swap else 'plain'}", tile,
-                                  lambda w, tile=tile, swap=swap: launch_int4_tma(x, w, tile, swap)))
-                _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
-    return rows
 
 
 @triton.jit
@@ -399,7 +237,6 @@ def study_persistent(shapes, ms, log):
 
 
 STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096"),
-           "mid-m": (study_mid_m, "256,1024"), "int4-tma": (study_int4_tma, "16,64,256"),
            "int4-slices": (study_int4_slices, "16,64,128")}
 
 
