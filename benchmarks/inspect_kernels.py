@@ -1,0 +1,170 @@
+"""Static resource report of kernels compiled for sm_90 (Hopper), no GPU needed.
+
+    python benchmarks/inspect_kernels.py [--out FILE] [--cases int4-swap,...]
+
+Triton compiles each case for GPUTarget("cuda", 90) with its bundled ptxas, exactly as it would
+for the H200, and this reports, per case: registers, spill bytes and shared memory of the cubin
+(`cuobjdump -res-usage`), the tensor-core instructions (HGMMA: wgmma), the bytes of register
+tensors stored to shared memory inside a loop (TTGIR `ttg.local_alloc %value`: an operand taking
+a round trip through shared memory on every step), and the SASS opcode histogram. It answers "what does the
+compiled kernel do" between device sessions; it times nothing (benchmarks/limits.py and
+variants.py do that on the GPU). The Triton version here may differ from the device's: the
+report records it.
+
+Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
+qkv: M=1 GEMV, M=16 split-K, M=64 swap), fp8's GEMV for comparison per weight byte, and the
+int4-slices study kernel of benchmarks/variants.py on the same tiles as the swap path.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import importlib.util
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import RESULTS, code_commit  # noqa: E402
+
+from vsr.kernels import common, int4  # noqa: E402
+
+BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
+
+# Pointer and integer argument types of the int4 product kernels (bf16 activations and scales).
+_INT4 = dict(x_ptr="*bf16", q_ptr="*i32", sc_ptr="*bf16", zp_ptr="*i32", y_ptr="*bf16", ws_ptr="*fp32",
+             bias_ptr="*bf16", M="i32", N="i32", K="i32", K8="i32", KG="i32", stride_xm="i32", stride_ym="i32",
+             KW_SPLIT="i32")
+_GPTQ = dict(GROUP=128, HAS_ZP=False)
+
+
+def _variants():
+    spec = importlib.util.spec_from_file_location("vsr_bench_variants", Path(__file__).parent / "variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cases() -> dict[str, tuple]:
+    """name -> (kernel, argument types, constexprs, num_warps, num_stages, what it is)."""
+    v = _variants()
+    swap = dict(_GPTQ, HAS_BIAS=False, EVEN_K=True, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, IEEE=False)
+    out = {
+        "int4-gemv": (int4._int4_gemv_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_N=8, W8=128, SPLIT_K=1), 2, 2,
+                      "int4 M=1 GEMV, qkv's tuned tile (8 rows x 128 words per step)"),
+        "fp8-gemv": (common.gemv_kernel, dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", y_ptr="*bf16", rs_ptr="*bf16",
+                                              cs_ptr="*bf16", bias_ptr="*bf16", N="i32", K="i32", stride_wn="i32"),
+                     dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, EVEN_K=True, BLOCK_N=8, BLOCK_K=512), 4, 3,
+                     "fp8's CUDA-core GEMV (run 5's tile), for instructions per weight byte"),
+        "int4-splitk-16": (int4._int4_kernel, _INT4, dict(swap, BLOCK_M=16, BLOCK_N=128, BLOCK_K=64), 4, 4,
+                           "int4 M=16 split-K, qkv's tuned tile 16x128x64 split 8"),
+    }
+    for bm, bn in ((16, 128), (64, 128), (64, 64)):
+        out[f"int4-swap-{bm}x{bn}"] = (int4._int4_swap_kernel, _INT4, dict(swap, BLOCK_M=bm, BLOCK_N=bn), 4, 3,
+                                       f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
+        out[f"int4-slices-{bm}x{bn}"] = (v.int4_slices_kernel, _INT4,
+                                         dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8), 4, 3,
+                                         f"variants.py int4-slices on the swap path's {bm}x{bn}x128 tile")
+    return out
+
+
+def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int):
+    params = list(inspect.signature(fn.fn).parameters)
+    sig, cx = {}, {}
+    for i, p in enumerate(params):
+        if p in consts:
+            sig[p], cx[(i,)] = "constexpr", consts[p]
+        elif p in types:
+            sig[p] = types[p]
+        else:  # a constexpr with a default (e.g. IEEE=False) left out of the case
+            sig[p], cx[(i,)] = "constexpr", inspect.signature(fn.fn).parameters[p].default
+    return triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def _tool(name: str, *args: str) -> str:
+    return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, check=True).stdout
+
+
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i8": 1, "f8E4M3FN": 1, "i16": 2}
+
+
+def _stored_bytes(ttgir_loops: str) -> int:
+    """Bytes of register tensors written to shared memory by `ttg.local_alloc %value` inside the
+    loops (operands taking a round trip through shared memory on every step, e.g. an unpacked
+    weight tile on its way to the MMA; asynchronous global->shared copies are not counted)."""
+    total = 0
+    for dims, dtype in re.findall(r"ttg\.local_alloc %\S+ : \(tensor<([0-9x]+)x(\w+),", ttgir_loops):
+        n = 1
+        for d in dims.split("x"):
+            n *= int(d)
+        total += n * _BYTES.get(dtype, 4)
+    return total
+
+
+def analyse(k) -> dict:
+    """Resources, shared-memory round trips in loops and the SASS histogram of one compiled kernel."""
+    ttgir = k.asm["ttgir"]
+    in_loops = ttgir[ttgir.find("scf.for"):] if "scf.for" in ttgir else ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = _tool("cuobjdump", "-res-usage", f.name)
+        sass = _tool("cuobjdump", "-sass", f.name)
+    res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return {"registers": int(res.get("REG", -1)), "stack_bytes": int(res.get("STACK", -1)),
+            "local_bytes": int(res.get("LOCAL", -1)), "shared_bytes": k.metadata.shared,
+            "hgmma": ops.get("HGMMA", 0), "sass_instructions": sum(ops.values()),
+            "register_bytes_to_shared_per_step": _stored_bytes(in_loops),
+            "sass_top": dict(ops.most_common(14))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    all_cases = cases()
+    names = a.cases.split(",") if a.cases else list(all_cases)
+    rows = []
+    for name in names:
+        fn, types, consts, warps, stages, what = all_cases[name]
+        row = {"case": name, "what": what, "tile": {k: v for k, v in consts.items() if k.isupper()},
+               "num_warps": warps, "num_stages": stages}
+        try:
+            row.update(analyse(compile_sm90(fn, types, consts, warps, stages)))
+        except Exception as e:  # a case that does not compile is a finding
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out = Path(a.out) if a.out else RESULTS / f"inspect-sm90-{datetime.date.today().isoformat()}.json"
+    out.write_text(json.dumps({"benchmark": "inspect", "target": "cuda sm_90 (compiled, not run)",
+                               "triton": triton.__version__, "commit": code_commit(), "rows": rows}, indent=1) + "\n")
+    print(f"\n{'case':22s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:22s} ERROR {r['error'][:80]}")
+            continue
+        print(f"{r['case']:22s} {r['registers']:5d} {r['local_bytes']:6d} {r['shared_bytes']:7d} {r['hgmma']:5d} "
+              f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""benchmarks/inspect_kernels.py compiles kernels for sm_90 without a GPU and reads their resources.
+
+It runs in a subprocess: under the interpreter (the CPU test set-up) @triton.jit functions are
+interpreted and cannot be compiled."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
+
+
+@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
+def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "inspect.json"
+    p = subprocess.run([sys.executable, str(BENCH / "inspect_kernels.py"), "--cases", "int4-swap-16x128",
+                        "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    (r,) = doc["rows"]
+    assert "error" not in r, r.get("error")
+    assert 0 < r["registers"] <= 255 and r["shared_bytes"] > 0
+    assert r["hgmma"] > 0, "a 128-row weight tile as the left operand runs on Hopper's wgmma"
+    # The unpacked [128, 128] bf16 weight tile goes through shared memory on every step.
+    assert r["register_bytes_to_shared_per_step"] >= 128 * 128 * 2
+    assert sum(r["sass_top"].values()) <= r["sass_instructions"]
