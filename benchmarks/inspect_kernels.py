@@ -72,9 +72,12 @@ def cases() -> dict[str, tuple]:
     for bm, bn in ((16, 128), (64, 128), (64, 64)):
         out[f"int4-swap-{bm}x{bn}"] = (int4._int4_swap_kernel, _INT4, dict(swap, BLOCK_M=bm, BLOCK_N=bn), 4, 3,
                                        f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
-        out[f"int4-slices-{bm}x{bn}"] = (v.int4_slices_kernel, _INT4,
-                                         dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8), 4, 3,
-                                         f"variants.py int4-slices on the swap path's {bm}x{bn}x128 tile")
+        for pairs in (False, True):
+            out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
+                v.int4_slices_kernel, _INT4,
+                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=pairs), 4, 3,
+                f"variants.py int4-slices{' (PTX two-nibble conversion)' if pairs else ''} on the swap path's "
+                f"{bm}x{bn}x128 tile")
     return out
 
 

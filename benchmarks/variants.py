@@ -104,13 +104,31 @@ def swap_tiles(bucket: int, N: int, K: int, elem_bytes: int) -> list[dict]:
 
 
 @triton.jit
+def _nibble_pair(w, zz, F16: tl.constexpr):
+    """(u_j - z, u_{j+4} - z) of each (pre-shifted) word as two bf16 (f16) tensors: one LOP3 puts
+    nibbles 0 and 4 into the mantissas of the pair 128 + u (the exponent of 128; f16: 1024), one
+    packed subtraction takes 128 + z off both, exactly (NVIDIA sm_90 PTX; not the interpreter)."""
+    if F16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+            "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
+        "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+
+
+@triton.jit
 def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                        GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+                       PAIRS: tl.constexpr = False, F16: tl.constexpr = False):
     """acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the j-th nibble of each word
     (k = 8·word + j) and x_j the matching columns of x: no reshape of the unpacked weights. The
-    group scale on each step's fp32 partial sum (BLOCK_K divides the group), the zero point
-    (or 8) subtracted in the 2^23-mantissa conversion, split-K partial sums to the workspace."""
+    group scale on each step's fp32 partial sum (BLOCK_K divides the group), split-K partial sums
+    to the workspace. The zero point (or 8) is subtracted exactly, either in fp32 through the
+    mantissa of 2^23 (any backend, the interpreter included) or, with PAIRS (NVIDIA sm_90 PTX),
+    two nibbles per instruction: nibbles j and j+4 of a word masked into the mantissas of a
+    bf16x2 (or f16x2) pair of 128 + u (1024 + u), then one packed subtraction of 128 + z."""
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -127,22 +145,38 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
         g = (kw0 * 8) // GROUP
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if HAS_ZP:
-            z = 8388608.0 + tl.load(zp_ptr + rn * KG + g).to(tl.float32)
+            zu = tl.load(zp_ptr + rn * KG + g)
         else:
-            z = tl.full((BLOCK_N,), 8388616.0, tl.float32)
+            zu = tl.full((BLOCK_N,), 8, tl.int32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for j in tl.static_range(8):
-            f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-            kj = offs_w * 8 + j
-            xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
-            part = tl.dot((f - z[:, None]).to(xj.dtype), xj, part)
+        if PAIRS:
+            # (128 + z) in both halves of a bf16x2 (1024 + z for f16x2): exact, z < 16.
+            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
+            uw = words.to(tl.uint32, bitcast=True)
+            for j in tl.static_range(4):
+                lo, hi = _nibble_pair(uw >> (4 * j), zz, F16)
+                kj = offs_w * 8 + j
+                xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
+                xj4 = tl.load(x_ptr + rm[None, :] * stride_xm + (kj + 4)[:, None], mask=(kj + 4)[:, None] < K,
+                              other=0.0)
+                part = tl.dot(lo, xj, part)
+                part = tl.dot(hi, xj4, part)
+        else:
+            z = 8388608.0 + zu.to(tl.float32)
+            for j in tl.static_range(8):
+                f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
+                kj = offs_w * 8 + j
+                xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
+                part = tl.dot((f - z[:, None]).to(xj.dtype), xj, part)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
 
 
-def launch_int4_slices(x, w, tile):
-    """y = x · dequant(W)ᵀ through int4_slices_kernel (no bias, no act-order: the study's weights)."""
+def launch_int4_slices(x, w, tile, pairs: bool = False):
+    """y = x · dequant(W)ᵀ through int4_slices_kernel (no bias, no act-order: the study's weights);
+    pairs: the PTX two-nibble conversion (CUDA, bf16/fp16 activations only)."""
+    assert not pairs or (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16))
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -154,7 +188,8 @@ def launch_int4_slices(x, w, tile):
     int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
         x, w.packed, w.scale, zp, y, ws, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0), y.stride(0),
         k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16,
+        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, None, None, None, None)
     return y
@@ -182,6 +217,9 @@ def study_int4_slices(shapes, ms, log):
                     split = common._split_for(bucket_for(M), N, K, bm, bn, 128, 16, waves=waves)
                     tile = common.tile("int4-slices", bm, bn, 128, split, 4, stages)
                     cases.append(("nibble slices", tile, lambda w, tile=tile: launch_int4_slices(x, w, tile)))
+                    if dev.type == "cuda":   # inline PTX: not under the interpreter
+                        cases.append(("nibble slices, PTX pairs", tile,
+                                      lambda w, tile=tile: launch_int4_slices(x, w, tile, pairs=True)))
                 _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
     return rows
 
@@ -237,7 +275,7 @@ def study_persistent(shapes, ms, log):
 
 
 STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persistent, "1024,4096"),
-           "int4-slices": (study_int4_slices, "16,64,128")}
+           "int4-slices": (study_int4_slices, "1,16,64,128")}
 
 
 def main() -> int:
