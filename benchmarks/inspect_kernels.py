@@ -6,7 +6,7 @@ Triton compiles each case for GPUTarget("cuda", 90) with its bundled ptxas, exac
 for the H200, and this reports, per case: registers, spill bytes and shared memory of the cubin
 (`cuobjdump -res-usage`), the tensor-core instructions (HGMMA: wgmma), the bytes of register
 tensors stored to shared memory inside a loop (TTGIR `ttg.local_alloc %value`: an operand taking
-a round trip through shared memory on every step), and the SASS opcode histogram. It answers "what does the
+a round trip through shared memory on every step), and the SASS opcode histogram, whole and of the main loop (per thread and step). It answers "what does the
 compiled kernel do" between device sessions; it times nothing (benchmarks/limits.py and
 variants.py do that on the GPU). The Triton version here may differ from the device's: the
 report records it.
@@ -125,16 +125,23 @@ def analyse(k) -> dict:
         usage = _tool("cuobjdump", "-res-usage", f.name)
         sass = _tool("cuobjdump", "-sass", f.name)
     res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
-    ops = collections.Counter()
+    ins = []   # (address, opcode, operands)
     for line in sass.splitlines():
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(.*)", line)
         if m:
-            ops[m.group(1)] += 1
+            ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    ops = collections.Counter(op for _, op, _ in ins)
+    # The main loop: the longest span closed by a backward branch.
+    spans = [(int(t.group(1), 16), a) for a, op, rest in ins if op == "BRA"
+             for t in [re.search(r"0x([0-9a-f]+)", rest)] if t and int(t.group(1), 16) < a]
+    lo, hi = max(spans, key=lambda p: p[1] - p[0]) if spans else (0, -1)
+    loop = collections.Counter(op for a, op, _ in ins if lo <= a <= hi)
     return {"registers": int(res.get("REG", -1)), "stack_bytes": int(res.get("STACK", -1)),
             "local_bytes": int(res.get("LOCAL", -1)), "shared_bytes": k.metadata.shared,
             "hgmma": ops.get("HGMMA", 0), "sass_instructions": sum(ops.values()),
             "register_bytes_to_shared_per_step": _stored_bytes(in_loops),
-            "sass_top": dict(ops.most_common(14))}
+            "sass_top": dict(ops.most_common(14)),
+            "main_loop_instructions": sum(loop.values()), "main_loop_top": dict(loop.most_common(10))}
 
 
 def main() -> int:
@@ -158,13 +165,13 @@ def main() -> int:
     out = Path(a.out) if a.out else RESULTS / f"inspect-sm90-{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps({"benchmark": "inspect", "target": "cuda sm_90 (compiled, not run)",
                                "triton": triton.__version__, "commit": code_commit(), "rows": rows}, indent=1) + "\n")
-    print(f"\n{'case':22s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s}")
+    print(f"\n{'case':22s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']:22s} ERROR {r['error'][:80]}")
             continue
         print(f"{r['case']:22s} {r['registers']:5d} {r['local_bytes']:6d} {r['shared_bytes']:7d} {r['hgmma']:5d} "
-              f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d}")
+              f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d} {r['main_loop_instructions']:5d}")
     print(f"wrote {out}")
     return 0
 
