@@ -72,12 +72,13 @@ def cases() -> dict[str, tuple]:
     for bm, bn in ((16, 128), (64, 128), (64, 64)):
         out[f"int4-swap-{bm}x{bn}"] = (int4._int4_swap_kernel, _INT4, dict(swap, BLOCK_M=bm, BLOCK_N=bn), 4, 3,
                                        f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
-        for pairs in (False, True):
-            out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
+        for pairs, xperm in ((False, False), (True, False), (True, True)):
+            tag = ("-ptx" if pairs else "") + ("-xperm" if xperm else "")
+            out[f"int4-slices{tag}-{bm}x{bn}"] = (
                 v.int4_slices_kernel, _INT4,
-                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=pairs), 4, 3,
-                f"variants.py int4-slices{' (PTX two-nibble conversion)' if pairs else ''} on the swap path's "
-                f"{bm}x{bn}x128 tile")
+                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=pairs, XPERM=xperm), 4, 3,
+                f"variants.py int4-slices{' (PTX two-nibble conversion)' if pairs else ''}"
+                f"{' (x in slice order)' if xperm else ''} on the swap path's {bm}x{bn}x128 tile")
     return out
 
 
@@ -165,12 +166,12 @@ def main() -> int:
     out = Path(a.out) if a.out else RESULTS / f"inspect-sm90-{datetime.date.today().isoformat()}.json"
     out.write_text(json.dumps({"benchmark": "inspect", "target": "cuda sm_90 (compiled, not run)",
                                "triton": triton.__version__, "commit": code_commit(), "rows": rows}, indent=1) + "\n")
-    print(f"\n{'case':22s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s}")
+    print(f"\n{'case':30s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['case']:22s} ERROR {r['error'][:80]}")
+            print(f"{r['case']:30s} ERROR {r['error'][:80]}")
             continue
-        print(f"{r['case']:22s} {r['registers']:5d} {r['local_bytes']:6d} {r['shared_bytes']:7d} {r['hgmma']:5d} "
+        print(f"{r['case']:30s} {r['registers']:5d} {r['local_bytes']:6d} {r['shared_bytes']:7d} {r['hgmma']:5d} "
               f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d} {r['main_loop_instructions']:5d}")
     print(f"wrote {out}")
     return 0

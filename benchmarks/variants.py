@@ -121,14 +121,17 @@ def _nibble_pair(w, zz, F16: tl.constexpr):
 def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                        GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       PAIRS: tl.constexpr = False, F16: tl.constexpr = False):
+                       PAIRS: tl.constexpr = False, F16: tl.constexpr = False, XPERM: tl.constexpr = False):
     """acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the j-th nibble of each word
     (k = 8·word + j) and x_j the matching columns of x: no reshape of the unpacked weights. The
     group scale on each step's fp32 partial sum (BLOCK_K divides the group), split-K partial sums
     to the workspace. The zero point (or 8) is subtracted exactly, either in fp32 through the
     mantissa of 2^23 (any backend, the interpreter included) or, with PAIRS (NVIDIA sm_90 PTX),
     two nibbles per instruction: nibbles j and j+4 of a word masked into the mantissas of a
-    bf16x2 (or f16x2) pair of 128 + u (1024 + u), then one packed subtraction of 128 + z."""
+    bf16x2 (or f16x2) pair of 128 + u (1024 + u), then one packed subtraction of 128 + z.
+    XPERM: x arrives with the columns of each BLOCK_K block in slice order (column j·BK/8 + w
+    holds x[8·w + j], permuted by the launcher), so each x_j is a contiguous [BM, BK/8] load
+    instead of a stride-8 gather."""
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -155,17 +158,17 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
             uw = words.to(tl.uint32, bitcast=True)
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(uw >> (4 * j), zz, F16)
-                kj = offs_w * 8 + j
+                kj = kw0 * 8 + j * W8 + tl.arange(0, W8) if XPERM else offs_w * 8 + j
+                kj4 = kj + 4 * W8 if XPERM else kj + 4
                 xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
-                xj4 = tl.load(x_ptr + rm[None, :] * stride_xm + (kj + 4)[:, None], mask=(kj + 4)[:, None] < K,
-                              other=0.0)
+                xj4 = tl.load(x_ptr + rm[None, :] * stride_xm + kj4[:, None], mask=kj4[:, None] < K, other=0.0)
                 part = tl.dot(lo, xj, part)
                 part = tl.dot(hi, xj4, part)
         else:
             z = 8388608.0 + zu.to(tl.float32)
             for j in tl.static_range(8):
                 f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-                kj = offs_w * 8 + j
+                kj = kw0 * 8 + j * W8 + tl.arange(0, W8) if XPERM else offs_w * 8 + j
                 xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
                 part = tl.dot((f - z[:, None]).to(xj.dtype), xj, part)
         acc += part * scale[:, None]
@@ -173,10 +176,15 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
                           y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
 
 
-def launch_int4_slices(x, w, tile, pairs: bool = False):
+def launch_int4_slices(x, w, tile, pairs: bool = False, xperm: bool = False):
     """y = x · dequant(W)ᵀ through int4_slices_kernel (no bias, no act-order: the study's weights);
-    pairs: the PTX two-nibble conversion (CUDA, bf16/fp16 activations only)."""
+    pairs: the PTX two-nibble conversion (CUDA, bf16/fp16 activations only); xperm: x's columns
+    put in slice order first (one torch copy of x, part of the timed call; K % BLOCK_K == 0)."""
     assert not pairs or (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16))
+    if xperm:
+        bk = tile["BLOCK_K"]
+        assert x.shape[1] % bk == 0, "the slice-order permutation takes whole BLOCK_K blocks"
+        x = x.view(x.shape[0], -1, bk // 8, 8).transpose(2, 3).reshape(x.shape)
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -188,7 +196,7 @@ def launch_int4_slices(x, w, tile, pairs: bool = False):
     int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
         x, w.packed, w.scale, zp, y, ws, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0), y.stride(0),
         k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16,
+        SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, XPERM=xperm,
         num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, None, None, None, None)
@@ -217,9 +225,12 @@ def study_int4_slices(shapes, ms, log):
                     split = common._split_for(bucket_for(M), N, K, bm, bn, 128, 16, waves=waves)
                     tile = common.tile("int4-slices", bm, bn, 128, split, 4, stages)
                     cases.append(("nibble slices", tile, lambda w, tile=tile: launch_int4_slices(x, w, tile)))
+                    cases.append(("nibble slices, x permuted", tile,
+                                  lambda w, tile=tile: launch_int4_slices(x, w, tile, xperm=True)))
                     if dev.type == "cuda":   # inline PTX: not under the interpreter
-                        cases.append(("nibble slices, PTX pairs", tile,
-                                      lambda w, tile=tile: launch_int4_slices(x, w, tile, pairs=True)))
+                        cases += [(f"nibble slices, PTX pairs{', x permuted' if xp else ''}", tile,
+                                   lambda w, tile=tile, xp=xp: launch_int4_slices(x, w, tile, pairs=True, xperm=xp))
+                                  for xp in (False, True)]
                 _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
     return rows
 

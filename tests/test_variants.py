@@ -33,8 +33,9 @@ def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
     assert cases and all("error" not in r and r["ms"] == 1.0 for r in cases), [r.get("error") for r in cases]
 
 
-@pytest.mark.parametrize("symmetric,split,K", [(True, 1, 256), (False, 2, 380)])   # 380: a partial last word
-def test_int4_slices_variant_matches_reference(variants, symmetric, split, K):
+@pytest.mark.parametrize("symmetric,split,K,xperm", [(True, 1, 256, False), (False, 2, 380, False),  # 380: a partial last word
+                                                     (False, 2, 384, True)])
+def test_int4_slices_variant_matches_reference(variants, symmetric, split, K, xperm):
     from vsr.kernels import int4
     g = torch.Generator().manual_seed(K + split)
     N, M, G = 37, 5, 128
@@ -45,5 +46,5 @@ def test_int4_slices_variant_matches_reference(variants, symmetric, split, K):
     x = torch.randn(M, K, generator=g).half().to(DEV)
     tile = {"path": "int4-slices", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": split, "GROUP_M": 2,
             "num_warps": 4, "num_stages": 2}
-    y = variants.launch_int4_slices(x, w, tile)
+    y = variants.launch_int4_slices(x, w, tile, xperm=xperm)
     torch.testing.assert_close(y, int4.reference_linear(x, w), rtol=2e-3, atol=2e-3)
