@@ -72,13 +72,15 @@ def cases() -> dict[str, tuple]:
     for bm, bn in ((16, 128), (64, 128), (64, 64)):
         out[f"int4-swap-{bm}x{bn}"] = (int4._int4_swap_kernel, _INT4, dict(swap, BLOCK_M=bm, BLOCK_N=bn), 4, 3,
                                        f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
-        for pairs, xperm in ((False, False), (True, False), (True, True)):
-            tag = ("-ptx" if pairs else "") + ("-xperm" if xperm else "")
+        for pairs, xperm, repack in ((False, False, False), (True, False, False), (True, True, False),
+                                     (True, False, True), (True, True, True)):
+            tag = ("-ptx" if pairs else "") + ("-xperm" if xperm else "") + ("-repack" if repack else "")
             out[f"int4-slices{tag}-{bm}x{bn}"] = (
-                v.int4_slices_kernel, _INT4,
-                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=pairs, XPERM=xperm), 4, 3,
+                v.int4_slices_kernel, _INT4, dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8,
+                                                  PAIRS=pairs, XPERM=xperm, REPACK=repack), 4, 3,
                 f"variants.py int4-slices{' (PTX two-nibble conversion)' if pairs else ''}"
-                f"{' (x in slice order)' if xperm else ''} on the swap path's {bm}x{bn}x128 tile")
+                f"{' (x in slice order)' if xperm else ''}{' (words repacked at load)' if repack else ''}"
+                f" on the swap path's {bm}x{bn}x128 tile")
     return out
 
 

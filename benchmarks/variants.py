@@ -121,7 +121,8 @@ def _nibble_pair(w, zz, F16: tl.constexpr):
 def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                        GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       PAIRS: tl.constexpr = False, F16: tl.constexpr = False, XPERM: tl.constexpr = False):
+                       PAIRS: tl.constexpr = False, F16: tl.constexpr = False, XPERM: tl.constexpr = False,
+                       REPACK: tl.constexpr = False):
     """acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the j-th nibble of each word
     (k = 8·word + j) and x_j the matching columns of x: no reshape of the unpacked weights. The
     group scale on each step's fp32 partial sum (BLOCK_K divides the group), split-K partial sums
@@ -131,7 +132,10 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
     bf16x2 (or f16x2) pair of 128 + u (1024 + u), then one packed subtraction of 128 + z.
     XPERM: x arrives with the columns of each BLOCK_K block in slice order (column j·BK/8 + w
     holds x[8·w + j], permuted by the launcher), so each x_j is a contiguous [BM, BK/8] load
-    instead of a stride-8 gather."""
+    instead of a stride-8 gather. REPACK: the words were repacked once at load (repack_pairs):
+    of each pair of words (a, b), one holds a's nibbles 0-3 and b's nibbles 0-3 in its two
+    halves, the other their nibbles 4-7, so a nibble field of one word is already the
+    (word 2p, word 2p+1) pair that the MMA operand keeps in one register."""
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -152,7 +156,24 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
         else:
             zu = tl.full((BLOCK_N,), 8, tl.int32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if PAIRS:
+        if REPACK:
+            halves = tl.split(tl.reshape(words.to(tl.uint32, bitcast=True), (BLOCK_N, W8 // 2, 2)))
+            if PAIRS:
+                zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(halves[0])
+            else:
+                z = 8388608.0 + zu.to(tl.float32)
+            for j in tl.static_range(8):
+                src = halves[j // 4] >> (4 * (j % 4))
+                if PAIRS:
+                    a, b = _nibble_pair(src, zz, F16)
+                else:
+                    a = ((src & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z[:, None]
+                    b = (((src >> 16) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z[:, None]
+                kj = kw0 * 8 + j * W8 + tl.arange(0, W8) if XPERM else offs_w * 8 + j
+                xj = tl.load(x_ptr + rm[None, :] * stride_xm + kj[:, None], mask=kj[:, None] < K, other=0.0)
+                wj = tl.reshape(tl.join(a, b), (BLOCK_N, W8))
+                part = tl.dot(wj.to(xj.dtype), xj, part)
+        elif PAIRS:
             # (128 + z) in both halves of a bf16x2 (1024 + z for f16x2): exact, z < 16.
             zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
             uw = words.to(tl.uint32, bitcast=True)
@@ -176,10 +197,23 @@ def int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K, K8,
                           y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
 
 
-def launch_int4_slices(x, w, tile, pairs: bool = False, xperm: bool = False):
+def repack_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """The REPACK layout of int4_slices_kernel, made once per weight (a permutation of its
+    nibbles, no dequantized copy): words (a, b) -> (a[0:16] | b[0:16] << 16, a[16:32] | b[16:32]
+    << 16), bits counted from the low end; an odd word count gets a zero word."""
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    if p.shape[1] % 2:
+        p = torch.nn.functional.pad(p, (0, 1))
+    a, b = p[:, 0::2], p[:, 1::2]
+    out = torch.stack(((a & 0xFFFF) | ((b & 0xFFFF) << 16), (a >> 16) | (b & 0xFFFF0000)), dim=2).flatten(1)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32).contiguous()
+
+
+def launch_int4_slices(x, w, tile, pairs: bool = False, xperm: bool = False, repacked: torch.Tensor | None = None):
     """y = x · dequant(W)ᵀ through int4_slices_kernel (no bias, no act-order: the study's weights);
     pairs: the PTX two-nibble conversion (CUDA, bf16/fp16 activations only); xperm: x's columns
-    put in slice order first (one torch copy of x, part of the timed call; K % BLOCK_K == 0)."""
+    put in slice order first (one torch copy of x, part of the timed call; K % BLOCK_K == 0);
+    repacked: repack_pairs(w.packed), made once at load (not part of the call)."""
     assert not pairs or (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16))
     if xperm:
         bk = tile["BLOCK_K"]
@@ -194,9 +228,11 @@ def launch_int4_slices(x, w, tile, pairs: bool = False, xperm: bool = False):
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     zp = w.zero_point if w.zero_point is not None else w.packed
     int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-        x, w.packed, w.scale, zp, y, ws, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0), y.stride(0),
+        x, w.packed if repacked is None else repacked, w.scale, zp, y, ws, M, N, K,
+        (w.packed if repacked is None else repacked).stride(0), w.scale.stride(0), x.stride(0), y.stride(0),
         k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, XPERM=xperm,
+        REPACK=repacked is not None,
         num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, None, None, None, None)
@@ -213,6 +249,7 @@ def study_int4_slices(shapes, ms, log):
         wb = _weights("bf16", N, K, dev)
         for fmt in ("int4-gptq", "int4-awq"):
             ws = _weights(fmt, N, K, dev)
+            reps = {id(w): repack_pairs(w.packed) for w in ws}   # once per weight, as at load
             for M in ms:
                 x = torch.randn(M, K, device=dev).to(torch.bfloat16)
                 ids = dict(study="int4-slices", format=fmt, shape=sh, M=M)
@@ -227,10 +264,13 @@ def study_int4_slices(shapes, ms, log):
                     cases.append(("nibble slices", tile, lambda w, tile=tile: launch_int4_slices(x, w, tile)))
                     cases.append(("nibble slices, x permuted", tile,
                                   lambda w, tile=tile: launch_int4_slices(x, w, tile, xperm=True)))
+                    cases.append(("nibble slices, repacked", tile,
+                                  lambda w, tile=tile: launch_int4_slices(x, w, tile, repacked=reps[id(w)])))
                     if dev.type == "cuda":   # inline PTX: not under the interpreter
-                        cases += [(f"nibble slices, PTX pairs{', x permuted' if xp else ''}", tile,
-                                   lambda w, tile=tile, xp=xp: launch_int4_slices(x, w, tile, pairs=True, xperm=xp))
-                                  for xp in (False, True)]
+                        cases += [(f"nibble slices, PTX pairs{', x permuted' if xp else ''}{', repacked' if rp else ''}",
+                                   tile, lambda w, tile=tile, xp=xp, rp=rp: launch_int4_slices(
+                                       x, w, tile, pairs=True, xperm=xp, repacked=reps[id(w)] if rp else None))
+                                  for xp, rp in ((False, False), (True, False), (False, True), (True, True))]
                 _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, **ids)
     return rows
 
