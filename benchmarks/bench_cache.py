@@ -93,6 +93,12 @@ def hash_outputs(resolver, formats, buckets_by_format, hash_shape):
     return out
 
 
+def small_candidates(args) -> int | None:
+    """Tiles tried per key of the --small shapes: --max-candidates-small, else --max-candidates
+    (None: all)."""
+    return args.max_candidates_small if args.max_candidates_small is not None else args.max_candidates
+
+
 def role_tune(args):
     from vsr.cli.tune import shape_jobs
 
@@ -104,7 +110,7 @@ def role_tune(args):
         p.unlink(missing_ok=True)
     resolver = TileResolver(db, "tune", dev, jobs=args.jobs)
     report = {}
-    small_n = args.max_candidates_small if args.max_candidates_small is not None else args.max_candidates
+    small_n = small_candidates(args)
     for name, spec, budget, most in (("27b", args.big, args.time_budget_27b, args.max_candidates),
                                      ("minilm", args.small, args.time_budget_minilm, small_n)):
         t0 = time.monotonic()
@@ -170,7 +176,6 @@ def role_load(args):
     strict = TileResolver(cache, "error", DEV)
     hashes = hash_outputs(strict, formats, by_fmt, shapes.parse_shapes(args.big)[0])
     json.dump({"load_ms": times, "keys": len(probs), "recorded": recorded, "hashes": hashes,
-               "timing_calls": resolver.timing_calls + strict.timing_calls,
                "process_timing_calls": tuner.timing_calls() - before},
               open(Path(args.out_dir) / f"load{args.index}.json", "w"), indent=1)
 
@@ -201,11 +206,11 @@ def main():
     DEV = args.device
     BUCKETS = parse_buckets(args.buckets)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    commit = code_commit()  # of the code as it is when the run starts
     if args.role == "tune":
         return role_tune(args)
     if args.role == "load":
         return role_load(args)
+    commit = code_commit()  # of the code as it is when the run starts (the parent's: its children run it)
 
     if args.skip_tune:  # re-measure loading of an earlier run's export (tune.json, nvidia-h200.json in out-dir)
         print("skipping the tune: loading the existing export", flush=True)
@@ -245,7 +250,7 @@ def main():
         "tune_commit": os.environ.get("VSR_TUNE_COMMIT", "") if args.skip_tune else commit,
         "cold_tune_s": t27["seconds"], "cold_tune_complete": t27["tuned"] == t27["keys"],
         "cold_tune": tune["report"], "max_candidates": args.max_candidates,
-        "max_candidates_small": args.max_candidates_small,
+        "max_candidates_small": small_candidates(args),
         "rows": [{"format": k.split("/")[0], "shape": hs[0], "N": hs[1], "K": hs[2],
                   "M": int(k.split("/")[1]), "provider": "vsr", "graph": False, "ms": None, "floor_ms": None,
                   "checked": all(ld["hashes"].get(k) == v for ld in loads), "sha256": v}

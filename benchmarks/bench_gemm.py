@@ -25,7 +25,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight,  # noqa: E402
+from common_bench import (SHAPES, check, code_commit, copy_TBps, eager_ms, graph_ms, weight_copies,  # noqa: E402
                           result_path)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
@@ -39,11 +39,7 @@ VSR_FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4-emulated")
 
 def ceilings() -> dict:
     dev = "cuda"
-    a = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_()
-    b = torch.empty_like(a)
-    t = eager_ms(lambda: b.copy_(a))
-    copy = 2 * a.numel() / (t * 1e-3) / 1e12
-    del a, b
+    copy = copy_TBps(dev)
     n = 8192
     x = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     y = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -64,19 +60,12 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
 
 
-# Graph replay up to this M as well as eager: vsr's Python launch path costs 40-170 us of host time
-# per call (H200 run 6: bf16 qkv M=64 took 79.6 us eager and 28.9 us replayed; run 7: fp8 qkv
-# M=1024 171 us of host time against 109 us replayed), which hides the kernel up to M ~ 1024 in
-# eager timing. BENCHMARKS.md asks for both figures where that happens: every M here.
-GRAPH_MAX_M = 4096
-
-
-def timings(fns, M: int) -> list[tuple[bool, float]]:
-    """[(graph, ms)]: eager always; CUDA graph too for M <= GRAPH_MAX_M."""
-    out = [(False, eager_ms(fns[0]))]
-    if M <= GRAPH_MAX_M:
-        out.append((True, graph_ms(fns)))
-    return out
+def timings(fns) -> list[tuple[bool, float]]:
+    """[(graph, ms)]: eager and CUDA-graph replay. vsr's Python launch path costs 40-170 us of host
+    time per call (H200 run 6: bf16 qkv M=64 took 79.6 us eager and 28.9 us replayed; run 7: fp8
+    qkv M=1024 171 us of host time against 109 us replayed), which hides the kernel up to M ~ 1024
+    in eager timing; BENCHMARKS.md asks for both figures where that happens: every M here."""
+    return [(False, eager_ms(fns[0])), (True, graph_ms(fns))]
 
 
 def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
@@ -84,9 +73,8 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
     a sweep of n_sweep candidates, else the default tiles."""
     from vsr.autotune.tuner import sweep
     dev = torch.device("cuda")
-    w0 = make_weight(fmt, N, K, dev, seed=0)
-    wb = w0.nbytes()
-    ws = [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(wb))]
+    ws = weight_copies(fmt, N, K, dev)
+    w0, wb = ws[0], ws[0].nbytes()
     t = registry.template_for(w0, torch.bfloat16, emulate=fmt == "nvfp4-emulated")
     rows = []
     for M in ms:
@@ -103,7 +91,7 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
         y = torch.full((M, N), float("nan"), dtype=x.dtype, device=dev)
         t.launch(x, w0, tile, out=y)
         ok, rel = check(y, t.reference(x, w0))
-        for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws], M):
+        for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws]):
             rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": "vsr", "graph": graph,
                          "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok,
                          "max_rel_err": rel, "template": t.name, "tile": tile, "candidates_swept": swept,
@@ -116,11 +104,11 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
     dev = torch.device("cuda")
     rows = []
     # cuBLAS bf16
-    wd = make_weight("bf16", N, K, dev, seed=0)
-    wds = [wd] + [make_weight("bf16", N, K, dev, seed=i) for i in range(1, copies_for(wd.nbytes()))]
+    wds = weight_copies("bf16", N, K, dev)
+    wd = wds[0]
     # FP8 _scaled_mm with row-wise scales
-    w8 = make_weight("fp8", N, K, dev, seed=0)
-    w8s = [w8] + [make_weight("fp8", N, K, dev, seed=i) for i in range(1, copies_for(w8.nbytes()))]
+    w8s = weight_copies("fp8", N, K, dev)
+    w8 = w8s[0]
     sb = [w.weight_scale.float()[None, :].contiguous() for w in w8s]
 
     def torch_quant(x):
@@ -129,9 +117,8 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
         return q, s.float()
 
     # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
-    wi = make_weight("int4-gptq", N, K, dev, seed=0)
-    nis = copies_for(wi.nbytes())
-    wis = [wi] + [make_weight("int4-gptq", N, K, dev, seed=i) for i in range(1, nis)]
+    wis = weight_copies("int4-gptq", N, K, dev)
+    wi = wis[0]
     tg = []
     for w in wis:
         u = int4mod.unpack_int4(w.packed, K)
@@ -186,7 +173,7 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
                 log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
         for fmt, prov, fns, ok, wb in provs:
             try:
-                tms = timings(fns, M)
+                tms = timings(fns)
             except Exception as e:
                 log({"provider": prov, "M": M, "error": f"{type(e).__name__}: {e}"})
                 continue
@@ -253,7 +240,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
-    a.commit = code_commit()  # of the code as it is when the run starts
+    commit = code_commit()  # of the code as it is when the run starts
     log = (lambda r: None) if a.quiet else (lambda r: print(json.dumps(r, default=str), flush=True))
     ceil = ceilings()
     print("ceilings", ceil, flush=True)
@@ -272,18 +259,18 @@ def main() -> int:
             from_cache = resolver if fmt in a.cache_formats.split(",") else None
             rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log, from_cache)
             torch.cuda.empty_cache()
-        write(a, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
-    write(a, ceil, rows, t_start, partial=False)
+        write(a, commit, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
+    write(a, commit, ceil, rows, t_start, partial=False)
     print(ratio_table(rows, ceil))
     return 0
 
 
-def write(a, ceil, rows, t_start, partial):
+def write(a, commit, ceil, rows, t_start, partial):
     name = torch.cuda.get_device_name()
     out = Path(a.out) if a.out else result_path("gemm", name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
-                               "triton": triton.__version__, "commit": a.commit, "ceilings": ceil,
+                               "triton": triton.__version__, "commit": commit, "ceilings": ceil,
                                "sweep_candidates": a.sweep, "tile_cache": a.cache,
                                "cache_formats": a.cache_formats if a.cache else None,
                                "wall_s": round(time.time() - t_start, 1),

@@ -1,4 +1,4 @@
-"""Weights, timers and checks shared by bench_gemm.py and gpu_check.py (benchmarks only)."""
+"""Weights, timers, checks and paths shared by the benchmark scripts (benchmarks only)."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +16,8 @@ from vsr.autotune.tuner import TOLERANCES as TOL
 # The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
 SHAPES = {name: (N, K) for name, N, K in shapes.SHAPES_27B}
 RESULTS = Path(__file__).resolve().parent / "results"
+# The shipped autotune cache of the H200: the tiles users run there.
+SHIPPED_CACHE = Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"
 L2_BYTES = 60 << 20
 
 # Benchmark format names (BENCHMARKS.md), each made by make_weight.
@@ -71,6 +73,20 @@ def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = Fa
 def copies_for(nbytes: int, most: int = 8) -> int:
     """How many weight copies to rotate so the rotation is at least twice the L2."""
     return max(1, min(most, math.ceil(2 * L2_BYTES / max(1, nbytes))))
+
+
+def weight_copies(fmt: str, N: int, K: int, device) -> list:
+    """make_weight's seed-0 weight and further seeds, enough copies that cycling through them
+    keeps each call's weight out of the L2 (copies_for)."""
+    w0 = make_weight(fmt, N, K, device, seed=0)
+    return [w0] + [make_weight(fmt, N, K, device, seed=i) for i in range(1, copies_for(w0.nbytes()))]
+
+
+def copy_TBps(device="cuda") -> float:
+    """The copy-bandwidth ceiling: a 1 GiB device copy, bytes read plus written, do_bench median."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
+    b = torch.empty_like(a)
+    return 2 * a.numel() / (eager_ms(lambda: b.copy_(a)) * 1e-3) / 1e12
 
 
 def eager_ms(fn) -> float:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import importlib.util
 import inspect
 import json
 import os
@@ -35,7 +33,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import RESULTS, code_commit  # noqa: E402
+import variants  # noqa: E402
+from common_bench import code_commit, result_path  # noqa: E402
 
 from vsr.kernels import common, int4  # noqa: E402
 
@@ -48,16 +47,9 @@ _INT4 = dict(x_ptr="*bf16", q_ptr="*i32", sc_ptr="*bf16", zp_ptr="*i32", y_ptr="
 _GPTQ = dict(GROUP=128, HAS_ZP=False)
 
 
-def _variants():
-    spec = importlib.util.spec_from_file_location("vsr_bench_variants", Path(__file__).parent / "variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def cases() -> dict[str, tuple]:
     """name -> (kernel, argument types, constexprs, num_warps, num_stages, what it is)."""
-    v = _variants()
+    v = variants
     swap = dict(_GPTQ, HAS_BIAS=False, EVEN_K=True, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, IEEE=False)
     out = {
         "int4-gemv": (int4._int4_gemv_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_N=8, W8=128, SPLIT_K=1), 2, 2,
@@ -144,7 +136,7 @@ def analyse(k) -> dict:
             "hgmma": ops.get("HGMMA", 0), "sass_instructions": sum(ops.values()),
             "register_bytes_to_shared_per_step": _stored_bytes(in_loops),
             "sass_top": dict(ops.most_common(14)),
-            "main_loop_instructions": sum(loop.values()), "main_loop_top": dict(loop.most_common(10))}
+            "main_loop_instructions": sum(loop.values()), "main_loop_ops": dict(loop.most_common())}
 
 
 def main() -> int:
@@ -165,7 +157,7 @@ def main() -> int:
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = Path(a.out) if a.out else RESULTS / f"inspect-sm90-{datetime.date.today().isoformat()}.json"
+    out = Path(a.out) if a.out else result_path("inspect", "sm90")
     out.write_text(json.dumps({"benchmark": "inspect", "target": "cuda sm_90 (compiled, not run)",
                                "triton": triton.__version__, "commit": code_commit(), "rows": rows}, indent=1) + "\n")
     print(f"\n{'case':30s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s}")

@@ -6,7 +6,9 @@ Each case times the shipped tile of a call (caches/nvidia-h200.json, CUDA-graph 
 through weight copies larger than the L2, as bench_gemm.py) beside variants that isolate one cost:
   int4 M=1      the GEMV's bandwidth beside fp8's GEMV on the same N x K (twice the bytes, a plain
                 decode): the share of copy bandwidth each reaches;
-  int4 M=64     the split-K tile beside the same tile on a bf16 weight (no unpacking in the loop);
+  int4 M=64     the shipped tile beside a bf16 weight's pointer-load split-K product on the same
+                block sizes and split (no unpacking in the loop; for a "swap" tile this is the
+                untransposed product: the dense template has no pointer-load transposed path);
   int4 M=256+   the transient-dequantization path split into its two launches;
   fp8 M=256+    the call split into the activation prologue and the product alone, beside
                 _scaled_mm alone;
@@ -26,27 +28,12 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, check, code_commit, copies_for, eager_ms, graph_ms, make_weight,  # noqa: E402
-                          result_path)
+from common_bench import (SHAPES, SHIPPED_CACHE, check, code_commit, copy_TBps, graph_ms, result_path,  # noqa: E402
+                          weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
 from vsr.kernels import common, dense, fp8, int4, registry  # noqa: E402
-
-CACHE = Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"
-
-
-def copy_TBps() -> float:
-    """bench_gemm's ceiling: a 1 GiB device copy, bytes read plus written, triton do_bench median."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    return 2 * a.numel() / (eager_ms(lambda: b.copy_(a)) * 1e-3) / 1e12
-
-
-def weights(fmt, N, K):
-    w0 = make_weight(fmt, N, K, "cuda", seed=0)
-    return [w0] + [make_weight(fmt, N, K, "cuda", seed=i) for i in range(1, copies_for(w0.nbytes()))]
-
 
 def us(fns) -> float:
     return round(graph_ms(fns) * 1e3, 2)
@@ -80,7 +67,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="qkv,down")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    res = TileResolver(CACHE, "error", torch.device("cuda"))
+    res = TileResolver(SHIPPED_CACHE, "error", torch.device("cuda"))
     bw = copy_TBps()
     rows = []
 
@@ -90,24 +77,21 @@ def main() -> int:
 
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
+        w4, w8, wb = (weight_copies(f, N, K, "cuda") for f in ("int4-gptq", "fp8", "bf16"))
         # int4 M=1: bytes per second of the int4 GEMV and of fp8's GEMV.
         x1 = torch.randn(1, K, device="cuda").to(torch.bfloat16)
-        for fmt in ("int4-gptq", "fp8", "bf16"):
-            ws = weights(fmt, N, K)
+        for fmt, ws in (("int4-gptq", w4), ("fp8", w8), ("bf16", wb)):
             t, tile = shipped_tile(res, ws[0], 1)
             ms = us([lambda w=w: t.launch(x1, w, tile) for w in ws])
             row(case="M=1 bandwidth", shape=sh, format=fmt, tile=tile, us=ms,
                 checked=check(t.launch(x1, ws[0], tile), t.reference(x1, ws[0]))[0],
                 bw_share=round(ws[0].nbytes() / (ms * 1e-6) / (bw * 1e12), 3))
-        # int4 M=64: the split-K tile with and without unpacking.
+        # int4 M=64: the shipped tile, and bf16 weights through a split-K tile of its blocks.
         x64 = torch.randn(64, K, device="cuda").to(torch.bfloat16)
-        w4 = weights("int4-gptq", N, K)
-        wb = weights("bf16", N, K)
-        w8 = weights("fp8", N, K)
         t4, tile4 = shipped_tile(res, w4[0], 64)
         tb, tileb = shipped_tile(res, wb[0], 64)
         same = dict(tile4, path="splitk" if tile4["path"] == "splitk" else "tiled")
-        row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4,
+        row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4, bf16_same_tile=same,
             checked=(check(t4.launch(x64, w4[0], tile4), t4.reference(x64, w4[0]))[0]
                      and check(tb.launch(x64, wb[0], same), tb.reference(x64, wb[0]))[0]),
             int4_us=us([lambda w=w: t4.launch(x64, w, tile4) for w in w4]),
@@ -121,6 +105,7 @@ def main() -> int:
             r = {"case": f"int4 M={M} parts", "shape": sh, "tile": tile4,
                  "call_us": us([lambda w=w: t4.launch(x, w, tile4) for w in w4])}
             if tile4["path"].startswith("dequant"):
+                assert w4[0].zero_point is None, "deq below launches the symmetric (GPTQ) form"
                 wt = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
                 dbk = int4._dequant_block_k(w4[0].group_size)
 
@@ -142,13 +127,14 @@ def main() -> int:
             t8, tile8 = shipped_tile(res, w8[0], M)
             xq, xs = fp8.quantize_activation_triton(x)
             y = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
-            if tile8["path"] == "tma":
+            if tile8["path"] in ("tma", "tma-swap"):   # fp8.launch's dispatch
                 prod = [lambda w=w: common.launch_tma(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale, owner=w) for w in w8]
             else:
                 prod = [lambda w=w: common.launch_tiled(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale) for w in w8]
-            scaled = [lambda w=w: torch._scaled_mm(xq, w.weight.t(), scale_a=xs.float()[:, None],
-                                                   scale_b=w.weight_scale.float()[None, :], out_dtype=torch.bfloat16,
-                                                   use_fast_accum=True) for w in w8]
+            # fp32 scales made outside the timed calls (as bench_gemm's peers): _scaled_mm alone.
+            sa = xs.float()[:, None]
+            scaled = [lambda w=w, sb=w.weight_scale.float()[None, :].contiguous(): torch._scaled_mm(
+                xq, w.weight.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True) for w in w8]
             ref8 = t8.reference(x, w8[0])
             prod[0]()
             r["fp8_parts_checked"] = check(y, ref8)[0] and check(scaled[0](), ref8)[0]

@@ -37,6 +37,7 @@ CUDA-graph replays (no host launch time) cycling through weight copies larger th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, code_commit, copies_for, graph_ms, make_weight  # noqa: E402
+from common_bench import SHAPES, SHIPPED_CACHE, check, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import common, registry  # noqa: E402
@@ -65,12 +66,18 @@ def _timed(row, run, ws, ref, base):
     return row
 
 
-def _weights(fmt, N, K, dev):
-    w0 = make_weight(fmt, N, K, dev)
-    return [w0] + [make_weight(fmt, N, K, dev, seed=i) for i in range(1, copies_for(w0.nbytes()))]
-
-
 DEV = "cuda"  # the studies' device (the tests run them on the CPU through the interpreter)
+# The studies' activation dtype. The CPU tests use fp16: the Triton interpreter computes tl.dot on
+# bf16 operands wrongly, so bf16 outputs there could not be checked.
+ACT = torch.bfloat16
+
+
+def _weights(fmt, N, K, dev):
+    """weight_copies, the dense ("bf16") weights in the activation dtype ACT."""
+    ws = weight_copies(fmt, N, K, dev)
+    if fmt == "bf16" and ACT != torch.bfloat16:
+        ws = [dataclasses.replace(w, weight=w.weight.to(ACT)) for w in ws]
+    return ws
 
 
 def _baseline(rows, x, wb, **ids) -> float:
@@ -247,13 +254,13 @@ def study_int4_slices(shapes, ms, log):
     for sh in shapes:
         N, K = SHAPES[sh]
         wb = _weights("bf16", N, K, dev)
-        for fmt in ("int4-gptq", "int4-awq"):
-            ws = _weights(fmt, N, K, dev)
-            reps = {id(w): repack_pairs(w.packed) for w in ws}   # once per weight, as at load
-            for M in ms:
-                x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+        weights = {fmt: _weights(fmt, N, K, dev) for fmt in ("int4-gptq", "int4-awq")}
+        reps = {id(w): repack_pairs(w.packed) for ws in weights.values() for w in ws}   # once per weight, as at load
+        for M in ms:
+            x = torch.randn(M, K, device=dev).to(ACT)
+            base = _baseline(rows, x, wb, study="int4-slices", shape=sh, M=M)
+            for fmt, ws in weights.items():
                 ids = dict(study="int4-slices", format=fmt, shape=sh, M=M)
-                base = _baseline(rows, x, wb, **ids)
                 p = t.problem(ws[0], bucket_for(M), x.dtype)
                 tuned = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
                 cases = [("tuned tile (shipped)", tuned, lambda w: t.launch(x, w, tuned))]
@@ -280,7 +287,7 @@ def _shipped_resolver(dev):
     if dev.type != "cuda":
         return None
     from vsr.autotune.resolver import TileResolver
-    return TileResolver(str(Path(__file__).resolve().parent.parent / "caches" / "nvidia-h200.json"), "default", dev)
+    return TileResolver(SHIPPED_CACHE, "default", dev)
 
 
 def study_small_m(shapes, ms, log):
@@ -290,7 +297,7 @@ def study_small_m(shapes, ms, log):
         N, K = SHAPES[sh]
         wb, w8 = _weights("bf16", N, K, dev), _weights("fp8", N, K, dev)
         for M in ms:
-            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
+            x = torch.randn(M, K, device=dev).to(ACT)
             base = _baseline(rows, x, wb, study="small-m", shape=sh, M=M)
             for fmt, ws, tname, eb in (("bf16", wb, "dense", 2), ("fp8", w8, "fp8_w8a8", 1)):
                 t = registry.TEMPLATES[tname]
@@ -310,13 +317,13 @@ def study_persistent(shapes, ms, log):
     rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
+        weights = {fmt: _weights(fmt, N, K, dev) for fmt in ("bf16", "fp8", "int4-gptq")}
         for M in ms:
-            x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            base = _baseline(rows, x, wb, study="persistent", shape=sh, M=M)
+            x = torch.randn(M, K, device=dev).to(ACT)
+            base = _baseline(rows, x, weights["bf16"], study="persistent", shape=sh, M=M)
             for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16")):
                 t = registry.TEMPLATES[tname]
-                ws = wb if fmt == "bf16" else _weights(fmt, N, K, dev)
+                ws = weights[fmt]
                 d = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
                 cases = [(f"PERSISTENT={v}", dict(d, PERSISTENT=v), lambda w, c=dict(d, PERSISTENT=v): t.launch(x, w, c))
                          for v in (0, 1)]

@@ -29,4 +29,5 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     assert r["hgmma"] > 0, "a 128-row weight tile as the left operand runs on Hopper's wgmma"
     # The unpacked [128, 128] bf16 weight tile goes through shared memory on every step.
     assert r["register_bytes_to_shared_per_step"] >= 128 * 128 * 2
-    assert sum(r["sass_top"].values()) <= r["sass_instructions"]
+    # The main loop was found, and it holds the tensor-core instructions.
+    assert 0 < r["main_loop_instructions"] < r["sass_instructions"] and r["main_loop_ops"].get("HGMMA", 0) > 0

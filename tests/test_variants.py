@@ -23,14 +23,19 @@ def variants():
 
 @pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40]), ("int4-slices", [5])])
 def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
-    # The studies' orchestration on a tiny shape, timing replaced by a count: every case is built,
-    # run and recorded (the figures themselves come from the H200).
+    # The studies on a tiny shape, timing replaced by running the calls: every case is built, run,
+    # checked against its reference and recorded (the figures themselves come from the H200).
+    # fp16 activations: the interpreter's bf16 tl.dot is wrong, so bf16 outputs could not be checked.
     monkeypatch.setattr(variants, "DEV", DEV)
+    monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 256)})
-    monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
+    calls = []
+    monkeypatch.setattr(variants, "graph_ms", lambda fns: calls.extend(f() for f in fns) or 1.0)
     rows = variants.STUDIES[study][0](["tiny"], ms, lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
-    assert cases and all("error" not in r and r["ms"] == 1.0 for r in cases), [r.get("error") for r in cases]
+    assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert all(r["ok"] for r in cases), [(r["variant"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
+    assert len(calls) >= len(rows), "every timed case ran its calls"
 
 
 @pytest.mark.parametrize("symmetric,split,K,xperm,repack", [(True, 1, 256, False, False),
@@ -54,7 +59,6 @@ def test_int4_slices_variant_matches_reference(variants, symmetric, split, K, xp
 
 
 def test_repack_pairs_moves_nibble_halves(variants):
-    import torch
     from vsr.kernels import int4
     u = torch.randint(0, 16, (3, 24), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
     packed = int4.pack_int4(u)                                   # 3 words per row: an odd count
@@ -67,3 +71,4 @@ def test_repack_pairs_moves_nibble_halves(variants):
             assert torch.equal(nib(r[:, 2 * p], j), u[:, a + j].long())
             assert torch.equal(nib(r[:, 2 * p], j + 4), u[:, b + j].long() if b < 24 else torch.zeros(3).long())
             assert torch.equal(nib(r[:, 2 * p + 1], j), u[:, a + 4 + j].long())
+            assert torch.equal(nib(r[:, 2 * p + 1], j + 4), u[:, b + 4 + j].long() if b < 24 else torch.zeros(3).long())
