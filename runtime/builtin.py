@@ -38,6 +38,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from vsr.runtime.paths import cache_root
+
 BASE = "vsr/intent-minilm"
 # name -> (llm-compressor scheme or None for the base, manifest format name)
 _SPECS = {
@@ -69,12 +71,6 @@ TOL_TRITON_QUANTIZED_ACTIVATIONS = 2e-2
 TOL_DTYPE = {"float16": 2e-2, "bfloat16": 5e-2}
 
 
-def cache_root() -> Path:
-    from vsr.runtime.intents import cache_root as root
-
-    return root()
-
-
 def _slug(name: str) -> str:
     return name.split("/", 1)[1]
 
@@ -102,7 +98,7 @@ def _build_key(name: str) -> str:
         h.update(Path(compress.__file__).read_bytes())
         h.update(str(CALIBRATION_COUNT).encode())
         # The calibration sentences come from the intents split: a regenerated split gives new ones.
-        h.update(intents._cache_key().encode())
+        h.update(intents.split_key().encode())
         for dist in ("llmcompressor", "compressed-tensors"):
             try:
                 h.update(f"{dist}=={metadata.version(dist)}".encode())
@@ -111,19 +107,11 @@ def _build_key(name: str) -> str:
     return h.hexdigest()[:12]
 
 
-def _revision(files: dict[str, dict]) -> str:
-    """sha256 over the (relative path, file sha256) pairs of package.file_digests, in path order."""
-    h = hashlib.sha256()
-    for rel in sorted(files, key=lambda r: r.split("/")):
-        h.update(f"{rel}\0{files[rel]['sha256']}\n".encode())
-    return h.hexdigest()
-
-
 def package_revision(folder: Path) -> str:
     """sha256 over the sorted (relative path, file sha256) pairs, manifest excluded."""
-    from vsr.runtime.package import file_digests
+    from vsr.runtime.package import file_digests, revision_of
 
-    return _revision(file_digests(folder))
+    return revision_of(file_digests(folder))
 
 
 def calibration_texts() -> list[str]:
@@ -167,7 +155,7 @@ def _write_base(out: Path) -> None:
 
 
 def _build(name: str, final: Path) -> None:
-    from vsr.runtime.package import file_digests, write_manifest
+    from vsr.runtime.package import write_manifest
 
     scheme, fmt = _SPECS[name]
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -180,8 +168,7 @@ def _build(name: str, final: Path) -> None:
 
             base = resolve(BASE)
             pkg = compress_package(base, tmp / "pkg", scheme, calibration_texts(), seed=0)
-        files = file_digests(pkg)  # hashed once: for the revision and for the manifest
-        write_manifest(pkg, name, _revision(files), fmt, files=files)
+        write_manifest(pkg, name, None, fmt)  # the revision: revision_of the files written
         os.rename(pkg, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

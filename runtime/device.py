@@ -186,6 +186,24 @@ def format_support(fmt: str, identity: DeviceIdentity, model_dtype: torch.dtype 
     return level, why
 
 
+def device_formats(identity: DeviceIdentity) -> list[str]:
+    """The record formats this device runs natively (the H200: bf16, fp8, int4-gptq, int4-awq), as the
+    device table above says (the one place it lives: AMD gfx942/gfx950 run FP8 too). What vsr-tune
+    tunes when no --formats is given, and what a shipped cache must cover."""
+
+    def runs(fmt: str, dtype: str = "bfloat16") -> bool:
+        return format_support(fmt, identity, dtype)[0] != NO
+
+    out = ["bf16" if runs("dense") else "fp16"]
+    if runs("fp8"):
+        out.append("fp8")
+    if runs("int4"):
+        out += ["int4-gptq", "int4-awq"]
+    if runs("nvfp4"):
+        out.append("nvfp4")
+    return out
+
+
 def _support(fmt: str, identity: DeviceIdentity, model_dtype, probes) -> tuple[str, str, bool]:
     """(level, reason-or-note, whether the explicit emulation may lift a refusal)."""
     row = row_for(identity)

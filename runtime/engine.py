@@ -52,11 +52,6 @@ class Engine:
         self.linears: dict = linears or {}  # module name -> QLinear, for tests and tools
         self.labels: list[str] | None = model.labels
 
-    def check_request(self, text) -> str | None:
-        """An error message for a request this engine will not answer (empty, over-long), else None."""
-        return self.tokenizer.check(text)
-
-    @torch.inference_mode()
     def forward(self, texts: list[str]) -> torch.Tensor:
         """Probabilities [n, L] (or embeddings [n, H]), fp32 on the CPU, in the order given.
 
@@ -67,6 +62,7 @@ class Engine:
             raise RequestError("no requests")
         return self._forward_ids(self.tokenizer.encode_checked(texts))
 
+    @torch.inference_mode()  # here, not on forward: answer runs the model through this too
     def _forward_ids(self, ids: list[list[int]]) -> torch.Tensor:
         order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
         out: list[torch.Tensor | None] = [None] * len(ids)

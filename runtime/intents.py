@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from vsr.runtime.paths import cache_root
+
 SEED = 20261125
 TRAIN_PER_INTENT = 900
 TEST_PER_INTENT = 420
@@ -179,12 +181,6 @@ SPLITS = ("train", "test")
 class Example:
     text: str
     label: str
-
-
-def cache_root() -> Path:
-    """The user cache directory: VSR_CACHE_DIR, else ~/.cache/vsr."""
-    env = os.environ.get("VSR_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "vsr"
 
 
 def _load_intents():
@@ -319,7 +315,8 @@ def _generate() -> dict[str, list[Example]]:
     return out
 
 
-def _cache_key() -> str:
+def split_key() -> str:
+    """The split's cache key: this file's source and the package versions it is generated from."""
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
     for dist in ("home-assistant-intents", "hassil"):
@@ -329,7 +326,7 @@ def _cache_key() -> str:
 
 def load_split(*, use_cache: bool = True) -> dict[str, list[Example]]:
     """{"train": [...], "test": [...]}: the seeded split, generated once and cached."""
-    path = cache_root() / "intents" / f"split-{_cache_key()}.json"
+    path = cache_root() / "intents" / f"split-{split_key()}.json"
     if use_cache and path.is_file():
         raw = json.loads(path.read_text())
         return {s: [Example(t, lab) for t, lab in raw[s]] for s in SPLITS}

@@ -49,11 +49,18 @@ class QLinear(torch.nn.Module):
         self.tiles = tiles
         # Only with an explicit opt-in may "triton" pick an emulating template (nvfp4_emulated).
         self.emulate = emulate
-        # (row bucket, activation dtype) -> (weight, resolver, template, tile): the template and
-        # tile of a call are resolved once per bucket, not per call, since resolving (template
-        # choice, cache key, lookup) is host work that every layer of an eager forward would
-        # repeat. An entry holds only while the same weight and resolver objects are in place.
-        self._plans: dict[tuple[int, torch.dtype], tuple] = {}
+        # (row bucket, activation dtype) -> (template, tile): the template and tile of a call are
+        # resolved once per bucket, not per call, since resolving (template choice, cache key,
+        # lookup) is host work that every layer of an eager forward would repeat. Setting any of
+        # _PLAN_INPUTS (a .to() move included) empties it (__setattr__).
+        self._plans: dict[tuple[int, torch.dtype], tuple[Any, Any]] = {}
+
+    _PLAN_INPUTS = frozenset({"weight", "tiles", "emulate"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._PLAN_INPUTS:
+            self.__dict__.get("_plans", {}).clear()  # absent while __init__ sets the inputs
+        super().__setattr__(name, value)
 
     @property
     def in_features(self) -> int:
@@ -112,9 +119,9 @@ class QLinear(torch.nn.Module):
 
         key = (bucket_for(x2.shape[0]), x2.dtype)
         plan = self._plans.get(key)
-        if plan is None or plan[0] is not self.weight or plan[1] is not self.tiles:
+        if plan is None:
             template = registry.template_for(self.weight, x2.dtype, emulate=self.emulate)
             tile = self.tiles.tile(template, template.problem(self.weight, key[0], x2.dtype))
-            plan = self._plans[key] = (self.weight, self.tiles, template, tile)
-        _, _, template, tile = plan
+            plan = self._plans[key] = (template, tile)
+        template, tile = plan
         return template.launch(x2.contiguous(), self.weight, tile)

@@ -47,8 +47,9 @@ class PackageLoader:
         self.config = config
         self.quant = parse_quant_config(config)
         self._handles: dict[Path, object] = {}
-        self._checked: dict[str, str] = {}  # Linear layer -> its format, once its tensors passed check_linear
-        self._int4_shape: dict[str, tuple[int, int, int]] = {}  # int4 layer -> (N, K, G), read once
+        # Linear layer -> (format, N, K), once its tensors passed check_linear; loading reuses
+        # the dims (an int4 layer's are read from its weight_shape tensor).
+        self._checked: dict[str, tuple[str, int, int]] = {}
         single = self.dir / SINGLE_FILE
         index = self.dir / INDEX_FILE
         # name -> file holding it; filled from the index, or from the single file's header.
@@ -137,13 +138,8 @@ class PackageLoader:
         if self.has(f"{m}.bias"):
             self._expect(f"{m}.bias", FLOATS, (N,), f"[N]=[{N}]")
 
-    def _int4_dims(self, m: str, s: Scheme) -> tuple[int, int, int]:
-        """(N, K, G) of an int4 layer, validated against weight_packed and weight_shape."""
-        if m not in self._int4_shape:
-            self._int4_shape[m] = self._read_int4_dims(m, s)
-        return self._int4_shape[m]
-
-    def _read_int4_dims(self, m: str, s: Scheme) -> tuple[int, int, int]:
+    def _int4_dims(self, m: str) -> tuple[int, int]:
+        """(N, K) of an int4 layer, validated against weight_packed and weight_shape."""
         dt, sh = self._expect(f"{m}.weight_packed", ("I32",), None, "[N, ceil(K/8)]")
         if len(sh) != 2:
             raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected 2 dims [N, ceil(K/8)], "
@@ -153,7 +149,7 @@ class PackageLoader:
         if N != sh[0] or _cdiv(K, 8) != sh[1]:
             raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected shape [N, ceil(K/8)]="
                                f"[{N}, {_cdiv(K, 8)}] for weight_shape [{N}, {K}], got {list(sh)}")
-        return N, K, int(s.group_size)
+        return N, K
 
     def check_linear(self, m: str) -> str:
         """Validate one Linear layer's tensors from the headers; returns its format.
@@ -162,27 +158,27 @@ class PackageLoader:
         find it already done."""
         if m not in self._checked:
             self._checked[m] = self._check_linear(m)
-        return self._checked[m]
+        return self._checked[m][0]
 
-    def _check_linear(self, m: str) -> str:
+    def _check_linear(self, m: str) -> tuple[str, int, int]:
         s = self.scheme_for(m)
         fmt = "dense" if s is None else s.format
         if fmt == "dense":
             _, sh = self._expect(f"{m}.weight", FLOATS, None, "[N, K]")
             if len(sh) != 2:
                 raise PackageError(f"{self.dir}: tensor {m + '.weight'!r} expected 2 dims [N, K], got shape {list(sh)}")
-            N = sh[0]
+            N, K = sh
         elif fmt == "fp8":
             _, sh = self._expect(f"{m}.weight", ("F8_E4M3",), None, "[N, K]")
             if len(sh) != 2:
                 raise PackageError(f"{self.dir}: tensor {m + '.weight'!r} expected 2 dims [N, K], got shape {list(sh)}")
-            N = sh[0]
+            N, K = sh
             self._expect(f"{m}.weight_scale", FLOATS, None, f"[N, 1]=[{N}, 1]", numel=N)
             if self.meta(f"{m}.weight_scale")[1] not in ((N, 1), (N,)):
                 self._expect(f"{m}.weight_scale", FLOATS, (N, 1), f"[N, 1]=[{N}, 1]")
         elif fmt == "int4":
-            N, K, G = self._int4_dims(m, s)
-            ng = _cdiv(K, G)
+            N, K = self._int4_dims(m)
+            ng = _cdiv(K, int(s.group_size))
             self._expect(f"{m}.weight_scale", FLOATS, (N, ng), f"[N, ceil(K/G)]=[{N}, {ng}]")
             if not s.symmetric:
                 self._expect(f"{m}.weight_zero_point", ("I32",), (_cdiv(N, 8), ng),
@@ -202,7 +198,7 @@ class PackageLoader:
         else:  # pragma: no cover - quant_config only produces the formats above
             raise PackageError(f"{m}: unknown format {fmt!r}")
         self._check_bias(m, N)
-        return fmt
+        return fmt, N, K
 
     def check_linears(self, names: Iterable[str]) -> dict[str, str]:
         """Validate every named Linear layer before any loads; returns {name: format}."""
@@ -214,7 +210,8 @@ class PackageLoader:
 
     def linear(self, m: str) -> DenseWeight | Fp8Weight | Int4Weight | Nvfp4Weight:
         """The kernels' weight object for Linear layer `m` (CPU tensors, as stored)."""
-        fmt = self.check_linear(m)
+        self.check_linear(m)
+        fmt, N, K = self._checked[m]
         s = self.scheme_for(m)
         if fmt == "dense":
             return DenseWeight(self.tensor(f"{m}.weight"), self._bias(m))
@@ -222,13 +219,13 @@ class PackageLoader:
             w = self.tensor(f"{m}.weight")
             return Fp8Weight(w, self.tensor(f"{m}.weight_scale").reshape(w.shape[0]), self._bias(m))
         if fmt == "int4":
-            return self._int4(m, s)
+            return self._int4(m, s, N, K)
         igs = self.tensor(f"{m}.input_global_scale").reshape(1) if s.input_activations is not None else None
         return Nvfp4Weight(self.tensor(f"{m}.weight_packed"), self.tensor(f"{m}.weight_scale"),
                            self.tensor(f"{m}.weight_global_scale").reshape(1), igs, self._bias(m))
 
-    def _int4(self, m: str, s: Scheme) -> Int4Weight:
-        N, K, G = self._int4_dims(m, s)
+    def _int4(self, m: str, s: Scheme, N: int, K: int) -> Int4Weight:
+        G = int(s.group_size)
         packed = self.tensor(f"{m}.weight_packed")
         scale = self.tensor(f"{m}.weight_scale")
         # Symmetric schemes have no zero point; a stray one is ignored (FORMATS.md pitfall 9).

@@ -25,7 +25,7 @@ import torch
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.runtime import device as device_table
 from vsr.runtime.errors import DeviceRefusal, PackageError
-from vsr.runtime.intents import cache_root as _cache_root  # the one user cache directory (VSR_CACHE_DIR)
+from vsr.runtime.paths import cache_root as _cache_root
 
 MANIFEST = "MODEL_MANIFEST.json"
 CONFIG = "config.json"
@@ -117,19 +117,26 @@ def file_digests(package_dir: str | Path) -> dict[str, dict]:
             for rel, p in _package_files(Path(package_dir)).items()}
 
 
-def write_manifest(package_dir: str | Path, name: str, revision: str, format: str,
-                   files: dict[str, dict] | None = None) -> Path:
+def revision_of(files: dict[str, dict]) -> str:
+    """sha256 over the (relative path, file sha256) pairs of file_digests, in path order."""
+    h = hashlib.sha256()
+    for rel in sorted(files, key=lambda r: r.split("/")):
+        h.update(f"{rel}\0{files[rel]['sha256']}\n".encode())
+    return h.hexdigest()
+
+
+def write_manifest(package_dir: str | Path, name: str, revision: str | None, format: str) -> Path:
     """Write MODEL_MANIFEST.json for every file now in `package_dir`; returns its path.
 
-    `files` is file_digests(package_dir) when the caller already has it (each file is then
-    hashed once, not twice). Written to a temporary file and renamed, so a reader never sees
-    half a manifest.
+    revision None: revision_of the files (hashed once, for both). Written to a temporary
+    file and renamed, so a reader never sees half a manifest.
     """
     root = Path(package_dir)
     if not root.is_dir():
         raise PackageError(f"cannot write a manifest: {root} is not a folder")
-    if files is None:
-        files = file_digests(root)
+    files = file_digests(root)
+    if revision is None:
+        revision = revision_of(files)
     manifest = {"name": name, "revision": revision, "format": format, "files": files}
     out = root / MANIFEST
     tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"

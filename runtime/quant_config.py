@@ -219,7 +219,6 @@ class QuantConfig:
             kv = QArgs.parse(raw["kv_cache_scheme"], "quantization_config kv_cache_scheme")
             raise PackageError(f"quantization_config kv_cache_scheme: a quantized KV cache ({kv.type} {kv.num_bits}-bit, "
                                f"strategy {kv.strategy}) is not supported; vsr runs attention on unquantized keys and values")
-        self.kv_cache_scheme = None
 
     def scheme_for(self, module_name: str, classes: Iterable[str] = ("Linear", "Module")) -> Scheme | None:
         """The group that quantizes `module_name` (a Linear layer unless `classes` says otherwise),

@@ -36,14 +36,30 @@ def token_limit(package_dir: Path, config: dict) -> int:
     st = Path(package_dir) / "sentence_bert_config.json"
     if st.is_file():
         try:
-            n = json.loads(st.read_text()).get("max_seq_length")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            st_config = json.loads(st.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
             raise PackageError(f"{st}: not a readable sentence-transformers config ({e})") from None
+        if not isinstance(st_config, dict):
+            raise PackageError(f"{st}: not a readable sentence-transformers config (not a JSON object)")
+        n = st_config.get("max_seq_length")
         if n:
-            return min(int(n), int(config.get("max_position_embeddings", n)))
+            try:
+                n = int(n)
+            except (TypeError, ValueError):
+                raise PackageError(f"{st}: max_seq_length {n!r} is not an integer") from None
+            return min(n, int(config.get("max_position_embeddings", n)))
     if config.get("max_position_embeddings"):
         return int(config["max_position_embeddings"])
     raise PackageError(f"{package_dir}/config.json: no max_position_embeddings (or vsr_max_tokens) to bound request length")
+
+
+def _text_problem(text: object) -> str | None:
+    """The message for a request that is not a non-empty string (no tokenizer needed), or None."""
+    if not isinstance(text, str):
+        return f"request text must be a string, got {type(text).__name__}"
+    if not text.strip():
+        return "empty text"
+    return None
 
 
 class PackageTokenizer:
@@ -75,11 +91,7 @@ class PackageTokenizer:
 
     def check(self, text: object) -> str | None:
         """An error message for a request this model must not answer, or None."""
-        if not isinstance(text, str):
-            return f"request text must be a string, got {type(text).__name__}"
-        if not text.strip():
-            return "empty text"
-        return self._check_ids(self.tokenizer.encode(text).ids)
+        return _text_problem(text) or self._check_ids(self.tokenizer.encode(text).ids)
 
     def _check_ids(self, ids: list[int]) -> str | None:
         if len(ids) == 0:
@@ -91,7 +103,7 @@ class PackageTokenizer:
     def encode_each(self, texts: list[str]) -> tuple[list[list[int] | None], list[str | None]]:
         """(ids, problems), one tokenizer pass: per text its token ids, or None and the message
         of `check` for a text this model must not answer (the others are still encoded)."""
-        problems: list[str | None] = [None if isinstance(t, str) and t.strip() else self.check(t) for t in texts]
+        problems: list[str | None] = [_text_problem(t) for t in texts]
         todo = [i for i, p in enumerate(problems) if p is None]
         ids: list[list[int] | None] = [None] * len(texts)
         for i, x in zip(todo, self.encode([texts[i] for i in todo]) if todo else [], strict=True):
@@ -102,15 +114,11 @@ class PackageTokenizer:
 
     def encode_checked(self, texts: list[str]) -> list[list[int]]:
         """Token ids of every text (one tokenizer pass); RequestError names the first bad request."""
-        for i, t in enumerate(texts):
-            if not isinstance(t, str) or not t.strip():
-                raise RequestError(f"request {i}: {self.check(t)}")
-        ids = self.encode(texts)
-        for i, x in enumerate(ids):
-            msg = self._check_ids(x)
-            if msg is not None:
-                raise RequestError(f"request {i}: {msg}")
-        return ids
+        ids, problems = self.encode_each(texts)
+        for i, p in enumerate(problems):
+            if p is not None:
+                raise RequestError(f"request {i}: {p}")
+        return ids  # type: ignore[return-value]  # no problem, so no None
 
     def pad(self, ids: list[list[int]]) -> Batch:
         """Right-pad to the longest, with the attention mask."""

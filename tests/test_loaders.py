@@ -286,7 +286,7 @@ def test_qlinear_triton_mode_matches_reference():
     x = torch.randn(2, 3, 64, generator=gen).to(DEV)
     torch.testing.assert_close(lin(x), QLinear(dw)(x), rtol=1e-5, atol=1e-5)
     assert tiles.calls == 1 and registry.template_for(dw, torch.float32).name == "dense"
-    # The tile of a bucket is resolved once: again only for a new bucket, resolver or weight.
+    # The tile of a bucket is resolved once: again only for a new bucket, resolver, weight or emulate.
     lin(x)
     assert tiles.calls == 1
     lin(torch.randn(20, 64, generator=gen).to(DEV))                 # bucket 32
@@ -297,6 +297,9 @@ def test_qlinear_triton_mode_matches_reference():
     lin.weight = dense.DenseWeight(dw.weight.clone(), dw.bias)
     torch.testing.assert_close(lin(x), QLinear(dw)(x), rtol=1e-5, atol=1e-5)
     assert other.calls == 2
+    lin.emulate = True
+    lin(x)
+    assert other.calls == 3
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int4_g_idx", "int4_awq", "nvfp4_emulated"])

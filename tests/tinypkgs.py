@@ -106,9 +106,11 @@ class Pkg:
     """Enough of vsr.runtime.package.OpenedPackage for load_engine: path, config, model_dtype."""
 
     def __init__(self, path: Path):
+        from vsr.runtime.package import model_dtype_of
+
         self.path = Path(path)
         self.config = json.loads((self.path / "config.json").read_text())
-        self.model_dtype = self.config.get("dtype") or self.config.get("torch_dtype") or "float32"
+        self.model_dtype = model_dtype_of(self.config)  # a torch.dtype, as OpenedPackage has it
 
 
 # Built once per session even though several test modules import these fixtures (pytest
