@@ -9,6 +9,7 @@ sha256 prefix is the row id in the store.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -95,7 +96,17 @@ class CacheKey:
         return cls.from_dict(json.loads(s))
 
 
-_source_hashes: dict[tuple[str, str], str] = {}
+_source_hashes: dict[Any, str] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _code_text(module_name: str) -> str:
+    """code_text of a loaded vsr.kernels module, once per process: a shared module such as
+    kernels/common.py is a dependency of most templates, and its text (ast + tokenize) costs."""
+    import sys
+
+    from vsr.kernels.template import code_text
+    return code_text(sys.modules[module_name])
 
 
 def kernel_source_hash(template) -> str:
@@ -104,22 +115,27 @@ def kernel_source_hash(template) -> str:
     changes the key, so a changed kernel never reuses old tiles."""
     mod = template.module
     name = getattr(mod, "__name__", template.name)
-    memo = (template.name, name)  # per template: two templates of one module may have other deps
+    # Per template, not per module: two templates of one module may have other deps. Keyed by the
+    # template itself (frozen dataclasses hash by their fields), so two templates that share a
+    # name (dataclasses.replace) never share a hash; by name and module where it is unhashable.
+    memo = template
+    try:
+        hash(template)
+    except TypeError:
+        memo = (template.name, name)
     if memo in _source_hashes:
         return _source_hashes[memo]
     import types
 
-    from vsr.kernels.template import code_text
     deps = sorted({m.__name__ for m in vars(mod).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
                    and m.__name__ not in (name, "vsr.kernels.template")})
     if not deps:
         h = template.source_hash
     else:
-        import sys
         hs = hashlib.sha256(template.source_hash.encode())
         for d in deps:
-            hs.update(d.encode() + code_text(sys.modules[d]).encode())
+            hs.update(d.encode() + _code_text(d).encode())
         h = hs.hexdigest()[:16]
     _source_hashes[memo] = h
     return h

@@ -173,6 +173,10 @@ class TileResolver:
                 found = self._lookup_store(key.digest())
                 if found is not None:
                     return found
+                # Present when we wrote, gone when we read (e.g. pruned meanwhile): our tile is in
+                # no file, so it must not be served or reported as recorded.
+                raise CacheError(f"recording {key.short()} in {self.cache_path} failed: the store held "
+                                 "the key when we wrote it, and no longer holds it")
             self.tuned.append(key)
             if self.on_tuned is not None:
                 self.on_tuned(entry)

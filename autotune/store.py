@@ -14,10 +14,12 @@ miss policy.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import sqlite3
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -185,6 +187,7 @@ class SqliteStore(Store):
                     conn.execute("COMMIT")
                 finally:
                     conn.close()  # the last connection: the WAL is checkpointed into the file and removed
+                _chmod_as_new(tmp)
                 os.replace(tmp, self.path)
             finally:
                 for leftover in (tmp, tmp + "-wal", tmp + "-shm"):
@@ -223,11 +226,14 @@ class SqliteStore(Store):
                "tuned_at": entry.tuned_at}
         with self.lock():
             # One transaction per entry (the check and the write together), committed as soon as it
-            # is tuned. (`with conn:` was a no-op here: the connection is in autocommit mode.)
-            with self.db.atomic():
+            # is tuned. The row is written in plain SQL: sqlite-utils 3.x's insert() commits the
+            # connection on its own, which would end this transaction before its COMMIT.
+            with self._write_transaction("record an entry") as conn:
                 if not replace and self.get(row["digest"]) is not None:
                     return False
-                self.db["tiles"].insert(row, pk="digest", replace=True)
+                cols = ", ".join(f'"{c}"' for c in row)
+                conn.execute(f"INSERT OR REPLACE INTO tiles ({cols}) VALUES ({', '.join('?' * len(row))})",
+                             list(row.values()))
         return True
 
     def delete(self, digests: Iterable[str]) -> int:
@@ -235,9 +241,34 @@ class SqliteStore(Store):
         if not ds:
             return 0
         with self.lock():
-            with self.db.atomic():
-                cur = self.db.execute(f"DELETE FROM tiles WHERE digest IN ({','.join('?' * len(ds))})", ds)
+            # One statement per digest, not one `IN (?, ...)` list: older SQLite allows at most 999
+            # bound variables in a statement. Still one transaction: all of them go, or none.
+            with self._write_transaction("delete entries") as conn:
+                cur = conn.executemany("DELETE FROM tiles WHERE digest = ?", [(d,) for d in ds])
         return cur.rowcount
+
+    @contextmanager
+    def _write_transaction(self, what: str):
+        """One write transaction on the connection: BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an error).
+        IMMEDIATE takes the write lock up front, waiting out the busy timeout: a deferred BEGIN that
+        reads and then writes fails at once with "database is locked" when another connection
+        committed in between (the busy timeout does not cover that upgrade). Not sqlite-utils'
+        atomic(): it exists from sqlite-utils 4.0 only. SQLite's errors become CacheError."""
+        conn = self.db.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the error being raised says more than a failed rollback
+                raise
+        except sqlite3.OperationalError as e:
+            raise CacheError(f"autotune cache {self.path}: cannot {what} ({e})") from None
 
     def integrity_check(self) -> str:
         return self.db.conn.execute("PRAGMA integrity_check").fetchone()[0]
@@ -331,6 +362,20 @@ class JsonStore(Store):
         return len(gone)
 
 
+@functools.lru_cache(maxsize=None)
+def _umask() -> int:
+    # Read once: os.umask can only be read by setting it, which is not thread-safe.
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def _chmod_as_new(tmp: str) -> None:
+    """Give a file made by mkstemp (always 0600) the mode that open() would give a new file, so
+    a cache or export renamed into place is as readable as any other file its user writes."""
+    os.chmod(tmp, 0o666 & ~_umask())
+
+
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
@@ -339,6 +384,7 @@ def write_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        _chmod_as_new(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -94,26 +94,9 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     return jobs
 
 
-def device_formats(identity) -> list[str]:
-    """The record formats this device runs natively (the H200: bf16, fp8, int4-gptq, int4-awq), as the
-    device table in vsr.runtime.device says (the one place it lives: AMD gfx942/gfx950 run FP8 too)."""
-    from vsr.runtime.device import NO, format_support
-
-    def runs(fmt: str, dtype: str = "bfloat16") -> bool:
-        return format_support(fmt, identity, dtype)[0] != NO
-
-    out = ["bf16" if runs("dense") else "fp16"]
-    if runs("fp8"):
-        out.append("fp8")
-    if runs("int4"):
-        out += ["int4-gptq", "int4-awq"]
-    if runs("nvfp4"):
-        out.append("nvfp4")
-    return out
-
-
 def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: str | None) -> list[dict]:
     from vsr.autotune import shapes
+    from vsr.runtime.device import device_formats
 
     fmts = shapes.parse_formats(formats or ",".join(device_formats(identity)))
     jobs = []
@@ -189,9 +172,9 @@ def _fail(msg: str) -> None:
 @act_dtype_option
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
-@click.option("--max-candidates", default=None, type=int,
-              help="Try at most N tiles of each search space: the default tile, then an evenly strided "
-                   "pick of the rest.")
+@click.option("--max-candidates", default=None, type=click.IntRange(min=1),
+              help="Try at most N tiles of each search space: the default tile, then a pick spread "
+                   "evenly over the rest, its last tile included.")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
@@ -233,7 +216,7 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
                        f"{time.monotonic() - k0:5.1f}s{left}", err=True, nl=False)
         try:
             tiles = (None if max_candidates is None
-                     else candidates(job["template"].search_space(job["problem"]), max(1, max_candidates)))
+                     else candidates(job["template"].search_space(job["problem"]), max_candidates))
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
                                          progress=progress, tiles=tiles)
         except (CacheError, ValueError, RuntimeError) as e:
@@ -430,10 +413,11 @@ def verify_cmd(cache, device, as_json):
                                     act, dev)
             x = synth.random_activations(e.key.bucket, e.key.K, act, dev)
             p = t.problem(w, e.key.bucket, act)
-            if make_key(t, p, ident, triton=e.key.triton) != e.key:
+            rebuilt = make_key(t, p, ident, triton=e.key.triton)
+            if rebuilt != e.key:
                 # The check would run another problem than the one the entry is recorded for.
                 row["error"] = (f"cannot rebuild this key's problem: a synthetic weight of its parameters "
-                                f"{e.key.params} gives {make_key(t, p, ident, triton=e.key.triton).params}")
+                                f"{e.key.params} gives {rebuilt.params}")
             else:
                 res = tuner.sweep(t, w, x, tiles=[e.tile], problem=p, timed=False)
                 row["ok"], row["error"] = res[0]["ok"], res[0]["error"]

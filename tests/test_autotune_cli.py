@@ -144,6 +144,8 @@ def test_time_budget_skips_and_a_rerun_resumes(tmp_path):
     assert rep["tuned"] == [] and len(rep["skipped"]) == 2
     rep = json.loads(run(*args).stdout)
     assert len(rep["tuned"]) == 2 and rep["skipped"] == []
+    res = run("24x32", "--max-candidates", "0", "--autotune-cache", tmp_path / "t.db", ok=False)
+    assert res.exit_code == 2 and "--max-candidates" in res.output  # a usage error, not a silent 1
 
 
 def test_verify_flags_entries_of_another_triton_and_unrebuildable_keys(tuned, tmp_path):
@@ -162,7 +164,7 @@ def test_verify_flags_entries_of_another_triton_and_unrebuildable_keys(tuned, tm
     assert "Triton 0.0.1" in errors and "cannot rebuild" in errors
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU may have FP4 tensor cores")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU may have FP4 tensor cores")
 def test_a_format_the_device_cannot_run_is_a_message_not_a_traceback(tmp_path):
     for cmd in ([], ["coverage"]):
         res = run(*cmd, "64x128", "--formats", "nvfp4", "--buckets", "1", "--autotune-cache", tmp_path / "x.db",
@@ -173,8 +175,6 @@ def test_a_format_the_device_cannot_run_is_a_message_not_a_traceback(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(tmp_path):
-    from click.testing import CliRunner
-    from vsr.cli.tune import main
     r = CliRunner().invoke(main, ["coverage", "27b", "--autotune-cache", str(tmp_path / "c.db"), "--device", "cuda"])
     assert r.exit_code == 2
     assert "no CUDA device" in r.output and "Traceback" not in r.output

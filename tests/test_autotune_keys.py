@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vsr.autotune import shapes
+from vsr.autotune import keys, shapes
 from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.keys import kernel_source_hash, make_key
 from vsr.kernels.registry import template_for
@@ -39,7 +39,7 @@ def test_shape_specs():
     assert len(shapes.parse_shapes("27b,minilm,384x384")) == 7  # duplicates dropped
     with pytest.raises(ValueError, match="NxK"):
         shapes.parse_shapes("12x")
-    from vsr.cli.tune import device_formats
+    from vsr.runtime.device import device_formats
     assert device_formats(H200) == ["bf16", "fp8", "int4-gptq", "int4-awq"]
     b200 = DeviceIdentity("nvidia", "NVIDIA B200", (10, 0), None, 148)
     assert "nvfp4" in device_formats(b200)
@@ -61,13 +61,19 @@ def test_format_with_activation_dtype():
         shapes.parse_formats("fp8@int8")
 
 
-def test_source_hash_is_per_template_not_per_module():
+def test_source_hash_is_per_template_not_per_module(monkeypatch):
     # Two templates of one kernel module with different dependencies must not share a memoised hash.
     from vsr.kernels import dense, fp8
     a = replace(dense.TEMPLATE, name="dense_no_extra_deps")
     b = replace(dense.TEMPLATE, name="dense_with_fp8_dep", deps=(fp8,))
-    assert kernel_source_hash(a) != kernel_source_hash(b)
-    assert kernel_source_hash(b) == kernel_source_hash(b)
+    ha, hb = kernel_source_hash(a), kernel_source_hash(b)
+    assert ha != hb
+    # One name, other deps: the memo is keyed by the template, not its name.
+    assert kernel_source_hash(replace(b, deps=a.deps)) == ha
+    # What the memo serves is what a fresh computation gives.
+    monkeypatch.setattr(keys, "_source_hashes", {})
+    keys._code_text.cache_clear()
+    assert kernel_source_hash(b) == hb and kernel_source_hash(a) == ha
 
 
 def _module_from(tmp_path, name, text):

@@ -12,7 +12,7 @@ from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.keys import kernel_source_hash
 from vsr.autotune.resolver import shipped_cache_for
 from vsr.autotune.store import JsonStore
-from vsr.cli.tune import device_formats
+from vsr.runtime.device import device_formats
 from vsr.kernels.registry import TEMPLATES
 
 CACHES = Path(__file__).resolve().parent.parent / "caches"

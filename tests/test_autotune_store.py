@@ -254,3 +254,75 @@ def test_a_key_recorded_meanwhile_wins_over_the_tile_just_tuned(tmp_path, monkey
     assert r.tile(FAKE_DENSE, p) == theirs.tile and r.tuned == []
     monkeypatch.undo()
     assert open_store(db).get(key.digest()).tile == theirs.tile
+
+
+def test_a_write_takes_the_write_lock_before_it_reads(tmp_path, monkeypatch):
+    # A deferred BEGIN would let another connection commit between put's check and its write,
+    # and the write would then fail at once ("database is locked"; no busy wait covers it).
+    db = tmp_path / "c.db"
+    s = SqliteStore(db)
+    p = problems()[0]
+    e = Entry(TileResolver(db, "default", "cpu", identity=CPU).key(FAKE_DENSE, p), FAKE_DENSE.default_tile(p))
+    other = sqlite3.connect(db, timeout=0, isolation_level=None)
+    blocked = []
+    orig_get = SqliteStore.get
+
+    def get_while_another_writes(self, digest):
+        try:
+            other.execute("INSERT INTO meta VALUES ('other', 'writer')")
+        except sqlite3.OperationalError as err:
+            blocked.append(str(err))
+        return orig_get(self, digest)
+    monkeypatch.setattr(SqliteStore, "get", get_while_another_writes)
+    assert s.put(e) and blocked and "locked" in blocked[0]
+    monkeypatch.undo()
+    assert s.get(e.digest).tile == e.tile
+    # A writer that holds the file past the busy timeout: a CacheError naming the file, nothing written.
+    s.db.conn.execute("PRAGMA busy_timeout=0")
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(CacheError, match=r"c\.db.*locked"):
+        s.delete([e.digest])
+    other.execute("ROLLBACK")
+    assert not s.db.conn.in_transaction and s.get(e.digest) is not None
+    other.close()
+
+
+def test_delete_takes_more_digests_than_sqlite_binds_in_one_statement(tmp_path):
+    tuned_db(tmp_path / "c.db")
+    s = SqliteStore(tmp_path / "c.db")
+    if hasattr(s.db.conn, "setlimit"):  # Python 3.11+: bind no more than SQLite before 3.32 allowed
+        s.db.conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    ents = s.entries()
+    absent = [f"{i:024x}" for i in range(1500)]
+    assert s.delete(absent + [ents[0].digest, ents[1].digest]) == 2
+    assert {e.digest for e in s.entries()} == {e.digest for e in ents[2:]}
+    assert s.delete([]) == 0 and s.delete(absent) == 0
+
+
+def test_new_cache_files_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    from vsr.autotune import store as store_mod
+    old = os.umask(0o027)
+    store_mod._umask.cache_clear()
+    try:
+        tuned_db(tmp_path / "c.db")
+        export_json(open_store(tmp_path / "c.db"), tmp_path / "c.json")
+        JsonStore(tmp_path / "d.json").put(open_store(tmp_path / "c.db").entries()[0])
+        for name in ("c.db", "c.json", "d.json"):
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o640, name
+    finally:
+        os.umask(old)
+        store_mod._umask.cache_clear()
+
+
+def test_a_tile_the_store_lost_is_not_served_as_recorded(tmp_path, monkeypatch):
+    # put says the key is present, but a re-read finds nothing (removed meanwhile): the tile
+    # just tuned is in no file, so it is an error, not a tuned key.
+    db = tmp_path / "c.db"
+    r = TileResolver(db, "tune", "cpu", identity=CPU, timer=fake_timer)
+    monkeypatch.setattr(SqliteStore, "put", lambda self, entry, *, replace=False: False)
+    with pytest.raises(CacheError, match="no longer holds it"):
+        r.tile(FAKE_DENSE, problems()[0])
+    assert r.tuned == [] and open_store(db).entries() == []

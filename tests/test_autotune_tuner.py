@@ -127,6 +127,14 @@ def test_candidates_keep_the_default_and_spread_over_the_space():
     space = list(range(50))
     pick = candidates(space, 12)
     assert len(pick) == 12 and pick[0] == 0 and pick == sorted(set(pick))
-    assert pick[1] == 1 and pick[-1] >= 45          # both ends of the rest are seen, not just its head
+    assert pick[1] == 1 and pick[-1] == 49          # both ends of the rest are seen, not just its head
     assert candidates(space, None) == space and candidates(space, 80) == space
     assert candidates(space, 1) == [0]
+    assert candidates(space, 2) == [0, 49] and candidates(space, 3) == [0, 1, 49]
+    # every size below the space's: n tiles, the default first, no repeats, the last tile seen
+    for L in range(2, 20):
+        space = [f"t{i}" for i in range(L)]
+        for n in range(2, L):
+            pick = candidates(space, n)
+            assert len(pick) == len(set(pick)) == n and pick[0] == "t0" and pick[-1] == space[-1], (L, n, pick)
+            assert [space.index(t) for t in pick] == sorted(space.index(t) for t in pick)
