@@ -9,8 +9,8 @@ sha256 prefix is the row id in the store.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
+import sys
 import json
 from dataclasses import dataclass, fields
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from vsr.autotune.device_id import DeviceIdentity
+from vsr.kernels.template import module_code_text
 
 KEY_FIELDS = ("device", "triton", "template", "source_hash", "params", "N", "K", "bucket", "act_dtype")
 
@@ -99,16 +100,6 @@ class CacheKey:
 _source_hashes: dict[Any, str] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _code_text(module_name: str) -> str:
-    """code_text of a loaded vsr.kernels module, once per process: a shared module such as
-    kernels/common.py is a dependency of most templates, and its text (ast + tokenize) costs."""
-    import sys
-
-    from vsr.kernels.template import code_text
-    return code_text(sys.modules[module_name])
-
-
 def kernel_source_hash(template) -> str:
     """The template's source hash, extended by the vsr.kernels modules its module uses (shared
     kernels such as the split-K reduction live in kernels/common.py): a change to any of them
@@ -135,7 +126,7 @@ def kernel_source_hash(template) -> str:
     else:
         hs = hashlib.sha256(template.source_hash.encode())
         for d in deps:
-            hs.update(d.encode() + _code_text(d).encode())
+            hs.update(d.encode() + module_code_text(sys.modules[d]).encode())
         h = hs.hexdigest()[:16]
     _source_hashes[memo] = h
     return h

@@ -12,8 +12,9 @@ variants.py do that on the GPU). The Triton version here may differ from the dev
 report records it.
 
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
-qkv: M=1 GEMV, M=16 split-K, M=64 swap), fp8's GEMV for comparison per weight byte, and the
-int4-slices study kernel of benchmarks/variants.py on the same tiles as the swap path.
+qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
+weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
+its portable fp32 twin) on the same tiles as the swap path.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import variants  # noqa: E402
 from common_bench import code_commit, result_path  # noqa: E402
 
 from vsr.kernels import common, int4  # noqa: E402
@@ -49,7 +49,6 @@ _GPTQ = dict(GROUP=128, HAS_ZP=False)
 
 def cases() -> dict[str, tuple]:
     """name -> (kernel, argument types, constexprs, num_warps, num_stages, what it is)."""
-    v = variants
     swap = dict(_GPTQ, HAS_BIAS=False, EVEN_K=True, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, IEEE=False)
     out = {
         "int4-gemv": (int4._int4_gemv_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_N=8, W8=128, SPLIT_K=1), 2, 2,
@@ -64,14 +63,11 @@ def cases() -> dict[str, tuple]:
     for bm, bn in ((16, 128), (64, 128), (64, 64)):
         out[f"int4-swap-{bm}x{bn}"] = (int4._int4_swap_kernel, _INT4, dict(swap, BLOCK_M=bm, BLOCK_N=bn), 4, 3,
                                        f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
-        for pairs, xperm, repack in ((False, False, False), (True, False, False), (True, True, False),
-                                     (True, False, True), (True, True, True)):
-            tag = ("-ptx" if pairs else "") + ("-xperm" if xperm else "") + ("-repack" if repack else "")
-            out[f"int4-slices{tag}-{bm}x{bn}"] = (
-                v.int4_slices_kernel, _INT4, dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8,
-                                                  PAIRS=pairs, XPERM=xperm, REPACK=repack), 4, 3,
-                f"variants.py int4-slices{' (PTX two-nibble conversion)' if pairs else ''}"
-                f"{' (x in slice order)' if xperm else ''}{' (words repacked at load)' if repack else ''}"
+        for pairs in (False, True):
+            out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
+                int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
+                                                      SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False), 4, 3,
+                f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
     return out
 

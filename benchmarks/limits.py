@@ -105,19 +105,11 @@ def main() -> int:
             r = {"case": f"int4 M={M} parts", "shape": sh, "tile": tile4,
                  "call_us": us([lambda w=w: t4.launch(x, w, tile4) for w in w4])}
             if tile4["path"].startswith("dequant"):
-                assert w4[0].zero_point is None, "deq below launches the symmetric (GPTQ) form"
-                wt = torch.empty((N, K), dtype=torch.bfloat16, device="cuda")
-                dbk = int4._dequant_block_k(w4[0].group_size)
-
-                def deq(w):
-                    int4._int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
-                        w.packed, w.scale, w.packed, wt, N, K, w.packed.stride(0), w.scale.stride(0),
-                        GROUP=w.group_size, HAS_ZP=False, BLOCK_N=32, BLOCK_K=dbk, num_warps=4)
-                dw = dense.DenseWeight(wt)
+                dw = dense.DenseWeight(int4.dequantize_transient(w4[0], torch.bfloat16))
                 gt = dict(tile4, path="tma" if tile4["path"] == "dequant-tma" else "tiled")
-                deq(w4[0])
                 r["parts_checked"] = check(dense.launch(x, dw, gt), t4.reference(x, w4[0]))[0]
-                r.update(dequant_us=us([lambda w=w: deq(w) for w in w4]), gemm_us=us([lambda: dense.launch(x, dw, gt)]))
+                r.update(dequant_us=us([lambda w=w: int4.dequantize_transient(w, torch.bfloat16) for w in w4]),
+                         gemm_us=us([lambda: dense.launch(x, dw, gt)]))
                 moved = w4[0].nbytes() + N * K * 2
                 r["dequant_bytes_share_of_copy"] = round(moved / (r["dequant_us"] * 1e-6) / (bw * 1e12), 3)
             r["cublas_us"] = us([lambda w=w: x @ w.weight.t() for w in wb])
@@ -127,10 +119,7 @@ def main() -> int:
             t8, tile8 = shipped_tile(res, w8[0], M)
             xq, xs = fp8.quantize_activation_triton(x)
             y = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
-            if tile8["path"] in ("tma", "tma-swap"):   # fp8.launch's dispatch
-                prod = [lambda w=w: common.launch_tma(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale, owner=w) for w in w8]
-            else:
-                prod = [lambda w=w: common.launch_tiled(xq, w.weight, y, tile8, rs=xs, cs=w.weight_scale) for w in w8]
+            prod = [lambda w=w: fp8.launch_product(xq, xs, w, y, tile8) for w in w8]
             # fp32 scales made outside the timed calls (as bench_gemm's peers): _scaled_mm alone.
             sa = xs.float()[:, None]
             scaled = [lambda w=w, sb=w.weight_scale.float()[None, :].contiguous(): torch._scaled_mm(

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels.template import Template, code_text
+from vsr.kernels.template import Template, module_code_text
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
 # pipelined operand tiles need more are pruned from the search space.
@@ -38,6 +38,17 @@ def swizzle(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
     pid_m = first_m + (pid % width) % group_size
     pid_n = (pid % width) // group_size
     return pid_m, pid_n
+
+
+@triton.jit
+def tile_setup(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The output tile of a pointer-load program (grid: swizzled tiles x K splits): (pid_k, offs_m,
+    offs_n, rm, rn). Rows/columns past the edge read a valid row (modulo) instead of masking:
+    their results are never stored, and the loads stay unmasked and vectorised."""
+    pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tl.program_id(1), offs_m, offs_n, (offs_m % M).to(tl.int64), (offs_n % N).to(tl.int64)
 
 
 @triton.jit
@@ -105,14 +116,7 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
     """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
     (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
     split-K path (partial sums to the workspace) of both templates."""
-    pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Rows/columns past the edge read a valid row (modulo) instead of masking: their
-    # results are never stored, and the loads stay unmasked and vectorised.
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
+    pid_k, offs_m, offs_n, rm, rn = tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -135,18 +139,38 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
 
 
 @triton.jit
+def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
+    """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products, in fp32: A·Bᵀ [BM, BN], or with
+    SWAP the transposed B·Aᵀ [BN, BM] (tma_swap_kernel: the weight tile on the MMA's wide side)."""
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if SWAP:
+            b = b_desc.load([off_n, k0])
+            a = a_desc.load([off_m, k0])
+            if IEEE:
+                acc = tl.dot(b, a.T, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(b, a.T, acc)
+        else:
+            a = a_desc.load([off_m, k0])
+            b = b_desc.load([off_n, k0])
+            if IEEE:
+                acc = tl.dot(a, b.T, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b.T, acc)
+    return acc
+
+
+@triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = a_desc.load([pid_m * BLOCK_M, k0])
-        b = b_desc.load([pid_n * BLOCK_N, k0])
-        if IEEE:
-            acc = tl.dot(a, b.T, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b.T, acc)
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -198,14 +222,8 @@ def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
     pid_k = tl.program_id(1)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        b = b_desc.load([pid_n * BLOCK_N, k0])
-        a = a_desc.load([pid_m * BLOCK_M, k0])
-        if IEEE:
-            acc = tl.dot(b, a.T, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(b, a.T, acc)
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+                      True)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
@@ -312,7 +330,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     d = y
     if tile.get("path") == "tma-swap":
         k_split, split = split_plan(K, tile)
-        ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else y
+        ws = workspace(split, y)
         tma_swap_kernel[(cdiv(M, bm) * cdiv(N, bn), split)](
             a_desc, b_desc, y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
@@ -354,7 +372,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
     M, K = a.shape
     N = b.shape[0]
     k_split, split = split_plan(K, tile)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device) if split > 1 else y
+    ws = workspace(split, y)
     d = y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (cdiv(M, bm) * cdiv(N, bn), split)
@@ -366,6 +384,32 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
                             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+
+
+def check_activation(x: torch.Tensor, K: int, dtypes: tuple, device: torch.device, kernel: str) -> torch.Tensor:
+    """The launchers' checks on x (2-D, K columns, a dtype the kernel takes, the weight's device),
+    returned with unit column stride."""
+    assert x.dim() == 2 and x.shape[1] == K, f"x must be [M, K={K}], got {tuple(x.shape)}"
+    assert x.dtype in dtypes, f"{kernel} kernel takes {'/'.join(str(d)[6:] for d in dtypes)} activations, got {x.dtype}"
+    assert x.device == device, f"x on {x.device}, weight on {device}"
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def output(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
+    """y [M, N] in x's dtype: `out` when given (checked), else a new tensor."""
+    y = out if out is not None else torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
+    assert y.shape == (x.shape[0], N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    return y
+
+
+def workspace(split: int, y: torch.Tensor) -> torch.Tensor:
+    """The fp32 partial sums [split, M, N] of a split-K launch (y itself, unused, for one split)."""
+    return torch.empty((split,) + tuple(y.shape), dtype=torch.float32, device=y.device) if split > 1 else y
+
+
+def nvidia(device: torch.device) -> bool:
+    """A CUDA device of NVIDIA's (not ROCm): inline PTX and the hardware conversions apply."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:
@@ -578,7 +622,7 @@ class KernelTemplate(Template):
 
     @property
     def source_hash(self) -> str:
-        h = hashlib.sha256(code_text(self.module).encode())
+        h = hashlib.sha256(module_code_text(self.module).encode())
         for m in (sys.modules[__name__],) + tuple(self.deps):
-            h.update(code_text(m).encode())
+            h.update(module_code_text(m).encode())
         return h.hexdigest()[:16]

@@ -66,17 +66,10 @@ _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given)."""
     common.check_tile(tile)
-    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
-    assert x.dtype in _ACT_DTYPES, f"dense kernel takes bf16/fp16/fp32 activations, got {x.dtype}"
+    x = common.check_activation(x, w.K, _ACT_DTYPES, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
     assert w.weight.stride(1) == 1, "W must be K-contiguous"
-    assert x.device == w.weight.device, f"x on {x.device}, W on {w.weight.device}"
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    M, K = x.shape
-    N = w.N
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
-    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    y = common.output(x, w.N, out)
     path = tile.get("path")
     if path in ("tma", "tma-swap"):
         common.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)

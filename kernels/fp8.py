@@ -152,8 +152,7 @@ def _hardware_e4m3(dev: torch.device) -> bool:
     """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
     ok = _HW_CVT.get(dev)
     if ok is None:
-        ok = _HW_CVT[dev] = (dev.type == "cuda" and torch.version.hip is None
-                             and torch.cuda.get_device_capability(dev) >= (8, 9))
+        ok = _HW_CVT[dev] = common.nvidia(dev) and torch.cuda.get_device_capability(dev) >= (8, 9)
     return ok
 
 
@@ -180,17 +179,16 @@ _ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype."""
     common.check_tile(tile)
-    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
-    assert x.dtype in _ACT_DTYPES, f"fp8 kernel takes bf16/fp16/fp32 activations, got {x.dtype}"
+    x = common.check_activation(x, w.K, _ACT_DTYPES, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
-    assert x.device == w.weight.device, f"x on {x.device}, W on {w.weight.device}"
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    M, K = x.shape
-    N = w.N
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
-    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    y = common.output(x, w.N, out)
     xq, xs = quantize_activation_triton(x)
+    launch_product(xq, xs, w, y, tile)
+    return y
+
+
+def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict) -> None:
+    """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's path."""
     path = tile.get("path")
     if path in ("tma", "tma-swap"):
         common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
@@ -198,7 +196,6 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
         common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
     else:
         common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
-    return y
 
 
 def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:

@@ -149,12 +149,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, IEEE: tl.constexpr = False):
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # The loop runs in packed-word units so the compiler knows the word offsets' alignment
     # (k0 // 8 would lose it) and can issue wide loads.
     kw_lo = pid_k * KW_SPLIT
@@ -205,12 +200,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     registers) and the few rows of x its narrow side (8-64 columns), instead of padding the rows
     up to the MMA's 64. Otherwise as the split-K path: BLOCK_K inside one group, the group scale
     on each tile's fp32 partial product, partial sums to the workspace in a fixed order."""
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
@@ -241,6 +231,75 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
             part = tl.dot(wt, xt, input_precision="ieee")
         else:
             part = tl.dot(wt, xt)
+        acc += part * scale[:, None]
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
+
+
+@triton.jit
+def _nibble_pair(w, zz, F16: tl.constexpr):
+    """(u_j - zu, u_{j+4} - zu) of each (pre-shifted) word as two bf16 (f16) tensors: one LOP3 puts
+    nibbles 0 and 4 into the mantissas of the bf16x2 pair 128 + u (f16x2: 1024 + u), one packed
+    subtraction of zz (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16).
+    NVIDIA PTX (sm_80+); _int4_slices_kernel's PAIRS=False form is its portable twin."""
+    if F16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+            "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
+        "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
+                        KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
+    """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
+    j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
+    columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
+    (column j·BK/8 + w of a block holds x[8·w + j]), zero-padded to whole blocks, so every x_j is a
+    contiguous load and nothing is reshaped: the unpacked weights never round-trip through shared
+    memory (they did in the swap path). H200, run 11 (variants.py, qkv/o): 1.1-1.5x the swap
+    path's speed at M=16-128 and ahead of the GEMV at M=1.
+    The zero point (8 when symmetric) is subtracted exactly: PAIRS (NVIDIA PTX, bf16/fp16 x) two
+    nibbles per instruction (_nibble_pair), else in fp32 through the mantissa of 2^23. The group
+    scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
+    partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
+    0, and their x columns are the launcher's zero padding."""
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    W8: tl.constexpr = BLOCK_K // 8
+    kw_lo = pid_k * KW_SPLIT
+    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kw0 in range(kw_lo, kw_hi, W8):
+        offs_w = kw0 + tl.arange(0, W8)
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
+        g = (kw0 * 8) // GROUP
+        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+        if HAS_ZP:
+            zu = tl.load(zp_ptr + rn * KG + g)
+        else:
+            zu = tl.full((BLOCK_N,), 8, tl.int32)
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if PAIRS:
+            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
+            uw = words.to(tl.uint32, bitcast=True)
+            for j in tl.static_range(4):
+                lo, hi = _nibble_pair(uw >> (4 * j), zz, F16)
+                part = tl.dot(lo, tl.load(x_cols + j * W8), part)
+                part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
+        else:
+            z = 8388608.0 + zu.to(tl.float32)
+            for j in tl.static_range(8):
+                f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
+                wj = (f - z[:, None]).to(x_ptr.dtype.element_ty)
+                if IEEE:
+                    part = tl.dot(wj, tl.load(x_cols + j * W8), part, input_precision="ieee")
+                else:
+                    part = tl.dot(wj, tl.load(x_cols + j * W8), part)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
@@ -349,66 +408,86 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
     explicit float32 run, multiplied in IEEE fp32)."""
     common.check_tile(tile)
-    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
-    assert x.dtype in _ACT_DTYPES, f"int4 W4A16 kernel takes bf16/fp16/fp32 activations, got {x.dtype}"
-    assert x.device == w.packed.device, f"x on {x.device}, weight on {w.packed.device}"
+    x = common.check_activation(x, w.K, _ACT_DTYPES, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
         "zero_point must be contiguous int32 (unpacked u-domain)"
     path = tile.get("path", "splitk")
     bk = tile["BLOCK_K"]
-    if path in ("splitk", "tiled", "swap"):
+    if path in ("splitk", "tiled", "swap", "slices"):
         assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
     assert w.group_size % 8 == 0, f"int4 group size {w.group_size} must be a multiple of 8"
     assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
     if w.act_perm is not None:
         # Legacy act-order: the weight was permuted once at load; x follows per call.
         x = x.index_select(1, w.act_perm)
-    elif x.stride(1) != 1:
-        x = x.contiguous()
     M, K = x.shape
     N = w.N
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
-    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
-    zp = w.zero_point if w.zero_point is not None else w.packed
-    bias = w.bias if w.bias is not None else y
+    y = common.output(x, N, out)
     if path in ("dequant", "dequant-tma"):
-        wt = torch.empty((N, K), dtype=x.dtype, device=x.device)
-        dbk = _dequant_block_k(w.group_size)
-        _int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
-            w.packed, w.scale, zp, wt, N, K, w.packed.stride(0), w.scale.stride(0), GROUP=w.group_size,
-            HAS_ZP=w.zero_point is not None, BLOCK_N=32, BLOCK_K=dbk, num_warps=4)
         from vsr.kernels import dense
+        wt = dequantize_transient(w, x.dtype)
         return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path="tma" if path == "dequant-tma" else "tiled"),
                             out=y)
+    zp = w.zero_point if w.zero_point is not None else w.packed
+    bias = w.bias if w.bias is not None else y
     k_split, split = common.split_plan(K, tile)
-    even = K % bk == 0 and k_split % bk == 0
+    ws = common.workspace(split, y)
+    bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
     if path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"
         assert bk & (bk - 1) == 0, f"the gemv path steps in a power-of-two number of words, got BLOCK_K={bk}"
         # The GEMV steps in whole words: x beyond K (a partial last word) must read as zero.
         if K % 8:
             x = torch.nn.functional.pad(x, (0, 8 - K % 8))
-        ws = torch.empty((split, 1, N), dtype=torch.float32, device=x.device) if split > 1 else y
-        bn = tile["BLOCK_N"]
         _int4_gemv_kernel[(common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, N, w.packed.stride(0), w.scale.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    elif path == "slices":
+        assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
+        xs = slice_order(x, bk)
+        pairs = common.nvidia(x.device) and x.dtype != torch.float32
+        _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+            xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
+            y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
-        ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-        bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
-        grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
-        kernel[grid](x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
-                     x.stride(0), y.stride(0), k_split // 8,
-                     GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-                     EVEN_K=even, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                     SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
-                     num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+            x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
+            x.stride(0), y.stride(0), k_split // 8,
+            GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
+            EVEN_K=K % bk == 0 and k_split % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
     return y
+
+
+def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
+    """x [M, K] as the slices path reads it: zero-padded to whole BLOCK_K blocks, and in each block
+    column j·BK/8 + w holding x[8·w + j] (one small copy of x per call; the weights stay as stored)."""
+    M, K = x.shape
+    if K % bk:
+        x = torch.nn.functional.pad(x, (0, bk - K % bk))
+    return x.reshape(M, -1, bk // 8, 8).transpose(2, 3).reshape(M, -1)
+
+
+def dequantize_transient(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype` through _int4_dequant_kernel: the large-M paths' buffer for one call
+    (the caller drops it after the product; no dequantized copy is kept)."""
+    N, K = w.N, w.K
+    wt = torch.empty((N, K), dtype=dtype, device=w.packed.device)
+    dbk = _dequant_block_k(w.group_size)
+    _int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
+        w.packed, w.scale, w.zero_point if w.zero_point is not None else w.packed, wt, N, K, w.packed.stride(0),
+        w.scale.stride(0), GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_N=32, BLOCK_K=dbk,
+        num_warps=4)
+    return wt
 
 
 def _dense_module():
@@ -456,6 +535,8 @@ def default_tile(p: Problem) -> dict:
     bks = _bk_choices(group)
     if not bks:
         raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
+    if p.bucket <= 128 and _slices_ok(p):
+        return _slices_tiles(p)[0]
     if p.bucket == 1:
         # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
         # 1.2-1.35x cuBLAS on the 27B shapes, against 0.54-0.93x for the split-K tile.
@@ -482,6 +563,27 @@ def default_tile(p: Problem) -> dict:
 
 
 _DEQUANT_PATH = {"tma": "dequant-tma", "tiled": "dequant"}
+
+
+def _slices_ok(p: Problem) -> bool:
+    """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
+    one group, with half-precision activations (fp32 ones get the other paths by default)."""
+    return p.param("group", 128) % 128 == 0 and p.act_dtype != torch.float32
+
+
+def _slices_tiles(p: Problem) -> list[dict]:
+    """Candidates of the slices path for buckets 1..128, the default first: x's rows on the MMA's
+    narrow side (16-64), 64 or 128 weight rows, the split that gives 2-8 waves of programs. The
+    first is run 11's best on qkv/o at M=1-16 (BN 64) and M=64-128 (BN 128), 3 stages."""
+    bm = min(64, max(16, p.bucket))
+    out = []
+    for bn, stages, waves in ((64 if p.bucket <= 16 else 128, 3, 4), (128, 3, 4), (64, 3, 4), (128, 4, 2),
+                              (128, 3, 8), (64, 4, 8), (64, 3, 2), (128, 4, 4)):
+        t = common.tile("slices", bm, bn, 128, common._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
+                        4, stages)
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
@@ -517,14 +619,15 @@ def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
+    slices = _slices_tiles(p) if p.bucket <= 128 and p.param("group", 128) % 128 == 0 else []
     if p.bucket == 1:
-        rest = _gemv_tiles(p) + mma
+        rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
                 if t["path"] in _DEQUANT_PATH] + mma[:4]   # in-loop unpacking: 0.22x against 0.67x (run 3)
     else:
-        rest = _interleave(_swap_tiles(p, bks), mma)
+        rest = _interleave(slices, _interleave(_swap_tiles(p, bks), mma))
     out, seen = [d], {tuple(sorted(d.items()))}
     for t in rest:
         key = tuple(sorted(t.items()))

@@ -252,12 +252,7 @@ def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bia
                      stride_ym, K_SPLIT, A16: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     shifts = (tl.arange(0, 2) * 4)[None, :, None]
@@ -296,13 +291,12 @@ def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bia
                           bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, not A16)
 
 
-def _check(x: torch.Tensor, w: Nvfp4Weight, tile: dict) -> None:
+def _check(x: torch.Tensor, w: Nvfp4Weight, tile: dict) -> torch.Tensor:
+    """The launchers' checks; x returned with unit column stride."""
     common.check_tile(tile)
-    assert x.dim() == 2 and x.shape[1] == w.K, f"x must be [M, K={w.K}], got {tuple(x.shape)}"
-    assert x.dtype in (torch.bfloat16, torch.float16, torch.float32), f"nvfp4 takes bf16/fp16/fp32 activations, got {x.dtype}"
-    assert x.device == w.packed.device, f"x on {x.device}, weight on {w.packed.device}"
     assert w.packed.is_contiguous() and w.block_scale.is_contiguous(), "packed and block_scale must be contiguous"
     assert tile["BLOCK_K"] % 32 == 0, f"BLOCK_K={tile['BLOCK_K']} must be a multiple of 32"
+    return common.check_activation(x, w.K, (torch.bfloat16, torch.float16, torch.float32), w.packed.device, "nvfp4")
 
 
 def _alpha(w: Nvfp4Weight) -> torch.Tensor:
@@ -312,19 +306,16 @@ def _alpha(w: Nvfp4Weight) -> torch.Tensor:
 
 def launch_emulated(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """The explicit NVFP4 emulation: reference numerics on any Triton device."""
-    _check(x, w, tile)
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x = _check(x, w, tile)
     M, K = x.shape
     N = w.N
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
-    assert y.shape == (M, N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
+    y = common.output(x, N, out)
     a16 = not w.quantizes_activations
     a = x if a16 else dequantized_activation_triton(x, w.input_global_scale)
     alpha = w.global_scale.float().reshape(1) if a16 else _alpha(w)
     gw = w.global_scale.float().reshape(1)
     k_split, split = common.split_plan(K, tile)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    ws = common.workspace(split, y)
     bias = w.bias if w.bias is not None else y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
@@ -349,12 +340,7 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
     tensors of shape [rows, BLOCK_K/16]: Triton up to 3.6 deduces the NVFP4 scale group (16)
     from the e4m3 scale dtype (e8m0/uint8 scales mean MX, group 32); later releases deduce it
     from the scale shape (triton-lang/triton#9561); both read these operands as NVFP4."""
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -372,7 +358,7 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
 
 def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4 W4A4 on FP4 tensor cores (compute capability 10.x / 12.x)."""
-    _check(x, w, tile)
+    x = _check(x, w, tile)
     if not w.quantizes_activations:
         raise ValueError("nvfp4_w4a4 needs input_global_scale (W4A4); NVFP4A16 packages run nvfp4_emulated")
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] not in (10, 12):
@@ -382,10 +368,10 @@ def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor |
     bk = tile["BLOCK_K"]
     k_split, split = common.split_plan(K, tile)
     assert K % bk == 0 and k_split % bk == 0, f"nvfp4_w4a4 needs K={K} to be a multiple of BLOCK_K={bk}"
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = common.output(x, N, out)
     codes, sc = _quantize(x.contiguous(), w.input_global_scale.reshape(1).float(), packed=True)
     alpha = _alpha(w)
-    ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    ws = common.workspace(split, y)
     bias = w.bias if w.bias is not None else y
     grid = (common.cdiv(M, tile["BLOCK_M"]) * common.cdiv(N, tile["BLOCK_N"]), split)
     _w4a4_kernel[grid](codes, sc, w.packed, w.block_scale, alpha, y, ws, bias, M, N, K, K // 2, K // 16, y.stride(0), k_split,

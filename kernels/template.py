@@ -8,6 +8,7 @@ that defines the format's numerics.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import io
@@ -88,5 +89,12 @@ def code_text(module: ModuleType) -> str:
     return "\n".join(out) + "\n"
 
 
+@functools.lru_cache(maxsize=None)
+def module_code_text(module: ModuleType) -> str:
+    """code_text of a loaded module, once per process: kernels/common.py is a dependency of
+    every template, and its text (ast + tokenize) costs."""
+    return code_text(module)
+
+
 def source_hash(module: ModuleType) -> str:
-    return hashlib.sha256(code_text(module).encode()).hexdigest()[:16]
+    return hashlib.sha256(module_code_text(module).encode()).hexdigest()[:16]

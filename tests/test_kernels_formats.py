@@ -310,6 +310,47 @@ def test_int4_swap_path_uneven_k_and_fp32():
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
+SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
+@pytest.mark.parametrize("M,split", [(1, 1), (5, 2), (40, 1)])
+def test_int4_slices_path(dtype, symmetric, act_order, M, split):
+    # On a GPU the nibbles convert two at a time in PTX; under the interpreter, the fp32 twin.
+    g = gen(90 + M + split + 2 * symmetric)
+    w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split)
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_int4_slices_path_uneven_k(dtype):
+    # K = 300: neither whole words nor whole 128-column blocks (x is zero-padded; the last word is
+    # partial), three splits of which the last is short; fp32 activations multiply in IEEE fp32.
+    g = gen(95)
+    Kodd, G = 300, 128
+    KG = -(-Kodd // G)
+    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
+                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kodd, G,
+                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
+                        torch.randn(N, generator=g).to(dtype)).to(DEV)
+    x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
+    assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
+
+
+def test_int4_slice_order_is_a_permutation_within_blocks():
+    x = torch.arange(1, 2 * 300 + 1, dtype=torch.float32).reshape(2, 300)    # no zeros of its own
+    xs = int4.slice_order(x, 128)
+    assert xs.shape == (2, 384)
+    for col in range(384):                     # column j·16 + w of a block holds x[8·w + j], or padding
+        blk, r = divmod(col, 128)
+        j, wd = divmod(r, 16)
+        k = blk * 128 + 8 * wd + j
+        assert torch.equal(xs[:, col], x[:, k] if k < 300 else torch.zeros(2)), col
+
+
 def test_int4_tiled_path_and_group_128():
     g = gen(7)
     w = int4_weight(g, 128, False, False, bias=True)

@@ -102,10 +102,16 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         # TMA descriptors where the operands' row strides are 16-byte multiples, never for nvfp4.
         tma = fmt in ("dense", "fp8", "int4") and (w.K * 2) % 16 == 0
         if fmt == "int4":  # a transient dense tile for large M
-            assert d["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else
-                                 "dequant-tma" if tma else "dequant")
+            # (group 128, half-precision activations: the nibble-slice product up to bucket 128)
+            assert w.group_size == 128
+            assert d["path"] == ("slices" if b <= 128 else "dequant-tma" if tma else "dequant")
             if b == 1:
-                assert any(c["path"] == "splitk" for c in space), "the split-K tile is a candidate at one row"
+                assert {"splitk", "gemv"} <= {c["path"] for c in space}, "the GEMV and split-K stay candidates"
+            if b <= 128:
+                assert {"swap", "slices"} <= {c["path"] for c in space} or b == 1
+            p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
+            assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else
+                                                   "dequant-tma" if (w.K * 4) % 16 == 0 else "dequant")
         else:   # (fp16 activations: the transposed TMA product for few rows where the strides allow)
             assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tma" if tma else "tiled")
             if b <= 16 and tma:
