@@ -255,7 +255,8 @@ def _nibble_pair(w, zz, F16: tl.constexpr):
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -267,15 +268,27 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     nibbles per instruction (_nibble_pair), else in fp32 through the mantissa of 2^23. The group
     scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
-    0, and their x columns are the launcher's zero padding."""
+    0, and their x columns are the launcher's zero padding.
+    PREFETCH (a tile flag): the next step's words are loaded before this step's conversions and
+    MMAs, so their latency hides behind them (the compiler's pipeliner stages only x's tile
+    through shared memory; the words arrive by plain loads, seen in the sm_90 SASS)."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    q_rows = q_ptr + rn[:, None] * K8
+    if PREFETCH:
+        offs_w = kw_lo + tl.arange(0, W8)
+        nxt = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < kw_hi, other=0)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        if PREFETCH:
+            words = nxt
+            offs_w = kw0 + W8 + tl.arange(0, W8)
+            nxt = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < kw_hi, other=0)
+        else:
+            offs_w = kw0 + tl.arange(0, W8)
+            words = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
         x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
         g = (kw0 * 8) // GROUP
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
@@ -453,7 +466,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            PREFETCH=bool(tile.get("PREFETCH", 0)), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -583,7 +596,9 @@ def _slices_tiles(p: Problem) -> list[dict]:
                         4, stages)
         if t not in out:
             out.append(t)
-    return out
+    # Each also with the words prefetched a step ahead (not yet measured against the plain form:
+    # the sweep decides), the two forms side by side so a short sweep's strided pick sees both.
+    return [u for t in out for u in (t, dict(t, PREFETCH=1))]
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
