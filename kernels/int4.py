@@ -237,18 +237,24 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
 
 
 @triton.jit
-def _nibble_pair(w, zz, F16: tl.constexpr):
-    """(u_j - zu, u_{j+4} - zu) of each (pre-shifted) word as two bf16 (f16) tensors: one LOP3 puts
-    nibbles 0 and 4 into the mantissas of the bf16x2 pair 128 + u (f16x2: 1024 + u), one packed
-    subtraction of zz (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16).
-    NVIDIA PTX (sm_80+); _int4_slices_kernel's PAIRS=False form is its portable twin."""
-    if F16:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
-            "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+def _nibble_pair_bf16(w, zz):
+    """(u_j - zu, u_{j+4} - zu) of each (pre-shifted) word as two bf16 tensors: one LOP3 puts
+    nibbles 0 and 4 into the mantissas of the bf16x2 pair 128 + u, one packed subtraction of zz
+    (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16). NVIDIA PTX
+    (sm_90); _int4_slices_kernel's PAIRS=False form is its portable twin."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
         "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _nibble_pair_f16(w, zz):
+    """_nibble_pair_bf16 for fp16 activations: the f16x2 pair 1024 + u, zz = 1024 + zu. (One
+    function per dtype: Triton unifies the types of every return of a function, constexpr
+    branches included.)"""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+        "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -265,7 +271,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     memory (they did in the swap path). H200, run 11 (variants.py, qkv/o): 1.1-1.5x the swap
     path's speed at M=16-128 and ahead of the GEMV at M=1.
     The zero point (8 when symmetric) is subtracted exactly: PAIRS (NVIDIA PTX, bf16/fp16 x) two
-    nibbles per instruction (_nibble_pair), else in fp32 through the mantissa of 2^23. The group
+    nibbles per instruction (_nibble_pair_bf16/_f16), else in fp32 through the mantissa of 2^23. The group
     scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
     0, and their x columns are the launcher's zero padding.
@@ -301,7 +307,10 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
             zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
             uw = words.to(tl.uint32, bitcast=True)
             for j in tl.static_range(4):
-                lo, hi = _nibble_pair(uw >> (4 * j), zz, F16)
+                if F16:
+                    lo, hi = _nibble_pair_f16(uw >> (4 * j), zz)
+                else:
+                    lo, hi = _nibble_pair_bf16(uw >> (4 * j), zz)
                 part = tl.dot(lo, tl.load(x_cols + j * W8), part)
                 part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
         else:
