@@ -66,7 +66,8 @@ def cases() -> dict[str, tuple]:
         for pairs in (False, True):
             out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
                 int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
-                                                      SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False), 4, 3,
+                                                      SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False,
+                                                      PREFETCH=False), 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
     return out
