@@ -19,15 +19,21 @@ BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "inspect.json"
-    p = subprocess.run([sys.executable, str(BENCH / "inspect_kernels.py"), "--cases", "int4-swap-16x128",
+    p = subprocess.run([sys.executable, str(BENCH / "inspect_kernels.py"), "--cases",
+                        "int4-swap-16x128,int4-slices-ptx-16x128",
                         "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(out.read_text())
-    (r,) = doc["rows"]
-    assert "error" not in r, r.get("error")
+    r, sl = doc["rows"]
+    assert "error" not in r and "error" not in sl, (r.get("error"), sl.get("error"))
     assert 0 < r["registers"] <= 255 and r["shared_bytes"] > 0
     assert r["hgmma"] > 0, "a 128-row weight tile as the left operand runs on Hopper's wgmma"
     # The unpacked [128, 128] bf16 weight tile goes through shared memory on every step.
     assert r["register_bytes_to_shared_per_step"] >= 128 * 128 * 2
     # The main loop was found, and it holds the tensor-core instructions.
     assert 0 < r["main_loop_instructions"] < r["sass_instructions"] and r["main_loop_ops"].get("HGMMA", 0) > 0
+    # The shipped slices path (each nibble slice its own wgmma operand) keeps the unpacked weights
+    # in registers: only x's [128, 16] tile reaches shared memory, and its main loop is shorter.
+    assert sl["hgmma"] > 0 and sl["main_loop_ops"].get("HGMMA", 0) > 0
+    assert sl["register_bytes_to_shared_per_step"] <= 128 * 16 * 2 < r["register_bytes_to_shared_per_step"]
+    assert sl["main_loop_instructions"] < r["main_loop_instructions"]
