@@ -276,8 +276,9 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
     0, and their x columns are the launcher's zero padding.
     PREFETCH (a tile flag): the next step's words are loaded before this step's conversions and
-    MMAs, so their latency hides behind them (the compiler's pipeliner stages only x's tile
-    through shared memory; the words arrive by plain loads, seen in the sm_90 SASS)."""
+    MMAs, by plain loads. Measured slower in every key (run 11: the plain form's time is
+    0.67-0.98 of it): without it the compiler's pipeliner stages the words ahead by cp.async
+    (LDGSTS in the sm_90 SASS), and the flag takes that away."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     kw_lo = pid_k * KW_SPLIT
