@@ -14,7 +14,8 @@ report records it.
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
-its portable fp32 twin) on the same tiles as the swap path.
+its portable fp32 twin) on the same tiles as the swap path, and the int4-xtma study kernel of
+benchmarks/variants.py (x's slices fetched by TMA).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import variants  # noqa: E402
 from common_bench import code_commit, result_path  # noqa: E402
 
 from vsr.kernels import common, int4  # noqa: E402
@@ -70,6 +72,11 @@ def cases() -> dict[str, tuple]:
                                                       PREFETCH=False), 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
+        if bn == 128:
+            out[f"int4-slices-xtma-ptx-{bm}x{bn}"] = (
+                variants.int4_slices_xtma_kernel, dict(_INT4, x_desc=f"tensordesc<bf16[{bm},16]>"),
+                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=True, F16=False,
+                     IEEE=False), 4, 3, f"variants.py int4-xtma: the slices path with x's slices by TMA, {bm}x{bn}x128")
     return out
 
 
@@ -82,7 +89,10 @@ def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int):
         elif p in types:
             sig[p] = types[p]
         else:  # a constexpr with a default (e.g. IEEE=False) left out of the case
-            sig[p], cx[(i,)] = "constexpr", inspect.signature(fn.fn).parameters[p].default
+            default = inspect.signature(fn.fn).parameters[p].default
+            if default is inspect.Parameter.empty:
+                raise ValueError(f"the case gives {fn.fn.__name__}'s parameter {p} neither a type nor a value")
+            sig[p], cx[(i,)] = "constexpr", default
     return triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": warps, "num_stages": stages})
 

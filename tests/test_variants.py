@@ -21,7 +21,7 @@ def variants():
     return mod
 
 
-@pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40])])
+@pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40]), ("int4-xtma", [5, 130])])
 def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
     # The studies on a tiny shape, timing replaced by running the calls: every case is built, run,
     # checked against its reference and recorded (the figures themselves come from the H200).
