@@ -68,8 +68,8 @@ def cases() -> dict[str, tuple]:
         for pairs in (False, True):
             out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
                 int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
-                                                      SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False,
-                                                      PREFETCH=False), 4, 3,
+                                                      SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False),
+                4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
         if bn == 128:
@@ -80,7 +80,9 @@ def cases() -> dict[str, tuple]:
     return out
 
 
-def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int):
+def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int, arch: int = 90):
+    """fn compiled for GPUTarget("cuda", arch) (90: the H200; the tests also compile other NVIDIA
+    architectures the device table supports)."""
     params = list(inspect.signature(fn.fn).parameters)
     sig, cx = {}, {}
     for i, p in enumerate(params):
@@ -93,7 +95,7 @@ def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int):
             if default is inspect.Parameter.empty:
                 raise ValueError(f"the case gives {fn.fn.__name__}'s parameter {p} neither a type nor a value")
             sig[p], cx[(i,)] = "constexpr", default
-    return triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
 

@@ -77,11 +77,12 @@ def _weights(fmt, N, K, dev):
     return ws
 
 
-def _baseline(rows, x, wb, **ids) -> float:
+def _baseline(rows, log, x, wb, **ids) -> float:
     """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies: every ratio's
-    denominator, recorded as a row of its own."""
+    denominator, recorded (and logged) as a row of its own."""
     base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
     rows.append(dict(ids, variant="cublas-bf16", ms=base))
+    log(rows[-1])
     return base
 
 
@@ -123,7 +124,7 @@ def study_small_m(shapes, ms, log):
         wb, w8 = _weights("bf16", N, K, dev), _weights("fp8", N, K, dev)
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, x, wb, study="small-m", shape=sh, M=M)
+            base = _baseline(rows, log, x, wb, study="small-m", shape=sh, M=M)
             for fmt, ws, tname, eb in (("bf16", wb, "dense", 2), ("fp8", w8, "fp8_w8a8", 1)):
                 t = registry.TEMPLATES[tname]
                 p = t.problem(ws[0], bucket_for(M), x.dtype)
@@ -145,7 +146,7 @@ def study_persistent(shapes, ms, log):
         weights = {fmt: _weights(fmt, N, K, dev) for fmt in ("bf16", "fp8", "int4-gptq")}
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, x, weights["bf16"], study="persistent", shape=sh, M=M)
+            base = _baseline(rows, log, x, weights["bf16"], study="persistent", shape=sh, M=M)
             for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16")):
                 t = registry.TEMPLATES[tname]
                 ws = weights[fmt]
@@ -249,7 +250,7 @@ def study_int4_xtma(shapes, ms, log):
         weights = {fmt: _weights(fmt, N, K, dev) for fmt in ("int4-gptq", "int4-awq")}
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, x, wb, study="int4-xtma", shape=sh, M=M)
+            base = _baseline(rows, log, x, wb, study="int4-xtma", shape=sh, M=M)
             b = bucket_for(M)
             for fmt, ws in weights.items():
                 p = t.problem(ws[0], b, x.dtype)
@@ -272,13 +273,13 @@ STUDIES = {"small-m": (study_small_m, "1,16,64"), "persistent": (study_persisten
            "int4-xtma": (study_int4_xtma, "16,64,128,256")}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default=",".join(STUDIES), help=f"comma-separated, of {', '.join(STUDIES)}")
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     t0 = time.time()
     rows: list[dict] = []   # the finished studies' rows
     live: list[dict] = []   # the running study's rows as they are logged
@@ -286,10 +287,14 @@ def main() -> int:
     def write(out_rows: list[dict], partial: bool) -> None:
         # Rewritten after every row, so a run stopped by a time limit keeps what it measured (run
         # 11's was stopped before it wrote anything).
-        Path(a.out).write_text(json.dumps({"benchmark": "variants", "commit": code_commit(),
-                                           "device": torch.cuda.get_device_name(), "triton": triton.__version__,
-                                           "torch": torch.__version__, "partial": partial, "rows": out_rows,
-                                           "seconds": time.time() - t0}, indent=1))
+        # A new file renamed over the old one: a kill mid-write leaves the previous, whole file.
+        tmp = Path(a.out + ".tmp")
+        tmp.write_text(json.dumps({"benchmark": "variants", "commit": code_commit(),
+                                   "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                                   "triton": triton.__version__,
+                                   "torch": torch.__version__, "partial": partial, "rows": out_rows,
+                                   "seconds": time.time() - t0}, indent=1))
+        os.replace(tmp, a.out)
 
     def log(r: dict) -> None:
         print(json.dumps(r), flush=True)

@@ -126,11 +126,14 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------
 # Triton template "int4_w4a16": its paths, chosen by the tile's "path".
+#   "slices"  buckets 1..128 (the default with bf16/fp16 x and groups of 128k): each nibble
+#             slice of the words its own MMA operand, x in slice order; _int4_slices_kernel.
 #   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
 #             loads along K) and turns nibbles into floats through the mantissa of 2^23
 #             (_nibble_field), with the zero point taken once per word.
 #   "swap"    buckets 2..128: the split-K product taken transposed (weights as the MMA's left
-#             operand, the few rows of x as its narrow side); _int4_swap_kernel.
+#             operand, the few rows of x as its narrow side, unpacked through a reshape);
+#             _int4_swap_kernel.
 #   "splitk" / "tiled": tl.dot on the unpacked integers (u - zu) with the group scale
 #             applied to the fp32 partial product of each BLOCK_K tile (a nibble-major K
 #             order inside the tile, which avoids the interleaving reshape, measured slower
@@ -261,8 +264,7 @@ def _nibble_pair_f16(w, zz):
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -275,27 +277,16 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
     0, and their x columns are the launcher's zero padding.
-    PREFETCH (a tile flag): the next step's words are loaded before this step's conversions and
-    MMAs, by plain loads. Measured slower in every key (run 11: the plain form's time is
-    0.67-0.98 of it): without it the compiler's pipeliner stages the words ahead by cp.async
-    (LDGSTS in the sm_90 SASS), and the flag takes that away."""
+    (Loading the next step's words a step ahead by hand, run 11's PREFETCH flag, lost in every
+    key: the compiler's pipeliner already stages the words ahead by cp.async.)"""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    q_rows = q_ptr + rn[:, None] * K8
-    if PREFETCH:
-        offs_w = kw_lo + tl.arange(0, W8)
-        nxt = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < kw_hi, other=0)
     for kw0 in range(kw_lo, kw_hi, W8):
-        if PREFETCH:
-            words = nxt
-            offs_w = kw0 + W8 + tl.arange(0, W8)
-            nxt = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < kw_hi, other=0)
-        else:
-            offs_w = kw0 + tl.arange(0, W8)
-            words = tl.load(q_rows + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        offs_w = kw0 + tl.arange(0, W8)
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
         x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
         g = (kw0 * 8) // GROUP
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
@@ -470,13 +461,13 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
         xs = slice_order(x, bk)
-        pairs = common.nvidia(x.device) and x.dtype != torch.float32
+        pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
             xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            PREFETCH=bool(tile.get("PREFETCH", 0)), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -491,13 +482,31 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     return y
 
 
+def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
+    """Whether the slices kernel converts nibbles by PTX pairs (_nibble_pair_*) for x of `dtype` on
+    an NVIDIA device of `capability`: f16x2 subtraction exists on every supported GPU, bf16x2
+    only from sm_90 (ptxas refuses sub.bf16x2 below), so bf16 on Ampere/Ada takes the portable
+    twin; fp32 x always does."""
+    return dtype == torch.float16 or (dtype == torch.bfloat16 and tuple(capability) >= (9, 0))
+
+
+_CAPABILITY: dict[torch.device, tuple[int, int]] = {}
+
+
+def _capability(dev: torch.device) -> tuple[int, int]:
+    cap = _CAPABILITY.get(dev)
+    if cap is None:
+        cap = _CAPABILITY[dev] = tuple(torch.cuda.get_device_capability(dev))
+    return cap
+
+
 def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
     """x [M, K] as the slices path reads it: zero-padded to whole BLOCK_K blocks, and in each block
     column j·BK/8 + w holding x[8·w + j] (one small copy of x per call; the weights stay as stored)."""
     M, K = x.shape
     if K % bk:
         x = torch.nn.functional.pad(x, (0, bk - K % bk))
-    return x.reshape(M, -1, bk // 8, 8).transpose(2, 3).reshape(M, -1)
+    return x.reshape(M, x.shape[1] // bk, bk // 8, 8).transpose(2, 3).reshape(M, x.shape[1])
 
 
 def dequantize_transient(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
@@ -606,9 +615,7 @@ def _slices_tiles(p: Problem) -> list[dict]:
                         4, stages)
         if t not in out:
             out.append(t)
-    # Each also with the words prefetched a step ahead (not yet measured against the plain form:
-    # the sweep decides), the two forms side by side so a short sweep's strided pick sees both.
-    return [u for t in out for u in (t, dict(t, PREFETCH=1))]
+    return out
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -37,3 +37,30 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     assert sl["hgmma"] > 0 and sl["main_loop_ops"].get("HGMMA", 0) > 0
     assert sl["register_bytes_to_shared_per_step"] <= 128 * 16 * 2 < r["register_bytes_to_shared_per_step"]
     assert sl["main_loop_instructions"] < r["main_loop_instructions"]
+
+
+@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
+def test_int4_slices_compiles_for_every_nvidia_architecture(tmp_path):
+    # The slices kernel as the launcher configures it, for bf16 and fp16 x, on Ampere, Ada and
+    # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
+    # sm_80-89 with bf16 (ptxas: "Feature 'sub.bf16x2' requires .target sm_90 or higher").
+    script = tmp_path / "arch.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+import torch
+import inspect_kernels as ik
+from vsr.kernels import int4
+for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
+    for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        types = dict(ik._INT4, x_ptr="*" + name, sc_ptr="*" + name, y_ptr="*" + name, bias_ptr="*" + name)
+        consts = dict(GROUP=128, HAS_ZP=True, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
+                      GROUP_M=8, PAIRS=int4.ptx_pairs(dt, cap), F16=dt == torch.float16, IEEE=False)
+        ik.compile_sm90(int4._int4_slices_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
+        print("ok", cap, name, consts["PAIRS"])
+""")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.count("ok") == 8
+    assert "ok (9, 0) bf16 True" in p.stdout and "ok (8, 9) bf16 False" in p.stdout

@@ -315,13 +315,13 @@ SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("M,split,prefetch", [(1, 1, 0), (5, 2, 1), (40, 1, 0), (40, 1, 1)])
-def test_int4_slices_path(dtype, symmetric, act_order, M, split, prefetch):
-    # On a GPU the nibbles convert two at a time in PTX; under the interpreter, the fp32 twin.
-    g = gen(90 + M + split + 2 * symmetric + prefetch)
+@pytest.mark.parametrize("M,split", [(1, 1), (5, 2), (40, 1)])
+def test_int4_slices_path(dtype, symmetric, act_order, M, split):
+    # On an H200 the nibbles convert two at a time in PTX; under the interpreter, the fp32 twin.
+    g = gen(90 + M + split + 2 * symmetric)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, PREFETCH=prefetch)
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
@@ -337,8 +337,22 @@ def test_int4_slices_path_uneven_k(dtype):
                         torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
                         torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
-    for prefetch in (0, 1):
-        assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3, PREFETCH=prefetch)), int4.reference_linear(x, w))
+    assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
+
+
+def test_int4_ptx_pairs_only_where_ptxas_takes_them():
+    # sub.bf16x2 needs sm_90: bf16 on Ampere/Ada takes the portable twin (it failed to compile there).
+    assert int4.ptx_pairs(torch.float16, (8, 0)) and int4.ptx_pairs(torch.float16, (9, 0))
+    assert int4.ptx_pairs(torch.bfloat16, (9, 0)) and int4.ptx_pairs(torch.bfloat16, (10, 0))
+    assert not any(int4.ptx_pairs(torch.bfloat16, c) for c in ((8, 0), (8, 6), (8, 9)))
+    assert not int4.ptx_pairs(torch.float32, (9, 0))
+
+
+def test_int4_slices_path_with_no_rows():
+    g = gen(97)
+    w = int4_weight(g, 128, False, False, bias=True)
+    x = torch.randn(0, K, generator=g).half().to(DEV)
+    assert int4.launch(x, w, SLICES).shape == (0, N)
 
 
 def test_int4_slice_order_is_a_permutation_within_blocks():

@@ -36,3 +36,19 @@ def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
     assert all(r["ok"] for r in cases), [(r["variant"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
     assert len(calls) >= len(rows), "every timed case ran its calls"
+
+
+def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path):
+    # Run 11's study was stopped by its time limit before it wrote its file: the file is now
+    # rewritten (whole, by rename) after every logged row.
+    def study(shapes, ms, log):
+        for m in ms:
+            log({"study": "fake", "shape": shapes[0], "M": m, "variant": "v", "ms": 1.0})
+        raise TimeoutError("stopped")
+    monkeypatch.setitem(variants.STUDIES, "fake", (study, "1,2,3"))
+    out = tmp_path / "v.json"
+    with pytest.raises(TimeoutError):
+        variants.main(["--study", "fake", "--shapes", "qkv", "--out", str(out)])
+    doc = __import__("json").loads(out.read_text())
+    assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
+    assert not (tmp_path / "v.json.tmp").exists()

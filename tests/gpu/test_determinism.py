@@ -47,7 +47,7 @@ def outputs() -> dict[str, str]:
                 tiles.append(dict(tiles[0], path="swap", BLOCK_M=min(64, m), BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
                                   num_warps=4, num_stages=3))
                 tiles.append(dict(tiles[0], path="slices", BLOCK_M=min(64, max(16, m)), BLOCK_N=128, BLOCK_K=128,
-                                  SPLIT_K=4, num_warps=4, num_stages=3, PREFETCH=1))
+                                  SPLIT_K=4, num_warps=4, num_stages=3))
             if m == 1024 and tiles[0]["path"] in ("tma", "dequant-tma"):
                 tiles.append(dict(tiles[0], PERSISTENT=1))
             for i, tile in enumerate(tiles):
