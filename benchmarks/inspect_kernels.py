@@ -14,8 +14,8 @@ report records it.
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
-its portable fp32 twin) on the same tiles as the swap path, and the int4-xtma study kernel of
-benchmarks/variants.py (x's slices fetched by TMA).
+its portable fp32 twin) on the same tiles as the swap path, and with its X_TMA flag (x's slices
+fetched by TMA; variants.py int4-xtma times it).
 """
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import variants  # noqa: E402
 from common_bench import code_commit, result_path  # noqa: E402
 
 from vsr.kernels import common, int4  # noqa: E402
@@ -74,9 +73,10 @@ def cases() -> dict[str, tuple]:
                 f" on the swap path's {bm}x{bn}x128 tile")
         if bn == 128:
             out[f"int4-slices-xtma-ptx-{bm}x{bn}"] = (
-                variants.int4_slices_xtma_kernel, dict(_INT4, x_desc=f"tensordesc<bf16[{bm},16]>"),
-                dict(_GPTQ, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=True, F16=False,
-                     IEEE=False), 4, 3, f"variants.py int4-xtma: the slices path with x's slices by TMA, {bm}x{bn}x128")
+                int4._int4_slices_kernel, dict(_INT4, x_ptr=f"tensordesc<bf16[{bm},16]>"),
+                dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=True,
+                     F16=False, IEEE=False, X_TMA=True), 4, 3,
+                f"int4 slices path with X_TMA (x's slices by TMA; variants.py int4-xtma), {bm}x{bn}x128")
     return out
 
 

@@ -43,13 +43,12 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, SHIPPED_CACHE, check, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
-from vsr.kernels import common, int4, registry  # noqa: E402
+from vsr.kernels import common, registry  # noqa: E402
 
 
 def _timed(row, run, ws, ref, base):
@@ -158,88 +157,11 @@ def study_persistent(shapes, ms, log):
     return rows
 
 
-@triton.jit
-def int4_slices_xtma_kernel(x_desc, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
-                            GROUP: tl.constexpr, HAS_ZP: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
-    """int4's slices kernel with x's slices fetched by TMA: eight [BM, BK/8] boxes of the
-    slice-ordered x per step (the copy engine zero-fills rows past M), which the pipeliner can
-    stage ahead as it does the packed words, instead of pointer loads through registers into
-    shared memory (run 11 inspection: 65 LDG + 65 STS per thread and step at BM=64, no copy ahead).
-    The words, the conversions and the epilogue as int4._int4_slices_kernel (no bias: the study's
-    weights have none)."""
-    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = (offs_n % N).to(tl.int64)
-    W8: tl.constexpr = BLOCK_K // 8
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
-        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        if PAIRS:
-            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
-            uw = words.to(tl.uint32, bitcast=True)
-            for j in tl.static_range(4):
-                if F16:
-                    lo, hi = int4._nibble_pair_f16(uw >> (4 * j), zz)
-                else:
-                    lo, hi = int4._nibble_pair_bf16(uw >> (4 * j), zz)
-                part = tl.dot(lo, x_desc.load([pid_m * BLOCK_M, kw0 * 8 + j * W8]).T, part)
-                part = tl.dot(hi, x_desc.load([pid_m * BLOCK_M, kw0 * 8 + (j + 4) * W8]).T, part)
-        else:
-            z = 8388608.0 + zu.to(tl.float32)
-            for j in tl.static_range(8):
-                f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-                xj = x_desc.load([pid_m * BLOCK_M, kw0 * 8 + j * W8]).T
-                if IEEE:
-                    part = tl.dot(f - z[:, None], xj, part, input_precision="ieee")
-                else:
-                    part = tl.dot((f - z[:, None]).to(xj.dtype), xj, part)
-        acc += part * scale[:, None]
-    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          y_ptr, y_ptr, y_ptr, y_ptr, SPLIT_K, False, False, False, False)
-
-
-def launch_int4_slices_xtma(x, w, tile):
-    """y = x · dequant(W)ᵀ through int4_slices_xtma_kernel: x put in slice order (int4.slice_order,
-    inside the timed call as in the template), its descriptor built per call (captured once by
-    the graph replay). No bias, no act-order (the study's weights)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    assert w.bias is None and w.act_perm is None and tile["BLOCK_K"] == 128 and w.group_size % 128 == 0
-    M, N = x.shape[0], w.N
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    xs = int4.slice_order(x, bk)
-    x_desc = TensorDescriptor.from_tensor(xs, [bm, bk // 8])
-    k_split, split = common.split_plan(x.shape[1], tile)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    ws = common.workspace(split, y)
-    int4_slices_xtma_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-        x_desc, w.packed, w.scale, w.zero_point if w.zero_point is not None else w.packed, y, ws, M, N,
-        w.packed.stride(0), w.scale.stride(0), y.stride(0), k_split // 8, GROUP=w.group_size,
-        HAS_ZP=w.zero_point is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-        GROUP_M=tile.get("GROUP_M", 8), PAIRS=common.nvidia(x.device) and x.dtype != torch.float32,
-        F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
-        common.reduce_splits(ws, y, split, M, N, None, None, None, None)
-    return y
-
-
 def study_int4_xtma(shapes, ms, log):
-    """int4 at M = 16-256: the shipped tuned tile, the template's slices path and its x-by-TMA
-    variant on the same tiles (BM up to 64, and 128 with 8 warps from bucket 128)."""
+    """int4 at M = 16-256: the shipped tuned tile, the template's slices path, and the same tiles
+    with the slices kernel's X_TMA flag (x's slices as TMA boxes, staged ahead by the pipeliner,
+    instead of pointer loads through registers; not yet in the search space). BM up to 64, and
+    128 with 8 warps from bucket 128."""
     dev = torch.device(DEV)
     t = registry.TEMPLATES["int4_w4a16"]
     resolver = _shipped_resolver(dev)
@@ -263,7 +185,8 @@ def study_int4_xtma(shapes, ms, log):
                     tile = common.tile("slices", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=waves),
                                        warps, stages)
                     cases += [("slices (template)", tile, lambda w, tile=tile: t.launch(x, w, tile)),
-                              ("slices, x by TMA", tile, lambda w, tile=tile: launch_int4_slices_xtma(x, w, tile))]
+                              ("slices, x by TMA", dict(tile, X_TMA=1),
+                               lambda w, tile=dict(tile, X_TMA=1): t.launch(x, w, tile))]
                 _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-xtma", format=fmt,
                            shape=sh, M=M)
     return rows

@@ -261,10 +261,23 @@ def _nibble_pair_f16(w, zz):
 
 
 @triton.jit
+def _x_slice(x_ptr, x_cols, row0, k0, j: tl.constexpr, W8: tl.constexpr, X_TMA: tl.constexpr):
+    """Slice j of the step at column k0 of the slice-ordered x, for this program's rows, as the
+    [W8, BM] MMA operand: pointer loads from x_cols (the step's slice-0 pointers), or with X_TMA
+    one box of x's TMA descriptor x_ptr (rows past M read as zero)."""
+    if X_TMA:
+        xj = x_ptr.load([row0, k0 + j * W8]).T
+    else:
+        xj = tl.load(x_cols + j * W8)
+    return xj
+
+
+@triton.jit
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
+                        X_TMA: tl.constexpr = False):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -278,16 +291,24 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
     0, and their x columns are the launcher's zero padding.
     (Loading the next step's words a step ahead by hand, run 11's PREFETCH flag, lost in every
-    key: the compiler's pipeliner already stages the words ahead by cp.async.)"""
+    key: the compiler's pipeliner already stages the words ahead by cp.async.)
+    X_TMA (a tile flag, not yet in the search space: `variants.py --study int4-xtma` measures it
+    first): x's slices come as TMA boxes, which the pipeliner stages ahead like the words, instead
+    of pointer loads through registers (static inspection: 65 LDG + 65 STS per thread and step
+    at BM=64)."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    row0 = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)[0] * BLOCK_M   # X_TMA's box row
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         offs_w = kw0 + tl.arange(0, W8)
         words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
-        x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
+        if X_TMA:
+            x_cols = x_ptr   # unused: the boxes are addressed by (row0, column)
+        else:
+            x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
         g = (kw0 * 8) // GROUP
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if HAS_ZP:
@@ -303,17 +324,18 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                     lo, hi = _nibble_pair_f16(uw >> (4 * j), zz)
                 else:
                     lo, hi = _nibble_pair_bf16(uw >> (4 * j), zz)
-                part = tl.dot(lo, tl.load(x_cols + j * W8), part)
-                part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
+                part = tl.dot(lo, _x_slice(x_ptr, x_cols, row0, kw0 * 8, j, W8, X_TMA), part)
+                part = tl.dot(hi, _x_slice(x_ptr, x_cols, row0, kw0 * 8, j + 4, W8, X_TMA), part)
         else:
             z = 8388608.0 + zu.to(tl.float32)
             for j in tl.static_range(8):
                 f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-                wj = (f - z[:, None]).to(x_ptr.dtype.element_ty)
+                xj = _x_slice(x_ptr, x_cols, row0, kw0 * 8, j, W8, X_TMA)
+                wj = (f - z[:, None]).to(xj.dtype)
                 if IEEE:
-                    part = tl.dot(wj, tl.load(x_cols + j * W8), part, input_precision="ieee")
+                    part = tl.dot(wj, xj, part, input_precision="ieee")
                 else:
-                    part = tl.dot(wj, tl.load(x_cols + j * W8), part)
+                    part = tl.dot(wj, xj, part)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
@@ -462,12 +484,16 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
         xs = slice_order(x, bk)
         pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
+        x_tma = bool(tile.get("X_TMA", 0))
+        if x_tma:   # xs is a fresh [M, whole BLOCK_K blocks] tensor: 16-byte aligned rows and base
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            x_arg = TensorDescriptor.from_tensor(xs, [bm, bk // 8])
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-            xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
+            x_arg if x_tma else xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            X_TMA=x_tma, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](

@@ -315,13 +315,14 @@ SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("M,split", [(1, 1), (5, 2), (40, 1)])
-def test_int4_slices_path(dtype, symmetric, act_order, M, split):
+@pytest.mark.parametrize("M,split,x_tma", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (40, 1, 1)])
+def test_int4_slices_path(dtype, symmetric, act_order, M, split, x_tma):
     # On an H200 the nibbles convert two at a time in PTX; under the interpreter, the fp32 twin.
-    g = gen(90 + M + split + 2 * symmetric)
+    # x_tma: x's slices as TMA boxes (rows past M zero-filled by the copy engine).
+    g = gen(90 + M + split + 2 * symmetric + x_tma)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split)
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, X_TMA=x_tma)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
@@ -337,7 +338,8 @@ def test_int4_slices_path_uneven_k(dtype):
                         torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
                         torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
-    assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
+    for x_tma in (0, 1):
+        assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3, X_TMA=x_tma)), int4.reference_linear(x, w))
 
 
 def test_int4_ptx_pairs_only_where_ptxas_takes_them():
