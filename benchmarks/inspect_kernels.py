@@ -80,7 +80,7 @@ def cases() -> dict[str, tuple]:
     return out
 
 
-def compile_sm90(fn, types: dict, consts: dict, warps: int, stages: int, arch: int = 90):
+def compile_cuda(fn, types: dict, consts: dict, warps: int, stages: int, arch: int = 90):
     """fn compiled for GPUTarget("cuda", arch) (90: the H200; the tests also compile other NVIDIA
     architectures the device table supports)."""
     params = list(inspect.signature(fn.fn).parameters)
@@ -161,7 +161,7 @@ def main() -> int:
         row = {"case": name, "what": what, "tile": {k: v for k, v in consts.items() if k.isupper()},
                "num_warps": warps, "num_stages": stages}
         try:
-            row.update(analyse(compile_sm90(fn, types, consts, warps, stages)))
+            row.update(analyse(compile_cuda(fn, types, consts, warps, stages)))
         except Exception as e:  # a case that does not compile is a finding
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)

@@ -460,6 +460,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     M, K = x.shape
     N = w.N
     y = common.output(x, N, out)
+    if M == 0:   # nothing to compute (a TMA descriptor of an empty x would be refused)
+        return y
     if path in ("dequant", "dequant-tma"):
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)

@@ -315,10 +315,11 @@ SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("M,split,x_tma", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (40, 1, 1)])
+@pytest.mark.parametrize("M,split,x_tma", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (70, 2, 1)])
 def test_int4_slices_path(dtype, symmetric, act_order, M, split, x_tma):
-    # On an H200 the nibbles convert two at a time in PTX; under the interpreter, the fp32 twin.
-    # x_tma: x's slices as TMA boxes (rows past M zero-filled by the copy engine).
+    # On NVIDIA GPUs the nibbles convert two at a time in PTX (bf16 from sm_90); under the
+    # interpreter, the fp32 twin. x_tma: x's slices as TMA boxes (rows past M zero-filled by the
+    # copy engine); M=70 spans two row blocks, so a wrong box row fails.
     g = gen(90 + M + split + 2 * symmetric + x_tma)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
@@ -354,7 +355,8 @@ def test_int4_slices_path_with_no_rows():
     g = gen(97)
     w = int4_weight(g, 128, False, False, bias=True)
     x = torch.randn(0, K, generator=g).half().to(DEV)
-    assert int4.launch(x, w, SLICES).shape == (0, N)
+    for tile in (SLICES, dict(SLICES, X_TMA=1), dict(SLICES, path="swap"), dict(TILED, path="dequant")):
+        assert int4.launch(x, w, tile).shape == (0, N)
 
 
 def test_int4_slice_order_is_a_permutation_within_blocks():
