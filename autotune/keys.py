@@ -9,6 +9,7 @@ sha256 prefix is the row id in the store.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import json
@@ -97,25 +98,15 @@ class CacheKey:
         return cls.from_dict(json.loads(s))
 
 
-_source_hashes: dict[Any, str] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def kernel_source_hash(template) -> str:
     """The template's source hash, extended by the vsr.kernels modules its module uses (shared
     kernels such as the split-K reduction live in kernels/common.py): a change to any of them
-    changes the key, so a changed kernel never reuses old tiles."""
+    changes the key, so a changed kernel never reuses old tiles. Memoised per template, not per
+    module: two templates of one module may have other deps (templates are frozen dataclasses,
+    hashed by their fields, so two that share a name never share a hash)."""
     mod = template.module
-    name = getattr(mod, "__name__", template.name)
-    # Per template, not per module: two templates of one module may have other deps. Keyed by the
-    # template itself (frozen dataclasses hash by their fields), so two templates that share a
-    # name (dataclasses.replace) never share a hash; by name and module where it is unhashable.
-    memo = template
-    try:
-        hash(template)
-    except TypeError:
-        memo = (template.name, name)
-    if memo in _source_hashes:
-        return _source_hashes[memo]
+    name = mod.__name__
     import types
 
     deps = sorted({m.__name__ for m in vars(mod).values()
@@ -128,7 +119,6 @@ def kernel_source_hash(template) -> str:
         for d in deps:
             hs.update(d.encode() + module_code_text(sys.modules[d]).encode())
         h = hs.hexdigest()[:16]
-    _source_hashes[memo] = h
     return h
 
 

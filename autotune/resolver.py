@@ -186,9 +186,10 @@ class TileResolver:
                 lock.release()
 
     def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None,
-             tiles=None) -> tuple[dict, bool]:
-        """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). `tiles`
-        narrows the candidates (default: the template's whole search space)."""
+             max_candidates: int | None = None) -> tuple[dict, bool]:
+        """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). The sweep
+        tries the template's whole search space, or `max_candidates` of it (tuner.candidates:
+        the default tile and an even spread of the rest)."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:
@@ -197,6 +198,8 @@ class TileResolver:
                 self._memo[d] = tile
                 return dict(tile), False
             n = len(self.tuned)
+            tiles = (None if max_candidates is None
+                     else tuner.candidates(template.search_space(problem), max_candidates))
             tile = self._tune(template, problem, key, weight, x, deadline, progress, tiles)
             self._memo[d] = tile
             return dict(tile), len(self.tuned) > n

@@ -267,7 +267,7 @@ class SqliteStore(Store):
                     except sqlite3.Error:
                         pass  # the error being raised says more than a failed rollback
                 raise
-        except sqlite3.OperationalError as e:
+        except sqlite3.Error as e:   # locked, read-only, malformed, constraint: the file's problem
             raise CacheError(f"autotune cache {self.path}: cannot {what} ({e})") from None
 
     def integrity_check(self) -> str:

@@ -123,9 +123,8 @@ def role_tune(args):
             if time.monotonic() - t0 > budget:
                 skipped += 1
                 continue
-            tiles = None if most is None else tuner.candidates(job["template"].search_space(job["problem"]), most)
             try:
-                resolver.tune(job["template"], job["problem"], weight=job["weight"], tiles=tiles)
+                resolver.tune(job["template"], job["problem"], weight=job["weight"], max_candidates=most)
                 tuned += 1
             except Exception as e:  # reported, the run goes on
                 failed += 1

@@ -180,7 +180,6 @@ def _fail(msg: str) -> None:
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
     """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
     from vsr.autotune.resolver import TileResolver
-    from vsr.autotune.tuner import candidates
 
     t0 = time.monotonic()
     dev = _device(device)
@@ -215,10 +214,8 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
             click.echo(f"\r[{i}/{len(work)}] {key.short()}  candidates {done}/{total}  "
                        f"{time.monotonic() - k0:5.1f}s{left}", err=True, nl=False)
         try:
-            tiles = (None if max_candidates is None
-                     else candidates(job["template"].search_space(job["problem"]), max_candidates))
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
-                                         progress=progress, tiles=tiles)
+                                         progress=progress, max_candidates=max_candidates)
         except (CacheError, ValueError, RuntimeError) as e:
             report["failed"].append({"key": key.short(), "error": str(e)})
             click.echo(f"\n[{i}/{len(work)}] {key.short()}: FAILED: {e}", err=True)

@@ -107,13 +107,6 @@ def _build_key(name: str) -> str:
     return h.hexdigest()[:12]
 
 
-def package_revision(folder: Path) -> str:
-    """sha256 over the sorted (relative path, file sha256) pairs, manifest excluded."""
-    from vsr.runtime.package import file_digests, revision_of
-
-    return revision_of(file_digests(folder))
-
-
 def calibration_texts() -> list[str]:
     """CALIBRATION_COUNT train sentences at a fixed stride (covers every intent, fixed order)."""
     from vsr.runtime.intents import load_split
@@ -168,7 +161,7 @@ def _build(name: str, final: Path) -> None:
 
             base = resolve(BASE)
             pkg = compress_package(base, tmp / "pkg", scheme, calibration_texts(), seed=0)
-        write_manifest(pkg, name, None, fmt)  # the revision: revision_of the files written
+        write_manifest(pkg, name, fmt)  # the revision: revision_of the files written
         os.rename(pkg, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -156,9 +156,13 @@ class PackageLoader:
 
         A layer is checked once: check_linears before loading, then linear() while loading,
         find it already done."""
+        return self._checked_linear(m)[0]
+
+    def _checked_linear(self, m: str) -> tuple[str, int, int]:
+        """(format, N, K) of layer m, checked once."""
         if m not in self._checked:
             self._checked[m] = self._check_linear(m)
-        return self._checked[m][0]
+        return self._checked[m]
 
     def _check_linear(self, m: str) -> tuple[str, int, int]:
         s = self.scheme_for(m)
@@ -210,8 +214,7 @@ class PackageLoader:
 
     def linear(self, m: str) -> DenseWeight | Fp8Weight | Int4Weight | Nvfp4Weight:
         """The kernels' weight object for Linear layer `m` (CPU tensors, as stored)."""
-        self.check_linear(m)
-        fmt, N, K = self._checked[m]
+        fmt, N, K = self._checked_linear(m)
         s = self.scheme_for(m)
         if fmt == "dense":
             return DenseWeight(self.tensor(f"{m}.weight"), self._bias(m))

@@ -125,7 +125,7 @@ def revision_of(files: dict[str, dict]) -> str:
     return h.hexdigest()
 
 
-def write_manifest(package_dir: str | Path, name: str, revision: str | None, format: str) -> Path:
+def write_manifest(package_dir: str | Path, name: str, format: str, *, revision: str | None = None) -> Path:
     """Write MODEL_MANIFEST.json for every file now in `package_dir`; returns its path.
 
     revision None: revision_of the files (hashed once, for both). Written to a temporary

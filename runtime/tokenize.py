@@ -89,10 +89,6 @@ class PackageTokenizer:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
-    def check(self, text: object) -> str | None:
-        """An error message for a request this model must not answer, or None."""
-        return _text_problem(text) or self._check_ids(self.tokenizer.encode(text).ids)
-
     def _check_ids(self, ids: list[int]) -> str | None:
         if len(ids) == 0:
             return "text has no tokens"
@@ -102,7 +98,7 @@ class PackageTokenizer:
 
     def encode_each(self, texts: list[str]) -> tuple[list[list[int] | None], list[str | None]]:
         """(ids, problems), one tokenizer pass: per text its token ids, or None and the message
-        of `check` for a text this model must not answer (the others are still encoded)."""
+        saying why for a text this model must not answer (the others are still encoded)."""
         problems: list[str | None] = [_text_problem(t) for t in texts]
         todo = [i for i, p in enumerate(problems) if p is None]
         ids: list[list[int] | None] = [None] * len(texts)

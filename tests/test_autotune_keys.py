@@ -71,7 +71,7 @@ def test_source_hash_is_per_template_not_per_module(monkeypatch):
     # One name, other deps: the memo is keyed by the template, not its name.
     assert kernel_source_hash(replace(b, deps=a.deps)) == ha
     # What the memo serves is what a fresh computation gives.
-    monkeypatch.setattr(keys, "_source_hashes", {})
+    keys.kernel_source_hash.cache_clear()
     keys.module_code_text.cache_clear()
     assert kernel_source_hash(b) == hb and kernel_source_hash(a) == ha
 

@@ -287,6 +287,36 @@ def test_a_write_takes_the_write_lock_before_it_reads(tmp_path, monkeypatch):
     other.close()
 
 
+def test_any_sqlite_error_in_a_write_is_a_cache_error(tmp_path):
+    # Not only "locked" (OperationalError): a malformed file's DatabaseError is the file's problem too.
+    tuned_db(tmp_path / "c.db")
+    s = SqliteStore(tmp_path / "c.db")
+    digest = s.entries()[0].digest
+    real = s.db.conn
+
+    class Malformed:
+        in_transaction = False
+
+        def execute(self, sql, *a):
+            if sql.startswith("BEGIN"):
+                return real.execute(sql, *a)
+            raise sqlite3.DatabaseError("database disk image is malformed")
+
+        def executemany(self, sql, *a):
+            return self.execute(sql, *a)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+    s.db.conn = Malformed()
+    try:
+        with pytest.raises(CacheError, match=r"c\.db.*malformed"):
+            s.delete([digest])
+    finally:
+        real.execute("ROLLBACK") if real.in_transaction else None
+        s.db.conn = real
+    assert s.get(digest) is not None
+
+
 def test_delete_takes_more_digests_than_sqlite_binds_in_one_statement(tmp_path):
     tuned_db(tmp_path / "c.db")
     s = SqliteStore(tmp_path / "c.db")

@@ -103,7 +103,7 @@ def test_key_differs_in_every_field_and_round_trips():
     assert len({o.digest() for o in others} | {k.digest()}) == len(others) + 1
 
 
-def test_fp8_problems_are_checked_at_the_fp16_level_whatever_the_output_dtype():
+def test_fp8_problems_are_checked_at_the_fp8_operand_bound_at_least():
     import torch
     from vsr.kernels import fp8
     from vsr.kernels.template import Problem

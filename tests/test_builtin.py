@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from vsr.runtime import builtin
 from vsr.runtime.errors import PackageError
-from vsr.runtime.package import open_package, read_manifest, verify_manifest
+from vsr.runtime.package import file_digests, open_package, read_manifest, revision_of, verify_manifest
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_base_package_layout_and_manifest(base, cache):
     assert base.parent.parent == cache and base.is_dir()
     manifest = read_manifest(base)
     assert manifest["name"] == builtin.BASE
-    assert manifest["revision"] == builtin.package_revision(base)
+    assert manifest["revision"] == revision_of(file_digests(base))
     verify_manifest(base, manifest)
     pkg = open_package(builtin.BASE, device="cpu")
     assert pkg.identity_status == "verified" and pkg.path == base and pkg.formats == {"dense"}

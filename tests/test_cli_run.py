@@ -163,7 +163,7 @@ def test_eval_dispatches_to_evaluate(monkeypatch):
 def router(tmp_path_factory):
     from tinypkgs import build_minilm_router
     root = build_minilm_router(tmp_path_factory.mktemp("cli") / "router")
-    pkg.write_manifest(root, "test/router", "r1", "dense")
+    pkg.write_manifest(root, "test/router", "dense", revision="r1")
     return root
 
 

@@ -48,12 +48,11 @@ def test_batches_larger_than_one_chunk(router, monkeypatch):
 
 
 def test_request_checks(router):
-    assert router.tokenizer.check("turn on the lights") is None
-    assert "empty" in router.tokenizer.check("")
-    assert "empty" in router.tokenizer.check("   \n")
     long = "lights " * 300
-    msg = router.tokenizer.check(long)
-    assert "too long" in msg and "256" in msg  # MiniLM's sentence-transformers limit, not truncated
+    ids, problems = router.tokenizer.encode_each(["turn on the lights", "", "   \n", long])
+    assert problems[0] is None and ids[0] and ids[1:] == [None, None, None]
+    assert "empty" in problems[1] and "empty" in problems[2]
+    assert "too long" in problems[3] and "256" in problems[3]  # MiniLM's sentence-transformers limit, not truncated
     with pytest.raises(RequestError, match="request 1: empty"):
         router.predict(["fine", ""])
     with pytest.raises(RequestError, match="request 0: text is too long"):

@@ -55,7 +55,7 @@ def make_package(root: Path, fmt: str = "dense", dtype: str = "float32", manifes
     save_file({"encoder.layer.0.dense.weight": torch.randn(8, 8, generator=g)}, str(root / "model.safetensors"))
     (root / "tokenizer.json").write_text('{"version": "1.0"}')
     if manifest:
-        pkg.write_manifest(root, name, revision, fmt)
+        pkg.write_manifest(root, name, fmt, revision=revision)
     return root
 
 
@@ -63,7 +63,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
     root = make_package(tmp_path / "p")
     (root / "sub").mkdir()
     (root / "sub" / "extra.txt").write_text("x")
-    pkg.write_manifest(root, "test/tiny", "r2", "dense")
+    pkg.write_manifest(root, "test/tiny", "dense", revision="r2")
     m = json.loads((root / "MODEL_MANIFEST.json").read_text())
     assert (m["name"], m["revision"], m["format"]) == ("test/tiny", "r2", "dense")
     assert set(m["files"]) == {"config.json", "model.safetensors", "tokenizer.json", "sub/extra.txt"}
