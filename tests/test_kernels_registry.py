@@ -110,7 +110,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             if b <= 128:
                 assert {"swap", "slices"} <= {c["path"] for c in space} or b == 1
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
-            assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "splitk" if b <= 128 else
+            assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else
                                                    "dequant-tma" if (w.K * 4) % 16 == 0 else "dequant")
         else:   # (fp16 activations: the transposed TMA product for few rows where the strides allow)
             assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tma" if tma else "tiled")
