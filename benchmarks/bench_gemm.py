@@ -6,7 +6,7 @@
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
-for M <= GRAPH_MAX_M (every M of the table) also CUDA-graph replays cycling through weight
+for every M also CUDA-graph replays cycling through weight
 copies that together exceed twice the L2. vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md

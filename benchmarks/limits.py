@@ -4,18 +4,20 @@
 
 Each case times the shipped tile of a call (caches/nvidia-h200.json, CUDA-graph replay cycling
 through weight copies larger than the L2, as bench_gemm.py) beside variants that isolate one cost:
-  int4 M=1      the GEMV's bandwidth beside fp8's GEMV on the same N x K (twice the bytes, a plain
-                decode): the share of copy bandwidth each reaches;
+  int4 M=1      the shipped tile's bandwidth (slices or GEMV) beside fp8's and bf16's shipped
+                tiles on the same N x K: the share of copy bandwidth each reaches;
   int4 M=64     the shipped tile beside a bf16 weight's pointer-load split-K product on the same
-                block sizes and split (no unpacking in the loop; for a "swap" tile this is the
-                untransposed product: the dense template has no pointer-load transposed path);
+                block sizes and split (no unpacking in the loop; for a "slices" or "swap" tile
+                this is the untransposed product: the dense template has no pointer-load
+                transposed path);
   int4 M=256+   the transient-dequantization path split into its two launches;
   fp8 M=256+    the call split into the activation prologue and the product alone, beside
                 _scaled_mm alone;
   bf16 M=256+   the shipped tile beside cuBLAS.
 Then a resource report (registers, spills, shared memory) of every kernel compiled on the way.
 Every timed call (and each part of a split call) is checked against its reference first
-(`checked`, `parts_checked`, `fp8_parts_checked` in the rows).
+(`checked`, `parts_checked`, `fp8_parts_checked` in the rows). Tiles are looked up with miss
+policy "error": after a kernel change, re-tune the shipped cache first.
 """
 from __future__ import annotations
 

@@ -21,21 +21,31 @@ def variants():
     return mod
 
 
-@pytest.mark.parametrize("study,ms", [("small-m", [1, 5]), ("persistent", [40]), ("int4-xtma", [5, 130])])
-def test_each_study_runs_every_case(variants, monkeypatch, study, ms):
-    # The studies on a tiny shape, timing replaced by running the calls: every case is built, run,
+def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
+    # The study on a tiny shape, timing replaced by running the calls: every case is built, run,
     # checked against its reference and recorded (the figures themselves come from the H200).
     # fp16 activations: the interpreter's bf16 tl.dot is wrong, so bf16 outputs could not be checked.
+    # M=130 is bucket 256: the 128-row tiles too.
     monkeypatch.setattr(variants, "DEV", DEV)
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 256)})
-    calls = []
-    monkeypatch.setattr(variants, "graph_ms", lambda fns: calls.extend(f() for f in fns) or 1.0)
-    rows = variants.STUDIES[study][0](["tiny"], ms, lambda r: None)
+    timed = []     # one entry per graph_ms call: how many calls it replayed
+
+    def fake_graph_ms(fns):
+        for f in fns:
+            f()
+        timed.append(len(fns))
+        return 1.0
+    monkeypatch.setattr(variants, "graph_ms", fake_graph_ms)
+    rows = variants.study_int4_xtma(["tiny"], [5, 130], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
     assert all(r["ok"] for r in cases), [(r["variant"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
-    assert len(calls) >= len(rows), "every timed case ran its calls"
+    # Each row (baselines included) timed once, over every weight copy (int4 and bf16 copies alike).
+    copies = len(variants._weights("int4-gptq", 64, 256, DEV))
+    assert timed == [copies] * len(rows)
+    assert {r["variant"] for r in cases} == {"shipped tile", "slices", "slices, x by TMA"}
+    assert any(r["tile"]["BLOCK_M"] == 128 for r in cases if r["M"] == 130)
 
 
 def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path):
