@@ -1,16 +1,18 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-xtma] [--shapes qkv,o,gate_up,down] [--ms 16,64]
+    python benchmarks/variants.py [--study int4-x] [--shapes qkv,o,gate_up,down] [--ms 1,16,64,256]
                                   [--out FILE]
 
-int4-xtma (written after run 11, checked under the interpreter, never run on a GPU): int4 at
-M = 16-256, the shipped tile beside the slices path's own candidate tiles (int4._slices_tiles)
-and, from bucket 128, 128-row tiles with 8 warps, each plain and with the kernel's X_TMA flag
-(x's slices fetched as TMA boxes, which the pipeliner stages ahead, instead of pointer loads
-through registers into shared memory: 65 LDG + 65 STS per thread and step at BM=64 in the
-sm_90 SASS). X_TMA is not in the search space; if it wins, its tiles join _slices_tiles. Run
-it after the int4 keys of caches/nvidia-h200.json are re-tuned: the shipped tile is looked up
-with miss policy "error".
+int4-x (session 6; checked under the interpreter before its run): the int4 slices path at
+M = 1-256 (GPTQ), the template's default tile (int4.default_tile, which needs no cache) beside
+slices tiles, each in three ways of reading x: slice-ordered by pointers (the shipped form: x
+copied into slice order per call, then loaded through registers into shared memory), by TMA boxes
+(X_TMA: staged ahead by the pipeliner), or in place (X_GATHER: every 8th column per slice, no
+copy, one kernel launch fewer). At M = 1-16 it adds tiles that Triton builds with mma.sync instead
+of wgmma (2 warps, or fewer than 64 weight rows): sm_90 inspection shows each of the slices
+kernel's eight wgmmas per step followed by a wait for completion (operand A in registers), which
+mma.sync, synchronous by nature, does not pay. At M=1 the GEMV default is timed too. Winners join
+int4._slices_tiles.
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json
 and their verdicts in NOTES.md: run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6
@@ -38,7 +40,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, SHIPPED_CACHE, check, code_commit, graph_ms, weight_copies  # noqa: E402
+from common_bench import SHAPES, check, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import common, int4, registry  # noqa: E402
@@ -85,48 +87,56 @@ def _run_cases(rows, log, cases, ws, ref, base, **ids) -> None:
         log(rows[-1])
 
 
-def _shipped_resolver(dev):
-    """The shipped cache's tiles on the GPU (miss policy "error": a stale cache stops the study
-    instead of timing a default tile under the shipped tile's name); None on the CPU."""
-    if dev.type != "cuda":
-        return None
-    from vsr.autotune.resolver import TileResolver
-    return TileResolver(SHIPPED_CACHE, "error", dev)
+# Slices tiles of the int4-x study at BM=16 (M = 1-16): (BLOCK_N, warps, stages, waves). 64/128
+# rows at 4 warps and 256 at 8 take wgmma; 2 warps, or 32 rows, take mma.sync.
+SMALL_TILES = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 4, 4, 4), (256, 8, 3, 4), (128, 4, 3, 8),
+               (32, 4, 3, 4), (64, 2, 3, 4), (128, 2, 3, 4), (128, 2, 4, 8))
 
 
-def study_int4_xtma(shapes, ms, log):
+def _int4_x_tiles(p, N, K):
+    """(tile, x modes) of the int4-x study for the Problem p."""
+    b = p.bucket
+    plain, tma, gather = {}, {"X_TMA": 1}, {"X_GATHER": 1}
+    if b <= 16:
+        return [(common.tile("slices", 16, bn, 128, common._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st),
+                 (plain, gather) if b == 1 else (plain, gather, tma)) for bn, warps, st, wv in SMALL_TILES]
+    tiles = int4._slices_tiles(p)[:4]
+    if b >= 128:
+        tiles += [common.tile("slices", 128, bn, 128, common._split_for(b, N, K, 128, bn, 128, 16, waves=wv), warps, 3)
+                  for bn, warps, wv in ((128, 8, 2), (64, 4, 4))]
+    return [(t, (plain, tma, gather)) for t in tiles]
+
+
+def study_int4_x(shapes, ms, log):
     """See the module docstring."""
     dev = torch.device(DEV)
     t = registry.TEMPLATES["int4_w4a16"]
-    resolver = _shipped_resolver(dev)
     rows = []
+    names = {(): "slices", ("X_TMA",): "slices, x by TMA", ("X_GATHER",): "slices, x in place"}
     for sh in shapes:
         N, K = SHAPES[sh]
         wb = _weights("bf16", N, K, dev)
-        weights = {fmt: _weights(fmt, N, K, dev) for fmt in ("int4-gptq", "int4-awq")}
+        ws = _weights("int4-gptq", N, K, dev)
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="int4-xtma", shape=sh, M=M)
-            b = bucket_for(M)
-            for fmt, ws in weights.items():
-                p = t.problem(ws[0], b, x.dtype)
-                shipped = resolver.tile(t, p) if resolver is not None else t.default_tile(p)
-                cases = [("shipped tile", shipped, lambda w: t.launch(x, w, shipped))]
-                tiles = int4._slices_tiles(p)[:4]
-                if b >= 128:
-                    tiles += [common.tile("slices", 128, bn, 128, common._split_for(b, N, K, 128, bn, 128, 16, waves=wv),
-                                          warps, 3) for bn, warps, wv in ((128, 8, 2), (64, 4, 4))]
-                for tile in tiles:
-                    if tile != shipped:
-                        cases.append(("slices", tile, lambda w, tile=tile: t.launch(x, w, tile)))
-                    xt = dict(tile, X_TMA=1)
-                    cases.append(("slices, x by TMA", xt, lambda w, xt=xt: t.launch(x, w, xt)))
-                _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-xtma", format=fmt,
-                           shape=sh, M=M)
+            base = _baseline(rows, log, x, wb, study="int4-x", shape=sh, M=M)
+            p = t.problem(ws[0], bucket_for(M), x.dtype)
+            default = t.default_tile(p)
+            cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+            if M == 1 and default["path"] != "gemv":
+                gemv = next(c for c in t.search_space(p) if c["path"] == "gemv")
+                cases.append(("gemv", gemv, lambda w: t.launch(x, w, gemv)))
+            for tile, modes in _int4_x_tiles(p, N, K):
+                for mode in modes:
+                    tm = dict(tile, **mode)
+                    if tm != default:
+                        cases.append((names[tuple(mode)], tm, lambda w, tm=tm: t.launch(x, w, tm)))
+            _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-x", format="int4-gptq",
+                       shape=sh, M=M)
     return rows
 
 
-STUDIES = {"int4-xtma": (study_int4_xtma, "16,64,128,256")}
+STUDIES = {"int4-x": (study_int4_x, "1,16,64,256")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -261,12 +261,16 @@ def _nibble_pair_f16(w, zz):
 
 
 @triton.jit
-def _x_slice(x_ptr, x_cols, row0, k0, j: tl.constexpr, W8: tl.constexpr, X_TMA: tl.constexpr):
-    """Slice j of the step at column k0 of the slice-ordered x, for this program's rows, as the
-    [W8, BM] MMA operand: pointer loads from x_cols (the step's slice-0 pointers), or with X_TMA
-    one box of x's TMA descriptor x_ptr (rows past M read as zero)."""
+def _x_slice(x_ptr, x_cols, x_mask, row0, k0, j: tl.constexpr, W8: tl.constexpr, X_TMA: tl.constexpr,
+             X_GATHER: tl.constexpr):
+    """Slice j of the step at column k0, for this program's rows, as the [W8, BM] MMA operand:
+    pointer loads from x_cols (the step's slice-0 pointers) of the slice-ordered x; with X_GATHER
+    from x as stored (column 8·w + j, every 8th: no slice-order copy, words past K8 masked); with
+    X_TMA one box of the slice-ordered x's TMA descriptor x_ptr (rows past M read as zero)."""
     if X_TMA:
         xj = x_ptr.load([row0, k0 + j * W8]).T
+    elif X_GATHER:
+        xj = tl.load(x_cols + j, mask=x_mask, other=0.0)
     else:
         xj = tl.load(x_cols + j * W8)
     return xj
@@ -277,7 +281,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        X_TMA: tl.constexpr = False):
+                        X_TMA: tl.constexpr = False, X_GATHER: tl.constexpr = False):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -305,8 +309,11 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     for kw0 in range(kw_lo, kw_hi, W8):
         offs_w = kw0 + tl.arange(0, W8)
         words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        x_mask = offs_w[:, None] < K8   # X_GATHER's: x as stored has no padding past the last word
         if X_TMA:
             x_cols = x_ptr   # unused: the boxes are addressed by (row0, column)
+        elif X_GATHER:
+            x_cols = x_ptr + rm[None, :] * stride_xm + (offs_w * 8)[:, None]                 # x[8·w]: [W8, BM]
         else:
             x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
         g = (kw0 * 8) // GROUP
@@ -324,13 +331,13 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                     lo, hi = _nibble_pair_f16(uw >> (4 * j), zz)
                 else:
                     lo, hi = _nibble_pair_bf16(uw >> (4 * j), zz)
-                part = tl.dot(lo, _x_slice(x_ptr, x_cols, row0, kw0 * 8, j, W8, X_TMA), part)
-                part = tl.dot(hi, _x_slice(x_ptr, x_cols, row0, kw0 * 8, j + 4, W8, X_TMA), part)
+                part = tl.dot(lo, _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j, W8, X_TMA, X_GATHER), part)
+                part = tl.dot(hi, _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j + 4, W8, X_TMA, X_GATHER), part)
         else:
             z = 8388608.0 + zu.to(tl.float32)
             for j in tl.static_range(8):
                 f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-                xj = _x_slice(x_ptr, x_cols, row0, kw0 * 8, j, W8, X_TMA)
+                xj = _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j, W8, X_TMA, X_GATHER)
                 wj = (f - z[:, None]).to(xj.dtype)
                 if IEEE:
                     part = tl.dot(wj, xj, part, input_precision="ieee")
@@ -484,9 +491,11 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
-        xs = slice_order(x, bk)
+        x_tma, x_gather = bool(tile.get("X_TMA", 0)), bool(tile.get("X_GATHER", 0))
+        assert not (x_tma and x_gather), "X_TMA reads the slice-ordered copy of x, X_GATHER x as stored: one or the other"
+        # X_GATHER reads x in place, in whole words (a partial last word's columns padded with zeros).
+        xs = (torch.nn.functional.pad(x, (0, -K % 8)) if K % 8 else x) if x_gather else slice_order(x, bk)
         pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
-        x_tma = bool(tile.get("X_TMA", 0))
         if x_tma:   # xs is a fresh [M, whole BLOCK_K blocks] tensor: 16-byte aligned rows and base
             from triton.tools.tensor_descriptor import TensorDescriptor
             x_arg = TensorDescriptor.from_tensor(xs, [bm, bk // 8])
@@ -495,7 +504,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            X_TMA=x_tma, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            X_TMA=x_tma, X_GATHER=x_gather, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](

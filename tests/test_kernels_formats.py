@@ -313,17 +313,21 @@ def test_int4_swap_path_uneven_k_and_fp32():
 SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 
 
+X_MODES = ({}, {"X_TMA": 1}, {"X_GATHER": 1})   # slice-ordered x by pointers, by TMA boxes; x as stored
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("M,split,x_tma", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (70, 2, 1)])
-def test_int4_slices_path(dtype, symmetric, act_order, M, split, x_tma):
+@pytest.mark.parametrize("M,split,xm", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (70, 2, 1), (1, 2, 2), (70, 1, 2)])
+def test_int4_slices_path(dtype, symmetric, act_order, M, split, xm):
     # On NVIDIA GPUs the nibbles convert two at a time in PTX (bf16 from sm_90); under the
-    # interpreter, the fp32 twin. x_tma: x's slices as TMA boxes (rows past M zero-filled by the
-    # copy engine); M=70 spans two row blocks, so a wrong box row fails.
-    g = gen(90 + M + split + 2 * symmetric + x_tma)
+    # interpreter, the fp32 twin. X_TMA: x's slices as TMA boxes (rows past M zero-filled by the
+    # copy engine); M=70 spans two row blocks, so a wrong box row fails. X_GATHER: x read in place,
+    # every 8th column per slice.
+    g = gen(90 + M + split + 2 * symmetric + 7 * xm)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, X_TMA=x_tma)
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, **X_MODES[xm])
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
@@ -339,8 +343,8 @@ def test_int4_slices_path_uneven_k(dtype):
                         torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
                         torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
-    for x_tma in (0, 1):
-        assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3, X_TMA=x_tma)), int4.reference_linear(x, w))
+    for xm in X_MODES:   # X_GATHER: the partial last word's columns padded, the words past K8 masked
+        assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3, **xm)), int4.reference_linear(x, w))
 
 
 def test_int4_ptx_pairs_only_where_ptxas_takes_them():
@@ -355,7 +359,8 @@ def test_int4_slices_path_with_no_rows():
     g = gen(97)
     w = int4_weight(g, 128, False, False, bias=True)
     x = torch.randn(0, K, generator=g).half().to(DEV)
-    for tile in (SLICES, dict(SLICES, X_TMA=1), dict(SLICES, path="swap"), dict(TILED, path="dequant")):
+    for tile in (SLICES, dict(SLICES, X_TMA=1), dict(SLICES, X_GATHER=1), dict(SLICES, path="swap"),
+                 dict(TILED, path="dequant")):
         assert int4.launch(x, w, tile).shape == (0, N)
 
 

@@ -25,7 +25,7 @@ def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
     # The study on a tiny shape, timing replaced by running the calls: every case is built, run,
     # checked against its reference and recorded (the figures themselves come from the H200).
     # fp16 activations: the interpreter's bf16 tl.dot is wrong, so bf16 outputs could not be checked.
-    # M=130 is bucket 256: the 128-row tiles too.
+    # M=1: the GEMV and x in place; M=130 is bucket 256: the 128-row tiles too, x in all three ways.
     monkeypatch.setattr(variants, "DEV", DEV)
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 256)})
@@ -37,14 +37,15 @@ def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
         timed.append(len(fns))
         return 1.0
     monkeypatch.setattr(variants, "graph_ms", fake_graph_ms)
-    rows = variants.study_int4_xtma(["tiny"], [5, 130], lambda r: None)
+    rows = variants.study_int4_x(["tiny"], [1, 130], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
     assert all(r["ok"] for r in cases), [(r["variant"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
     # Each row (baselines included) timed once, over every weight copy (int4 and bf16 copies alike).
     copies = len(variants._weights("int4-gptq", 64, 256, DEV))
     assert timed == [copies] * len(rows)
-    assert {r["variant"] for r in cases} == {"shipped tile", "slices", "slices, x by TMA"}
+    assert {r["variant"] for r in cases} == {"default tile", "gemv", "slices", "slices, x by TMA", "slices, x in place"}
+    assert {r["tile"]["num_warps"] for r in cases if r["M"] == 1} >= {2, 4, 8}
     assert any(r["tile"]["BLOCK_M"] == 128 for r in cases if r["M"] == 130)
 
 
