@@ -14,8 +14,7 @@ report records it.
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
-its portable fp32 twin) on the same tiles as the swap path, and with its X_TMA flag (x's slices
-fetched by TMA; variants.py int4-xtma times it).
+its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync).
 """
 from __future__ import annotations
 
@@ -71,12 +70,10 @@ def cases() -> dict[str, tuple]:
                 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
-        if bn == 128:
-            out[f"int4-slices-xtma-ptx-{bm}x{bn}"] = (
-                int4._int4_slices_kernel, dict(_INT4, x_ptr=f"tensordesc<bf16[{bm},16]>"),
-                dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, PAIRS=True,
-                     F16=False, IEEE=False, X_TMA=True), 4, 3,
-                f"int4 slices path with X_TMA (x's slices by TMA; variants.py int4-xtma), {bm}x{bn}x128")
+    out["int4-slices-ptx-16x64-2w"] = (
+        int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 2, 3,
+        "int4 slices path, 16x64x128 with 2 warps: mma.sync (HMMA) instead of wgmma (run 12's candidate at M=1)")
     return out
 
 

@@ -3,16 +3,14 @@
     python benchmarks/variants.py [--study int4-x] [--shapes qkv,o,gate_up,down] [--ms 1,16,64,256]
                                   [--out FILE]
 
-int4-x (session 6; checked under the interpreter before its run): the int4 slices path at
-M = 1-256 (GPTQ), the template's default tile (int4.default_tile, which needs no cache) beside
-slices tiles, each in three ways of reading x: slice-ordered by pointers (the shipped form: x
-copied into slice order per call, then loaded through registers into shared memory), by TMA boxes
-(X_TMA: staged ahead by the pipeliner), or in place (X_GATHER: every 8th column per slice, no
-copy, one kernel launch fewer). At M = 1-16 it adds tiles that Triton builds with mma.sync instead
-of wgmma (2 warps, or fewer than 64 weight rows): sm_90 inspection shows each of the slices
-kernel's eight wgmmas per step followed by a wait for completion (operand A in registers), which
-mma.sync, synchronous by nature, does not pay. At M=1 the GEMV default is timed too. Winners join
-int4._slices_tiles.
+int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
+(int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
+Triton builds with mma.sync instead of wgmma (2 warps, or fewer than 64 weight rows): sm_90
+inspection shows each of the slices kernel's eight wgmmas per step followed by a wait for
+completion (operand A in registers), which mma.sync, synchronous by nature, does not pay. At M=1
+the GEMV is timed too. Run 12 also timed two ways of reading x, removed after it since both lost
+(results/variants-nvidia-h200-2026-11-29-run12-int4-x.json, commit f0f0f9b): TMA boxes (X_TMA)
+and in place without the slice-order copy (X_GATHER).
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json
 and their verdicts in NOTES.md: run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6
@@ -94,17 +92,16 @@ SMALL_TILES = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 4, 4, 4), (256, 8, 3, 4), (1
 
 
 def _int4_x_tiles(p, N, K):
-    """(tile, x modes) of the int4-x study for the Problem p."""
+    """The int4-x study's slices tiles for the Problem p."""
     b = p.bucket
-    plain, tma, gather = {}, {"X_TMA": 1}, {"X_GATHER": 1}
     if b <= 16:
-        return [(common.tile("slices", 16, bn, 128, common._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st),
-                 (plain, gather) if b == 1 else (plain, gather, tma)) for bn, warps, st, wv in SMALL_TILES]
+        return [common.tile("slices", 16, bn, 128, common._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st)
+                for bn, warps, st, wv in SMALL_TILES]
     tiles = int4._slices_tiles(p)[:4]
     if b >= 128:
         tiles += [common.tile("slices", 128, bn, 128, common._split_for(b, N, K, 128, bn, 128, 16, waves=wv), warps, 3)
                   for bn, warps, wv in ((128, 8, 2), (64, 4, 4))]
-    return [(t, (plain, tma, gather)) for t in tiles]
+    return tiles
 
 
 def study_int4_x(shapes, ms, log):
@@ -112,7 +109,6 @@ def study_int4_x(shapes, ms, log):
     dev = torch.device(DEV)
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
-    names = {(): "slices", ("X_TMA",): "slices, x by TMA", ("X_GATHER",): "slices, x in place"}
     for sh in shapes:
         N, K = SHAPES[sh]
         wb = _weights("bf16", N, K, dev)
@@ -126,11 +122,9 @@ def study_int4_x(shapes, ms, log):
             if M == 1 and default["path"] != "gemv":
                 gemv = next(c for c in t.search_space(p) if c["path"] == "gemv")
                 cases.append(("gemv", gemv, lambda w: t.launch(x, w, gemv)))
-            for tile, modes in _int4_x_tiles(p, N, K):
-                for mode in modes:
-                    tm = dict(tile, **mode)
-                    if tm != default:
-                        cases.append((names[tuple(mode)], tm, lambda w, tm=tm: t.launch(x, w, tm)))
+            for tile in _int4_x_tiles(p, N, K):
+                if tile != default:
+                    cases.append(("slices", tile, lambda w, tile=tile: t.launch(x, w, tile)))
             _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-x", format="int4-gptq",
                        shape=sh, M=M)
     return rows

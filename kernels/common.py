@@ -9,6 +9,7 @@ tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from dataclasses import dataclass
@@ -148,20 +149,16 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([off_n, k0])
         if SWAP:
-            b = b_desc.load([off_n, k0])
-            a = a_desc.load([off_m, k0])
-            if IEEE:
-                acc = tl.dot(b, a.T, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(b, a.T, acc)
+            lhs, rhs = b, a.T
         else:
-            a = a_desc.load([off_m, k0])
-            b = b_desc.load([off_n, k0])
-            if IEEE:
-                acc = tl.dot(a, b.T, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b.T, acc)
+            lhs, rhs = a, b.T
+        if IEEE:
+            acc = tl.dot(lhs, rhs, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(lhs, rhs, acc)
     return acc
 
 
@@ -350,16 +347,10 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
                                  PERSISTENT=persistent, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
-_MULTIPROCESSORS: dict = {}
-
-
+@functools.cache
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (a persistent grid's size); 4 on the CPU (interpreter)."""
-    n = _MULTIPROCESSORS.get(device)
-    if n is None:
-        n = _MULTIPROCESSORS[device] = (torch.cuda.get_device_properties(device).multi_processor_count
-                                        if device.type == "cuda" else 4)
-    return n
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 class _Transient:

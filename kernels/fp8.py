@@ -10,6 +10,7 @@ row, else common.py's tensor-core kernels (shared with the dense template).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -145,15 +146,10 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_K: tl.const
             _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs, k0 + offs < K, HW_CVT)
 
 
-_HW_CVT: dict[torch.device, bool] = {}
-
-
+@functools.cache
 def _hardware_e4m3(dev: torch.device) -> bool:
     """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
-    ok = _HW_CVT.get(dev)
-    if ok is None:
-        ok = _HW_CVT[dev] = common.nvidia(dev) and torch.cuda.get_device_capability(dev) >= (8, 9)
-    return ok
+    return common.nvidia(dev) and torch.cuda.get_device_capability(dev) >= (8, 9)
 
 
 def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

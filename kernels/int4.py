@@ -15,6 +15,7 @@ scale multiplies the fp32 partial product: the same sum as the reference's, in f
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -261,27 +262,10 @@ def _nibble_pair_f16(w, zz):
 
 
 @triton.jit
-def _x_slice(x_ptr, x_cols, x_mask, row0, k0, j: tl.constexpr, W8: tl.constexpr, X_TMA: tl.constexpr,
-             X_GATHER: tl.constexpr):
-    """Slice j of the step at column k0, for this program's rows, as the [W8, BM] MMA operand:
-    pointer loads from x_cols (the step's slice-0 pointers) of the slice-ordered x; with X_GATHER
-    from x as stored (column 8·w + j, every 8th: no slice-order copy, words past K8 masked); with
-    X_TMA one box of the slice-ordered x's TMA descriptor x_ptr (rows past M read as zero)."""
-    if X_TMA:
-        xj = x_ptr.load([row0, k0 + j * W8]).T
-    elif X_GATHER:
-        xj = tl.load(x_cols + j, mask=x_mask, other=0.0)
-    else:
-        xj = tl.load(x_cols + j * W8)
-    return xj
-
-
-@triton.jit
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        X_TMA: tl.constexpr = False, X_GATHER: tl.constexpr = False):
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -294,28 +278,19 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
     partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
     0, and their x columns are the launcher's zero padding.
-    (Loading the next step's words a step ahead by hand, run 11's PREFETCH flag, lost in every
-    key: the compiler's pipeliner already stages the words ahead by cp.async.)
-    X_TMA (a tile flag, not yet in the search space: `variants.py --study int4-xtma` measures it
-    first): x's slices come as TMA boxes, which the pipeliner stages ahead like the words, instead
-    of pointer loads through registers (static inspection: 65 LDG + 65 STS per thread and step
-    at BM=64)."""
+    Tried on the H200 and removed, as each lost to this form (NOTES runs 11-12): the next step's
+    words loaded a step ahead by hand (PREFETCH; the pipeliner already stages them by cp.async),
+    x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
+    (X_GATHER)."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     kw_lo = pid_k * KW_SPLIT
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
-    row0 = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)[0] * BLOCK_M   # X_TMA's box row
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         offs_w = kw0 + tl.arange(0, W8)
         words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
-        x_mask = offs_w[:, None] < K8   # X_GATHER's: x as stored has no padding past the last word
-        if X_TMA:
-            x_cols = x_ptr   # unused: the boxes are addressed by (row0, column)
-        elif X_GATHER:
-            x_cols = x_ptr + rm[None, :] * stride_xm + (offs_w * 8)[:, None]                 # x[8·w]: [W8, BM]
-        else:
-            x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
+        x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
         g = (kw0 * 8) // GROUP
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if HAS_ZP:
@@ -331,13 +306,13 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                     lo, hi = _nibble_pair_f16(uw >> (4 * j), zz)
                 else:
                     lo, hi = _nibble_pair_bf16(uw >> (4 * j), zz)
-                part = tl.dot(lo, _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j, W8, X_TMA, X_GATHER), part)
-                part = tl.dot(hi, _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j + 4, W8, X_TMA, X_GATHER), part)
+                part = tl.dot(lo, tl.load(x_cols + j * W8), part)
+                part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
         else:
             z = 8388608.0 + zu.to(tl.float32)
             for j in tl.static_range(8):
                 f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
-                xj = _x_slice(x_ptr, x_cols, x_mask, row0, kw0 * 8, j, W8, X_TMA, X_GATHER)
+                xj = tl.load(x_cols + j * W8)
                 wj = (f - z[:, None]).to(xj.dtype)
                 if IEEE:
                     part = tl.dot(wj, xj, part, input_precision="ieee")
@@ -491,20 +466,14 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
-        x_tma, x_gather = bool(tile.get("X_TMA", 0)), bool(tile.get("X_GATHER", 0))
-        assert not (x_tma and x_gather), "X_TMA reads the slice-ordered copy of x, X_GATHER x as stored: one or the other"
-        # X_GATHER reads x in place, in whole words (a partial last word's columns padded with zeros).
-        xs = (torch.nn.functional.pad(x, (0, -K % 8)) if K % 8 else x) if x_gather else slice_order(x, bk)
+        xs = slice_order(x, bk)
         pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
-        if x_tma:   # xs is a fresh [M, whole BLOCK_K blocks] tensor: 16-byte aligned rows and base
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            x_arg = TensorDescriptor.from_tensor(xs, [bm, bk // 8])
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-            x_arg if x_tma else xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
+            xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            X_TMA=x_tma, X_GATHER=x_gather, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -527,14 +496,9 @@ def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
     return dtype == torch.float16 or (dtype == torch.bfloat16 and tuple(capability) >= (9, 0))
 
 
-_CAPABILITY: dict[torch.device, tuple[int, int]] = {}
-
-
+@functools.cache
 def _capability(dev: torch.device) -> tuple[int, int]:
-    cap = _CAPABILITY.get(dev)
-    if cap is None:
-        cap = _CAPABILITY[dev] = tuple(torch.cuda.get_device_capability(dev))
-    return cap
+    return tuple(torch.cuda.get_device_capability(dev))
 
 
 def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
@@ -652,10 +616,14 @@ def _slices_tiles(p: Problem) -> list[dict]:
     first is run 11's best on qkv/o at M=1-16 (BN 64) and M=64-128 (BN 128), 3 stages."""
     bm = min(64, max(16, p.bucket))
     out = []
-    for bn, stages, waves in ((64 if p.bucket <= 16 else 128, 3, 4), (128, 3, 4), (64, 3, 4), (128, 4, 2),
-                              (128, 3, 8), (64, 4, 8), (64, 3, 2), (128, 4, 4)):
+    # 2 warps with 64 weight rows: Triton builds mma.sync there, not wgmma (which waits after each
+    # of the step's eight products, operand A being in registers); run 12: 0.93x the default's
+    # time on qkv at M=1, the same on down.
+    for bn, warps, stages, waves in ((64 if p.bucket <= 16 else 128, 4, 3, 4), (64, 2, 3, 4), (128, 4, 3, 4),
+                                     (64, 4, 3, 4), (128, 4, 4, 2), (128, 4, 3, 8), (64, 4, 4, 8), (64, 4, 3, 2),
+                                     (128, 4, 4, 4)):
         t = common.tile("slices", bm, bn, 128, common._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
-                        4, stages)
+                        warps, stages)
         if t not in out:
             out.append(t)
     return out

@@ -313,21 +313,16 @@ def test_int4_swap_path_uneven_k_and_fp32():
 SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 
 
-X_MODES = ({}, {"X_TMA": 1}, {"X_GATHER": 1})   # slice-ordered x by pointers, by TMA boxes; x as stored
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
-@pytest.mark.parametrize("M,split,xm", [(1, 1, 0), (5, 2, 0), (40, 1, 0), (5, 2, 1), (70, 2, 1), (1, 2, 2), (70, 1, 2)])
-def test_int4_slices_path(dtype, symmetric, act_order, M, split, xm):
+@pytest.mark.parametrize("M,split,warps", [(1, 1, 4), (5, 2, 4), (40, 1, 4), (70, 2, 4), (1, 2, 2), (40, 1, 2)])
+def test_int4_slices_path(dtype, symmetric, act_order, M, split, warps):
     # On NVIDIA GPUs the nibbles convert two at a time in PTX (bf16 from sm_90); under the
-    # interpreter, the fp32 twin. X_TMA: x's slices as TMA boxes (rows past M zero-filled by the
-    # copy engine); M=70 spans two row blocks, so a wrong box row fails. X_GATHER: x read in place,
-    # every 8th column per slice.
-    g = gen(90 + M + split + 2 * symmetric + 7 * xm)
+    # interpreter, the fp32 twin. M=70 spans two row blocks. 2 warps: mma.sync on Hopper, not wgmma.
+    g = gen(90 + M + split + 2 * symmetric + warps)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, **X_MODES[xm])
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, num_warps=warps)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
@@ -343,8 +338,7 @@ def test_int4_slices_path_uneven_k(dtype):
                         torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
                         torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
-    for xm in X_MODES:   # X_GATHER: the partial last word's columns padded, the words past K8 masked
-        assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3, **xm)), int4.reference_linear(x, w))
+    assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
 
 
 def test_int4_ptx_pairs_only_where_ptxas_takes_them():
@@ -359,8 +353,7 @@ def test_int4_slices_path_with_no_rows():
     g = gen(97)
     w = int4_weight(g, 128, False, False, bias=True)
     x = torch.randn(0, K, generator=g).half().to(DEV)
-    for tile in (SLICES, dict(SLICES, X_TMA=1), dict(SLICES, X_GATHER=1), dict(SLICES, path="swap"),
-                 dict(TILED, path="dequant")):
+    for tile in (SLICES, dict(SLICES, path="swap"), dict(TILED, path="dequant")):
         assert int4.launch(x, w, tile).shape == (0, N)
 
 
