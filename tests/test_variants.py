@@ -63,3 +63,16 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
     doc = __import__("json").loads(out.read_text())
     assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
     assert not (tmp_path / "v.json.tmp").exists()
+
+
+def test_the_join_study_checks_every_case(variants, monkeypatch):
+    # The int4-join study's kernel (pairs joined back into natural K order, one tl.dot per step) on
+    # a tiny shape (three BLOCK_K steps), fp16 x: each case matches the reference (a wrong join order fails).
+    monkeypatch.setattr(variants, "DEV", DEV)
+    monkeypatch.setattr(variants, "ACT", torch.float16)
+    monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 384)})
+    monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
+    rows = variants.study_int4_join(["tiny"], [1, 20], lambda r: None)
+    cases = [r for r in rows if r["variant"] == "join"]
+    assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert all(r["ok"] for r in cases), [(r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
