@@ -14,7 +14,9 @@ report records it.
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
-its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync).
+its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync); run 12's
+int4-join study kernel (benchmarks/variants.py). Besides resources, each row counts the wgmma
+completions waited for inside the loops (`wgmma_full_waits_in_loops`, from the TTGIR).
 """
 from __future__ import annotations
 
@@ -70,6 +72,11 @@ def cases() -> dict[str, tuple]:
                 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
+    import variants  # benchmarks/variants.py: run 12's int4-join study kernel
+    out["int4-join-ptx-16x64"] = (
+        variants._int4_join_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+                                                GROUP_M=8, PAIRS=True), 4, 3,
+        "run 12's int4-join study kernel (pairs joined into natural K order, one tl.dot per step), 16x64x128")
     out["int4-slices-ptx-16x64-2w"] = (
         int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 2, 3,
@@ -141,6 +148,9 @@ def analyse(k) -> dict:
             "local_bytes": int(res.get("LOCAL", -1)), "shared_bytes": k.metadata.shared,
             "hgmma": ops.get("HGMMA", 0), "sass_instructions": sum(ops.values()),
             "register_bytes_to_shared_per_step": _stored_bytes(in_loops),
+            # wgmma completions waited for inside the loops (TTGIR): the slices kernel waits after
+            # each of its eight products per step (operand A in registers), run 12's join form once.
+            "wgmma_full_waits_in_loops": len(re.findall(r"ttng\.warp_group_dot_wait [^\n]*pendings = 0", in_loops)),
             "sass_top": dict(ops.most_common(14)),
             "main_loop_instructions": sum(loop.values()), "main_loop_ops": dict(loop.most_common())}
 
@@ -166,13 +176,14 @@ def main() -> int:
     out = Path(a.out) if a.out else result_path("inspect", "sm90")
     out.write_text(json.dumps({"benchmark": "inspect", "target": "cuda sm_90 (compiled, not run)",
                                "triton": triton.__version__, "commit": code_commit(), "rows": rows}, indent=1) + "\n")
-    print(f"\n{'case':30s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s}")
+    print(f"\n{'case':30s} {'regs':>5s} {'spill':>6s} {'smem':>7s} {'hgmma':>5s} {'reg->smem B/step':>16s} {'sass':>6s} {'loop':>5s} {'waits':>5s}")
     for r in rows:
         if "error" in r:
             print(f"{r['case']:30s} ERROR {r['error'][:80]}")
             continue
         print(f"{r['case']:30s} {r['registers']:5d} {r['local_bytes']:6d} {r['shared_bytes']:7d} {r['hgmma']:5d} "
-              f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d} {r['main_loop_instructions']:5d}")
+              f"{r['register_bytes_to_shared_per_step']:16d} {r['sass_instructions']:6d} {r['main_loop_instructions']:5d} "
+              f"{r['wgmma_full_waits_in_loops']:5d}")
     print(f"wrote {out}")
     return 0
 
