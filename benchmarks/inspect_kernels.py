@@ -77,6 +77,10 @@ def cases() -> dict[str, tuple]:
         variants._int4_join_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                                 GROUP_M=8, PAIRS=True), 4, 3,
         "run 12's int4-join study kernel (pairs joined into natural K order, one tl.dot per step), 16x64x128")
+    out["int4-slices-ptx-16x64"] = (
+        int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 4, 3,
+        "int4 slices path, 16x64x128 with 4 warps: the shipped M=1-16 default, beside the join kernel's tile")
     out["int4-slices-ptx-16x64-2w"] = (
         int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 2, 3,

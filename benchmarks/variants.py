@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x] [--shapes qkv,o,gate_up,down] [--ms 1,16,64,256]
+    python benchmarks/variants.py [--study int4-x,int4-join] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
@@ -11,6 +11,12 @@ completion (operand A in registers), which mma.sync, synchronous by nature, does
 the GEMV is timed too. Run 12 also timed two ways of reading x, removed after it since both lost
 (results/variants-nvidia-h200-2026-11-29-run12-int4-x.json, commit f0f0f9b): TMA boxes (X_TMA)
 and in place without the slice-order copy (X_GATHER).
+
+int4-join (session 6, run 12): int4 at M = 1-64 (GPTQ), the default tile beside this file's
+_int4_join_kernel (the slices kernel's pair conversion joined back into natural K order, one
+tl.dot per step, x as stored) on a few tiles. 4-11% faster than the default tile at M=16-64,
+5-10% slower at M=1 (results/variants-nvidia-h200-2026-11-29-run12-int4-join.json); NOTES.md's
+next-session list makes it an int4 path.
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json
 and their verdicts in NOTES.md: run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6
@@ -187,11 +193,14 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
 
 
 def _launch_join(x, w, tile):
-    """y = x · dequant(W)ᵀ (+ bias) through _int4_join_kernel (GPTQ/AWQ, no act-order)."""
+    """y = x · dequant(W)ᵀ (+ bias) through _int4_join_kernel (GPTQ/AWQ, no act-order). The PTX
+    pair conversion is taken for bf16 x on sm_90+ only (fp16 x takes the fp32 twin here)."""
     assert w.act_perm is None and w.group_size % tile["BLOCK_K"] == 0
     M, K = x.shape
     N = w.N
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
     k_split, split = common.split_plan(K, tile)
     ws = common.workspace(split, y)
     bias = w.bias if w.bias is not None else y

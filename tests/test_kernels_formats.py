@@ -318,7 +318,8 @@ SLICES = dict(TILED, path="slices", BLOCK_M=16, BLOCK_N=32, BLOCK_K=128)
 @pytest.mark.parametrize("M,split,warps", [(1, 1, 4), (5, 2, 4), (40, 1, 4), (70, 2, 4), (1, 2, 2), (40, 1, 2)])
 def test_int4_slices_path(dtype, symmetric, act_order, M, split, warps):
     # On NVIDIA GPUs the nibbles convert two at a time in PTX (bf16 from sm_90); under the
-    # interpreter, the fp32 twin. M=70 spans two row blocks. 2 warps: mma.sync on Hopper, not wgmma.
+    # interpreter, the fp32 twin. M=70 spans two row blocks. 2 warps: mma.sync on Hopper, not wgmma
+    # (the interpreter ignores num_warps: those cases test something on a GPU only).
     g = gen(90 + M + split + 2 * symmetric + warps)
     w = int4_weight(g, 128, symmetric, act_order, bias=M != 5, dtype=dtype)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
