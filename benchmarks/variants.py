@@ -111,29 +111,35 @@ def _int4_x_tiles(p, N, K):
     return tiles
 
 
-def study_int4_x(shapes, ms, log):
-    """See the module docstring."""
+def _int4_gptq_points(study, shapes, ms, rows, log):
+    """Each (shape, N, K, M, x, GPTQ weight copies, cuBLAS time) of an int4 study, the cuBLAS
+    baseline timed and recorded first."""
     dev = torch.device(DEV)
-    t = registry.TEMPLATES["int4_w4a16"]
-    rows = []
     for sh in shapes:
         N, K = SHAPES[sh]
         wb = _weights("bf16", N, K, dev)
         ws = _weights("int4-gptq", N, K, dev)
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="int4-x", shape=sh, M=M)
-            p = t.problem(ws[0], bucket_for(M), x.dtype)
-            default = t.default_tile(p)
-            cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-            if M == 1 and default["path"] != "gemv":
-                gemv = next(c for c in t.search_space(p) if c["path"] == "gemv")
-                cases.append(("gemv", gemv, lambda w: t.launch(x, w, gemv)))
-            for tile in _int4_x_tiles(p, N, K):
-                if tile != default:
-                    cases.append(("slices", tile, lambda w, tile=tile: t.launch(x, w, tile)))
-            _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-x", format="int4-gptq",
-                       shape=sh, M=M)
+            yield sh, N, K, M, x, ws, _baseline(rows, log, x, wb, study=study, shape=sh, M=M)
+
+
+def study_int4_x(shapes, ms, log):
+    """See the module docstring."""
+    t = registry.TEMPLATES["int4_w4a16"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-x", shapes, ms, rows, log):
+        p = t.problem(ws[0], bucket_for(M), x.dtype)
+        default = t.default_tile(p)
+        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+        if M == 1 and default["path"] != "gemv":
+            gemv = next(c for c in t.search_space(p) if c["path"] == "gemv")
+            cases.append(("gemv", gemv, lambda w: t.launch(x, w, gemv)))
+        for tile in _int4_x_tiles(p, N, K):
+            if tile != default:
+                cases.append(("slices", tile, lambda w, tile=tile: t.launch(x, w, tile)))
+        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-x", format="int4-gptq",
+                   shape=sh, M=M)
     return rows
 
 
@@ -219,27 +225,19 @@ def _launch_join(x, w, tile):
 def study_int4_join(shapes, ms, log):
     """int4 at M = 1-64 (GPTQ): the template's default tile beside _int4_join_kernel on the same
     tile and on a few others."""
-    dev = torch.device(DEV)
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        ws = _weights("int4-gptq", N, K, dev)
-        for M in ms:
-            x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="int4-join", shape=sh, M=M)
-            b = bucket_for(M)
-            p = t.problem(ws[0], b, x.dtype)
-            default = t.default_tile(p)
-            cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-            bm = min(64, max(16, b))
-            for bn, warps, st, wv in ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8)):
-                jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
-                if jt not in [c[1] for c in cases]:
-                    cases.append(("join", jt, lambda w, jt=jt: _launch_join(x, w, jt)))
-            _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join", format="int4-gptq",
-                       shape=sh, M=M)
+    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join", shapes, ms, rows, log):
+        b = bucket_for(M)
+        default = t.default_tile(t.problem(ws[0], b, x.dtype))
+        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+        bm = min(64, max(16, b))
+        for bn, warps, st, wv in ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8)):
+            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
+            if jt not in [c[1] for c in cases]:
+                cases.append(("join", jt, lambda w, jt=jt: _launch_join(x, w, jt)))
+        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join", format="int4-gptq",
+                   shape=sh, M=M)
     return rows
 
 
