@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import sys
 import json
+import sys
+import types
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -107,8 +108,6 @@ def kernel_source_hash(template) -> str:
     hashed by their fields, so two that share a name never share a hash)."""
     mod = template.module
     name = mod.__name__
-    import types
-
     deps = sorted({m.__name__ for m in vars(mod).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
                    and m.__name__ not in (name, "vsr.kernels.template")})
