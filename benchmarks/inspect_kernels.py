@@ -14,8 +14,8 @@ report records it.
 Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvidia-h200.json,
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
-its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync); run 12's
-int4-join study kernel (benchmarks/variants.py). Besides resources, each row counts the wgmma
+its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync); the
+join path. Besides resources, each row counts the wgmma
 completions waited for inside the loops (`wgmma_full_waits_in_loops`, from the TTGIR).
 """
 from __future__ import annotations
@@ -72,11 +72,10 @@ def cases() -> dict[str, tuple]:
                 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
-    import variants  # benchmarks/variants.py: run 12's int4-join study kernel
     out["int4-join-ptx-16x64"] = (
-        variants._int4_join_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
-                                                GROUP_M=8, PAIRS=True), 4, 3,
-        "run 12's int4-join study kernel (pairs joined into natural K order, one tl.dot per step), 16x64x128")
+        int4._int4_join_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+                                            GROUP_M=8, PAIRS=True, F16=False), 4, 3,
+        "int4 join path (pairs joined into natural K order, one tl.dot per step), 16x64x128")
     out["int4-slices-ptx-16x64"] = (
         int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 4, 3,

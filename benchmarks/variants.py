@@ -12,11 +12,11 @@ the GEMV is timed too. Run 12 also timed two ways of reading x, removed after it
 (results/variants-nvidia-h200-2026-11-29-run12-int4-x.json, commit f0f0f9b): TMA boxes (X_TMA)
 and in place without the slice-order copy (X_GATHER).
 
-int4-join (session 6, run 12): int4 at M = 1-64 (GPTQ), the default tile beside this file's
-_int4_join_kernel (the slices kernel's pair conversion joined back into natural K order, one
-tl.dot per step, x as stored) on a few tiles. 4-11% faster than the default tile at M=16-64,
-5-10% slower at M=1 (results/variants-nvidia-h200-2026-11-29-run12-int4-join.json); NOTES.md's
-next-session list makes it an int4 path.
+int4-join (session 6, run 12): int4 at M = 1-64 (GPTQ), the default tile beside the join kernel
+(the slices kernel's pair conversion joined back into natural K order, one tl.dot per step, x as
+stored) on a few tiles. 4-11% faster than the default tile at M=16-64, 5-10% slower at M=1
+(results/variants-nvidia-h200-2026-11-29-run12-int4-join.json, measured as this file's study
+kernel at commit 2c7db06); it is now the int4 template's "join" path.
 
 Earlier studies are in git history with their results under benchmarks/results/variants-*.json
 and their verdicts in NOTES.md: run 5 (int4 conversions, TMA descriptors, the fp8 GEMV), run 6
@@ -42,7 +42,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, check, code_commit, graph_ms, weight_copies  # noqa: E402
@@ -143,88 +142,9 @@ def study_int4_x(shapes, ms, log):
     return rows
 
 
-@triton.jit
-def _nibble_pair_fp32(words, zu):
-    """The portable twin of int4._nibble_pair_bf16 (nibbles 0 and 4 of each word, minus zu) in fp32."""
-    lo = ((words & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + zu.to(tl.float32))
-    hi = (((words >> 16) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + zu.to(tl.float32))
-    return lo, hi
-
-
-@triton.jit
-def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym,
-                      KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr):
-    """The int4-join study's kernel: the slices kernel's pair conversion, but the four pairs joined
-    back into natural K order (k = 8·word + nibble; tl.join puts the new axis last, so joining
-    (0, 2) and (1, 3) and then those two gives nibble 4c + 2d + e) and ONE tl.dot of K = BLOCK_K per
-    step over x as stored (no slice-order copy). sm_90 inspection (Triton 3.9), 16x64: one wgmma
-    wait and 2 barriers per step against the slices kernel's 8 and 16, but the joined operand
-    passes through shared memory (20 KB per step with x), in as many instructions."""
-    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    W8: tl.constexpr = BLOCK_K // 8
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
-        offs_k = kw0 * 8 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + rm[None, :] * stride_xm + offs_k[:, None], mask=offs_k[:, None] < K, other=0.0)
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
-        if PAIRS:
-            zz = (0x43004300 + zu * 0x10001)[:, None] + tl.zeros_like(words)
-            uw = words.to(tl.uint32, bitcast=True)
-            l0, h0 = int4._nibble_pair_bf16(uw, zz)
-            l1, h1 = int4._nibble_pair_bf16(uw >> 4, zz)
-            l2, h2 = int4._nibble_pair_bf16(uw >> 8, zz)
-            l3, h3 = int4._nibble_pair_bf16(uw >> 12, zz)
-        else:
-            zb = zu[:, None] + tl.zeros_like(words)
-            l0, h0 = _nibble_pair_fp32(words, zb)
-            l1, h1 = _nibble_pair_fp32(words >> 4, zb)
-            l2, h2 = _nibble_pair_fp32(words >> 8, zb)
-            l3, h3 = _nibble_pair_fp32(words >> 12, zb)
-        v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
-        w_t = tl.reshape(v, (BLOCK_N, BLOCK_K)).to(xt.dtype)    # [BN, W8, c, d, e] -> k = 8·word + 4c + 2d + e
-        acc += tl.dot(w_t, xt) * scale[:, None]
-    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False)
-
-
-def _launch_join(x, w, tile):
-    """y = x · dequant(W)ᵀ (+ bias) through _int4_join_kernel (GPTQ/AWQ, no act-order). The PTX
-    pair conversion is taken for bf16 x on sm_90+ only (fp16 x takes the fp32 twin here)."""
-    assert w.act_perm is None and w.group_size % tile["BLOCK_K"] == 0
-    M, K = x.shape
-    N = w.N
-    y = common.output(x, N, None)
-    if M == 0:
-        return y
-    k_split, split = common.split_plan(K, tile)
-    ws = common.workspace(split, y)
-    bias = w.bias if w.bias is not None else y
-    pairs = x.dtype == torch.bfloat16 and common.nvidia(x.device) and int4._capability(x.device) >= (9, 0)
-    _int4_join_kernel[(common.cdiv(M, tile["BLOCK_M"]) * common.cdiv(N, tile["BLOCK_N"]), split)](
-        x, w.packed, w.scale, w.zero_point if w.zero_point is not None else w.packed, y, ws, bias, M, N, K,
-        w.packed.stride(0), w.scale.stride(0), x.stride(0), y.stride(0), k_split // 8, GROUP=w.group_size,
-        HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None, BLOCK_M=tile["BLOCK_M"],
-        BLOCK_N=tile["BLOCK_N"], BLOCK_K=tile["BLOCK_K"], SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs,
-        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
-        common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
-    return y
-
-
 def study_int4_join(shapes, ms, log):
-    """int4 at M = 1-64 (GPTQ): the template's default tile beside _int4_join_kernel on the same
-    tile and on a few others."""
+    """int4 at M = 1-64 (GPTQ): the template's default tile beside its "join" path (run 12's study
+    kernel, now int4._int4_join_kernel) on the same tile and on a few others."""
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
     for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join", shapes, ms, rows, log):
@@ -235,7 +155,7 @@ def study_int4_join(shapes, ms, log):
         for bn, warps, st, wv in ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8)):
             jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
             if jt not in [c[1] for c in cases]:
-                cases.append(("join", jt, lambda w, jt=jt: _launch_join(x, w, jt)))
+                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
         _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join", format="int4-gptq",
                    shape=sh, M=M)
     return rows

@@ -41,7 +41,7 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
 
 @pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
 def test_int4_slices_compiles_for_every_nvidia_architecture(tmp_path):
-    # The slices kernel as the launcher configures it, for bf16 and fp16 x, on Ampere, Ada and
+    # The slices and join kernels as the launcher configures them, for bf16 and fp16 x, on Ampere, Ada and
     # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
     # sm_80-89 with bf16 (ptxas: "Feature 'sub.bf16x2' requires .target sm_90 or higher").
     script = tmp_path / "arch.py"
@@ -57,6 +57,8 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
         consts = dict(GROUP=128, HAS_ZP=True, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
                       GROUP_M=8, PAIRS=int4.ptx_pairs(dt, cap), F16=dt == torch.float16, IEEE=False)
         ik.compile_cuda(int4._int4_slices_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
+        consts.pop("IEEE")
+        ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
         print("ok", cap, name, consts["PAIRS"])
 """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -342,6 +342,23 @@ def test_int4_slices_path_uneven_k(dtype):
     assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("M,split,Kx", [(16, 1, K), (40, 2, K), (3, 3, 300)])
+def test_int4_join_path(dtype, symmetric, M, split, Kx):
+    # The nibble pairs joined back into natural K order (a wrong join order fails), one tl.dot per
+    # step over x as stored; K = 300: a partial last word and a masked last step.
+    g = gen(120 + M + split + symmetric)
+    KG = -(-Kx // 128)
+    zp = None if symmetric else torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32)
+    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kx), generator=g, dtype=torch.int32)),
+                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kx, 128, zp, None,
+                        torch.randn(N, generator=g).to(dtype)).to(DEV)
+    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64, SPLIT_K=split)
+    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
 def test_int4_ptx_pairs_only_where_ptxas_takes_them():
     # sub.bf16x2 needs sm_90: bf16 on Ampere/Ada takes the portable twin (it failed to compile there).
     assert int4.ptx_pairs(torch.float16, (8, 0)) and int4.ptx_pairs(torch.float16, (9, 0))
@@ -354,7 +371,7 @@ def test_int4_slices_path_with_no_rows():
     g = gen(97)
     w = int4_weight(g, 128, False, False, bias=True)
     x = torch.randn(0, K, generator=g).half().to(DEV)
-    for tile in (SLICES, dict(SLICES, path="swap"), dict(TILED, path="dequant")):
+    for tile in (SLICES, dict(SLICES, path="join"), dict(SLICES, path="swap"), dict(TILED, path="dequant")):
         assert int4.launch(x, w, tile).shape == (0, N)
 
 

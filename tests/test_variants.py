@@ -66,8 +66,8 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
 
 
 def test_the_join_study_checks_every_case(variants, monkeypatch):
-    # The int4-join study's kernel (pairs joined back into natural K order, one tl.dot per step) on
-    # a tiny shape (three BLOCK_K steps), fp16 x: each case matches the reference (a wrong join order fails).
+    # The int4-join study (the template's join path beside its default tile) on a tiny shape (three
+    # BLOCK_K steps), fp16 x: each case matches the reference.
     monkeypatch.setattr(variants, "DEV", DEV)
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 384)})
