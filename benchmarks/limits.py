@@ -7,7 +7,7 @@ through weight copies larger than the L2, as bench_gemm.py) beside variants that
   int4 M=1      the shipped tile's bandwidth (slices or GEMV) beside fp8's and bf16's shipped
                 tiles on the same N x K: the share of copy bandwidth each reaches;
   int4 M=64     the shipped tile beside a bf16 weight's pointer-load split-K product on the same
-                block sizes and split (no unpacking in the loop; for a "slices" or "swap" tile
+                block sizes and split (no unpacking in the loop; for a "slices", "join" or "swap" tile
                 this is the untransposed product: the dense template has no pointer-load
                 transposed path);
   int4 M=256+   the transient-dequantization path split into its two launches;

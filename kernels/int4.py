@@ -247,7 +247,8 @@ def _nibble_pair_bf16(w, zz):
     """(u_j - zu, u_{j+4} - zu) of each (pre-shifted) word as two bf16 tensors: one LOP3 puts
     nibbles 0 and 4 into the mantissas of the bf16x2 pair 128 + u, one packed subtraction of zz
     (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16). NVIDIA PTX
-    (sm_90); _int4_slices_kernel's PAIRS=False form is its portable twin."""
+    (sm_90); _int4_slices_kernel's PAIRS=False form and _nibble_pair_fp32 (the join kernel's) are
+    its portable twins."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
         "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
@@ -543,6 +544,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
+        # The kernel masks x only at K, not at its split's end: a split must be whole BLOCK_K steps.
+        assert k_split % bk == 0, f"split of {k_split} columns is not a whole number of BLOCK_K={bk} steps"
         pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
         _int4_join_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0),
@@ -565,7 +568,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
 
 
 def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
-    """Whether the slices kernel converts nibbles by PTX pairs (_nibble_pair_*) for x of `dtype` on
+    """Whether the slices and join kernels convert nibbles by PTX pairs (_nibble_pair_*) for x of `dtype` on
     an NVIDIA device of `capability`: f16x2 subtraction exists on every supported GPU, bf16x2
     only from sm_90 (ptxas refuses sub.bf16x2 below), so bf16 on Ampere/Ada takes the portable
     twin; fp32 x always does."""
@@ -708,7 +711,10 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 def _join_tiles(p: Problem) -> list[dict]:
     """Candidates of the join path for buckets 16..128 (the slices path's row blocks; run 12's
-    tiles: 64 or 128 weight rows, 3-4 stages, 4-8 waves). One row took the slices path faster."""
+    tiles: 64 or 128 weight rows, 3-4 stages, 4-8 waves). None below bucket 16: at M=1 the slices
+    default was 5-10% faster (run 12). The joined operand also passes through shared memory
+    (BN x BK x 2 bytes per stage, which the search space's shared-memory estimate leaves out): a
+    tile too large for a device's shared memory fails to compile and the tuner skips it."""
     if p.bucket < 16 or not _slices_ok(p):
         return []
     bm = min(64, p.bucket)

@@ -40,7 +40,7 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
 
 
 @pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
-def test_int4_slices_compiles_for_every_nvidia_architecture(tmp_path):
+def test_int4_slices_and_join_compile_for_every_nvidia_architecture(tmp_path):
     # The slices and join kernels as the launcher configures them, for bf16 and fp16 x, on Ampere, Ada and
     # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
     # sm_80-89 with bf16 (ptxas: "Feature 'sub.bf16x2' requires .target sm_90 or higher").

@@ -344,19 +344,27 @@ def test_int4_slices_path_uneven_k(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("M,split,Kx", [(16, 1, K), (40, 2, K), (3, 3, 300)])
-def test_int4_join_path(dtype, symmetric, M, split, Kx):
+@pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False)])
+def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
     # The nibble pairs joined back into natural K order (a wrong join order fails), one tl.dot per
-    # step over x as stored; K = 300: a partial last word and a masked last step.
+    # step over x as stored; K = 300: a partial last word and a masked last step; act_order: x
+    # gathered by the weight's column permutation before the kernel.
     g = gen(120 + M + split + symmetric)
     KG = -(-Kx // 128)
     zp = None if symmetric else torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32)
     w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kx), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kx, 128, zp, None,
-                        torch.randn(N, generator=g).to(dtype)).to(DEV)
+                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kx, 128, zero_point=zp,
+                        act_perm=torch.randperm(Kx, generator=g) if act_order else None,
+                        bias=torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
     tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64, SPLIT_K=split)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def test_int4_join_path_refuses_fp32_activations():
+    w = int4_weight(gen(125), 128, True, False, bias=False)
+    with pytest.raises(AssertionError, match="bf16/fp16"):
+        int4.launch(torch.randn(2, K).to(DEV), w, dict(SLICES, path="join"))
 
 
 def test_int4_ptx_pairs_only_where_ptxas_takes_them():
@@ -371,6 +379,7 @@ def test_int4_slices_path_with_no_rows():
     g = gen(97)
     w = int4_weight(g, 128, False, False, bias=True)
     x = torch.randn(0, K, generator=g).half().to(DEV)
+    # (M=0 returns before the path is dispatched: this covers that early return, for every path.)
     for tile in (SLICES, dict(SLICES, path="join"), dict(SLICES, path="swap"), dict(TILED, path="dequant")):
         assert int4.launch(x, w, tile).shape == (0, N)
 

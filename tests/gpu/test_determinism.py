@@ -48,6 +48,8 @@ def outputs() -> dict[str, str]:
                                   num_warps=4, num_stages=3))
                 tiles.append(dict(tiles[0], path="slices", BLOCK_M=min(64, max(16, m)), BLOCK_N=128, BLOCK_K=128,
                                   SPLIT_K=4, num_warps=4, num_stages=3))
+                tiles.append(dict(tiles[0], path="join", BLOCK_M=min(64, max(16, m)), BLOCK_N=64, BLOCK_K=128,
+                                  SPLIT_K=4, num_warps=4, num_stages=3))
             if m == 1024 and tiles[0]["path"] in ("tma", "dequant-tma"):
                 tiles.append(dict(tiles[0], PERSISTENT=1))
             for i, tile in enumerate(tiles):
