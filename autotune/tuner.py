@@ -70,22 +70,52 @@ def _count_timing() -> None:
         TIMING_CALLS += 1
 
 
+def _spread(items: list, k: int) -> list:
+    """k of items evenly spread, the first and (for k >= 2) the last included, in their order."""
+    if k >= len(items):
+        return list(items)
+    if k <= 1:
+        return items[:k]
+    return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)]
+
+
+def _path(tile) -> Any:
+    return tile.get("path") if isinstance(tile, dict) else None
+
+
 def candidates(space: list, n: int | None) -> list:
-    """At most n tiles of a search space: the default (first) and n-1 tiles evenly spread over
-    the rest, its first and last included, so a short sweep still sees every part of the space
-    (all of it when n is None). The spaces list tiles grouped by path and shape; their first n
-    alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles, and a
-    faster pointer-load tile went unseen). With n == 2 the one other tile is the last: the far
-    end from the default."""
+    """At most n tiles of a search space, the default (first) always, in search-space order (so
+    ties still go to the earlier tile). The spaces list tiles grouped by path and shape; their
+    first n alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles,
+    and a faster pointer-load tile went unseen).
+
+    When the n-1 others can give every path of the rest at least two tiles, they are shared out
+    round robin among the paths (in order of first appearance), each share spread over its path
+    with the path's first and last tile: an even spread over the whole space showed a path with
+    few tiles (int4 "join", 3 of 55-81) at most once, or not at all (run 12). Otherwise they are
+    spread evenly over the whole rest, its first and last included. With n == 2 the one other
+    tile is the last: the far end from the default."""
     if n is None or len(space) <= max(1, n):
         return list(space)
     if n <= 1:
         return space[:1]
-    last = len(space) - 1
+    rest = space[1:]
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(rest):
+        groups.setdefault(_path(t), []).append(i)
+    if len(groups) > 1 and n - 1 >= 2 * len(groups):
+        shares = dict.fromkeys(groups, 0)
+        left = n - 1
+        while left:
+            for g, members in groups.items():
+                if left and shares[g] < len(members):
+                    shares[g] += 1
+                    left -= 1
+        chosen = sorted(i for g, members in groups.items() for i in _spread(members, shares[g]))
+        return [space[0]] + [rest[i] for i in chosen]
     if n == 2:
-        return [space[0], space[last]]
-    # Indices 1 .. last, n-1 of them; the spacing exceeds 1 (n < len(space)), so none repeats.
-    return [space[0]] + [space[1 + round(i * (last - 1) / (n - 2))] for i in range(n - 1)]
+        return [space[0], rest[-1]]
+    return [space[0]] + _spread(rest, n - 1)
 
 
 def tile_json(tile: dict) -> str:

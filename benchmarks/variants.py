@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
@@ -161,7 +161,37 @@ def study_int4_join(shapes, ms, log):
     return rows
 
 
-STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64")}
+# Join tiles of the int4-join-wide study: (BLOCK_M rows of x, BLOCK_N weight rows, warps, stages,
+# waves). The weight rows are the MMA's M side (operand A, converted in registers), x's rows its N
+# side (operand B, from shared memory): 8 warps put two warpgroups on the weight rows.
+WIDE_TILES = ((64, 128, 4, 3, 4), (64, 128, 8, 3, 2), (128, 128, 8, 3, 2), (128, 128, 4, 3, 2),
+              (128, 64, 4, 3, 2), (128, 256, 8, 2, 1), (256, 128, 8, 2, 1), (256, 64, 4, 2, 1))
+
+
+def study_int4_join_wide(shapes, ms, log):
+    """int4 at M = 128-1024 (GPTQ): the template's default tile (at bucket 256 and up a transient
+    dense copy of the weight multiplied on the tensor cores, whose dequantization alone took about
+    as long as cuBLAS's whole product at M=256 in run 12) beside the join kernel on wide tiles,
+    which unpacks in registers and keeps no dense copy."""
+    t = registry.TEMPLATES["int4_w4a16"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join-wide", shapes, ms, rows, log):
+        b = bucket_for(M)
+        default = t.default_tile(t.problem(ws[0], b, x.dtype))
+        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+        for bm, bn, warps, st, wv in WIDE_TILES:
+            if bm > max(16, b):
+                continue
+            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 8, waves=wv), warps, st)
+            if jt not in [c[1] for c in cases]:
+                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
+        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join-wide", format="int4-gptq",
+                   shape=sh, M=M)
+    return rows
+
+
+STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
+           "int4-join-wide": (study_int4_join_wide, "128,256,512,1024")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -698,10 +698,12 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # 2 warps with 64 weight rows: Triton builds mma.sync there, not wgmma (which waits after each
     # of the step's eight products, operand A being in registers); run 12: 0.93x the default's
     # time on qkv at M=1, the same on down (measured at M <= 16 only; the run-12 re-tune picked
-    # it for no 27B-class key).
+    # it for no 27B-class key), so it is offered at buckets <= 16 only.
     for bn, warps, stages, waves in ((64 if p.bucket <= 16 else 128, 4, 3, 4), (64, 2, 3, 4), (128, 4, 3, 4),
                                      (64, 4, 3, 4), (128, 4, 4, 2), (128, 4, 3, 8), (64, 4, 4, 8), (64, 4, 3, 2),
                                      (128, 4, 4, 4)):
+        if warps == 2 and p.bucket > 16:
+            continue
         t = common.tile("slices", bm, bn, 128, common._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
                         warps, stages)
         if t not in out:
