@@ -100,7 +100,8 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
     return rows
 
 
-def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
+def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
+    """The peers' rows at every M (peers: the provider names to time, None for all)."""
     dev = torch.device("cuda")
     rows = []
     # cuBLAS bf16
@@ -172,6 +173,8 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True):
             except Exception as e:
                 log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
         for fmt, prov, fns, ok, wb in provs:
+            if peers is not None and prov not in peers:
+                continue
             try:
                 tms = timings(fns)
             except Exception as e:
@@ -235,6 +238,9 @@ def main() -> int:
                          "any other format is swept with --sweep candidates, its rows saying so (tile_source)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-gemlite", action="store_true")
+    ap.add_argument("--peers", default=None,
+                    help="comma-separated providers to time (default all: cublas-bf16, scaled_mm, scaled_mm+quant, "
+                         "tinygemm, gemlite); the ratios need cublas-bf16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
@@ -253,7 +259,8 @@ def main() -> int:
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
         if not a.no_peers:
-            rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite)
+            rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite,
+                              peers=set(a.peers.split(",")) if a.peers else None)
             torch.cuda.empty_cache()
         for fmt in a.formats.split(","):
             from_cache = resolver if fmt in a.cache_formats.split(",") else None

@@ -173,8 +173,9 @@ def _fail(msg: str) -> None:
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
 @click.option("--max-candidates", default=None, type=click.IntRange(min=1),
-              help="Try at most N tiles of each search space: the default tile, then a pick spread "
-                   "evenly over the rest, its last tile included.")
+              help="Try at most N tiles of each search space: the default tile, then a pick that gives each "
+                   "kernel path of the space its share (its first and last tile included) when N allows two "
+                   "per path, else one spread evenly over the rest, its last tile included.")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):

@@ -712,17 +712,26 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 
 def _join_tiles(p: Problem) -> list[dict]:
-    """Candidates of the join path for buckets 16..128 (the slices path's row blocks; run 12's
-    tiles: 64 or 128 weight rows, 3-4 stages, 4-8 waves). None below bucket 16: at M=1 the slices
-    default was 5-10% faster (run 12). The joined operand also passes through shared memory
-    (BN x BK x 2 bytes per stage, which the search space's shared-memory estimate leaves out): a
-    tile too large for a device's shared memory fails to compile and the tuner skips it."""
-    if p.bucket < 16 or not _slices_ok(p):
+    """Candidates of the join path for buckets 16..256. At 16..128 the slices path's row blocks
+    (run 12's tiles: 64 or 128 weight rows, 3-4 stages, 4-8 waves); at 128 and 256 also all 128
+    rows of a block on two warpgroups (8 warps; at 4 warps that tile spills). Run 13, the 27B
+    shapes, against the untuned default tile: at M=128 that tile took 0.88-0.99x the slices
+    default's time (1.11x on gate_up); at M=256 0.96x the dense copy's on gate_up, 1.07-1.12x on
+    the others; at M=512-1024 every join tile lost by 1.2-1.9x, so none is offered above 256.
+    None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
+    also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
+    shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
+    compile and the tuner skips it."""
+    if not 16 <= p.bucket <= 256 or not _slices_ok(p):
         return []
+    wide = [common.tile("join", 128, 128, 128, common._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
+                        8, 3)] if p.bucket >= 128 else []
+    if p.bucket == 256:
+        return wide
     bm = min(64, p.bucket)
     return [common.tile("join", bm, bn, 128, common._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
                         4, stages) for bn, stages, waves in ((64 if p.bucket <= 16 else 128, 3, 4), (64, 4, 8),
-                                                              (128, 3, 4) if p.bucket <= 16 else (64, 3, 4))]
+                                                              (128, 3, 4) if p.bucket <= 16 else (64, 3, 4))] + wide
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
@@ -764,7 +773,7 @@ def search_space(p: Problem) -> list[dict]:
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in _DEQUANT_PATH] + mma[:4]   # in-loop unpacking: 0.22x against 0.67x (run 3)
+                if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # in-loop unpacking: 0.22x against 0.67x (run 3)
     else:
         rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))
     out, seen = [d], {tuple(sorted(d.items()))}

@@ -344,7 +344,8 @@ def test_int4_slices_path_uneven_k(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False)])
+@pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False),
+                                                   (150, 1, 300, False)])
 def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
     # The nibble pairs joined back into natural K order (a wrong join order fails), one tl.dot per
     # step over x as stored; K = 300: a partial last word and a masked last step; act_order: x
@@ -357,7 +358,9 @@ def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
                         act_perm=torch.randperm(Kx, generator=g) if act_order else None,
                         bias=torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64, SPLIT_K=split)
+    # M=150: the 128-row, 8-warp tile of buckets 128-256, over two row blocks (the second partial).
+    tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64 if M <= 64 else 128, SPLIT_K=split,
+                num_warps=8 if M > 64 else 4)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 

@@ -109,7 +109,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                 assert {"splitk", "gemv"} <= {c["path"] for c in space}, "the GEMV and split-K stay candidates"
             if b <= 128:
                 assert {"swap", "slices"} <= {c["path"] for c in space} or b == 1
-            assert ("join" in {c["path"] for c in space}) == (16 <= b <= 128), "join: buckets 16-128"
+            assert ("join" in {c["path"] for c in space}) == (16 <= b <= 256), "join: buckets 16-256"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
             assert not any(c["path"] == "join" for c in t.search_space(p32)), "join takes half-precision x"
             assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else
