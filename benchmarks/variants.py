@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
@@ -190,8 +190,35 @@ def study_int4_join_wide(shapes, ms, log):
     return rows
 
 
+# Join tiles of the int4-join-tiles study: (BLOCK_N weight rows, warps, stages, waves), rows of x
+# as in the template (16-64). Fewer than 64 weight rows per warpgroup, or 2 warps, give mma.sync.
+JOIN_TILES = ((64, 4, 4, 8), (64, 4, 3, 8), (64, 4, 5, 8), (64, 4, 6, 8), (64, 4, 4, 16), (64, 4, 4, 4),
+              (32, 2, 4, 8), (64, 2, 4, 8), (32, 4, 4, 8), (32, 2, 6, 16), (128, 8, 4, 4), (128, 4, 4, 8))
+
+
+def study_int4_join_tiles(shapes, ms, log):
+    """int4 at M = 16-128 (GPTQ): the join path (picked for 26 of the 27B int4 keys at buckets 16-128
+    in run 13's re-tune, always on 64 weight rows) on deeper pipelines, more programs, and fewer
+    weight rows or warps (mma.sync instead of wgmma), beside the template's default tile."""
+    t = registry.TEMPLATES["int4_w4a16"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join-tiles", shapes, ms, rows, log):
+        b = bucket_for(M)
+        default = t.default_tile(t.problem(ws[0], b, x.dtype))
+        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+        bm = min(64, max(16, b))
+        for bn, warps, st, wv in JOIN_TILES:
+            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
+            if jt not in [c[1] for c in cases]:
+                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
+        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join-tiles", format="int4-gptq",
+                   shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
-           "int4-join-wide": (study_int4_join_wide, "128,256,512,1024")}
+           "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
+           "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128")}
 
 
 def main(argv: list[str] | None = None) -> int:
