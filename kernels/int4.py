@@ -713,8 +713,8 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 def _join_tiles(p: Problem) -> list[dict]:
     """Candidates of the join path for buckets 16..256. At 16..128 the slices path's row blocks
-    (below); at 128 and 256 also all 128 rows of a block on two warpgroups (8 warps; at 4 warps
-    that tile spills). Run 13, the 27B
+    (below); at 128 and 256 also all 128 rows of a block on two warpgroups (8 warps; on 4 warps
+    that tile took 2.4-3.0x as long, its fp32 accumulator alone 128 registers a thread). Run 13, the 27B
     shapes, against the untuned default tile: at M=128 that tile took 0.88-0.99x the slices
     default's time (1.11x on gate_up); at M=256 0.96x the dense copy's on gate_up, 1.07-1.12x on
     the others; at M=512-1024 every join tile lost by 1.2-1.9x, so none is offered above 256.
@@ -732,7 +732,8 @@ def _join_tiles(p: Problem) -> list[dict]:
     # 64 weight rows on 4 warps (every 27B-class join pick of run 13's re-tune); 3 stages and 8
     # waves first: in run 13's tile study at M=64-128, on all four 27B shapes, the best join tile
     # or within 2% of it (4 stages, 4 waves), at 0.84-0.92x the slices default's time. At M=16
-    # (4 stages, 4 waves) was the best join tile, 0.95-0.98x the default (gate_up 1.19x). Deeper
+    # (4 stages, 4 waves) was the best join tile on qkv, o and down, 0.95-1.00x the default's
+    # time (on gate_up no join tile came within 1.1x). Deeper
     # pipelines (5-6 stages),
     # 16 waves, 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
     return [common.tile("join", bm, 64, 128, common._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
