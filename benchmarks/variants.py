@@ -142,23 +142,33 @@ def study_int4_x(shapes, ms, log):
     return rows
 
 
-def study_int4_join(shapes, ms, log):
-    """int4 at M = 1-64 (GPTQ): the template's default tile beside its "join" path (run 12's study
-    kernel, now int4._int4_join_kernel) on the same tile and on a few others."""
+def _join_study(study, shapes, ms, log, join_tiles):
+    """The template's default tile beside the join path on join_tiles(bucket, N, K, default), each
+    a (BLOCK_M, BLOCK_N, warps, stages, waves, max_split) tuple, at every shape and M (GPTQ)."""
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
-    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join", shapes, ms, rows, log):
+    for sh, N, K, M, x, ws, base in _int4_gptq_points(study, shapes, ms, rows, log):
         b = bucket_for(M)
         default = t.default_tile(t.problem(ws[0], b, x.dtype))
         cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-        bm = min(64, max(16, b))
-        for bn, warps, st, wv in ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8)):
-            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
+        for bm, bn, warps, st, wv, max_split in join_tiles(b, N, K, default):
+            split = common._split_for(b, N, K, bm, bn, 128, max_split, waves=wv)
+            jt = common.tile("join", bm, bn, 128, split, warps, st)
             if jt not in [c[1] for c in cases]:
                 cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
-        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join", format="int4-gptq",
+        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study=study, format="int4-gptq",
                    shape=sh, M=M)
     return rows
+
+
+def study_int4_join(shapes, ms, log):
+    """int4 at M = 1-64 (GPTQ): the template's default tile beside its "join" path (run 12's study
+    kernel, now int4._int4_join_kernel) on the same tile and on a few others."""
+    def tiles(b, N, K, default):
+        bm = min(64, max(16, b))
+        return [(bm, bn, warps, st, wv, 16) for bn, warps, st, wv in
+                ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8))]
+    return _join_study("int4-join", shapes, ms, log, tiles)
 
 
 # Join tiles of the int4-join-wide study: (BLOCK_M rows of x, BLOCK_N weight rows, warps, stages,
@@ -172,22 +182,9 @@ def study_int4_join_wide(shapes, ms, log):
     """int4 at M = 128-1024 (GPTQ): the template's default tile (at bucket 256 and up a transient
     dense copy of the weight multiplied on the tensor cores, whose dequantization alone took about
     as long as cuBLAS's whole product at M=256 in run 12) beside the join kernel on wide tiles,
-    which unpacks in registers and keeps no dense copy."""
-    t = registry.TEMPLATES["int4_w4a16"]
-    rows = []
-    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join-wide", shapes, ms, rows, log):
-        b = bucket_for(M)
-        default = t.default_tile(t.problem(ws[0], b, x.dtype))
-        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-        for bm, bn, warps, st, wv in WIDE_TILES:
-            if bm > max(16, b):
-                continue
-            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 8, waves=wv), warps, st)
-            if jt not in [c[1] for c in cases]:
-                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
-        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join-wide", format="int4-gptq",
-                   shape=sh, M=M)
-    return rows
+    which unpacks in registers and keeps no dense copy (run 13)."""
+    return _join_study("int4-join-wide", shapes, ms, log,
+                       lambda b, N, K, d: [t + (8,) for t in WIDE_TILES if t[0] <= max(16, b)])
 
 
 # Join tiles of the int4-join-tiles study: (BLOCK_N weight rows, warps, stages, waves), rows of x
@@ -198,22 +195,10 @@ JOIN_TILES = ((64, 4, 4, 8), (64, 4, 3, 8), (64, 4, 5, 8), (64, 4, 6, 8), (64, 4
 
 def study_int4_join_tiles(shapes, ms, log):
     """int4 at M = 16-128 (GPTQ): the join path (picked for 26 of the 27B int4 keys at buckets 16-128
-    in run 13's re-tune, always on 64 weight rows) on deeper pipelines, more programs, and fewer
-    weight rows or warps (mma.sync instead of wgmma), beside the template's default tile."""
-    t = registry.TEMPLATES["int4_w4a16"]
-    rows = []
-    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-join-tiles", shapes, ms, rows, log):
-        b = bucket_for(M)
-        default = t.default_tile(t.problem(ws[0], b, x.dtype))
-        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-        bm = min(64, max(16, b))
-        for bn, warps, st, wv in JOIN_TILES:
-            jt = common.tile("join", bm, bn, 128, common._split_for(b, N, K, bm, bn, 128, 16, waves=wv), warps, st)
-            if jt not in [c[1] for c in cases]:
-                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
-        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-join-tiles", format="int4-gptq",
-                   shape=sh, M=M)
-    return rows
+    in run 13's first re-tune, always on 64 weight rows) on deeper pipelines, more programs, and
+    fewer weight rows or warps (mma.sync instead of wgmma), beside the template's default tile."""
+    return _join_study("int4-join-tiles", shapes, ms, log,
+                       lambda b, N, K, d: [(min(64, max(16, b)),) + t + (16,) for t in JOIN_TILES])
 
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),

@@ -65,14 +65,19 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
     assert not (tmp_path / "v.json.tmp").exists()
 
 
-def test_the_join_study_checks_every_case(variants, monkeypatch):
-    # The int4-join study (the template's join path beside its default tile) on a tiny shape (three
-    # BLOCK_K steps), fp16 x: each case matches the reference.
+@pytest.mark.parametrize("study,ms,block_ms", [("int4-join", [1, 20], {16, 32}), ("int4-join-tiles", [20], {32}),
+                                               ("int4-join-wide", [130], {64, 128, 256})])
+def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, block_ms):
+    # The int4 join studies (the template's join path beside its default tile) on a tiny shape
+    # (three BLOCK_K steps), fp16 x: each case matches the reference; M=130 (bucket 256) takes the
+    # wide study's 256-row tiles too.
     monkeypatch.setattr(variants, "DEV", DEV)
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 384)})
     monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
-    rows = variants.study_int4_join(["tiny"], [1, 20], lambda r: None)
+    rows = variants.STUDIES[study][0](["tiny"], ms, lambda r: None)
     cases = [r for r in rows if r["variant"] == "join"]
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
     assert all(r["ok"] for r in cases), [(r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
+    assert {r["tile"]["BLOCK_M"] for r in cases} == block_ms
+    assert all(r["study"] == study for r in rows)
