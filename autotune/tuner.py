@@ -89,12 +89,14 @@ def candidates(space: list, n: int | None) -> list:
     first n alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles,
     and a faster pointer-load tile went unseen).
 
-    When the n-1 others can give every path of the rest at least two tiles, they are shared out
-    round robin among the paths (in order of first appearance), each share spread over its path
-    with the path's first and last tile: an even spread over the whole space showed a path with
-    few tiles (int4 "join", 3 of 55-81) at most once, or not at all (run 12). Otherwise they are
-    spread evenly over the whole rest, its first and last included. With n == 2 the one other
-    tile is the last: the far end from the default."""
+    When n - 1 >= 2 x the number of paths in the rest (the tiles after the default), the n-1 are
+    shared out round robin among those paths (in order of first appearance), each share spread
+    over its path: a share of two or more includes the path's first and last tile, a share of
+    one its first; a path with fewer tiles than its turn gets them all. An even spread over the
+    whole space showed a path with few tiles (int4 "join", 3-5 of 54-82) at most once, or not at
+    all (run 12). Below that n (e.g. n <= 10 for int4's five paths at buckets 32-128) the n-1
+    are spread evenly over the whole rest, its first and last included. With n == 2 the one
+    other tile is the last: the far end from the default."""
     if n is None or len(space) <= max(1, n):
         return list(space)
     if n <= 1:

@@ -100,6 +100,9 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
     return rows
 
 
+PEERS = ("cublas-bf16", "scaled_mm", "scaled_mm+quant", "tinygemm", "gemlite")
+
+
 def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
     """The peers' rows at every M (peers: the provider names to time, None for all)."""
     dev = torch.device("cuda")
@@ -121,14 +124,14 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
     wis = weight_copies("int4-gptq", N, K, dev)
     wi = wis[0]
     tg = []
-    for w in wis:
+    for w in (wis if peers is None or "tinygemm" in peers else []):
         u = int4mod.unpack_int4(w.packed, K)
         pk = ((u[:, ::2] << 4) | u[:, 1::2]).to(torch.uint8)
         wp = torch._convert_weight_to_int4pack(pk.contiguous(), 8)
         sz = torch.stack([w.scale.t(), torch.zeros_like(w.scale.t())], dim=-1).contiguous()
         tg.append((wp, sz))
     gl = []
-    if with_gemlite:
+    if with_gemlite and (peers is None or "gemlite" in peers):
         try:
             from gemlite import DType, GemLiteLinearTriton
             for w in wis:
@@ -160,10 +163,11 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
         provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)], ok8q,
                       w8.nbytes()))
         refi = int4mod.reference_linear(x, wi)
-        y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
-        okt = check(y, refi)
-        provs.append(("int4-gptq", "tinygemm", [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1])
-                                                for p in tg], okt, wi.nbytes()))
+        if tg:
+            y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
+            okt = check(y, refi)
+            provs.append(("int4-gptq", "tinygemm", [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1])
+                                                    for p in tg], okt, wi.nbytes()))
         if gl:
             try:
                 for g in gl:  # gemlite's own warm-up (autotune) for this M
@@ -239,11 +243,14 @@ def main() -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-gemlite", action="store_true")
     ap.add_argument("--peers", default=None,
-                    help="comma-separated providers to time (default all: cublas-bf16, scaled_mm, scaled_mm+quant, "
-                         "tinygemm, gemlite); the ratios need cublas-bf16")
+                    help=f"comma-separated providers to time, of {', '.join(PEERS)} (default all); the "
+                         "ratios need cublas-bf16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
+    unknown = set(a.peers.split(",")) - set(PEERS) if a.peers else set()
+    if unknown:
+        ap.error(f"--peers: unknown {', '.join(sorted(unknown))} (known: {', '.join(PEERS)})")
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     commit = code_commit()  # of the code as it is when the run starts
@@ -280,6 +287,7 @@ def write(a, commit, ceil, rows, t_start, partial):
                                "triton": triton.__version__, "commit": commit, "ceilings": ceil,
                                "sweep_candidates": a.sweep, "tile_cache": a.cache,
                                "cache_formats": a.cache_formats if a.cache else None,
+                               "peers": [] if a.no_peers else a.peers.split(",") if a.peers else list(PEERS),
                                "wall_s": round(time.time() - t_start, 1),
                                "partial": partial, "rows": rows}, indent=1))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)

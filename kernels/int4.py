@@ -129,7 +129,7 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 # Triton template "int4_w4a16": its paths, chosen by the tile's "path".
 #   "slices"  buckets 1..128 (the default with bf16/fp16 x and groups of 128k): each nibble
 #             slice of the words its own MMA operand, x in slice order; _int4_slices_kernel.
-#   "join"    buckets 16..128, a candidate: the slices conversion joined back into natural K
+#   "join"    buckets 16..256, a candidate: the slices conversion joined back into natural K
 #             order, one tl.dot per step over x as stored; _int4_join_kernel.
 #   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
 #             loads along K) and turns nibbles into floats through the mantissa of 2^23
@@ -714,10 +714,11 @@ def _slices_tiles(p: Problem) -> list[dict]:
 def _join_tiles(p: Problem) -> list[dict]:
     """Candidates of the join path for buckets 16..256. At 16..128 the slices path's row blocks
     (below); at 128 and 256 also all 128 rows of a block on two warpgroups (8 warps; on 4 warps
-    that tile took 2.4-3.0x as long, its fp32 accumulator alone 128 registers a thread). Run 13, the 27B
-    shapes, against the untuned default tile: at M=128 that tile took 0.88-0.99x the slices
-    default's time (1.11x on gate_up); at M=256 0.96x the dense copy's on gate_up, 1.07-1.12x on
-    the others; at M=512-1024 every join tile lost by 1.2-1.9x, so none is offered above 256.
+    that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128 registers a
+    thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the best join tile
+    took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the dense copy's
+    on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost by 1.2-1.9x,
+    so none is offered above 256.
     None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
     also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
     shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
@@ -731,11 +732,10 @@ def _join_tiles(p: Problem) -> list[dict]:
     bm = min(64, p.bucket)
     # 64 weight rows on 4 warps (every 27B-class join pick of run 13's re-tune); 3 stages and 8
     # waves first: in run 13's tile study at M=64-128, on all four 27B shapes, the best join tile
-    # or within 2% of it (4 stages, 4 waves), at 0.84-0.92x the slices default's time. At M=16
-    # (4 stages, 4 waves) was the best join tile on qkv, o and down, 0.95-1.00x the default's
-    # time (on gate_up no join tile came within 1.1x). Deeper
-    # pipelines (5-6 stages),
-    # 16 waves, 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
+    # or within 2.1% of the best (4 stages, 4 waves), at 0.84-0.92x the slices default's time. At
+    # M=16 (4 stages, 4 waves) was the best join tile on qkv, o and down, 0.95-1.00x the default's
+    # time (on gate_up no join tile came within 1.1x). Deeper pipelines (5-6 stages), 16 waves,
+    # 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
     return [common.tile("join", bm, 64, 128, common._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
                         4, stages) for stages, waves in ((3, 8), (3, 4), (4, 8), (4, 4))] + wide
 

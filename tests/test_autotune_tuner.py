@@ -138,3 +138,30 @@ def test_candidates_keep_the_default_and_spread_over_the_space():
             pick = candidates(space, n)
             assert len(pick) == len(set(pick)) == n and pick[0] == "t0" and pick[-1] == space[-1], (L, n, pick)
             assert [space.index(t) for t in pick] == sorted(space.index(t) for t in pick)
+
+
+def test_candidates_share_the_pick_among_paths():
+    # The stratified pick: with n - 1 >= 2 x the paths after the default, every path is seen (an
+    # even spread over this space at n=7 would miss the short path "j"), its first and last tile
+    # among its share; below that n, the even spread. Then, over random spaces: n tiles (or all),
+    # the default first, no repeats, in search-space order, every path seen when stratified.
+    import random
+    from vsr.autotune.tuner import candidates
+    space = [{"path": p, "i": i} for i, p in enumerate("s" * 9 + "j" * 3 + "w" * 8)]
+
+    def ids(sp, n):
+        return [t["i"] for t in candidates(sp, n)]
+    assert ids(space, 7) == [0, 1, 8, 9, 11, 12, 19]
+    assert ids(space, 10) == [0, 1, 5, 8, 9, 10, 11, 12, 16, 19]
+    assert ids(space, 6) == [0, 1, 5, 10, 15, 19] and ids(space, 2) == [0, 19] and ids(space, 3) == [0, 1, 19]
+    one = [{"path": "a", "i": i} for i in range(10)] + [{"path": "b", "i": 10}]
+    assert ids(one, 5) == [0, 1, 5, 9, 10]      # a one-tile path gets its one tile, the other path the rest
+    rng = random.Random(0)
+    for _ in range(300):
+        sp = [{"path": rng.choice("abcd"), "i": i} for i in range(rng.randint(2, 40))]
+        for n in range(1, len(sp) + 2):
+            pick = ids(sp, n)
+            assert len(pick) == min(n, len(sp)) and pick[0] == 0 and pick == sorted(set(pick)), (sp, n, pick)
+            paths = {t["path"] for t in sp[1:]}
+            if len(paths) > 1 and n - 1 >= 2 * len(paths) and len(sp) > n:
+                assert {sp[i]["path"] for i in pick[1:]} == paths, (sp, n, pick)

@@ -358,7 +358,8 @@ def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
                         act_perm=torch.randperm(Kx, generator=g) if act_order else None,
                         bias=torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
-    # M=150: the 128-row, 8-warp tile of buckets 128-256, over two row blocks (the second partial).
+    # M=150: 128 rows of x on 8 warps (the join tile of buckets 128-256, here on this test's 32
+    # weight rows), over two row blocks (the second partial).
     tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64 if M <= 64 else 128, SPLIT_K=split,
                 num_warps=8 if M > 64 else 4)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
