@@ -25,8 +25,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, check, code_commit, copy_TBps, eager_ms, graph_ms, weight_copies,  # noqa: E402
-                          result_path)
+from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms, graph_ms,  # noqa: E402
+                          result_path, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.tuner import candidates  # noqa: E402
@@ -88,9 +88,7 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
             swept = len(res)
             if res and res[0]["ok"]:
                 tile = res[0]["tile"]
-        y = torch.full((M, N), float("nan"), dtype=x.dtype, device=dev)
-        t.launch(x, w0, tile, out=y)
-        ok, rel = check(y, t.reference(x, w0))
+        ok, rel = checked_launch(t.launch, x, w0, tile, t.reference(x, w0))
         for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws]):
             rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": "vsr", "graph": graph,
                          "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok,
@@ -103,16 +101,14 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
 PEERS = ("cublas-bf16", "scaled_mm", "scaled_mm+quant", "tinygemm", "gemlite")
 
 
-def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
-    """The peers' rows at every M (peers: the provider names to time, None for all)."""
+def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
+    """The rows of the named peers (of PEERS) at every M; only their weights are set up."""
     dev = torch.device("cuda")
     rows = []
     # cuBLAS bf16
-    wds = weight_copies("bf16", N, K, dev)
-    wd = wds[0]
+    wds = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
     # FP8 _scaled_mm with row-wise scales
-    w8s = weight_copies("fp8", N, K, dev)
-    w8 = w8s[0]
+    w8s = weight_copies("fp8", N, K, dev) if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
     sb = [w.weight_scale.float()[None, :].contiguous() for w in w8s]
 
     def torch_quant(x):
@@ -121,17 +117,16 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
         return q, s.float()
 
     # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
-    wis = weight_copies("int4-gptq", N, K, dev)
-    wi = wis[0]
+    wis = weight_copies("int4-gptq", N, K, dev) if {"tinygemm", "gemlite"} & set(peers) else []
     tg = []
-    for w in (wis if peers is None or "tinygemm" in peers else []):
+    for w in (wis if "tinygemm" in peers else []):
         u = int4mod.unpack_int4(w.packed, K)
         pk = ((u[:, ::2] << 4) | u[:, 1::2]).to(torch.uint8)
         wp = torch._convert_weight_to_int4pack(pk.contiguous(), 8)
         sz = torch.stack([w.scale.t(), torch.zeros_like(w.scale.t())], dim=-1).contiguous()
         tg.append((wp, sz))
     gl = []
-    if with_gemlite and (peers is None or "gemlite" in peers):
+    if "gemlite" in peers:
         try:
             from gemlite import DType, GemLiteLinearTriton
             for w in wis:
@@ -145,24 +140,29 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
             gl = []
     for M in ms:
         x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-        y = x @ wd.weight.t()
-        ok = check(y, registry.TEMPLATES["dense"].reference(x, wd))
-        provs = [("bf16", "cublas-bf16", [lambda w=w: x @ w.weight.t() for w in wds], ok, wd.nbytes())]
-        xq, sa = torch_quant(x)
-        ref8 = fp8mod.reference_linear(x, w8)
-        y = torch._scaled_mm(xq, w8.weight.t(), sa, sb[0], out_dtype=torch.bfloat16, use_fast_accum=True)
-        ok8 = check(y, ref8)
-        provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: torch._scaled_mm(
-            xq, w.weight.t(), sa, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(w8s, sb)],
-            ok8, w8.nbytes()))
+        provs = []
+        if wds:
+            ok = check(x @ wds[0].weight.t(), registry.TEMPLATES["dense"].reference(x, wds[0]))
+            provs.append(("bf16", "cublas-bf16", [lambda w=w: x @ w.weight.t() for w in wds], ok, wds[0].nbytes()))
+        if w8s:
+            w8 = w8s[0]
+            xq, sa = torch_quant(x)
+            ref8 = fp8mod.reference_linear(x, w8)
+            if "scaled_mm" in peers:
+                y = torch._scaled_mm(xq, w8.weight.t(), sa, sb[0], out_dtype=torch.bfloat16, use_fast_accum=True)
+                provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: torch._scaled_mm(
+                    xq, w.weight.t(), sa, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(w8s, sb)],
+                    check(y, ref8), w8.nbytes()))
 
-        def sq(w, s):
-            q, a = torch_quant(x)
-            return torch._scaled_mm(q, w.weight.t(), a, s, out_dtype=torch.bfloat16, use_fast_accum=True)
-        ok8q = check(sq(w8, sb[0]), ref8)
-        provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)], ok8q,
-                      w8.nbytes()))
-        refi = int4mod.reference_linear(x, wi)
+            def sq(w, s):
+                q, a = torch_quant(x)
+                return torch._scaled_mm(q, w.weight.t(), a, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+            if "scaled_mm+quant" in peers:
+                provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)],
+                              check(sq(w8, sb[0]), ref8), w8.nbytes()))
+        if tg or gl:
+            wi = wis[0]
+            refi = int4mod.reference_linear(x, wi)
         if tg:
             y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
             okt = check(y, refi)
@@ -177,8 +177,6 @@ def peer_rows(sh, N, K, ms, ceil, log, with_gemlite=True, peers=None):
             except Exception as e:
                 log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
         for fmt, prov, fns, ok, wb in provs:
-            if peers is not None and prov not in peers:
-                continue
             try:
                 tms = timings(fns)
             except Exception as e:
@@ -229,6 +227,22 @@ def ratio_table(rows, ceil) -> str:
     return "\n".join(lines)
 
 
+def peers_of(ap, a) -> tuple[str, ...]:
+    """The peers to time from --peers, --no-peers and --no-gemlite (an argparse error if the
+    options contradict each other or name an unknown provider)."""
+    if a.peers is None:
+        return () if a.no_peers else tuple(p for p in PEERS if not (a.no_gemlite and p == "gemlite"))
+    if a.no_peers or a.no_gemlite:
+        ap.error("--peers names the peers: leave out --no-peers and --no-gemlite")
+    peers = tuple(p for p in a.peers.split(",") if p)
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        ap.error(f"--peers: unknown {', '.join(sorted(unknown))} (known: {', '.join(PEERS)})")
+    if "cublas-bf16" not in peers:
+        ap.error("--peers: cublas-bf16 is every ratio's denominator; name it (or use --no-peers)")
+    return peers
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,16,64,256,1024,4096")
@@ -240,17 +254,15 @@ def main() -> int:
     ap.add_argument("--cache-formats", default="bf16,fp8,int4-gptq,int4-awq",
                     help="with --cache: the formats whose tiles come from it (the shipped cache records these); "
                          "any other format is swept with --sweep candidates, its rows saying so (tile_source)")
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--no-gemlite", action="store_true")
+    ap.add_argument("--no-peers", action="store_true", help="time no peer (no ratios: cuBLAS is a peer)")
+    ap.add_argument("--no-gemlite", action="store_true", help="all peers but gemlite")
     ap.add_argument("--peers", default=None,
-                    help=f"comma-separated providers to time, of {', '.join(PEERS)} (default all); the "
-                         "ratios need cublas-bf16")
+                    help=f"comma-separated providers to time, of {', '.join(PEERS)} (default all); cublas-bf16 "
+                         "must be among them (the ratios' denominator)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
-    unknown = set(a.peers.split(",")) - set(PEERS) if a.peers else set()
-    if unknown:
-        ap.error(f"--peers: unknown {', '.join(sorted(unknown))} (known: {', '.join(PEERS)})")
+    a.peers = peers_of(ap, a)
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     commit = code_commit()  # of the code as it is when the run starts
@@ -265,9 +277,8 @@ def main() -> int:
     rows = []
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
-        if not a.no_peers:
-            rows += peer_rows(sh, N, K, ms, ceil, log, with_gemlite=not a.no_gemlite,
-                              peers=set(a.peers.split(",")) if a.peers else None)
+        if a.peers:
+            rows += peer_rows(sh, N, K, ms, ceil, log, a.peers)
             torch.cuda.empty_cache()
         for fmt in a.formats.split(","):
             from_cache = resolver if fmt in a.cache_formats.split(",") else None
@@ -282,12 +293,11 @@ def main() -> int:
 def write(a, commit, ceil, rows, t_start, partial):
     name = torch.cuda.get_device_name()
     out = Path(a.out) if a.out else result_path("gemm", name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
+    write_atomic(out, json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
                                "triton": triton.__version__, "commit": commit, "ceilings": ceil,
                                "sweep_candidates": a.sweep, "tile_cache": a.cache,
                                "cache_formats": a.cache_formats if a.cache else None,
-                               "peers": [] if a.no_peers else a.peers.split(",") if a.peers else list(PEERS),
+                               "peers": list(a.peers),   # gemlite's rows are missing where it failed (logged)
                                "wall_s": round(time.time() - t_start, 1),
                                "partial": partial, "rows": rows}, indent=1))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)

@@ -21,7 +21,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import FORMATS, SHAPES, check, code_commit, make_weight, result_path  # noqa: E402
 
-from vsr.autotune.buckets import ROW_BUCKETS, parse_buckets  # noqa: E402
+from vsr.autotune.buckets import parse_buckets  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
 
 

@@ -30,8 +30,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, SHIPPED_CACHE, check, code_commit, copy_TBps, graph_ms, result_path,  # noqa: E402
-                          weight_copies)
+from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, copy_TBps, graph_ms,  # noqa: E402
+                          result_path, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> int:
             t, tile = shipped_tile(res, ws[0], 1)
             ms = us([lambda w=w: t.launch(x1, w, tile) for w in ws])
             row(case="M=1 bandwidth", shape=sh, format=fmt, tile=tile, us=ms,
-                checked=check(t.launch(x1, ws[0], tile), t.reference(x1, ws[0]))[0],
+                checked=checked_launch(t.launch, x1, ws[0], tile, t.reference(x1, ws[0]))[0],
                 bw_share=round(ws[0].nbytes() / (ms * 1e-6) / (bw * 1e12), 3))
         # int4 M=64: the shipped tile, and bf16 weights through a split-K tile of its blocks.
         x64 = torch.randn(64, K, device="cuda").to(torch.bfloat16)
@@ -94,8 +94,8 @@ def main() -> int:
         tb, tileb = shipped_tile(res, wb[0], 64)
         same = dict(tile4, path="splitk" if tile4["path"] == "splitk" else "tiled")
         row(case="int4 M=64 unpack cost", shape=sh, int4_tile=tile4, bf16_same_tile=same,
-            checked=(check(t4.launch(x64, w4[0], tile4), t4.reference(x64, w4[0]))[0]
-                     and check(tb.launch(x64, wb[0], same), tb.reference(x64, wb[0]))[0]),
+            checked=(checked_launch(t4.launch, x64, w4[0], tile4, t4.reference(x64, w4[0]))[0]
+                     and checked_launch(tb.launch, x64, wb[0], same, tb.reference(x64, wb[0]))[0]),
             int4_us=us([lambda w=w: t4.launch(x64, w, tile4) for w in w4]),
             bf16_same_tile_us=us([lambda w=w: tb.launch(x64, w, same) for w in wb]),
             bf16_shipped_tile=tileb, bf16_shipped_us=us([lambda w=w: tb.launch(x64, w, tileb) for w in wb]),
@@ -109,7 +109,7 @@ def main() -> int:
             if tile4["path"].startswith("dequant"):
                 dw = dense.DenseWeight(int4.dequantize_transient(w4[0], torch.bfloat16))
                 gt = dict(tile4, path="tma" if tile4["path"] == "dequant-tma" else "tiled")
-                r["parts_checked"] = check(dense.launch(x, dw, gt), t4.reference(x, w4[0]))[0]
+                r["parts_checked"] = checked_launch(dense.launch, x, dw, gt, t4.reference(x, w4[0]))[0]
                 r.update(dequant_us=us([lambda w=w: int4.dequantize_transient(w, torch.bfloat16) for w in w4]),
                          gemm_us=us([lambda: dense.launch(x, dw, gt)]))
                 moved = w4[0].nbytes() + N * K * 2
@@ -120,7 +120,7 @@ def main() -> int:
             # fp8: prologue and product apart, and _scaled_mm alone.
             t8, tile8 = shipped_tile(res, w8[0], M)
             xq, xs = fp8.quantize_activation_triton(x)
-            y = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+            y = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")   # poisoned: checked below
             prod = [lambda w=w: fp8.launch_product(xq, xs, w, y, tile8) for w in w8]
             # fp32 scales made outside the timed calls (as bench_gemm's peers): _scaled_mm alone.
             sa = xs.float()[:, None]

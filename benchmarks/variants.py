@@ -44,17 +44,19 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, code_commit, graph_ms, weight_copies  # noqa: E402
+from common_bench import SHAPES, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, int4, registry  # noqa: E402
 
 
-def _timed(row, run, ws, ref, base):
-    """Check run(w0) against ref, then time run over the weight copies (graph replay)."""
+def _timed(row, launch, x, tile, ws, ref, base):
+    """Check launch(x, w0, tile) against ref (into a NaN-filled output), then time it over the
+    weight copies (graph replay)."""
     try:
-        row["ok"], row["rel_err"] = check(run(ws[0]).clone(), ref)
-        row["ms"] = graph_ms([lambda w=w: run(w) for w in ws])
+        row["ok"], row["rel_err"] = checked_launch(launch, x, ws[0], tile, ref)
+        row["ms"] = graph_ms([lambda w=w: launch(x, w, tile) for w in ws])
         row["ratio_vs_cublas"] = base / row["ms"]
     except Exception as e:  # a variant that does not compile is a finding
         row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
@@ -84,10 +86,12 @@ def _baseline(rows, log, x, wb, **ids) -> float:
     return base
 
 
-def _run_cases(rows, log, cases, ws, ref, base, **ids) -> None:
-    """cases: (name, tile, run(w)); each checked, timed and recorded with the ids."""
-    for name, tile, run in cases:
-        rows.append(_timed(dict(ids, variant=name, tile=tile), run, ws, ref, base))
+def _run_cases(rows, log, t, x, cases, ws, base, **ids) -> None:
+    """cases: (name, tile) of template t, each run on x, checked against t's reference, timed
+    and recorded with the ids."""
+    ref = t.reference(x, ws[0])
+    for name, tile in cases:
+        rows.append(_timed(dict(ids, variant=name, tile=tile), t.launch, x, tile, ws, ref, base))
         log(rows[-1])
 
 
@@ -97,9 +101,9 @@ SMALL_TILES = ((64, 4, 3, 4), (128, 4, 3, 4), (128, 4, 4, 4), (256, 8, 3, 4), (1
                (32, 4, 3, 4), (64, 2, 3, 4), (128, 2, 3, 4), (128, 2, 4, 8))
 
 
-def _int4_x_tiles(p, N, K):
+def _int4_x_tiles(p):
     """The int4-x study's slices tiles for the Problem p."""
-    b = p.bucket
+    b, N, K = p.bucket, p.N, p.K
     if b <= 16:
         return [common.tile("slices", 16, bn, 128, common._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st)
                 for bn, warps, st, wv in SMALL_TILES]
@@ -130,41 +134,36 @@ def study_int4_x(shapes, ms, log):
     for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-x", shapes, ms, rows, log):
         p = t.problem(ws[0], bucket_for(M), x.dtype)
         default = t.default_tile(p)
-        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
+        cases = [("default tile", default)]
         if M == 1 and default["path"] != "gemv":
-            gemv = next(c for c in t.search_space(p) if c["path"] == "gemv")
-            cases.append(("gemv", gemv, lambda w: t.launch(x, w, gemv)))
-        for tile in _int4_x_tiles(p, N, K):
-            if tile != default:
-                cases.append(("slices", tile, lambda w, tile=tile: t.launch(x, w, tile)))
-        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study="int4-x", format="int4-gptq",
-                   shape=sh, M=M)
+            cases.append(("gemv", next(c for c in t.search_space(p) if c["path"] == "gemv")))
+        cases += [("slices", tile) for tile in _int4_x_tiles(p) if tile != default]
+        _run_cases(rows, log, t, x, cases, ws, base, study="int4-x", format="int4-gptq", shape=sh, M=M)
     return rows
 
 
 def _join_study(study, shapes, ms, log, join_tiles):
-    """The template's default tile beside the join path on join_tiles(bucket, N, K, default), each
-    a (BLOCK_M, BLOCK_N, warps, stages, waves, max_split) tuple, at every shape and M (GPTQ)."""
+    """The template's default tile beside the join path on join_tiles(bucket, default), each a
+    (BLOCK_M, BLOCK_N, warps, stages, waves, max_split) tuple, at every shape and M (GPTQ)."""
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
     for sh, N, K, M, x, ws, base in _int4_gptq_points(study, shapes, ms, rows, log):
         b = bucket_for(M)
         default = t.default_tile(t.problem(ws[0], b, x.dtype))
-        cases = [("default tile", default, lambda w: t.launch(x, w, default))]
-        for bm, bn, warps, st, wv, max_split in join_tiles(b, N, K, default):
+        cases = [("default tile", default)]
+        for bm, bn, warps, st, wv, max_split in join_tiles(b, default):
             split = common._split_for(b, N, K, bm, bn, 128, max_split, waves=wv)
             jt = common.tile("join", bm, bn, 128, split, warps, st)
             if jt not in [c[1] for c in cases]:
-                cases.append(("join", jt, lambda w, jt=jt: t.launch(x, w, jt)))
-        _run_cases(rows, log, cases, ws, t.reference(x, ws[0]), base, study=study, format="int4-gptq",
-                   shape=sh, M=M)
+                cases.append(("join", jt))
+        _run_cases(rows, log, t, x, cases, ws, base, study=study, format="int4-gptq", shape=sh, M=M)
     return rows
 
 
 def study_int4_join(shapes, ms, log):
     """int4 at M = 1-64 (GPTQ): the template's default tile beside its "join" path (run 12's study
     kernel, now int4._int4_join_kernel) on the same tile and on a few others."""
-    def tiles(b, N, K, default):
+    def tiles(b, default):
         bm = min(64, max(16, b))
         return [(bm, bn, warps, st, wv, 16) for bn, warps, st, wv in
                 ((default["BLOCK_N"], 4, 3, 4), (128, 4, 3, 4), (64, 4, 4, 8), (128, 4, 4, 8))]
@@ -184,7 +183,7 @@ def study_int4_join_wide(shapes, ms, log):
     as long as cuBLAS's whole product at M=256 in run 12) beside the join kernel on wide tiles,
     which unpacks in registers and keeps no dense copy (run 13)."""
     return _join_study("int4-join-wide", shapes, ms, log,
-                       lambda b, N, K, d: [t + (8,) for t in WIDE_TILES if t[0] <= max(16, b)])
+                       lambda b, d: [t + (8,) for t in WIDE_TILES if t[0] <= max(16, b)])
 
 
 # Join tiles of the int4-join-tiles study: (BLOCK_N weight rows, warps, stages, waves), rows of x
@@ -198,7 +197,7 @@ def study_int4_join_tiles(shapes, ms, log):
     in run 13's first re-tune, always on 64 weight rows) on deeper pipelines, more programs, and
     fewer weight rows or warps (mma.sync instead of wgmma), beside the template's default tile."""
     return _join_study("int4-join-tiles", shapes, ms, log,
-                       lambda b, N, K, d: [(min(64, max(16, b)),) + t + (16,) for t in JOIN_TILES])
+                       lambda b, d: [(min(64, max(16, b)),) + t + (16,) for t in JOIN_TILES])
 
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
@@ -217,27 +216,24 @@ def main(argv: list[str] | None = None) -> int:
     head = {"benchmark": "variants", "commit": code_commit(),   # as it is when the run starts
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "triton": triton.__version__, "torch": torch.__version__}
-    rows: list[dict] = []   # the finished studies' rows
-    live: list[dict] = []   # the running study's rows as they are logged
+    rows: list[dict] = []   # every row, as logged (a study logs each row it returns)
 
-    def write(out_rows: list[dict], partial: bool) -> None:
+    def write(partial: bool) -> None:
         # Rewritten after every row, so a run stopped by a time limit keeps what it measured (run
-        # 11's was stopped before it wrote anything).
-        # A new file renamed over the old one: a kill mid-write leaves the previous, whole file.
-        tmp = Path(a.out + ".tmp")
-        tmp.write_text(json.dumps(dict(head, partial=partial, rows=out_rows, seconds=time.time() - t0), indent=1))
-        os.replace(tmp, a.out)
+        # 11's was stopped before it wrote anything); atomically, so a kill mid-write leaves the
+        # previous, whole file.
+        write_atomic(Path(a.out), json.dumps(dict(head, partial=partial, rows=rows, seconds=time.time() - t0),
+                                             indent=1))
 
     def log(r: dict) -> None:
         print(json.dumps(r), flush=True)
-        live.append(r)
-        write(rows + live, True)
+        rows.append(r)
+        write(True)
 
     for name in a.study.split(","):
         fn, default_ms = STUDIES[name]
-        live.clear()
-        rows += fn(a.shapes.split(","), [int(m) for m in (a.ms or default_ms).split(",")], log)
-    write(rows, False)
+        fn(a.shapes.split(","), [int(m) for m in (a.ms or default_ms).split(",")], log)
+    write(False)
     print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:
         if "ratio_vs_cublas" in r:

@@ -96,7 +96,9 @@ def test_kv_cache_scheme_is_refused_not_ignored():
     kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
     with pytest.raises(PackageError, match="kv_cache_scheme.*float 8-bit"):
         parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=kv))
-    parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=None))  # parses without raising
+    # kv_cache_scheme None parses, and the fp8 group is classified as without it.
+    q = parse_quant_config(qconfig({"group_0": FP8_GROUP_019}, kv_cache_scheme=None))
+    assert q.schemes["group_0"].format == "fp8"
 
 
 def _bad(mutate) -> dict:

@@ -1,0 +1,48 @@
+"""benchmarks/bench_gemm.py's choice of peers, on the CPU: the providers timed are exactly those
+named, each checked against its reference (the figures themselves come from the H200)."""
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench_gemm():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("vsr_bench_gemm", BENCH / "bench_gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(**kw):
+    return argparse.Namespace(**dict(dict(peers=None, no_peers=False, no_gemlite=False), **kw))
+
+
+def test_peers_of_the_options(bench_gemm):
+    ap = argparse.ArgumentParser()
+    assert bench_gemm.peers_of(ap, _args()) == bench_gemm.PEERS
+    assert bench_gemm.peers_of(ap, _args(no_peers=True)) == ()
+    assert "gemlite" not in bench_gemm.peers_of(ap, _args(no_gemlite=True))
+    assert bench_gemm.peers_of(ap, _args(peers="cublas-bf16,tinygemm")) == ("cublas-bf16", "tinygemm")
+    for bad in (dict(peers="cublas"), dict(peers="tinygemm"), dict(peers="cublas-bf16", no_gemlite=True)):
+        with pytest.raises(SystemExit):   # argparse's error: unknown, no denominator, contradictory
+            bench_gemm.peers_of(ap, _args(**bad))
+
+
+@pytest.mark.parametrize("peers", [("cublas-bf16",), ("cublas-bf16", "scaled_mm", "scaled_mm+quant"),
+                                   ("cublas-bf16", "scaled_mm+quant")])
+def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, peers):
+    # CPU stand-ins for the GPU: the device, and timing replaced by running the calls once.
+    real = torch.device
+    monkeypatch.setattr(bench_gemm.torch, "device", lambda name: real("cpu"))
+    monkeypatch.setattr(bench_gemm, "timings", lambda fns: [f() for f in fns] and [(True, 1.0)])
+    ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "fp8_TFLOPs": 1400.0}
+    rows = bench_gemm.peer_rows("qkv", 64, 256, [1, 3], ceil, lambda r: None, peers)
+    assert sorted({r["provider"] for r in rows}) == sorted(peers)
+    assert len(rows) == 2 * len(peers) and all(r["checked"] for r in rows)
