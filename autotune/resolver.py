@@ -92,10 +92,6 @@ class TileResolver:
                           + ("" if self.policy != "tune" or other_device
                              else " (tiles tuned now are kept in memory only)"), stacklevel=3)
 
-    @property
-    def entries_loaded(self) -> int:
-        return len(self._loaded)
-
     def key(self, template, problem) -> CacheKey:
         return make_key(template, problem, self.identity)
 
@@ -188,8 +184,8 @@ class TileResolver:
     def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None,
              max_candidates: int | None = None) -> tuple[dict, bool]:
         """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). The sweep
-        tries the template's whole search space, or `max_candidates` of it (tuner.candidates:
-        the default tile and an even spread of the rest)."""
+        tries the template's whole search space, or `max_candidates` of it (tuner.candidates: the
+        default tile and a pick over the rest, shared among its paths where n allows)."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:

@@ -173,10 +173,9 @@ def _fail(msg: str) -> None:
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
 @click.option("--max-candidates", default=None, type=click.IntRange(min=1),
-              help="Try at most N tiles of each search space: the default tile, then, when N >= 2 x the "
-                   "kernel paths after it + 1, each path's share (its first and last tile included), else "
-                   "a pick spread evenly over the rest, its last tile included (e.g. int4 at buckets 32-128 "
-                   "has 5 paths: N >= 11 shares).")
+              help="Try at most N tiles of each search space: the default tile, then a pick over the "
+                   "rest that gives each kernel path its share when N is large enough (see "
+                   "vsr.autotune.tuner.candidates), else an even spread, its last tile included.")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):

@@ -274,8 +274,9 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
     (column j·BK/8 + w of a block holds x[8·w + j]), zero-padded to whole blocks, so every x_j is a
     contiguous load and nothing is reshaped: the unpacked weights never round-trip through shared
-    memory (they did in the swap path). H200, run 11 (variants.py, qkv/o): 1.1-1.5x the swap
-    path's speed at M=16-128 and ahead of the GEMV at M=1.
+    memory (they did in the swap path). H200, run 11 (variants.py, qkv/o, the best slices tile
+    against the tile then tuned, split-K or swap): 0.98-1.36x its speed at M=16-128, and 1.08-1.19x
+    the GEMV's at M=1.
     The zero point (8 when symmetric) is subtracted exactly: PAIRS (NVIDIA PTX, bf16/fp16 x) two
     nibbles per instruction (_nibble_pair_bf16/_f16), else in fp32 through the mantissa of 2^23. The group
     scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
@@ -666,7 +667,7 @@ def default_tile(p: Problem) -> dict:
         return dict(t, path="dequant-tma" if t["path"] == "tma" else "dequant")
     if p.act_dtype == torch.float32 and 64 in bks:
         # fp32 x (IEEE products), buckets 2..128: the transposed product won every MiniLM key of
-        # the H200 re-tune (run 11), this tile 4 of the 6 keys of each bucket; the split-K tile
+        # the H200 re-tune (run 11), this tile 4 of the 6 keys of each bucket but 32 (none); the split-K tile
         # below took a median 4.8x (up to 37x) as long.
         small = p.bucket <= 16
         return common.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)

@@ -191,8 +191,8 @@ def device_formats(identity: DeviceIdentity) -> list[str]:
     device table above says (the one place it lives: AMD gfx942/gfx950 run FP8 too). What vsr-tune
     tunes when no --formats is given, and what a shipped cache must cover."""
 
-    def runs(fmt: str, dtype: str = "bfloat16") -> bool:
-        return format_support(fmt, identity, dtype)[0] != NO
+    def runs(fmt: str) -> bool:
+        return format_support(fmt, identity, "bfloat16")[0] != NO
 
     out = ["bf16" if runs("dense") else "fp16"]
     if runs("fp8"):

@@ -17,7 +17,6 @@ dtype (the activation dtype):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -28,15 +27,6 @@ from vsr.runtime.tokenize import PackageTokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCH_SIZE = 32
 
-
-def _model_dtype(pkg, config: dict) -> torch.dtype:
-    """The package's stored dtype: OpenedPackage.model_dtype, else config.json's (the one parser)."""
-    d = getattr(pkg, "model_dtype", None)
-    if isinstance(d, torch.dtype):
-        return d
-    from vsr.runtime.package import model_dtype_of
-
-    return model_dtype_of(config)
 
 
 class Engine:
@@ -107,20 +97,19 @@ class Engine:
 def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autotune_cache=None,
                 miss_policy: str = "default") -> Engine:
     """Build the engine for an opened package (vsr.runtime.package.OpenedPackage or anything with
-    .path and .config). The device check has already run in open_package; this loads the weights."""
+    .path, .config and .model_dtype). The device check has already run in open_package; this loads
+    the weights."""
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.linear import QLinear
     from vsr.runtime.models import build_model, linear_names
     from vsr.runtime.models.common import Builder
 
     path = Path(pkg.path)
-    config = getattr(pkg, "config", None)
-    if config is None:
-        config = json.loads((path / "config.json").read_text())
+    config = pkg.config
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DeviceRefusal(f"device {device!r}: this machine has no CUDA device")
-    stored = _model_dtype(pkg, config)
+    stored = pkg.model_dtype
     if dtype == "auto" or dtype is None:
         act = stored if dev.type == "cuda" else torch.float32
         convert = False

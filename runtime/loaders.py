@@ -47,7 +47,7 @@ class PackageLoader:
         self.config = config
         self.quant = parse_quant_config(config)
         self._handles: dict[Path, object] = {}
-        # Linear layer -> (format, N, K), once its tensors passed check_linear; loading reuses
+        # Linear layer -> (format, N, K), once its tensors passed _check_linear; loading reuses
         # the dims (an int4 layer's are read from its weight_shape tensor).
         self._checked: dict[str, tuple[str, int, int]] = {}
         single = self.dir / SINGLE_FILE
@@ -111,10 +111,6 @@ class PackageLoader:
     def scheme_for(self, module_name: str) -> Scheme | None:
         return None if self.quant is None else self.quant.scheme_for(module_name)
 
-    def format_of(self, module_name: str) -> str:
-        s = self.scheme_for(module_name)
-        return "dense" if s is None else s.format
-
     # -- validation --------------------------------------------------------------------------------
     def _expect(self, name: str, dtypes: Iterable[str], shape: tuple[int, ...] | None,
                 shape_text: str = "", numel: int | None = None) -> tuple[str, tuple[int, ...]]:
@@ -151,15 +147,9 @@ class PackageLoader:
                                f"[{N}, {_cdiv(K, 8)}] for weight_shape [{N}, {K}], got {list(sh)}")
         return N, K
 
-    def check_linear(self, m: str) -> str:
-        """Validate one Linear layer's tensors from the headers; returns its format.
-
-        A layer is checked once: check_linears before loading, then linear() while loading,
-        find it already done."""
-        return self._checked_linear(m)[0]
-
     def _checked_linear(self, m: str) -> tuple[str, int, int]:
-        """(format, N, K) of layer m, checked once."""
+        """(format, N, K) of layer m, its tensors validated from the headers once: check_linears
+        before loading, then linear() while loading, find it already done."""
         if m not in self._checked:
             self._checked[m] = self._check_linear(m)
         return self._checked[m]
@@ -206,7 +196,7 @@ class PackageLoader:
 
     def check_linears(self, names: Iterable[str]) -> dict[str, str]:
         """Validate every named Linear layer before any loads; returns {name: format}."""
-        return {m: self.check_linear(m) for m in names}
+        return {m: self._checked_linear(m)[0] for m in names}
 
     # -- weight objects ----------------------------------------------------------------------------
     def _bias(self, m: str) -> torch.Tensor | None:

@@ -237,6 +237,11 @@ def read_config(package_dir: Path) -> dict:
     path = package_dir / CONFIG
     if not path.is_file():
         raise PackageError(f"{package_dir}: no {CONFIG}: not a package folder")
+    return read_json_object(path)
+
+
+def read_json_object(path: Path) -> dict:
+    """A package file's JSON object, or a PackageError that says what is wrong with the file."""
     try:
         config = json.loads(path.read_text())
     except OSError as e:
@@ -246,7 +251,7 @@ def read_config(package_dir: Path) -> dict:
     except json.JSONDecodeError as e:
         raise PackageError(f"{path}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     if not isinstance(config, dict):
-        raise PackageError(f"{path}: expected a JSON object")
+        raise PackageError(f"{path}: not a JSON object")
     return config
 
 

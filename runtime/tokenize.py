@@ -5,15 +5,14 @@ Padding and truncation baked into tokenizer.json are switched off on load
 padded here to its own longest request, on the right, with an attention mask.
 
 Over-long requests are *refused*, not truncated: a router that silently drops
-the end of a request can route it on half a sentence, so `check` reports a text
-with more tokens than the model's limit and the engine refuses to answer it.
+the end of a request can route it on half a sentence, so `encode_each` reports a
+text with more tokens than the model's limit and the engine refuses to answer it.
 The limit is, in order: config["vsr_max_tokens"], sentence-transformers'
 max_seq_length (sentence_bert_config.json, the length the encoder was trained
 and is served at), config["max_position_embeddings"].
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 from vsr.runtime.errors import PackageError, RequestError
+from vsr.runtime.package import read_json_object
 
 
 @dataclass
@@ -35,13 +35,7 @@ def token_limit(package_dir: Path, config: dict) -> int:
         return int(config["vsr_max_tokens"])
     st = Path(package_dir) / "sentence_bert_config.json"
     if st.is_file():
-        try:
-            st_config = json.loads(st.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise PackageError(f"{st}: not a readable sentence-transformers config ({e})") from None
-        if not isinstance(st_config, dict):
-            raise PackageError(f"{st}: not a readable sentence-transformers config (not a JSON object)")
-        n = st_config.get("max_seq_length")
+        n = read_json_object(st).get("max_seq_length")
         if n:
             try:
                 n = int(n)

