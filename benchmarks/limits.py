@@ -37,6 +37,7 @@ from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
 from vsr.kernels import common, dense, fp8, int4, registry  # noqa: E402
 
+
 def us(fns) -> float:
     return round(graph_ms(fns) * 1e3, 2)
 
