@@ -3,7 +3,10 @@
 Without a GPU the kernels run under the Triton interpreter; the variable must be
 set before any @triton.jit function is defined, so it is set here, first.
 """
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import torch
 
@@ -22,3 +25,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """load(name): benchmarks/<name>.py as a fresh module (benchmarks/ put on sys.path for the
+    scripts' own `common_bench` import), for tests of the scripts' orchestration on the CPU."""
+    def load(name: str):
+        if str(BENCH) not in sys.path:
+            sys.path.insert(0, str(BENCH))
+        spec = importlib.util.spec_from_file_location(f"vsr_bench_{name}", BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load

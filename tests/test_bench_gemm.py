@@ -1,23 +1,14 @@
 """benchmarks/bench_gemm.py's choice of peers, on the CPU: the providers timed are exactly those
 named, each checked against its reference (the figures themselves come from the H200)."""
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def bench_gemm():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("vsr_bench_gemm", BENCH / "bench_gemm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench_gemm(bench_script):
+    return bench_script("bench_gemm")
 
 
 def _args(**kw):

@@ -1,24 +1,14 @@
 """benchmarks/variants.py's studies build, run and check every case: their orchestration under the
 interpreter on a tiny shape (the figures themselves come from the H200)."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
-def variants():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("vsr_bench_variants", BENCH / "variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def variants(bench_script):
+    return bench_script("variants")
 
 
 def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
