@@ -105,12 +105,13 @@ def kernel_source_hash(template) -> str:
     kernels such as the split-K reduction live in kernels/common.py): a change to any of them
     changes the key, so a changed kernel never reuses old tiles. Memoised per template, not per
     module: two templates of one module may have other deps (templates are frozen dataclasses,
-    hashed by their fields, so two that share a name never share a hash)."""
-    mod = template.module
-    name = mod.__name__
-    deps = sorted({m.__name__ for m in vars(mod).values()
+    hashed by their fields, so two that share a name never share a hash). Each module counts
+    once: those the template's own hash covers (a KernelTemplate's: its module, common.py and
+    its deps) are not added again."""
+    covered = {m.__name__ for m in template.modules} | {"vsr.kernels.template"}
+    deps = sorted({m.__name__ for m in vars(template.module).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
-                   and m.__name__ not in (name, "vsr.kernels.template")})
+                   and m.__name__ not in covered})
     if not deps:
         h = template.source_hash
     else:

@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
@@ -200,9 +200,57 @@ def study_int4_join_tiles(shapes, ms, log):
                        lambda b, d: [(min(64, max(16, b)),) + t + (16,) for t in JOIN_TILES])
 
 
+# Stream-K tiles of the streamk study: (BLOCK_M, BLOCK_N, BLOCK_K in bytes of K, warps, stages).
+SK_TILES = ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (128, 256, 128, 8, 4), (64, 128, 128, 4, 4),
+            (64, 256, 128, 4, 3), (128, 128, 256, 8, 3), (64, 128, 256, 4, 3))
+# The tiles the shipped cache held for the 27B keys when run 12 benchmarked them
+# (results/gemm-nvidia-h200-2026-11-29.json, commit 3efc60d): the study's "tuned" rows.
+TUNED_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-29.json"
+
+
+def _tuned_tiles() -> dict:
+    if not TUNED_FROM.exists():
+        return {}
+    rows = json.loads(TUNED_FROM.read_text())["rows"]
+    return {(r["format"], r["shape"], r["M"]): r["tile"] for r in rows
+            if r["provider"] == "vsr" and not r["graph"] and r.get("tile")}
+
+
+def study_streamk(shapes, ms, log):
+    """bf16 and fp8 at M = 256-2048: the TMA tile walked stream-K ("tma-sk": whole waves of tiles,
+    then the leftover tiles' K steps shared evenly by all multiprocessors) beside the template's
+    default tile and run 12's tuned tile, on tiles of 64-128 rows. Run 10 ruled out splitting K in
+    two (the workspace traffic of whole tiles); o and down at M=1024 make 2.4 waves of 128x128
+    tiles, 0.77x and 0.75x cuBLAS in run 12."""
+    dev = torch.device(DEV)
+    tuned = _tuned_tiles()
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for fmt, key in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[key]
+            ws = wb if fmt == "bf16" else _weights(fmt, N, K, dev)
+            kbytes = 2 if fmt == "bf16" else 1
+            for M in ms:
+                x = torch.randn(M, K, device=dev).to(ACT)
+                base = _baseline(rows, log, x, wb, study="streamk", format=fmt, shape=sh, M=M)
+                default = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
+                cases = [("default tile", default)]
+                if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
+                    cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
+                cases += [("stream-K", common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st))
+                          for bm, bn, kb, w, st in SK_TILES
+                          if common.smem_bytes(common.tile("tma", bm, bn, kb // kbytes, 1, w, st), kbytes, kbytes)
+                          <= common.SMEM_LIMIT]
+                _run_cases(rows, log, t, x, cases, ws, base, study="streamk", format=fmt, shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
-           "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128")}
+           "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
+           "streamk": (study_streamk, "256,512,1024,2048")}
 
 
 def main(argv: list[str] | None = None) -> int:

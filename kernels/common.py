@@ -204,6 +204,85 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
 
 
 @triton.jit
+def _streamk_share(s, units, iters, NUM_PROGRAMS):
+    """The programs of a stream-K launch whose shares of the `units` (tile, K step) pairs touch
+    stream-K tile s: [first, last]. Program p owns units [p·units // P, (p+1)·units // P); the
+    program holding unit u is the last p whose share starts at or before u."""
+    first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
+    last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
+    return first, last
+
+
+@triton.jit
+def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
+                       NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                       HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
+    walk whole tiles as the persistent kernel does, as many as fill whole waves; the leftover
+    tiles % NUM_PROGRAMS tiles, which would leave most multiprocessors idle for a last partial
+    wave, are cut into their K steps and the steps shared out evenly, each program taking a
+    contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
+    its fp32 partial sums go to the workspace, slot (program, 0 or 1), and
+    streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
+    (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
+    (At M=1024 on o and down, 128x128 tiles make 320 tiles: 2.4 waves of 132.)"""
+    pid = tl.program_id(0)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    sk_tiles = num_tiles % NUM_PROGRAMS
+    dp_tiles = num_tiles - sk_tiles
+    for t in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    iters = tl.cdiv(K, BLOCK_K)
+    units = sk_tiles * iters
+    u_lo = pid * units // NUM_PROGRAMS
+    u_hi = (pid + 1) * units // NUM_PROGRAMS
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    for j in range(2):
+        s = u_lo // iters + j
+        lo = tl.maximum(u_lo, s * iters)
+        hi = tl.minimum(u_hi, (s + 1) * iters)
+        if lo < hi:
+            pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
+                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+            tl.store(ws_ptr + (pid * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+
+
+@triton.jit
+def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
+                          HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                          HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
+    """y for the stream-K tiles of tma_streamk_kernel (grid: leftover tiles x BLOCK_M // ROWS):
+    epilogue(Σ partials) over the programs that shared the tile, in program order."""
+    s = tl.program_id(0)
+    r0 = tl.program_id(1) * ROWS
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    sk_tiles = num_tiles % NUM_PROGRAMS
+    iters = tl.cdiv(K, BLOCK_K)
+    units = sk_tiles * iters
+    first, last = _streamk_share(s, units, iters, NUM_PROGRAMS)
+    offs = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for p in range(first, last + 1):
+        u_lo = p * units // NUM_PROGRAMS
+        u_hi = (p + 1) * units // NUM_PROGRAMS
+        if tl.maximum(u_lo, s * iters) < tl.minimum(u_hi, (s + 1) * iters):   # p's run covers part of tile s
+            j = s - u_lo // iters
+            acc += tl.load(ws_ptr + (p * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
+    pid_m, pid_n = swizzle(num_tiles - sk_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym, K_SPLIT,
                     HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -337,6 +416,22 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
         return
     tiles = cdiv(M, bm) * cdiv(N, bn)
+    flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+                 HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
+    scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+              d if alpha is None else alpha)
+    if tile.get("path") == "tma-sk":
+        programs = multiprocessors(a.device)
+        sk_tiles = tiles % programs
+        ws = torch.empty(programs * 2 * bm * bn if sk_tiles else 1, dtype=torch.float32, device=y.device)
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
+                                        IEEE=a.dtype == torch.float32, **flags, num_warps=tile["num_warps"],
+                                        num_stages=tile["num_stages"])
+        if sk_tiles:
+            rows = min(bm, STREAMK_REDUCE_ROWS)
+            streamk_reduce_kernel[(sk_tiles, bm // rows)](ws, y, *scales, M, N, K, y.stride(0), programs, **flags,
+                                                         ROWS=rows, num_warps=4)
+        return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
     tma_gemm_kernel[(programs,)](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
@@ -351,6 +446,14 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (a persistent grid's size); 4 on the CPU (interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+# The paths launch_tma runs: one output tile per program (or persistent), the transposed product
+# for few rows, and stream-K.
+TMA_PATHS = ("tma", "tma-swap", "tma-sk")
+
+# Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
+STREAMK_REDUCE_ROWS = 16
 
 
 class _Transient:
@@ -370,11 +473,15 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
     tiled_gemm_kernel[grid](a, b, y, ws, d if bias is None else bias, d if rs is None else rs,
                             d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                            IEEE=a.dtype == torch.float32, EVEN_K=(K % bk == 0 and k_split % bk == 0),
+                            IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
                             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+
+
+# The activation dtypes every template's launcher takes (fp32 multiplies in IEEE precision, never tf32).
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def check_activation(x: torch.Tensor, K: int, dtypes: tuple, device: torch.device, kernel: str) -> torch.Tensor:
@@ -401,6 +508,12 @@ def workspace(split: int, y: torch.Tensor) -> torch.Tensor:
 def nvidia(device: torch.device) -> bool:
     """A CUDA device of NVIDIA's (not ROCm): inline PTX and the hardware conversions apply."""
     return device.type == "cuda" and torch.version.hip is None
+
+
+@functools.cache
+def capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability (major, minor) of the CUDA `device` (one with its index), read once."""
+    return tuple(torch.cuda.get_device_capability(device))
 
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:
@@ -461,15 +574,18 @@ def swap_space(K: int, b_bytes: float) -> list[dict]:
 # Row buckets from which TMA tiles are also tried in their persistent form (run 9: a loss at
 # M=256, mixed at 1024, a gain at 4096).
 PERSISTENT_FROM = 1024
+# Row buckets from which TMA tiles are also tried stream-K (run 14: at M=256 it won only on
+# gate_up, 0.72x -> 0.81x; from M=512 on most shapes).
+STREAMK_FROM = 256
 
 
 def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
     """The deterministic tile of a row bucket: for buckets <= 16 the transposed TMA product
     (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
     TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
-    persistent from bucket 4096. Depends only on (bucket, N, K, operand sizes). Tiles for
-    buckets 32-2048 are the H200 run-5 winners (benchmarks/NOTES.md); fp8 operands take twice
-    the K step."""
+    stream-K for buckets 512-2048, persistent from bucket 4096. Depends only on (bucket, N, K,
+    operand sizes). Tiles for buckets 32-256 are the H200 run-5 winners, those of 512-2048 run
+    14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
     swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
     if bucket <= 16 and swap:
@@ -490,10 +606,13 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         bm = 32 if bucket == 32 else 64
         bn = 128 if cdiv(N, 128) >= 66 else 64
         return tile("tma", bm, bn, int(128 * kx), 1, 4, 4 if bn == 128 else 6)
-    if bucket <= 512:
+    if bucket <= 256:
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
     if bucket <= 2048:
-        return tile("tma", 128, 128, int(64 * kx), 1, 8, 4)
+        # Stream-K over 128-row tiles (H200, run 14, variants.py --study streamk): bf16 geomean
+        # over the four 27B shapes at M=512 0.67x -> 0.80x cuBLAS (128x128), M=1024 0.84x -> 0.90x
+        # and M=2048 0.89x -> 0.92x (128x256) against the plain 64x128 / 128x128 tiles.
+        return tile("tma-sk", 128, 128 if bucket <= 512 else 256, int(64 * kx), 1, 8, 4)
     # The largest buckets walk their tiles persistently (H200, run 9: bf16 M=4096 0.88x -> 1.05x).
     return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
 
@@ -529,6 +648,9 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         for path in paths:
             for bm, bn, bk, w, st in shapes:
                 cands.append(tile(path, bm, bn, bk, 1, w, st))
+        if bucket >= STREAMK_FROM and "tma" in paths:
+            # Stream-K forms of the 128-row tiles (run 14: the 64-row ones lost everywhere).
+            cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= PERSISTENT_FROM and "tma" in paths:
             # The persistent form of the large TMA tiles (128 rows, 8 warps), and the default's
             # other form second (a short sweep's strided pick always sees it).
@@ -612,8 +734,13 @@ class KernelTemplate(Template):
     deps: tuple[ModuleType, ...] = ()
 
     @property
+    def modules(self) -> tuple[ModuleType, ...]:
+        """The modules the source hash covers, each once, in order: the template's, this one, deps."""
+        return tuple(dict.fromkeys((self.module, sys.modules[__name__]) + tuple(self.deps)))
+
+    @property
     def source_hash(self) -> str:
-        h = hashlib.sha256(module_code_text(self.module).encode())
-        for m in (sys.modules[__name__],) + tuple(self.deps):
+        h = hashlib.sha256()
+        for m in self.modules:
             h.update(module_code_text(m).encode())
         return h.hexdigest()[:16]

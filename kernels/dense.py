@@ -60,18 +60,15 @@ def reference_linear(x: torch.Tensor, w: DenseWeight) -> torch.Tensor:
 # Triton template "dense"
 
 
-_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given)."""
     common.check_tile(tile)
-    x = common.check_activation(x, w.K, _ACT_DTYPES, w.weight.device, "dense")
+    x = common.check_activation(x, w.K, common.ACT_DTYPES, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
     assert w.weight.stride(1) == 1, "W must be K-contiguous"
     y = common.output(x, w.N, out)
     path = tile.get("path")
-    if path in ("tma", "tma-swap"):
+    if path in common.TMA_PATHS:
         common.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)
     elif path == "gemv":
         common.launch_gemv(x, w.weight, y, tile, bias=w.bias)

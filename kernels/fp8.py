@@ -149,7 +149,7 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_K: tl.const
 @functools.cache
 def _hardware_e4m3(dev: torch.device) -> bool:
     """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
-    return common.nvidia(dev) and torch.cuda.get_device_capability(dev) >= (8, 9)
+    return common.nvidia(dev) and common.capability(dev) >= (8, 9)
 
 
 def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,13 +169,10 @@ def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return xq, s
 
 
-_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
 def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype."""
     common.check_tile(tile)
-    x = common.check_activation(x, w.K, _ACT_DTYPES, w.weight.device, "fp8")
+    x = common.check_activation(x, w.K, common.ACT_DTYPES, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     xq, xs = quantize_activation_triton(x)
@@ -186,7 +183,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict) -> None:
     """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's path."""
     path = tile.get("path")
-    if path in ("tma", "tma-swap"):
+    if path in common.TMA_PATHS:
         common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
     elif path == "gemv":
         common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)

@@ -15,7 +15,6 @@ scale multiplies the fp32 partial product: the same sum as the reference's, in f
 """
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -145,9 +144,10 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 #   arguments, not computed in the kernel: Triton specialises an int argument divisible by
 #   16, which lets it issue 16-byte loads of packed words; a computed ceil-division has
 #   unknown divisibility and gave 4-byte loads (seen in the compiled PTX, Triton 3.9).
-#   "dequant" / "dequant-tma" large M: a Triton kernel writes a transient W [N, K] in x's
-#             dtype for this call (freed after it; no dequantized copy is kept) and the dense
-#             template's kernel multiplies (pointer loads, or TMA descriptors).
+#   "dequant" / "dequant-tma" / "dequant-sk" large M: a Triton kernel writes a transient
+#             W [N, K] in x's dtype for this call (freed after it; no dequantized copy is kept)
+#             and the dense template's kernel multiplies (pointer loads, TMA descriptors, or
+#             TMA descriptors walked stream-K).
 
 
 @triton.jit
@@ -176,16 +176,14 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[:, None] < K8, other=0)
         # [BK/8, BN] words -> [BK/8, 8, BN] nibbles -> [BK, BN] with k = 8·word + nibble.
-        u = (words[:, None, :] >> shifts) & 0xF
-        u = tl.reshape(u, (BLOCK_K, BLOCK_N))
+        u = tl.reshape((words[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
-        # u - zu through the mantissa of 2^23 (see _nibble_field): no int-to-float convert.
-        f = (u | 0x4B000000).to(tl.float32, bitcast=True)
+        # u - zu through the mantissa of 2^23 (_nibble_field; its mask again is folded): no int-to-float convert.
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
-            b = (f - (8388608.0 + zu.to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
+            b = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
         else:
-            b = (f - 8388616.0).to(x_ptr.dtype.element_ty)
+            b = _nibble_field(u, 0xF, 8388616.0).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if IEEE:  # fp32 activations (an explicit --dtype float32): exact products, never tf32
             part = tl.dot(a, b, input_precision="ieee")
@@ -226,12 +224,11 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
             words = tl.load(q_ptrs, mask=offs_w[None, :] < K8, other=0)
         u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble
         g = k0 // GROUP
-        f = (u | 0x4B000000).to(tl.float32, bitcast=True)                       # 2^23 + u, exactly
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
-            wt = (f - (8388608.0 + zu.to(tl.float32))[:, None]).to(x_ptr.dtype.element_ty)
+            wt = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[:, None]).to(x_ptr.dtype.element_ty)
         else:
-            wt = (f - 8388616.0).to(x_ptr.dtype.element_ty)
+            wt = _nibble_field(u, 0xF, 8388616.0).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if IEEE:
             part = tl.dot(wt, xt, input_precision="ieee")
@@ -262,6 +259,23 @@ def _nibble_pair_f16(w, zz):
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
         "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _nibble_pair(words, zu, J: tl.constexpr, F16: tl.constexpr):
+    """The PAIRS conversion of the slices and join kernels, pair J (0..3): (u_J - zu, u_{J+4} - zu) of
+    each of words [BN, W8] (int32; nibble j at bits 4j) in fp16 (F16) or bf16, zu [BN] the rows' zero
+    points (u-domain), by _nibble_pair_f16/_bf16 on the word shifted by 4J. zz holds the pair's bias
+    plus zu (1024 + zu, or 128 + zu) in both halves; the four calls of a step share it and the bitcast
+    (the compiler folds the repeats), so the eight halves of a word cost four LOP3s and four packed
+    subtractions."""
+    zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
+    uw = words.to(tl.uint32, bitcast=True) >> (4 * J)
+    if F16:
+        lo, hi = _nibble_pair_f16(uw, zz)
+    else:
+        lo, hi = _nibble_pair_bf16(uw, zz)
+    return lo, hi
 
 
 @triton.jit
@@ -303,21 +317,15 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
             zu = tl.full((BLOCK_N,), 8, tl.int32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if PAIRS:
-            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
-            uw = words.to(tl.uint32, bitcast=True)
             for j in tl.static_range(4):
-                if F16:
-                    lo, hi = _nibble_pair_f16(uw >> (4 * j), zz)
-                else:
-                    lo, hi = _nibble_pair_bf16(uw >> (4 * j), zz)
+                lo, hi = _nibble_pair(words, zu, j, F16)
                 part = tl.dot(lo, tl.load(x_cols + j * W8), part)
                 part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
         else:
             z = 8388608.0 + zu.to(tl.float32)
             for j in tl.static_range(8):
-                f = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)   # 2^23 + u
                 xj = tl.load(x_cols + j * W8)
-                wj = (f - z[:, None]).to(xj.dtype)
+                wj = _nibble_field(words >> (4 * j), 0xF, z[:, None]).to(xj.dtype)
                 if IEEE:
                     part = tl.dot(wj, xj, part, input_precision="ieee")
                 else:
@@ -332,9 +340,7 @@ def _nibble_pair_fp32(words, zu):
     """The portable twin of _nibble_pair_bf16/_f16 in fp32: (u_j - zu, u_{j+4} - zu) of each
     (pre-shifted) word through the mantissa of 2^23, exactly."""
     z = 8388608.0 + zu.to(tl.float32)
-    lo = ((words & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z
-    hi = (((words >> 16) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - z
-    return lo, hi
+    return _nibble_field(words, 0xF, z), _nibble_field(words >> 16, 0xF, z)
 
 
 @triton.jit
@@ -367,18 +373,10 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
         else:
             zu = tl.full((BLOCK_N,), 8, tl.int32)
         if PAIRS:
-            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
-            uw = words.to(tl.uint32, bitcast=True)
-            if F16:
-                l0, h0 = _nibble_pair_f16(uw, zz)
-                l1, h1 = _nibble_pair_f16(uw >> 4, zz)
-                l2, h2 = _nibble_pair_f16(uw >> 8, zz)
-                l3, h3 = _nibble_pair_f16(uw >> 12, zz)
-            else:
-                l0, h0 = _nibble_pair_bf16(uw, zz)
-                l1, h1 = _nibble_pair_bf16(uw >> 4, zz)
-                l2, h2 = _nibble_pair_bf16(uw >> 8, zz)
-                l3, h3 = _nibble_pair_bf16(uw >> 12, zz)
+            l0, h0 = _nibble_pair(words, zu, 0, F16)
+            l1, h1 = _nibble_pair(words, zu, 1, F16)
+            l2, h2 = _nibble_pair(words, zu, 2, F16)
+            l3, h3 = _nibble_pair(words, zu, 3, F16)
         else:
             zb = zu[:, None] + tl.zeros_like(words)
             l0, h0 = _nibble_pair_fp32(words, zb)
@@ -393,11 +391,13 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
 
 
 @triton.jit
-def _nibble_field(words, MASK: tl.constexpr):
+def _nibble_field(words, MASK: tl.constexpr, sub=8388608.0):
     """(words & MASK) | 0x4B000000 read as fp32 is 2^23 + field, the field lying in the mantissa:
     minus 2^23 it is the field, exactly, as a float. One LOP3 and one FADD per nibble instead of
-    a shift, a mask and an int-to-float convert (a quarter-rate instruction on Hopper)."""
-    return ((words & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    a shift, a mask and an int-to-float convert (a quarter-rate instruction on Hopper). `sub`
+    (2^23 by default) may also hold a zero point, 2^23 + zu (8388616.0 when symmetric, or a tensor
+    that broadcasts): the same subtraction then gives field - zu, exactly (field, zu < 16)."""
+    return ((words & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub
 
 
 @triton.jit
@@ -473,29 +473,25 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
     rn = offs_n.to(tl.int64)
     words = tl.load(q_ptr + rn[:, None] * K8 + k0 // 8 + i[None, :],
                     mask=nmask[:, None] & (k0 // 8 + i[None, :] < K8), other=0)
-    u = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF      # [BN, BK/8, 8]
-    f = (u | 0x4B000000).to(tl.float32, bitcast=True)                          # 2^23 + u, exactly
+    u = words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]              # [BN, BK/8, 8], masked below
     g = k0 // GROUP
     sc = tl.load(sc_ptr + rn * KG + g, mask=nmask, other=0.0).to(tl.float32)
     if HAS_ZP:
         zu = tl.load(zp_ptr + rn * KG + g, mask=nmask, other=0).to(tl.float32)
-        wv = (f - (8388608.0 + zu)[:, None, None]) * sc[:, None, None]
+        wv = _nibble_field(u, 0xF, (8388608.0 + zu)[:, None, None]) * sc[:, None, None]
     else:
-        wv = (f - 8388616.0) * sc[:, None, None]
+        wv = _nibble_field(u, 0xF, 8388616.0) * sc[:, None, None]
     wv = tl.reshape(wv, (BLOCK_N, BLOCK_K))                                    # k = 8·word + nibble
     offs_k = k0 + tl.arange(0, BLOCK_K)
     tl.store(w_ptr + rn[:, None] * K + offs_k[None, :], wv.to(w_ptr.dtype.element_ty),
              mask=nmask[:, None] & (offs_k[None, :] < K))
 
 
-_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
 def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
     explicit float32 run, multiplied in IEEE fp32)."""
     common.check_tile(tile)
-    x = common.check_activation(x, w.K, _ACT_DTYPES, w.packed.device, "int4 W4A16")
+    x = common.check_activation(x, w.K, common.ACT_DTYPES, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
         "zero_point must be contiguous int32 (unpacked u-domain)"
@@ -511,18 +507,18 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     M, K = x.shape
     N = w.N
     y = common.output(x, N, out)
-    if M == 0:   # nothing to compute (a TMA descriptor of an empty x would be refused)
+    if M == 0:   # nothing to compute (the dequant-tma path's TMA descriptor of an empty x would be refused)
         return y
-    if path in ("dequant", "dequant-tma"):
+    if path in _DENSE_PATH:
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)
-        return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path="tma" if path == "dequant-tma" else "tiled"),
-                            out=y)
+        return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path=_DENSE_PATH[path]), out=y)
     zp = w.zero_point if w.zero_point is not None else w.packed
     bias = w.bias if w.bias is not None else y
     k_split, split = common.split_plan(K, tile)
     ws = common.workspace(split, y)
     bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
+    pairs = path in ("slices", "join") and common.nvidia(x.device) and ptx_pairs(x.dtype, common.capability(x.device))
     if path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"
         assert bk & (bk - 1) == 0, f"the gemv path steps in a power-of-two number of words, got BLOCK_K={bk}"
@@ -536,7 +532,6 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
         xs = slice_order(x, bk)
-        pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
             xs, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
@@ -545,9 +540,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
-        # The kernel masks x only at K, not at its split's end: a split must be whole BLOCK_K steps.
-        assert k_split % bk == 0, f"split of {k_split} columns is not a whole number of BLOCK_K={bk} steps"
-        pairs = common.nvidia(x.device) and ptx_pairs(x.dtype, _capability(x.device))
+        # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
         _int4_join_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
@@ -560,7 +553,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0),
             x.stride(0), y.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-            EVEN_K=K % bk == 0 and k_split % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32,
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
@@ -574,11 +567,6 @@ def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
     only from sm_90 (ptxas refuses sub.bf16x2 below), so bf16 on Ampere/Ada takes the portable
     twin; fp32 x always does."""
     return dtype == torch.float16 or (dtype == torch.bfloat16 and tuple(capability) >= (9, 0))
-
-
-@functools.cache
-def _capability(dev: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(dev))
 
 
 def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
@@ -664,7 +652,7 @@ def default_tile(p: Problem) -> dict:
         # dense template's own default for the bucket (TMA where the strides allow).
         b = _dense_bytes(p)
         t = common.default_gemm_tile(p.bucket, p.N, p.K, b, b)
-        return dict(t, path="dequant-tma" if t["path"] == "tma" else "dequant")
+        return dict(t, path=_DEQUANT_PATH[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
         # fp32 x (IEEE products), buckets 2..128: the transposed product won every MiniLM key of
         # the H200 re-tune (run 11), this tile 4 of the 6 keys of each bucket but 32 (none); the split-K tile
@@ -681,13 +669,16 @@ def default_tile(p: Problem) -> dict:
     return common.tile("splitk", bm, bn, bk, split, 4, 4)
 
 
-_DEQUANT_PATH = {"tma": "dequant-tma", "tiled": "dequant"}
+_DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant"}
+_DENSE_PATH = {v: k for k, v in _DEQUANT_PATH.items()}
 
 
-def _slices_ok(p: Problem) -> bool:
+def _slices_ok(p: Problem, fp32: bool = False) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
-    one group, with half-precision activations (fp32 ones get the other paths by default)."""
-    return p.param("group", 128) % 128 == 0 and p.act_dtype != torch.float32
+    one group, with half-precision activations (fp32 ones get the other paths by default). fp32=True
+    (the search space) lets fp32 x through: the slices tiles stay candidates there, and the shipped
+    H200 cache holds fp32 keys they won."""
+    return p.param("group", 128) % 128 == 0 and (fp32 or p.act_dtype != torch.float32)
 
 
 def _slices_tiles(p: Problem) -> list[dict]:
@@ -774,7 +765,7 @@ def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
-    slices = _slices_tiles(p) if p.bucket <= 128 and p.param("group", 128) % 128 == 0 else []
+    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, fp32=True) else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:

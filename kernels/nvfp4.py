@@ -296,7 +296,7 @@ def _check(x: torch.Tensor, w: Nvfp4Weight, tile: dict) -> torch.Tensor:
     common.check_tile(tile)
     assert w.packed.is_contiguous() and w.block_scale.is_contiguous(), "packed and block_scale must be contiguous"
     assert tile["BLOCK_K"] % 32 == 0, f"BLOCK_K={tile['BLOCK_K']} must be a multiple of 32"
-    return common.check_activation(x, w.K, (torch.bfloat16, torch.float16, torch.float32), w.packed.device, "nvfp4")
+    return common.check_activation(x, w.K, common.ACT_DTYPES, w.packed.device, "nvfp4")
 
 
 def _alpha(w: Nvfp4Weight) -> torch.Tensor:
@@ -321,7 +321,7 @@ def launch_emulated(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tens
     grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
     _emulated_kernel[grid](a, w.packed, w.block_scale.view(torch.uint8), gw, alpha, y, ws, bias, M, N, K, K // 2, K // 16,
                            a.stride(0), y.stride(0), k_split, A16=a16, HAS_BIAS=w.bias is not None,
-                           EVEN_K=(K % bk == 0 and k_split % bk == 0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                           EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
                            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
@@ -334,11 +334,11 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
     """FP4 tensor cores: tl.dot_scaled(e2m1 [BM, BK/2] packed along K, e4m3 scales [BM, BK/16];
-    e2m1 [BK/2, BN] packed along K, e4m3 scales [BN, BK/16]). Needs K % BLOCK_K == 0 and
-    K_SPLIT % BLOCK_K == 0 (the launcher checks). NOT RUN in this project so far: no
-    Blackwell device was available (the H200 is sm_90). Scales are passed as float8e4nv
-    tensors of shape [rows, BLOCK_K/16]: Triton up to 3.6 deduces the NVFP4 scale group (16)
-    from the e4m3 scale dtype (e8m0/uint8 scales mean MX, group 32); later releases deduce it
+    e2m1 [BK/2, BN] packed along K, e4m3 scales [BN, BK/16]). Needs K % BLOCK_K == 0 (the launcher
+    checks) and K_SPLIT % BLOCK_K == 0 (common.split_plan's splits are whole BLOCK_K steps).
+    NOT RUN in this project so far: no Blackwell device was available (the H200 is sm_90).
+    Scales are passed as float8e4nv tensors of shape [rows, BLOCK_K/16]: Triton up to 3.6
+    deduces the NVFP4 scale group (16) from the e4m3 scale dtype (e8m0/uint8 scales mean MX, group 32); later releases deduce it
     from the scale shape (triton-lang/triton#9561); both read these operands as NVFP4."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
@@ -361,13 +361,13 @@ def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor |
     x = _check(x, w, tile)
     if not w.quantizes_activations:
         raise ValueError("nvfp4_w4a4 needs input_global_scale (W4A4); NVFP4A16 packages run nvfp4_emulated")
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] not in (10, 12):
+    if x.device.type != "cuda" or common.capability(x.device)[0] not in (10, 12):
         raise RuntimeError("nvfp4_w4a4 needs FP4 tensor cores (NVIDIA compute capability 10.x or 12.x)")
     M, K = x.shape
     N = w.N
     bk = tile["BLOCK_K"]
     k_split, split = common.split_plan(K, tile)
-    assert K % bk == 0 and k_split % bk == 0, f"nvfp4_w4a4 needs K={K} to be a multiple of BLOCK_K={bk}"
+    assert K % bk == 0, f"nvfp4_w4a4 needs K={K} to be a multiple of BLOCK_K={bk}"
     y = common.output(x, N, out)
     codes, sc = _quantize(x.contiguous(), w.input_global_scale.reshape(1).float(), packed=True)
     alpha = _alpha(w)

@@ -8,30 +8,27 @@ from __future__ import annotations
 
 import torch
 
-from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.kernels import common, dense, fp8, int4, nvfp4
 from vsr.kernels.template import Template
 
 TEMPLATES: dict[str, Template] = {
     t.name: t for t in (dense.TEMPLATE, fp8.TEMPLATE, int4.TEMPLATE, nvfp4.TEMPLATE_W4A4, nvfp4.TEMPLATE_EMULATED)
 }
 
-# Which activation dtypes each template takes (the interpreter's bf16 tl.dot is wrong,
-# but that is a test concern: on a GPU bf16 is the main case).
-_ACT = {
-    "dense": (torch.bfloat16, torch.float16, torch.float32),
-    "fp8_w8a8": (torch.bfloat16, torch.float16, torch.float32),
-    "int4_w4a16": (torch.bfloat16, torch.float16, torch.float32),
-    "nvfp4_w4a4": (torch.bfloat16, torch.float16, torch.float32),
-    "nvfp4_emulated": (torch.bfloat16, torch.float16, torch.float32),
-}
+# Which activation dtypes each template takes: every one common.ACT_DTYPES (the interpreter's bf16
+# tl.dot is wrong, but that is a test concern: on a GPU bf16 is the main case).
+_ACT = dict.fromkeys(TEMPLATES, common.ACT_DTYPES)
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return False
-    if device is not None and torch.device(device).type != "cuda":
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] in (10, 12)
+    if dev.index is None:   # the current device, as torch.cuda.get_device_capability(None) reads it
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return common.capability(dev)[0] in (10, 12)
 
 
 def template_for(weight, act_dtype: torch.dtype, emulate: bool = False) -> Template:

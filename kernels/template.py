@@ -54,6 +54,11 @@ class Template:
     problem: Callable[..., Problem] = field(default=None)  # type: ignore[assignment]
 
     @property
+    def modules(self) -> tuple[ModuleType, ...]:
+        """The modules source_hash covers: the template's own."""
+        return (self.module,)
+
+    @property
     def source_hash(self) -> str:
         """sha256 of the template module's code: a changed kernel never reuses old tiles."""
         return source_hash(self.module)

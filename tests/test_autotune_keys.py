@@ -28,10 +28,18 @@ def test_shape_keys_match_real_weight_keys(fmt):
 
 
 def test_source_hash_covers_shared_kernel_modules():
+    # The key covers the vsr.kernels modules a template's module uses, each once: a KernelTemplate's
+    # own hash already covers common.py (the key adds nothing), a plain Template's only its module.
+    from vsr.kernels import common
     from vsr.kernels.registry import TEMPLATES
+    from vsr.kernels.template import Template
     t = TEMPLATES["dense"]
-    uses_common = any(getattr(m, "__name__", "") == "vsr.kernels.common" for m in vars(t.module).values())
-    assert (kernel_source_hash(t) != t.source_hash) == uses_common
+    assert any(m is common for m in vars(t.module).values())
+    assert common in t.modules and len(set(t.modules)) == len(t.modules)
+    assert kernel_source_hash(t) == t.source_hash
+    plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,
+                     launch=t.launch, reference=t.reference, problem=t.problem)
+    assert kernel_source_hash(plain) != plain.source_hash
 
 
 def test_shape_specs():

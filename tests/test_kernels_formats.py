@@ -162,6 +162,24 @@ def test_dense_persistent_tma_tile(dtype, monkeypatch):
         assert torch.equal(y, run(dense.launch, x, w, dict(tile, PERSISTENT=0)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("programs,M,bias", [(3, 40, True), (4, 70, False), (7, 33, True), (64, 5, False)])
+def test_dense_streamk_tma_tile(dtype, programs, M, bias, monkeypatch):
+    # "tma-sk": whole waves of 32x32 tiles (2 column blocks of N=37) per program, the leftover
+    # tiles' K steps shared out; 40 rows on 3 programs: 4 tiles, 1 left over; 70 rows on 4: 6
+    # tiles, 2 left over; 33 rows on 7: 4 tiles, all shared; 5 rows on 64: 2 tiles of 4 K steps
+    # (8 units) for 64 programs, most of which get none.
+    monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+    g = gen(33)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype),
+                          torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    tile = dict(TMA, path="tma-sk", BLOCK_K=32 if dtype == torch.float32 else 64)
+    y = run(dense.launch, x, w, tile)
+    assert_close(y, dense.reference_linear(x, w))
+    assert torch.equal(y, run(dense.launch, x, w, tile)), "the same tile and device give the same bytes"
+
+
 def test_tma_tile_refuses_unaligned_rows():
     g = gen(22)
     w = dense.DenseWeight(torch.randn(N, 100, generator=g).half()).to(DEV)   # 200-byte rows
@@ -235,6 +253,7 @@ def test_fp8_tiled_and_tma_paths():
     assert_close(run(fp8.launch, x, w, TILED), fp8.reference_linear(x, w))
     assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128)), fp8.reference_linear(x, w))
     assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128, PERSISTENT=1)), fp8.reference_linear(x, w))
+    assert_close(run(fp8.launch, x, w, dict(TMA, BLOCK_K=128, path="tma-sk")), fp8.reference_linear(x, w))
     for M, split in ((1, 2), (7, 1)):
         xs = torch.randn(M, K, generator=g).half().to(DEV)
         assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=128, SPLIT_K=split)), fp8.reference_linear(xs, w))
@@ -411,7 +430,7 @@ def test_int4_dequant_path_for_large_buckets():
     for sym in (True, False):
         w = int4_weight(g, 64, sym, True, bias=True)
         x = torch.randn(40, K, generator=g).half().to(DEV)
-        for path in ("dequant", "dequant-tma"):
+        for path in ("dequant", "dequant-tma", "dequant-sk"):
             assert_close(run(int4.launch, x, w, dict(TILED, path=path)), int4.reference_linear(x, w))
         assert_close(run(int4.launch, x, w, dict(TILED, path="dequant-tma", PERSISTENT=1)), int4.reference_linear(x, w))
     # K neither a multiple of the dequantization step nor of 8, group 32 (pointer-load tile only:

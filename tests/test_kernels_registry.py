@@ -89,7 +89,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         d = t.default_tile(p)
         assert space[0] == d, "the default tile comes first"
         assert d == t.default_tile(p), "the default tile is deterministic"
-        assert 3 <= len(space) <= 64
+        assert 3 <= len(space) <= 80   # (fp8 from bucket 1024: 72, with persistent and stream-K forms)
         keys = [tuple(sorted(c.items())) for c in space]
         assert len(set(keys)) == len(keys), "no duplicate candidates"
         for c in space:
@@ -104,7 +104,8 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         if fmt == "int4":  # a transient dense tile for large M
             # (group 128, half-precision activations: the nibble-slice product up to bucket 128)
             assert w.group_size == 128
-            assert d["path"] == ("slices" if b <= 128 else "dequant-tma" if tma else "dequant")
+            assert d["path"] == ("slices" if b <= 128 else "dequant" if not tma else
+                                 "dequant-sk" if 512 <= b <= 2048 else "dequant-tma")
             if b == 1:
                 assert {"splitk", "gemv"} <= {c["path"] for c in space}, "the GEMV and split-K stay candidates"
             if b <= 128:
@@ -113,9 +114,14 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
             assert not any(c["path"] == "join" for c in t.search_space(p32)), "join takes half-precision x"
             assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else
-                                                   "dequant-tma" if (w.K * 4) % 16 == 0 else "dequant")
+                                                   "dequant" if (w.K * 4) % 16 else
+                                                   "dequant-sk" if 512 <= b <= 2048 else "dequant-tma")
         else:   # (fp16 activations: the transposed TMA product for few rows where the strides allow)
-            assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tma" if tma else "tiled")
+            assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tiled" if not tma else
+                                 "tma-sk" if 512 <= b <= 2048 else "tma")
+            if tma and b >= 256:
+                sk = [c for c in space if c["path"] == "tma-sk"]
+                assert sk and all(c["BLOCK_M"] == 128 and c["num_warps"] == 8 for c in sk), "stream-K: 128-row tiles"
             if b <= 16 and tma:
                 assert any(c["path"] == "splitk" for c in space), "the split-K tiles stay candidates"
             if b == 1 and fmt in ("dense", "fp8"):

@@ -72,3 +72,22 @@ def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, blo
     assert {r["tile"]["BLOCK_M"] for r in cases if r["variant"] == "join"} == block_ms
     assert {r["variant"] for r in cases} == {"default tile", "join"}
     assert all(r["study"] == study for r in rows)
+
+
+def test_the_streamk_study_checks_every_case(variants, monkeypatch):
+    # The stream-K study on a tiny shape (K = 3-6 steps), fp16 x: every case of both formats
+    # matches its reference, with the leftover tiles shared over the interpreter's 4 "multiprocessors".
+    monkeypatch.setattr(variants, "DEV", DEV)
+    monkeypatch.setattr(variants, "ACT", torch.float16)
+    monkeypatch.setattr(variants, "SHAPES", {"tiny": (160, 384)})
+    monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
+    monkeypatch.setattr(variants, "_tuned_tiles", lambda: {})
+    # Small tiles (the interpreter's time grows with them): 5 or 10 tiles, 3 or 6 K steps.
+    monkeypatch.setattr(variants, "SK_TILES", ((32, 64, 128, 4, 2), (16, 32, 64, 4, 3)))
+    rows = variants.study_streamk(["tiny"], [40], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert all(r["ok"] for r in cases), [(r["format"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
+    assert {r["format"] for r in cases} == {"bf16", "fp8"}
+    assert {r["tile"]["path"] for r in cases if r["variant"] == "stream-K"} == {"tma-sk"}
+    assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
