@@ -29,6 +29,7 @@ from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps,
                           result_path, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.autotune.tuner import candidates  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import int4 as int4mod  # noqa: E402
