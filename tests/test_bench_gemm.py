@@ -37,3 +37,15 @@ def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, peers):
     rows = bench_gemm.peer_rows("qkv", 64, 256, [1, 3], ceil, lambda r: None, peers)
     assert sorted({r["provider"] for r in rows}) == sorted(peers)
     assert len(rows) == 2 * len(peers) and all(r["checked"] for r in rows)
+
+
+def test_the_results_file_is_written(bench_gemm, monkeypatch, tmp_path):
+    # Run 14's first bench_gemm stopped on the H200 when its writer met an unimported name.
+    monkeypatch.setattr(bench_gemm.torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    out = tmp_path / "gemm.json"
+    a = argparse.Namespace(out=str(out), sweep=0, cache=None, cache_formats="bf16", peers=("cublas-bf16",))
+    rows = [{"format": "bf16", "shape": "qkv", "M": 1, "provider": "vsr", "graph": True, "ms": 0.02}]
+    bench_gemm.write(a, "abc1234", {"copy_TBps": 4.0}, rows, 0.0, partial=True)
+    doc = __import__("json").loads(out.read_text())
+    assert doc["partial"] is True and doc["rows"] == rows and doc["commit"] == "abc1234"
+    assert doc["peers"] == ["cublas-bf16"] and not (tmp_path / "gemm.json.tmp").exists()
