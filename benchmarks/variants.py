@@ -239,10 +239,8 @@ def study_streamk(shapes, ms, log):
                 cases = [("default tile", default)]
                 if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
                     cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
-                cases += [("stream-K", common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st))
-                          for bm, bn, kb, w, st in SK_TILES
-                          if common.smem_bytes(common.tile("tma", bm, bn, kb // kbytes, 1, w, st), kbytes, kbytes)
-                          <= common.SMEM_LIMIT]
+                sk = [common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
+                cases += [("stream-K", c) for c in sk if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT]
                 _run_cases(rows, log, t, x, cases, ws, base, study="streamk", format=fmt, shape=sh, M=M)
     return rows
 

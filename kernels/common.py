@@ -206,8 +206,9 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
 @triton.jit
 def _streamk_share(s, units, iters, NUM_PROGRAMS):
     """The programs of a stream-K launch whose shares of the `units` (tile, K step) pairs touch
-    stream-K tile s: [first, last]. Program p owns units [p·units // P, (p+1)·units // P); the
-    program holding unit u is the last p whose share starts at or before u."""
+    stream-K tile s: [first, last]. Program p of the P = NUM_PROGRAMS owns units
+    [p·units // P, (p+1)·units // P) (possibly none); the program holding unit u is the last p
+    whose share starts at or before u. Programs between first and last may hold none."""
     first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
     last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
     return first, last
@@ -219,8 +220,8 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
-    walk whole tiles as the persistent kernel does, as many as fill whole waves; the leftover
-    tiles % NUM_PROGRAMS tiles, which would leave most multiprocessors idle for a last partial
+    walk whole tiles as the persistent kernel does, as many as fill whole waves; the
+    num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
     contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
     its fp32 partial sums go to the workspace, slot (program, 0 or 1), and
@@ -389,7 +390,8 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
 
 
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None) -> None:
-    """y = epilogue(a · bᵀ) through tma_gemm_kernel. a [M, K] and b [N, K] must be K-contiguous with
+    """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
+    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
     `owner` (the weight object b belongs to) keeps b's descriptor between calls."""

@@ -163,17 +163,19 @@ def test_dense_persistent_tma_tile(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("programs,M,bias", [(3, 40, True), (4, 70, False), (7, 33, True), (64, 5, False)])
-def test_dense_streamk_tma_tile(dtype, programs, M, bias, monkeypatch):
+@pytest.mark.parametrize("programs,M,Kx,bias", [(3, 40, K, True), (4, 70, K, False), (7, 33, 264, True),
+                                               (64, 5, K, False), (2, 40, 264, False)])
+def test_dense_streamk_tma_tile(dtype, programs, M, Kx, bias, monkeypatch):
     # "tma-sk": whole waves of 32x32 tiles (2 column blocks of N=37) per program, the leftover
     # tiles' K steps shared out; 40 rows on 3 programs: 4 tiles, 1 left over; 70 rows on 4: 6
-    # tiles, 2 left over; 33 rows on 7: 4 tiles, all shared; 5 rows on 64: 2 tiles of 4 K steps
-    # (8 units) for 64 programs, most of which get none.
+    # tiles, 2 left over; 33 rows on 7: 4 tiles, all shared, K=264 ending in a part step (5 of
+    # 64 columns, 9 of 32 in fp32); 5 rows on 64: 2 tiles of 4 (fp32: 8) K steps for 64
+    # programs, most of which get none; 40 rows on 2: whole waves only, no reduction.
     monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
     g = gen(33)
-    w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype),
+    w = dense.DenseWeight(torch.randn(N, Kx, generator=g).to(dtype),
                           torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
-    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
     tile = dict(TMA, path="tma-sk", BLOCK_K=32 if dtype == torch.float32 else 64)
     y = run(dense.launch, x, w, tile)
     assert_close(y, dense.reference_linear(x, w))
@@ -246,7 +248,9 @@ def test_fp8_gemv_path(Kx, bias):
     assert fp8.default_tile(fp8.problem(w, 1, torch.float16))["path"] == ("tma-swap" if Kx % 16 == 0 else "gemv")
 
 
-def test_fp8_tiled_and_tma_paths():
+def test_fp8_tiled_and_tma_paths(monkeypatch):
+    # 4 tiles of 32x32 at M=40: 3 "multiprocessors" leave one to stream-K's shared K steps.
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
     g = gen(6)
     w = fp8_weight(g, torch.float16, True)
     x = torch.randn(40, K, generator=g).half().to(DEV)
@@ -425,7 +429,9 @@ def test_int4_tiled_path_and_group_128():
     assert_close(run(int4.launch, x, w, dict(TILED, BLOCK_K=128)), int4.reference_linear(x, w))
 
 
-def test_int4_dequant_path_for_large_buckets():
+def test_int4_dequant_path_for_large_buckets(monkeypatch):
+    # (dequant-sk: 4 tiles of 32x32 on 3 "multiprocessors", one of them shared out by K steps)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
     g = gen(13)
     for sym in (True, False):
         w = int4_weight(g, 64, sym, True, bias=True)

@@ -82,7 +82,7 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (160, 384)})
     monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
     monkeypatch.setattr(variants, "_tuned_tiles", lambda: {})
-    # Small tiles (the interpreter's time grows with them): 5 or 10 tiles, 3 or 6 K steps.
+    # Small tiles (the interpreter's time grows with them): 6 or 15 tiles, 3 or 6 K steps.
     monkeypatch.setattr(variants, "SK_TILES", ((32, 64, 128, 4, 2), (16, 32, 64, 4, 3)))
     rows = variants.study_streamk(["tiny"], [40], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
