@@ -1,11 +1,13 @@
 """Pieces every format's Triton template shares: the split-K reduction, the epilogue,
 the program-id swizzle, the tile search spaces and the launch bookkeeping; and the product
 kernels of the dense and fp8 templates (pointer-load tiles and split-K; TMA tiles, one per
-program or persistent; the transposed TMA product for few rows; the one-row GEMV), which
-differ only in their operands' dtype and the scales of the epilogue.
+program, persistent or stream-K; the transposed TMA product for few rows; the one-row GEMV),
+which differ only in their operands' dtype and the scales of the epilogue.
 
 Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
-tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1. Nothing uses atomics.
+tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1; stream-K's partial tiles go to a
+workspace slot per program and streamk_reduce_kernel adds them in program order. Nothing
+uses atomics.
 """
 from __future__ import annotations
 
@@ -227,7 +229,8 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     its fp32 partial sums go to the workspace, slot (program, 0 or 1), and
     streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
-    (At M=1024 on o and down, 128x128 tiles make 320 tiles: 2.4 waves of 132.)"""
+    (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
+    132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.)"""
     pid = tl.program_id(0)
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     sk_tiles = num_tiles % NUM_PROGRAMS
@@ -612,8 +615,9 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
     if bucket <= 2048:
         # Stream-K over 128-row tiles (H200, run 14, variants.py --study streamk): bf16 geomean
-        # over the four 27B shapes at M=512 0.67x -> 0.80x cuBLAS (128x128), M=1024 0.84x -> 0.90x
-        # and M=2048 0.89x -> 0.92x (128x256) against the plain 64x128 / 128x128 tiles.
+        # over the four 27B shapes at M=512 0.67x -> 0.80x cuBLAS (128x128x64, 4 stages, as here;
+        # 128x128x128 at 3 stages the same), M=1024 0.84x -> 0.90x and M=2048 0.89x -> 0.92x
+        # (128x256x64, 4 stages) against the plain 64x128 / 128x128 tiles.
         return tile("tma-sk", 128, 128 if bucket <= 512 else 256, int(64 * kx), 1, 8, 4)
     # The largest buckets walk their tiles persistently (H200, run 9: bf16 M=4096 0.88x -> 1.05x).
     return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)

@@ -3,7 +3,8 @@
 Below the reference: the Triton template "dense", whose kernels live in common.py, shared
 with fp8's: a CUDA-core GEMV for one row; for small row buckets the transposed TMA product
 ("tma-swap") and split-K tiles; tiled paths for large ones (TMA descriptors where the row
-strides allow, persistent from bucket 4096; pointer loads otherwise); fp32 operands multiply
+strides allow, stream-K for buckets 512-2048, persistent from bucket 4096; pointer loads
+otherwise); fp32 operands multiply
 in IEEE precision, never tf32.
 """
 from __future__ import annotations

@@ -15,9 +15,6 @@ TEMPLATES: dict[str, Template] = {
     t.name: t for t in (dense.TEMPLATE, fp8.TEMPLATE, int4.TEMPLATE, nvfp4.TEMPLATE_W4A4, nvfp4.TEMPLATE_EMULATED)
 }
 
-# Which activation dtypes each template takes: every one common.ACT_DTYPES (the interpreter's bf16
-# tl.dot is wrong, but that is a test concern: on a GPU bf16 is the main case).
-_ACT = dict.fromkeys(TEMPLATES, common.ACT_DTYPES)
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:
@@ -61,6 +58,6 @@ def template_for(weight, act_dtype: torch.dtype, emulate: bool = False) -> Templ
             name = "nvfp4_w4a4"
     else:
         raise ValueError(f"no Triton template for weight format {fmt!r}; formats: dense, fp8, int4, nvfp4")
-    if act_dtype not in _ACT[name]:
-        raise ValueError(f"template {name} takes activations in {[str(d) for d in _ACT[name]]}, got {act_dtype}")
+    if act_dtype not in common.ACT_DTYPES:   # every template takes the same ones
+        raise ValueError(f"template {name} takes activations in {[str(d) for d in common.ACT_DTYPES]}, got {act_dtype}")
     return TEMPLATES[name]

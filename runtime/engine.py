@@ -28,7 +28,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 BATCH_SIZE = 32
 
 
-
 class Engine:
     def __init__(self, model, tokenizer: PackageTokenizer, *, mode: str, device: torch.device,
                  act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None):

@@ -150,11 +150,8 @@ def read_manifest(package_dir: str | Path) -> dict | None:
     path = Path(package_dir) / MANIFEST
     if not path.exists():
         return None
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PackageError(f"{path}: cannot read the manifest: {e}") from None
-    if not isinstance(m, dict) or not isinstance(m.get("files"), dict):
+    m = read_json_object(path)
+    if not isinstance(m.get("files"), dict):
         raise PackageError(f"{path}: a manifest is an object with a \"files\" object")
     for key in ("name", "revision", "format"):
         if not isinstance(m.get(key), str):

@@ -11,14 +11,19 @@ def variants(bench_script):
     return bench_script("variants")
 
 
+def on_a_tiny_shape(variants, monkeypatch, N, K, graph_ms=lambda fns: [f() for f in fns] and 1.0):
+    """The studies on this machine's device, fp16 x (the interpreter's bf16 tl.dot is wrong, so bf16
+    outputs could not be checked), one shape "tiny" [N, K], timing replaced by graph_ms."""
+    monkeypatch.setattr(variants, "DEV", DEV)
+    monkeypatch.setattr(variants, "ACT", torch.float16)
+    monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
+    monkeypatch.setattr(variants, "graph_ms", graph_ms)
+
+
 def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
     # The study on a tiny shape, timing replaced by running the calls: every case is built, run,
     # checked against its reference and recorded (the figures themselves come from the H200).
-    # fp16 activations: the interpreter's bf16 tl.dot is wrong, so bf16 outputs could not be checked.
     # M=1: the GEMV too; M=130 is bucket 256: the 128-row tiles too.
-    monkeypatch.setattr(variants, "DEV", DEV)
-    monkeypatch.setattr(variants, "ACT", torch.float16)
-    monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 256)})
     timed = []     # one entry per graph_ms call: how many calls it replayed
 
     def fake_graph_ms(fns):
@@ -26,7 +31,7 @@ def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
             f()
         timed.append(len(fns))
         return 1.0
-    monkeypatch.setattr(variants, "graph_ms", fake_graph_ms)
+    on_a_tiny_shape(variants, monkeypatch, 64, 256, fake_graph_ms)
     rows = variants.study_int4_x(["tiny"], [1, 130], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
@@ -52,7 +57,7 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
         variants.main(["--study", "fake", "--shapes", "qkv", "--out", str(out)])
     doc = __import__("json").loads(out.read_text())
     assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
-    assert not (tmp_path / "v.json.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["v.json"], "no temporary file left beside it"
 
 
 @pytest.mark.parametrize("study,ms,block_ms", [("int4-join", [1, 20], {16, 32}), ("int4-join-tiles", [20], {32}),
@@ -61,10 +66,7 @@ def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, blo
     # The int4 join studies (the template's join path beside its default tile) on a tiny shape
     # (three BLOCK_K steps), fp16 x: each case matches the reference; M=130 (bucket 256) takes the
     # wide study's 256-row tiles too.
-    monkeypatch.setattr(variants, "DEV", DEV)
-    monkeypatch.setattr(variants, "ACT", torch.float16)
-    monkeypatch.setattr(variants, "SHAPES", {"tiny": (64, 384)})
-    monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
+    on_a_tiny_shape(variants, monkeypatch, 64, 384)
     rows = variants.STUDIES[study][0](["tiny"], ms, lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]   # the default tile's rows too
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
@@ -77,10 +79,7 @@ def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, blo
 def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     # The stream-K study on a tiny shape (K = 3-6 steps), fp16 x: every case of both formats
     # matches its reference, with the leftover tiles shared over the interpreter's 4 "multiprocessors".
-    monkeypatch.setattr(variants, "DEV", DEV)
-    monkeypatch.setattr(variants, "ACT", torch.float16)
-    monkeypatch.setattr(variants, "SHAPES", {"tiny": (160, 384)})
-    monkeypatch.setattr(variants, "graph_ms", lambda fns: [f() for f in fns] and 1.0)
+    on_a_tiny_shape(variants, monkeypatch, 160, 384)
     monkeypatch.setattr(variants, "_tuned_tiles", lambda: {})
     # Small tiles (the interpreter's time grows with them): 6 or 15 tiles, 3 or 6 K steps.
     monkeypatch.setattr(variants, "SK_TILES", ((32, 64, 128, 4, 2), (16, 32, 64, 4, 3)))
@@ -89,5 +88,6 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
     assert all(r["ok"] for r in cases), [(r["format"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
     assert {r["format"] for r in cases} == {"bf16", "fp8"}
+    assert len(rows) - len(cases) == 1, "one cuBLAS baseline per shape and M, shared by both formats"
     assert {r["tile"]["path"] for r in cases if r["variant"] == "stream-K"} == {"tma-sk"}
     assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
