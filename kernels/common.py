@@ -204,11 +204,27 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
 
 
 @triton.jit
-def _streamk_share(s, units, iters, NUM_PROGRAMS):
-    """The programs of a stream-K launch whose shares of the `units` (tile, K step) pairs touch
-    stream-K tile s: [first, last]. Program p of the P = NUM_PROGRAMS owns units
-    [p·units // P, (p+1)·units // P) (possibly none); the program holding unit u is the last p
-    whose share starts at or before u. Programs between first and last may hold none."""
+def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A stream-K launch's division of the work: (tiles in whole waves, leftover tiles, K steps
+    per tile, units), a unit being one (leftover tile, K step) pair."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    sk_tiles = num_tiles % NUM_PROGRAMS
+    iters = tl.cdiv(K, BLOCK_K)
+    return num_tiles - sk_tiles, sk_tiles, iters, sk_tiles * iters
+
+
+@triton.jit
+def _streamk_run(p, units, NUM_PROGRAMS):
+    """Program p's run of units, [lo, hi): the P = NUM_PROGRAMS runs split the units evenly, in
+    order; a run may be empty (fewer units than programs)."""
+    return p * units // NUM_PROGRAMS, (p + 1) * units // NUM_PROGRAMS
+
+
+@triton.jit
+def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
+    """[first, last]: the programs whose runs (_streamk_run) may hold units of leftover tile s.
+    The program holding unit u is the last p whose run starts at or before u; programs between
+    first and last may hold none."""
     first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
     last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
     return first, last
@@ -229,17 +245,12 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
     (At M=1024 on o and down, 128x128 tiles make 320 tiles: 2.4 waves of 132.)"""
     pid = tl.program_id(0)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    sk_tiles = num_tiles % NUM_PROGRAMS
-    dp_tiles = num_tiles - sk_tiles
+    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     for t in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-    iters = tl.cdiv(K, BLOCK_K)
-    units = sk_tiles * iters
-    u_lo = pid * units // NUM_PROGRAMS
-    u_hi = (pid + 1) * units // NUM_PROGRAMS
+    u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
@@ -261,20 +272,16 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
     epilogue(Σ partials) over the programs that shared the tile, in program order."""
     s = tl.program_id(0)
     r0 = tl.program_id(1) * ROWS
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    sk_tiles = num_tiles % NUM_PROGRAMS
-    iters = tl.cdiv(K, BLOCK_K)
-    units = sk_tiles * iters
-    first, last = _streamk_share(s, units, iters, NUM_PROGRAMS)
+    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     offs = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for p in range(first, last + 1):
-        u_lo = p * units // NUM_PROGRAMS
-        u_hi = (p + 1) * units // NUM_PROGRAMS
+        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
         if tl.maximum(u_lo, s * iters) < tl.minimum(u_hi, (s + 1) * iters):   # p's run covers part of tile s
             j = s - u_lo // iters
             acc += tl.load(ws_ptr + (p * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
-    pid_m, pid_n = swizzle(num_tiles - sk_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -512,9 +519,16 @@ def nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
-@functools.cache
 def capability(device: torch.device) -> tuple[int, int]:
-    """The compute capability (major, minor) of the CUDA `device` (one with its index), read once."""
+    """The compute capability (major, minor) of the CUDA `device`, read once per device (an
+    index-less "cuda" is the current device, as torch reads it, resolved before the memo)."""
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    return _capability(device)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))
 
 

@@ -176,9 +176,9 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[:, None] < K8, other=0)
         # [BK/8, BN] words -> [BK/8, 8, BN] nibbles -> [BK, BN] with k = 8·word + nibble.
-        u = tl.reshape((words[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
+        u = tl.reshape(words[:, None, :] >> shifts, (BLOCK_K, BLOCK_N))   # (_nibble_field masks)
         g = k0 // GROUP
-        # u - zu through the mantissa of 2^23 (_nibble_field; its mask again is folded): no int-to-float convert.
+        # u - zu through the mantissa of 2^23 (_nibble_field, which masks the nibble): no int-to-float convert.
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
             b = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
@@ -222,7 +222,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
         else:
             xt = tl.load(xt_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[None, :] < K8, other=0)
-        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble
+        u = tl.reshape(words[:, :, None] >> shifts, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble, unmasked
         g = k0 // GROUP
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
@@ -673,12 +673,12 @@ _DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant
 _DENSE_PATH = {v: k for k, v in _DEQUANT_PATH.items()}
 
 
-def _slices_ok(p: Problem, fp32: bool = False) -> bool:
+def _slices_ok(p: Problem, allow_fp32: bool = False) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
-    one group, with half-precision activations (fp32 ones get the other paths by default). fp32=True
-    (the search space) lets fp32 x through: the slices tiles stay candidates there, and the shipped
-    H200 cache holds fp32 keys they won."""
-    return p.param("group", 128) % 128 == 0 and (fp32 or p.act_dtype != torch.float32)
+    one group, with half-precision activations (fp32 ones get the other paths by default).
+    allow_fp32 (the search space) lets fp32 x through: the slices tiles stay candidates there, and
+    the shipped H200 cache holds fp32 keys they won."""
+    return p.param("group", 128) % 128 == 0 and (allow_fp32 or p.act_dtype != torch.float32)
 
 
 def _slices_tiles(p: Problem) -> list[dict]:
@@ -765,7 +765,7 @@ def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
-    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, fp32=True) else []
+    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, allow_fp32=True) else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
