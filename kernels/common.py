@@ -430,7 +430,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
     if tile.get("path") == "tma-sk":
-        programs = multiprocessors(a.device)
+        # PER_SM: programs per multiprocessor (1: one 128-row tile's two warpgroups fill it; a
+        # 64-row tile has one warpgroup, so two or three programs may share a multiprocessor).
+        programs = multiprocessors(a.device) * int(tile.get("PER_SM", 1))
         sk_tiles = tiles % programs
         ws = torch.empty(programs * 2 * bm * bn if sk_tiles else 1, dtype=torch.float32, device=y.device)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
