@@ -279,6 +279,22 @@ def _nibble_pair(words, zu, J: tl.constexpr, F16: tl.constexpr):
 
 
 @triton.jit
+def _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, W8: tl.constexpr):
+    """One K step of the slices and join kernels: the weight rows' W8 packed words from word kw0
+    (0 past K8), their group's fp32 scale and zero point (8 when symmetric)."""
+    offs_w = kw0 + tl.arange(0, W8)
+    words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+    g = (kw0 * 8) // GROUP
+    scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+    if HAS_ZP:
+        zu = tl.load(zp_ptr + rn * KG + g)
+    else:
+        zu = tl.full((BLOCK_N,), 8, tl.int32)
+    return words, scale, zu
+
+
+@triton.jit
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -306,15 +322,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
         x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if PAIRS:
             for j in tl.static_range(4):
@@ -362,16 +371,9 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
         offs_k = kw0 * 8 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + offs_k[:, None], mask=offs_k[:, None] < K, other=0.0)
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
         if PAIRS:
             l0, h0 = _nibble_pair(words, zu, 0, F16)
             l1, h1 = _nibble_pair(words, zu, 1, F16)
