@@ -407,6 +407,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     N = b.shape[0]
     if not tma_aligned(K, a.element_size(), b.element_size()):
         raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
+    if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
+        return
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -445,12 +447,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
-    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
-                                 d if cs is None else cs, d if alpha is None else alpha, M, N, K, y.stride(0),
-                                 programs if persistent else 0, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
-                                 HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, IEEE=a.dtype == torch.float32,
-                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8),
-                                 PERSISTENT=persistent, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, *scales, M, N, K, y.stride(0), programs if persistent else 0,
+                                 IEEE=a.dtype == torch.float32, **flags, PERSISTENT=persistent,
+                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
 @functools.cache

@@ -509,7 +509,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     M, K = x.shape
     N = w.N
     y = common.output(x, N, out)
-    if M == 0:   # nothing to compute (the dequant-tma path's TMA descriptor of an empty x would be refused)
+    if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
         return y
     if path in _DENSE_PATH:
         from vsr.kernels import dense
