@@ -244,10 +244,39 @@ def study_streamk(shapes, ms, log):
     return rows
 
 
+# (BLOCK_M, BLOCK_N, BLOCK_K in bytes, warps, stages, programs per multiprocessor) of the
+# streamk-occupancy study.
+SK_OCC_TILES = ((64, 128, 128, 4, 3, 1), (64, 128, 128, 4, 3, 2), (64, 128, 128, 4, 3, 3),
+                (64, 256, 128, 4, 3, 2), (128, 128, 128, 8, 3, 1), (128, 128, 128, 8, 3, 2),
+                (128, 256, 128, 8, 3, 1))
+
+
+def study_streamk_occupancy(shapes, ms, log):
+    """bf16 at M = 256-512 (run 14 follow-up): stream-K with 1-3 programs per multiprocessor. Run 14's
+    64-row stream-K tiles ran one warpgroup per multiprocessor and lost to the plain 64-row tiles,
+    which the hardware packs two or three to a multiprocessor."""
+    dev = torch.device(DEV)
+    t = registry.TEMPLATES["dense"]
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        for M in ms:
+            x = torch.randn(M, K, device=dev).to(ACT)
+            base = _baseline(rows, log, x, wb, study="streamk-occupancy", format="bf16", shape=sh, M=M)
+            cases = [("default tile", t.default_tile(t.problem(wb[0], bucket_for(M), x.dtype))),
+                     ("tma 64x128", common.tile("tma", 64, 128, 64, 1, 4, 3))]
+            cases += [(f"stream-K x{k}", dict(common.tile("tma-sk", bm, bn, kb // 2, 1, w, st), PER_SM=k))
+                      for bm, bn, kb, w, st, k in SK_OCC_TILES]
+            _run_cases(rows, log, t, x, cases, wb, base, study="streamk-occupancy", format="bf16", shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
-           "streamk": (study_streamk, "256,512,1024,2048")}
+           "streamk": (study_streamk, "256,512,1024,2048"),
+           "streamk-occupancy": (study_streamk_occupancy, "256,512")}
 
 
 def main(argv: list[str] | None = None) -> int:

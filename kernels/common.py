@@ -206,11 +206,27 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
 
 
 @triton.jit
-def _streamk_share(s, units, iters, NUM_PROGRAMS):
-    """The programs of a stream-K launch whose shares of the `units` (tile, K step) pairs touch
-    stream-K tile s: [first, last]. Program p of the P = NUM_PROGRAMS owns units
-    [p·units // P, (p+1)·units // P) (possibly none); the program holding unit u is the last p
-    whose share starts at or before u. Programs between first and last may hold none."""
+def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A stream-K launch's division of the work: (tiles in whole waves, leftover tiles, K steps
+    per tile, units), a unit being one (leftover tile, K step) pair."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    sk_tiles = num_tiles % NUM_PROGRAMS
+    iters = tl.cdiv(K, BLOCK_K)
+    return num_tiles - sk_tiles, sk_tiles, iters, sk_tiles * iters
+
+
+@triton.jit
+def _streamk_run(p, units, NUM_PROGRAMS):
+    """Program p's run of units, [lo, hi): the P = NUM_PROGRAMS runs split the units evenly, in
+    order; a run may be empty (fewer units than programs)."""
+    return p * units // NUM_PROGRAMS, (p + 1) * units // NUM_PROGRAMS
+
+
+@triton.jit
+def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
+    """[first, last]: the programs whose runs (_streamk_run) may hold units of leftover tile s.
+    The program holding unit u is the last p whose run starts at or before u; programs between
+    first and last may hold none."""
     first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
     last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
     return first, last
@@ -232,17 +248,12 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.)"""
     pid = tl.program_id(0)
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    sk_tiles = num_tiles % NUM_PROGRAMS
-    dp_tiles = num_tiles - sk_tiles
+    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     for t in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
-    iters = tl.cdiv(K, BLOCK_K)
-    units = sk_tiles * iters
-    u_lo = pid * units // NUM_PROGRAMS
-    u_hi = (pid + 1) * units // NUM_PROGRAMS
+    u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
@@ -264,20 +275,16 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
     epilogue(Σ partials) over the programs that shared the tile, in program order."""
     s = tl.program_id(0)
     r0 = tl.program_id(1) * ROWS
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    sk_tiles = num_tiles % NUM_PROGRAMS
-    iters = tl.cdiv(K, BLOCK_K)
-    units = sk_tiles * iters
-    first, last = _streamk_share(s, units, iters, NUM_PROGRAMS)
+    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     offs = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for p in range(first, last + 1):
-        u_lo = p * units // NUM_PROGRAMS
-        u_hi = (p + 1) * units // NUM_PROGRAMS
+        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
         if tl.maximum(u_lo, s * iters) < tl.minimum(u_hi, (s + 1) * iters):   # p's run covers part of tile s
             j = s - u_lo // iters
             acc += tl.load(ws_ptr + (p * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
-    pid_m, pid_n = swizzle(num_tiles - sk_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -403,6 +410,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     N = b.shape[0]
     if not tma_aligned(K, a.element_size(), b.element_size()):
         raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
+    if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
+        return
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -426,7 +435,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
     if tile.get("path") == "tma-sk":
-        programs = multiprocessors(a.device)
+        # PER_SM: programs per multiprocessor (1: one 128-row tile's two warpgroups fill it; a
+        # 64-row tile has one warpgroup, so two or three programs may share a multiprocessor).
+        programs = multiprocessors(a.device) * int(tile.get("PER_SM", 1))
         sk_tiles = tiles % programs
         ws = torch.empty(programs * 2 * bm * bn if sk_tiles else 1, dtype=torch.float32, device=y.device)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
@@ -439,12 +450,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
-    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, d if bias is None else bias, d if rs is None else rs,
-                                 d if cs is None else cs, d if alpha is None else alpha, M, N, K, y.stride(0),
-                                 programs if persistent else 0, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
-                                 HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, IEEE=a.dtype == torch.float32,
-                                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8),
-                                 PERSISTENT=persistent, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, *scales, M, N, K, y.stride(0), programs if persistent else 0,
+                                 IEEE=a.dtype == torch.float32, **flags, PERSISTENT=persistent,
+                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
 @functools.cache
@@ -515,9 +523,16 @@ def nvidia(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
-@functools.cache
 def capability(device: torch.device) -> tuple[int, int]:
-    """The compute capability (major, minor) of the CUDA `device` (one with its index), read once."""
+    """The compute capability (major, minor) of the CUDA `device`, read once per device (an
+    index-less "cuda" is the current device, as torch reads it, resolved before the memo)."""
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    return _capability(device)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))
 
 

@@ -176,9 +176,9 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[:, None] < K8, other=0)
         # [BK/8, BN] words -> [BK/8, 8, BN] nibbles -> [BK, BN] with k = 8·word + nibble.
-        u = tl.reshape((words[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
+        u = tl.reshape(words[:, None, :] >> shifts, (BLOCK_K, BLOCK_N))   # (_nibble_field masks)
         g = k0 // GROUP
-        # u - zu through the mantissa of 2^23 (_nibble_field; its mask again is folded): no int-to-float convert.
+        # u - zu through the mantissa of 2^23 (_nibble_field, which masks the nibble): no int-to-float convert.
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
             b = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
@@ -222,7 +222,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
         else:
             xt = tl.load(xt_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
             words = tl.load(q_ptrs, mask=offs_w[None, :] < K8, other=0)
-        u = tl.reshape((words[:, :, None] >> shifts) & 0xF, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble
+        u = tl.reshape(words[:, :, None] >> shifts, (BLOCK_N, BLOCK_K))   # k = 8·word + nibble, unmasked
         g = k0 // GROUP
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
@@ -279,6 +279,22 @@ def _nibble_pair(words, zu, J: tl.constexpr, F16: tl.constexpr):
 
 
 @triton.jit
+def _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, W8: tl.constexpr):
+    """One K step of the slices and join kernels: the weight rows' W8 packed words from word kw0
+    (0 past K8), their group's fp32 scale and zero point (8 when symmetric)."""
+    offs_w = kw0 + tl.arange(0, W8)
+    words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+    g = (kw0 * 8) // GROUP
+    scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
+    if HAS_ZP:
+        zu = tl.load(zp_ptr + rn * KG + g)
+    else:
+        zu = tl.full((BLOCK_N,), 8, tl.int32)
+    return words, scale, zu
+
+
+@triton.jit
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
                         KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -306,15 +322,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
         x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if PAIRS:
             for j in tl.static_range(4):
@@ -362,16 +371,9 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
-        offs_w = kw0 + tl.arange(0, W8)
-        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
         offs_k = kw0 * 8 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + rm[None, :] * stride_xm + offs_k[:, None], mask=offs_k[:, None] < K, other=0.0)
-        g = (kw0 * 8) // GROUP
-        scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if HAS_ZP:
-            zu = tl.load(zp_ptr + rn * KG + g)
-        else:
-            zu = tl.full((BLOCK_N,), 8, tl.int32)
         if PAIRS:
             l0, h0 = _nibble_pair(words, zu, 0, F16)
             l1, h1 = _nibble_pair(words, zu, 1, F16)
@@ -507,7 +509,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     M, K = x.shape
     N = w.N
     y = common.output(x, N, out)
-    if M == 0:   # nothing to compute (the dequant-tma path's TMA descriptor of an empty x would be refused)
+    if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
         return y
     if path in _DENSE_PATH:
         from vsr.kernels import dense
@@ -673,12 +675,12 @@ _DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant
 _DENSE_PATH = {v: k for k, v in _DEQUANT_PATH.items()}
 
 
-def _slices_ok(p: Problem, fp32: bool = False) -> bool:
+def _slices_ok(p: Problem, allow_fp32: bool = False) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
-    one group, with half-precision activations (fp32 ones get the other paths by default). fp32=True
-    (the search space) lets fp32 x through: the slices tiles stay candidates there, and the shipped
-    H200 cache holds fp32 keys they won."""
-    return p.param("group", 128) % 128 == 0 and (fp32 or p.act_dtype != torch.float32)
+    one group, with half-precision activations (fp32 ones get the other paths by default).
+    allow_fp32 (the search space) lets fp32 x through: the slices tiles stay candidates there, and
+    the shipped H200 cache holds fp32 keys they won."""
+    return p.param("group", 128) % 128 == 0 and (allow_fp32 or p.act_dtype != torch.float32)
 
 
 def _slices_tiles(p: Problem) -> list[dict]:
@@ -765,7 +767,7 @@ def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
-    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, fp32=True) else []
+    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, allow_fp32=True) else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:

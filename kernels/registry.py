@@ -21,11 +21,7 @@ def _fp4_tensor_cores(device: torch.device | None) -> bool:
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return False
     dev = torch.device("cuda") if device is None else torch.device(device)
-    if dev.type != "cuda":
-        return False
-    if dev.index is None:   # the current device, as torch.cuda.get_device_capability(None) reads it
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return common.capability(dev)[0] in (10, 12)
+    return dev.type == "cuda" and common.capability(dev)[0] in (10, 12)
 
 
 def template_for(weight, act_dtype: torch.dtype, emulate: bool = False) -> Template:

@@ -180,6 +180,7 @@ def test_dense_streamk_tma_tile(dtype, programs, M, Kx, bias, monkeypatch):
     y = run(dense.launch, x, w, tile)
     assert_close(y, dense.reference_linear(x, w))
     assert torch.equal(y, run(dense.launch, x, w, tile)), "the same tile and device give the same bytes"
+    assert_close(run(dense.launch, x, w, dict(tile, PER_SM=2)), dense.reference_linear(x, w))
 
 
 def test_tma_tile_refuses_unaligned_rows():
@@ -541,3 +542,12 @@ def test_launch_refuses_wrong_shapes_and_dtypes():
         dense.launch(torch.randn(1, K).float().to(DEV), w, tile)
     with pytest.raises(ValueError, match="lacks BLOCK_K"):
         dense.launch(torch.randn(1, K).half().to(DEV), w, {k: v for k, v in tile.items() if k != "BLOCK_K"})
+
+
+@pytest.mark.parametrize("path", ["tma", "tma-sk", "tma-swap"])
+def test_dense_tma_paths_take_no_rows(path):
+    # M=0 (an empty batch reaching a launcher directly): an empty output, nothing launched.
+    g = gen(34)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+    y = dense.launch(torch.empty(0, K, dtype=torch.float16, device=DEV), w, dict(TMA, path=path))
+    assert y.shape == (0, N)
