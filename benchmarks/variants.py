@@ -48,7 +48,7 @@ from common_bench import SHAPES, checked_launch, code_commit, graph_ms, weight_c
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import common, int4, registry  # noqa: E402
+from vsr.kernels import common, fp8, int4, registry  # noqa: E402
 
 
 def _timed(row, launch, x, tile, ws, ref, base):
@@ -272,10 +272,105 @@ def study_streamk_occupancy(shapes, ms, log):
     return rows
 
 
+# The fp8-prologue study's product tiles: the shipped cache's fp8 tiles as run 14's benchmark ran
+# them (the cache itself is keyed by source hashes this branch changes).
+SHIPPED_TILES_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-30.json"
+
+
+def _run14_prologue_plan(M: int, K: int) -> fp8.ProloguePlan:
+    """The prologue as run 14 shipped it: up to 256 rows the row in one power-of-two register
+    block (K = 17408 padded to 32768), beyond that two chunked passes of 2048 columns."""
+    if M <= 256 and K <= fp8.PROLOGUE_REGISTER_K:
+        bk = common.next_pow2(K)
+        return fp8.ProloguePlan(bk, 0, False, 4 if bk <= 2048 else 8 if bk <= 8192 else 16)
+    return fp8.ProloguePlan(2048, 0, True, 4)
+
+
+def _fp8_composed(plan_for, pdl: bool):
+    """fp8.launch's two steps with a chosen prologue plan, the product a programmatic dependent of
+    the prologue (pdl) or launched after it as usual."""
+    def launch(x, w, tile, out=None):
+        y = common.output(x, w.N, out)
+        xq, xs = fp8.quantize_activation_triton(x, plan_for(x.shape[0], x.shape[1]), release=pdl)
+        fp8.launch_product(xq, xs, w, y, tile, wait=pdl)
+        return y
+    return launch
+
+
+def _product_alone(xq, xs, w, tile, out):
+    y = out if out is not None else torch.empty((xq.shape[0], w.N), dtype=ACT, device=xq.device)
+    fp8.launch_product(xq, xs, w, y, tile)
+    return y
+
+
+def study_fp8_prologue(shapes, ms, log):
+    """fp8's activation prologue (the row's amax, then e4m3 of x / s) and the programmatic
+    dependent launch of the product after it. Run 11 measured run 14's prologue at 5.7 / 19.2 us
+    at M=256 on qkv / down (K = 17408 padded to one 32768-column block), beside a 50 us product;
+    at M <= 16 it is a second launch in series with a 17-35 us product.
+    prologue rows: the prologue alone, each plan checked bit for bit against the reference
+    quantization: run 14's plan, the two-register-block plan (fp8.prologue_plan) at its own and
+    at 4/8/16 warps, and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
+    prologue then the product, the new prologue then the product, the same launched as
+    programmatic dependents (PDL, sm_90+), and the product alone on a prequantized x."""
+    dev = torch.device(DEV)
+    tiles = {(r["shape"], r["M"]): r["tile"] for r in json.loads(SHIPPED_TILES_FROM.read_text())["rows"]
+             if r["provider"] == "vsr" and r["format"] == "fp8" and not r["graph"] and r.get("tile")} \
+        if SHIPPED_TILES_FROM.exists() else {}
+    pdl = common.pdl_supported(dev)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    rows = []
+    for sh in shapes:
+        N, K = SHAPES[sh]
+        wb = _weights("bf16", N, K, dev)
+        w8 = _weights("fp8", N, K, dev)
+        for M in ms:
+            x = torch.randn(M, K, device=dev).to(ACT)
+            base = _baseline(rows, log, x, wb, study="fp8-prologue", shape=sh, M=M)
+            rq, rs = fp8.quantize_activation(x)
+            plans = [("run-14 plan", _run14_prologue_plan(M, K)), ("two blocks", fp8.prologue_plan(K))]
+            plans += [(f"two blocks, {w} warps", fp8.prologue_plan(K, w)) for w in (4, 8, 16)]
+            plans += [("chunked 2048, 4 warps", fp8.ProloguePlan(2048, 0, True, 4)),
+                      ("chunked 4096, 8 warps", fp8.ProloguePlan(4096, 0, True, 8))]
+            seen = []
+            for name, plan in plans:
+                if plan in seen:
+                    continue
+                seen.append(plan)
+                row = dict(study="fp8-prologue", part="prologue", shape=sh, M=M, variant=name,
+                           plan=dataclasses.asdict(plan))
+                try:
+                    xq, xs = fp8.quantize_activation_triton(x, plan)
+                    row["ok"] = bool(torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+                                     and torch.equal(xs, rs[:, 0]))
+                    row["ms"] = graph_ms([lambda p=plan: fp8.quantize_activation_triton(x, p)])
+                except Exception as e:
+                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+                log(row)
+            tile = tiles.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
+            xq, xs = fp8.quantize_activation_triton(x)
+            cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
+                     ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
+            if pdl:
+                cases.append(("new prologue + product, PDL", _fp8_composed(lambda m, k: fp8.prologue_plan(k), True)))
+                cases.append(("run-14 prologue + product, PDL", _fp8_composed(_run14_prologue_plan, True)))
+            cases.append(("product alone (x prequantized)",
+                          lambda x_, w, tile_, out=None: _product_alone(xq, xs, w, tile_, out)))
+            ref = t.reference(x, w8[0])
+            for name, launch in cases:
+                row = _timed(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                                  tile=tile), launch, x, tile, w8, ref, base)
+                rows.append(row)
+                log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
+           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
            "streamk-occupancy": (study_streamk_occupancy, "256,512")}
 
 
@@ -316,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"s{t['num_stages']}{' P' if t.get('PERSISTENT') else ''}" if t else "")
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
+        elif r.get("part") == "prologue":
+            print(f"{r['study']:10s} {'prologue':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
+                  f"{r.get('ms', float('nan')) * 1e3:7.1f}  {'exact' if r['ok'] else 'WRONG':6s} {r['plan']}")
     return 0
 
 

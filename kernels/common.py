@@ -20,12 +20,24 @@ from types import ModuleType
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from vsr.kernels.template import Template, module_code_text
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
 # pipelined operand tiles need more are pruned from the search space.
 SMEM_LIMIT = 232448
+
+
+@triton.jit
+def wait_for_producer(WAIT: tl.constexpr):
+    """WAIT (launched with programmatic dependent launch, `launch_pdl`, sm_90+): this grid may
+    start while the kernel before it on the stream, fp8's activation prologue, still runs, so
+    it waits here, before reading any memory, until that grid has finished and its writes are
+    visible. What it gains is the launch gap and the programs' setup, run in the shadow of the
+    producer. A compile-time switch: no instruction without it."""
+    if WAIT:
+        gdc_wait()
 
 
 @triton.jit
@@ -115,10 +127,11 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
 def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
                       K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                       IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
     """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
     (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
     split-K path (partial sums to the workspace) of both templates."""
+    wait_for_producer(WAIT)
     pid_k, offs_m, offs_n, rm, rn = tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -183,7 +196,7 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
 def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
                     HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr):
+                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
     through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
     zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
@@ -193,6 +206,7 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
     persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
     cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
     one program, in the same order: the output does not depend on NUM_PROGRAMS."""
+    wait_for_producer(WAIT)
     if PERSISTENT:
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for t in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
@@ -236,7 +250,7 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
 def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
                        NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
@@ -247,6 +261,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.)"""
+    wait_for_producer(WAIT)
     pid = tl.program_id(0)
     dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     for t in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=True):
@@ -297,7 +312,7 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
 def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym, K_SPLIT,
                     HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, IEEE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
+                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
     side (16 columns), instead of padding x's rows up to 64; the copy engine streams the weight
@@ -305,6 +320,7 @@ def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
     at M=64 the plain TMA tile was faster, run 10).
     Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
     order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split."""
+    wait_for_producer(WAIT)
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     k_lo = pid_k * K_SPLIT
@@ -320,11 +336,12 @@ def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
                 HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, EVEN_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
     """One row on the CUDA cores: y[n] = epilogue(Σ_k x[k]·w[n, k]), operands widened to fp32 (exact
     products, fp32 sums), W [N, K] K-contiguous in any dtype (bf16/fp16/fp32 for the dense template,
     e4m3 for fp8's, with its row and column scales). (H200, run 5, fp8: 1.19-1.62x cuBLAS at M=1
     against 1.02-1.47x for the split-K tensor-core tile, which also needs a second, reducing launch.)"""
+    wait_for_producer(WAIT)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (offs_n % N).to(tl.int64)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -343,8 +360,8 @@ def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
     tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
 
 
-def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None) -> None:
-    """y[1, N] = epilogue(x[1, K] · wᵀ) through gemv_kernel; x contiguous."""
+def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
+    """y[1, N] = epilogue(x[1, K] · wᵀ) through gemv_kernel; x contiguous. `wait`: see launch_tma."""
     assert x.shape[0] == 1, f"the gemv path takes one row, got M={x.shape[0]}"
     N, K = w.shape
     bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
@@ -352,7 +369,7 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None) -> None:
     gemv_kernel[(cdiv(N, bn),)](x, w, y, d if rs is None else rs, d if cs is None else cs,
                                 d if bias is None else bias, N, K, w.stride(0),
                                 HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk,
+                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, launch_pdl=wait,
                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
@@ -399,12 +416,14 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     return d
 
 
-def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None) -> None:
+def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
     persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
-    `owner` (the weight object b belongs to) keeps b's descriptor between calls."""
+    `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
+    where pdl_supported): the product is launched as a programmatic dependent of the kernel
+    before it, which made `a` (wait_for_producer); its reduction kernels launch as usual."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -425,7 +444,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             a_desc, b_desc, y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, launch_pdl=wait, num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
         if split > 1:
             reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
         return
@@ -441,8 +461,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         sk_tiles = tiles % programs
         ws = torch.empty(programs * 2 * bm * bn if sk_tiles else 1, dtype=torch.float32, device=y.device)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
-                                        IEEE=a.dtype == torch.float32, **flags, num_warps=tile["num_warps"],
-                                        num_stages=tile["num_stages"])
+                                        IEEE=a.dtype == torch.float32, **flags, WAIT=wait, launch_pdl=wait,
+                                        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if sk_tiles:
             rows = min(bm, STREAMK_REDUCE_ROWS)
             streamk_reduce_kernel[(sk_tiles, bm // rows)](ws, y, *scales, M, N, K, y.stride(0), programs, **flags,
@@ -451,8 +471,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
     tma_gemm_kernel[(programs,)](a_desc, b_desc, y, *scales, M, N, K, y.stride(0), programs if persistent else 0,
-                                 IEEE=a.dtype == torch.float32, **flags, PERSISTENT=persistent,
-                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                 IEEE=a.dtype == torch.float32, **flags, PERSISTENT=persistent, WAIT=wait,
+                                 launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
 @functools.cache
@@ -473,9 +493,9 @@ class _Transient:
     """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""
 
 
-def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
+def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
-    fixed-order reduction. a [M, K] and b [N, K] K-contiguous, one dtype."""
+    fixed-order reduction. a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
     M, K = a.shape
     N = b.shape[0]
     k_split, split = split_plan(K, tile)
@@ -488,7 +508,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None) -> None:
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                            WAIT=wait, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1:
         reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
 
@@ -534,6 +554,12 @@ def capability(device: torch.device) -> tuple[int, int]:
 @functools.cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch (a grid starting before the one it depends on has ended,
+    griddepcontrol): NVIDIA sm_90 and newer; never under the interpreter (a CPU device)."""
+    return nvidia(device) and capability(device) >= (9, 0)
 
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from vsr.kernels import common
 from vsr.kernels.template import Problem
@@ -111,39 +112,52 @@ def _quantize_chunk(v, s, xq_ptrs, mask, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_K: tl.constexpr, ONE_PASS: tl.constexpr,
-                      RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr):
+def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                      CHUNKED: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr,
+                      RELEASE: tl.constexpr):
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
     s = amax/448 (rounded to x's dtype, eps for an all-zero row); on CUDA, torch divides a
     tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
     seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
-    on each device; xq = e4m3_rne(x / s). ONE_PASS keeps the row in registers (few rows: the
-    latency of one load); otherwise two passes over BLOCK_K chunks, the second from L2 (many
-    rows: no lanes lost to padding K up to a power of two)."""
+    on each device; xq = e4m3_rne(x / s).
+    The row is read once and kept in registers as two power-of-two blocks, columns
+    [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
+    where one block would pad to 32768). CHUNKED (rows too long for registers): two passes
+    over BLOCK_A-column chunks, the second from L2.
+    RELEASE: let the product, launched as this grid's programmatic dependent, start now; it
+    waits for this grid's end before it reads xq (common.wait_for_producer)."""
+    if RELEASE:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * stride_xm
-    offs = tl.arange(0, BLOCK_K)
-    if ONE_PASS:
-        xv = tl.load(xrow + offs, mask=offs < K, other=0.0)
-        amax = tl.max(tl.abs(xv.to(tl.float32)), axis=0)
-    else:
-        amax_k = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
+    offs_a = tl.arange(0, BLOCK_A)
+    if CHUNKED:
+        amax_k = tl.zeros((BLOCK_A,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_A):
+            v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
             amax_k = tl.maximum(amax_k, tl.abs(v.to(tl.float32)))
         amax = tl.max(amax_k, axis=0)
+    else:
+        va = tl.load(xrow + offs_a, mask=offs_a < K, other=0.0)
+        amax = tl.max(tl.abs(va.to(tl.float32)), axis=0)
+        if BLOCK_B > 0:
+            offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
+            vb = tl.load(xrow + offs_b, mask=offs_b < K, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(vb.to(tl.float32)), axis=0))
     if RECIPROCAL:
         s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)  # fp32(1/448), exact
     else:
         s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     s = tl.where(s == 0.0, EPS, s)
     tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
-    if ONE_PASS:
-        _quantize_chunk(xv, s, xq_ptr + row * K + offs, offs < K, HW_CVT)
+    if CHUNKED:
+        for k0 in range(0, K, BLOCK_A):
+            v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
+            _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs_a, k0 + offs_a < K, HW_CVT)
     else:
-        for k0 in range(0, K, BLOCK_K):
-            v = tl.load(xrow + k0 + offs, mask=k0 + offs < K, other=0.0)
-            _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs, k0 + offs < K, HW_CVT)
+        _quantize_chunk(va, s, xq_ptr + row * K + offs_a, offs_a < K, HW_CVT)
+        if BLOCK_B > 0:
+            _quantize_chunk(vb, s, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT)
 
 
 @functools.cache
@@ -152,20 +166,46 @@ def _hardware_e4m3(dev: torch.device) -> bool:
     return common.nvidia(dev) and common.capability(dev) >= (8, 9)
 
 
-def quantize_activation_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype)."""
+# Rows longer than this go through the prologue in two chunked passes instead of in registers.
+PROLOGUE_REGISTER_K = 32768
+
+
+@dataclass(frozen=True)
+class ProloguePlan:
+    """How _act_quant_kernel covers a row: BLOCK_A (+ BLOCK_B) columns in registers, or CHUNKED
+    passes of BLOCK_A columns; with `warps` warps per row."""
+
+    block_a: int
+    block_b: int
+    chunked: bool
+    warps: int
+
+
+def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
+    """The row in registers as the largest power of two <= K plus the rest rounded up to a power
+    of two (K = 5120: 4096 + 1024), one warp per 1024 columns of the first block (at least 32
+    columns a thread, at most 16 warps); CHUNKED 2048-column passes
+    beyond PROLOGUE_REGISTER_K. (Any plan gives the same bits: the amax is exact and every
+    element is rounded on its own.)"""
+    if K > PROLOGUE_REGISTER_K:
+        return ProloguePlan(2048, 0, True, warps or 4)
+    a = 1 << (K.bit_length() - 1)
+    b = common.next_pow2(K - a) if K > a else 0
+    return ProloguePlan(a, b, False, warps or max(1, min(16, a // 1024)))
+
+
+def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None,
+                               release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype).
+    `release` (where common.pdl_supported): the next launch may be a programmatic dependent."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
-    # Few rows: the whole row in registers, one load's latency. Many rows: 2048-column chunks,
-    # every lane busy, and the other rows' programs hide the latency. (Any choice gives the same
-    # bits: the amax is exact and every element is rounded on its own.)
-    one_pass = M <= 256 and K <= 32768
-    bk = common.next_pow2(K) if one_pass else 2048
-    warps = 4 if bk <= 2048 else 8 if bk <= 8192 else 16
+    p = plan or prologue_plan(K)
     hw = _hardware_e4m3(x.device)
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
-                            BLOCK_K=bk, ONE_PASS=one_pass, RECIPROCAL=x.is_cuda, HW_CVT=hw, num_warps=warps)
+                            BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
+                            HW_CVT=hw, RELEASE=release, num_warps=p.warps)
     return xq, s
 
 
@@ -175,20 +215,26 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     x = common.check_activation(x, w.K, common.ACT_DTYPES, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
-    xq, xs = quantize_activation_triton(x)
-    launch_product(xq, xs, w, y, tile)
+    if x.shape[0] == 0:
+        return y
+    # Hopper and newer: the product starts while the prologue runs and waits for it in the kernel.
+    pdl = common.pdl_supported(x.device)
+    xq, xs = quantize_activation_triton(x, release=pdl)
+    launch_product(xq, xs, w, y, tile, wait=pdl)
     return y
 
 
-def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict) -> None:
-    """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's path."""
+def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
+                   wait: bool = False) -> None:
+    """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's
+    path; `wait`: launched as the prologue's programmatic dependent (common.launch_tma)."""
     path = tile.get("path")
     if path in common.TMA_PATHS:
-        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w)
+        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait)
     elif path == "gemv":
-        common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
+        common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
     else:
-        common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale)
+        common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
 
 
 def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:

@@ -220,20 +220,37 @@ BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEV != "cuda", reason="the Triton interpreter truncates fp32 -> bf16 casts; checked on the GPU"))
 
 
+# Prologue plans: the row in one register block (K a power of two), in two (K = 320 = 256 + 64;
+# 272 = 256 + 16, the second block partly masked), and in chunked passes (a last, partial chunk).
+PLANS = [(K, None), (320, None), (272, None), (320, fp8.ProloguePlan(128, 0, True, 2))]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU, torch.float32])
-@pytest.mark.parametrize("M", [6, 300])   # 300 rows: the two-pass, chunked form of the prologue
-def test_fp8_activation_quantization_is_bit_exact(dtype, M):
-    g = gen(5 + M)
-    x = (torch.randn(M, K, generator=g) * 5).to(dtype)
+@pytest.mark.parametrize("Kx,plan", PLANS)
+def test_fp8_activation_quantization_is_bit_exact(dtype, Kx, plan):
+    g = gen(5 + Kx)
+    x = (torch.randn(6, Kx, generator=g) * 5).to(dtype)
     x[2] = 0                                   # all-zero row: scale becomes eps
     x[3, :] = 0
     x[3, 0] = 448.0                            # s = 1 exactly: the quotients are the values themselves
     x[3, 1:9] = torch.tensor([34.0, -34.0, 36.0, 0.0029296875, 0.0048828125, 1e-4, 447.0, 300.0])  # ties
+    x[4, Kx - 1] = -1000.0                     # the row's amax in its last column (the second block)
     x = x.to(DEV)
-    xq, s = fp8.quantize_activation_triton(x)
+    xq, s = fp8.quantize_activation_triton(x, plan)
     rq, rs = fp8.quantize_activation(x)
     assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
     assert torch.equal(s, rs[:, 0])
+
+
+def test_fp8_prologue_plans():
+    assert fp8.prologue_plan(5120) == fp8.ProloguePlan(4096, 1024, False, 4)
+    assert fp8.prologue_plan(17408) == fp8.ProloguePlan(16384, 1024, False, 16)
+    assert fp8.prologue_plan(8192) == fp8.ProloguePlan(8192, 0, False, 8)
+    assert fp8.prologue_plan(384) == fp8.ProloguePlan(256, 128, False, 1)
+    assert fp8.prologue_plan(fp8.PROLOGUE_REGISTER_K + 16).chunked
+    for k in (1, 3, 16, 300, 5120, 17408, fp8.PROLOGUE_REGISTER_K):   # the blocks cover K, the second no wider than the first
+        p = fp8.prologue_plan(k)
+        assert p.block_a <= k <= p.block_a + p.block_b and p.block_b <= p.block_a
 
 
 @pytest.mark.parametrize("Kx,bias", [(K, True), (200, False)])
@@ -275,8 +292,8 @@ def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     hw = fp8._hardware_e4m3(torch.device(DEV))
     xq = torch.empty((3, 16), dtype=fp8.FP8_DTYPE if hw else torch.uint8, device=DEV)
     s = torch.empty(3, device=DEV)
-    fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, ONE_PASS=True, BLOCK_K=16, RECIPROCAL=True,
-                                HW_CVT=hw)
+    fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, BLOCK_A=16, BLOCK_B=0, CHUNKED=False,
+                                RECIPROCAL=True, HW_CVT=hw, RELEASE=False)
     assert torch.equal(s.cpu(), prod)
 
 

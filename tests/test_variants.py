@@ -91,3 +91,19 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     assert len(rows) - len(cases) == 1, "one cuBLAS baseline per shape and M, shared by both formats"
     assert {r["tile"]["path"] for r in cases if r["variant"] == "stream-K"} == {"tma-sk"}
     assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
+
+
+def test_the_fp8_prologue_study_checks_every_case(variants, monkeypatch):
+    # The fp8-prologue study on a tiny shape (K = 320: two register blocks, 256 + 64): every
+    # prologue plan gives the reference quantization's bits, every whole call its reference output.
+    on_a_tiny_shape(variants, monkeypatch, 48, 320)
+    monkeypatch.setattr(variants, "SHIPPED_TILES_FROM", variants.Path("/nonexistent"))   # the template's default tiles
+    rows = variants.study_fp8_prologue(["tiny"], [1, 20], lambda r: None)
+    prologue = [r for r in rows if r.get("part") == "prologue"]
+    calls = [r for r in rows if r.get("part") == "fp8"]
+    assert all("error" not in r for r in prologue + calls), [r.get("error") for r in prologue + calls]
+    assert prologue and all(r["ok"] for r in prologue), [r["variant"] for r in prologue if not r["ok"]]
+    assert calls and all(r["ok"] for r in calls), [(r["variant"], r["rel_err"]) for r in calls if not r["ok"]]
+    assert {r["variant"] for r in calls} >= {"run-14 prologue + product", "new prologue + product",
+                                             "product alone (x prequantized)"}
+    assert any(r["plan"]["block_b"] == 64 for r in prologue) and any(r["plan"]["chunked"] for r in prologue)
