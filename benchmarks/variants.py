@@ -286,13 +286,14 @@ def _run14_prologue_plan(M: int, K: int) -> fp8.ProloguePlan:
     return fp8.ProloguePlan(2048, 0, True, 4)
 
 
-def _fp8_composed(plan_for, pdl: bool):
+def _fp8_composed(plan_for, pdl: bool, prefetch: int = 0):
     """fp8.launch's two steps with a chosen prologue plan, the product a programmatic dependent of
-    the prologue (pdl) or launched after it as usual."""
+    the prologue (pdl; asking the L2 for `prefetch` lines of each weight row first) or launched
+    after it as usual."""
     def launch(x, w, tile, out=None):
         y = common.output(x, w.N, out)
         xq, xs = fp8.quantize_activation_triton(x, plan_for(x.shape[0], x.shape[1]), release=pdl)
-        fp8.launch_product(xq, xs, w, y, tile, wait=pdl)
+        fp8.launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch)
         return y
     return launch
 
@@ -301,6 +302,12 @@ def _product_alone(xq, xs, w, tile, out):
     y = out if out is not None else torch.empty((xq.shape[0], w.N), dtype=ACT, device=xq.device)
     fp8.launch_product(xq, xs, w, y, tile)
     return y
+
+
+# Rows at which the fp8-prologue study times every prologue plan (elsewhere run 14's and the default).
+PLAN_MS = (1, 256, 4096)
+# 128-byte lines of each weight row the product asks of the L2 before it waits (fp8-prologue study).
+PREFETCH_LINES = (4, 8, 16, 32)
 
 
 def study_fp8_prologue(shapes, ms, log):
@@ -330,6 +337,7 @@ def study_fp8_prologue(shapes, ms, log):
             rq, rs = fp8.quantize_activation(x)
             plans = [("run-14 plan", _run14_prologue_plan(M, K)), ("two blocks", fp8.prologue_plan(K))]
             plans += [(f"two blocks, {w} warps", fp8.prologue_plan(K, w)) for w in (4, 8, 16)]
+            plans = plans if M in PLAN_MS else plans[:2]
             plans += [("chunked 2048, 4 warps", fp8.ProloguePlan(2048, 0, True, 4)),
                       ("chunked 4096, 8 warps", fp8.ProloguePlan(4096, 0, True, 8))]
             seen = []
@@ -354,7 +362,9 @@ def study_fp8_prologue(shapes, ms, log):
                      ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
             if pdl:
                 cases.append(("new prologue + product, PDL", _fp8_composed(lambda m, k: fp8.prologue_plan(k), True)))
-                cases.append(("run-14 prologue + product, PDL", _fp8_composed(_run14_prologue_plan, True)))
+                cases += [(f"new prologue + product, PDL, prefetch {n} lines",
+                           _fp8_composed(lambda m, k: fp8.prologue_plan(k), True, n)) for n in PREFETCH_LINES]
+                cases.append(("fp8.launch", fp8.launch))
             cases.append(("product alone (x prequantized)",
                           lambda x_, w, tile_, out=None: _product_alone(xq, xs, w, tile_, out)))
             ref = t.reference(x, w8[0])

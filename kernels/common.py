@@ -41,6 +41,21 @@ def wait_for_producer(WAIT: tl.constexpr):
 
 
 @triton.jit
+def prefetch_weight_rows(w_ptr, stride_wn, off_n, k_lo, N, K, BLOCK_N: tl.constexpr, LINES: tl.constexpr,
+                         LINE_COLS: tl.constexpr):
+    """Ask the L2 for the first LINES 128-byte lines (LINE_COLS columns each) of the program's
+    BLOCK_N weight rows from column k_lo (`prefetch.global.L2`: no registers filled, nothing
+    waited for). Issued before wait_for_producer, it starts the weight's stream from DRAM
+    while the producer still runs, so the first TMA loads after the wait hit the L2. Rows and
+    columns past the edge are clamped onto it (a prefetch takes no mask)."""
+    rows = tl.minimum(off_n + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+    cols = tl.minimum(k_lo + tl.arange(0, LINES) * LINE_COLS, K - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                              [w_ptr + rows[:, None] * stride_wn + cols[None, :]],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def swizzle(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Map a 1-D program id to (pid_m, pid_n) in groups of GROUP_M row blocks, so that
     programs running at the same time share weight tiles in L2."""
@@ -193,10 +208,11 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
 
 
 @triton.jit
-def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
-                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr):
+def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
+                    NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                    HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr,
+                    PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
     through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
     zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
@@ -205,7 +221,11 @@ def tma_gemm_kernel(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
     swizzled order, so one tile's epilogue overlaps the next tile's loads (Triton's
     persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
     cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
-    one program, in the same order: the output does not depend on NUM_PROGRAMS."""
+    one program, in the same order: the output does not depend on NUM_PROGRAMS.
+    PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait."""
+    if PREFETCH > 0 and not PERSISTENT:
+        pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
     wait_for_producer(WAIT)
     if PERSISTENT:
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -309,21 +329,25 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
 
 
 @triton.jit
-def tma_swap_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym, K_SPLIT,
-                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, IEEE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
+def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
+                    K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
+                    LINE_COLS: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
     side (16 columns), instead of padding x's rows up to 64; the copy engine streams the weight
     through a deep pipeline with no address arithmetic (the memory-bound regime of M <= 16;
     at M=64 the plain TMA tile was faster, run 10).
     Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
-    order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split."""
-    wait_for_producer(WAIT)
+    order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split.
+    PREFETCH (with WAIT): prefetch_weight_rows before the wait."""
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     k_lo = pid_k * K_SPLIT
+    if PREFETCH > 0:
+        prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, k_lo, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+    wait_for_producer(WAIT)
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
                       True)
@@ -416,14 +440,19 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     return d
 
 
-def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False) -> None:
+def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
+               prefetch: int = 0) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
     persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
-    before it, which made `a` (wait_for_producer); its reduction kernels launch as usual."""
+    before it, which made `a` (wait_for_producer); its reduction kernels launch as usual.
+    `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
+    of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
+    prefetch = prefetch if wait else 0
+    line = dict(PREFETCH=prefetch, LINE_COLS=max(1, 128 // b.element_size()))
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -441,10 +470,10 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         k_split, split = split_plan(K, tile)
         ws = workspace(split, y)
         tma_swap_kernel[(cdiv(M, bm) * cdiv(N, bn), split)](
-            a_desc, b_desc, y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+            a_desc, b_desc, b, b.stride(0), y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, launch_pdl=wait, num_warps=tile["num_warps"],
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
         if split > 1:
             reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
@@ -470,9 +499,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
-    tma_gemm_kernel[(programs,)](a_desc, b_desc, y, *scales, M, N, K, y.stride(0), programs if persistent else 0,
-                                 IEEE=a.dtype == torch.float32, **flags, PERSISTENT=persistent, WAIT=wait,
-                                 launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
+                                 programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags,
+                                 PERSISTENT=persistent, WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
 @functools.cache

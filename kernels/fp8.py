@@ -183,15 +183,16 @@ class ProloguePlan:
 
 def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
     """The row in registers as the largest power of two <= K plus the rest rounded up to a power
-    of two (K = 5120: 4096 + 1024), one warp per 1024 columns of the first block (at least 32
-    columns a thread, at most 16 warps); CHUNKED 2048-column passes
+    of two (K = 5120: 4096 + 1024), one warp per 512 columns of the first block (16 columns a
+    thread, at most 16 warps: H200 run 15, 8-16 warps beat 4 at every M but K = 5120 at M = 4096,
+    where 16 lost 20%); CHUNKED 2048-column passes
     beyond PROLOGUE_REGISTER_K. (Any plan gives the same bits: the amax is exact and every
     element is rounded on its own.)"""
     if K > PROLOGUE_REGISTER_K:
         return ProloguePlan(2048, 0, True, warps or 4)
     a = 1 << (K.bit_length() - 1)
     b = common.next_pow2(K - a) if K > a else 0
-    return ProloguePlan(a, b, False, warps or max(1, min(16, a // 1024)))
+    return ProloguePlan(a, b, False, warps or max(1, min(16, a // 512)))
 
 
 def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None,
@@ -217,20 +218,27 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
-    # Hopper and newer: the product starts while the prologue runs and waits for it in the kernel.
-    pdl = common.pdl_supported(x.device)
+    pdl = x.shape[0] <= PDL_MAX_ROWS and common.pdl_supported(x.device)
     xq, xs = quantize_activation_triton(x, release=pdl)
-    launch_product(xq, xs, w, y, tile, wait=pdl)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=PDL_PREFETCH_LINES if pdl else 0)
     return y
 
 
+# Few rows on Hopper and newer: the product is launched as the prologue's programmatic dependent,
+# asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
+# run 15: 0.4-1.0 us saved at M = 1-64 on every shape; at M >= 256 it cost up to 9 us (down).
+PDL_MAX_ROWS = 64
+PDL_PREFETCH_LINES = 8
+
+
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
-                   wait: bool = False) -> None:
+                   wait: bool = False, prefetch: int = 0) -> None:
     """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's
-    path; `wait`: launched as the prologue's programmatic dependent (common.launch_tma)."""
+    path; `wait`, `prefetch`: launched as the prologue's programmatic dependent (common.launch_tma)."""
     path = tile.get("path")
     if path in common.TMA_PATHS:
-        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait)
+        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait,
+                          prefetch=prefetch)
     elif path == "gemv":
         common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
     else:

@@ -243,9 +243,9 @@ def test_fp8_activation_quantization_is_bit_exact(dtype, Kx, plan):
 
 
 def test_fp8_prologue_plans():
-    assert fp8.prologue_plan(5120) == fp8.ProloguePlan(4096, 1024, False, 4)
+    assert fp8.prologue_plan(5120) == fp8.ProloguePlan(4096, 1024, False, 8)
     assert fp8.prologue_plan(17408) == fp8.ProloguePlan(16384, 1024, False, 16)
-    assert fp8.prologue_plan(8192) == fp8.ProloguePlan(8192, 0, False, 8)
+    assert fp8.prologue_plan(8192) == fp8.ProloguePlan(8192, 0, False, 16)
     assert fp8.prologue_plan(384) == fp8.ProloguePlan(256, 128, False, 1)
     assert fp8.prologue_plan(fp8.PROLOGUE_REGISTER_K + 16).chunked
     for k in (1, 3, 16, 300, 5120, 17408, fp8.PROLOGUE_REGISTER_K):   # the blocks cover K, the second no wider than the first
