@@ -10,7 +10,6 @@ row, else common.py's tensor-core kernels (shared with the dense template).
 """
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -160,7 +159,6 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
             _quantize_chunk(vb, s, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT)
 
 
-@functools.cache
 def _hardware_e4m3(dev: torch.device) -> bool:
     """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
     return common.nvidia(dev) and common.capability(dev) >= (8, 9)
@@ -226,9 +224,11 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
 
 # Few rows on Hopper and newer: the product is launched as the prologue's programmatic dependent,
 # asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
-# run 15: 0.4-1.0 us saved at M = 1-64 on every shape; at M >= 256 it cost up to 9 us (down).
+# run 15 (variants.py --study fp8-prologue): PDL alone saved 0.4-1.1 us at M = 1-64 on every
+# shape, 4 prefetched 128-byte lines per row another 0.4-0.7 us (16-32 lines lost on qkv and
+# gate_up); at M = 256 PDL cost up to 8 us (down 61 -> 69 us), so it stops at 64 rows.
 PDL_MAX_ROWS = 64
-PDL_PREFETCH_LINES = 8
+PDL_PREFETCH_LINES = 4
 
 
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
