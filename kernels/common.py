@@ -587,7 +587,9 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (a grid starting before the one it depends on has ended,
-    griddepcontrol): NVIDIA sm_90 and newer; never under the interpreter (a CPU device)."""
+    griddepcontrol): NVIDIA sm_90 and newer. The interpreter runs on a CPU device, where this is
+    False; the interpreter on a CUDA device (TRITON_INTERPRET=1 on a GPU machine) is not supported:
+    it has neither griddepcontrol nor inline PTX."""
     return nvidia(device) and capability(device) >= (9, 0)
 
 

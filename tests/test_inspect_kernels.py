@@ -66,3 +66,43 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.count("ok") == 8
     assert "ok (9, 0) bf16 True" in p.stdout and "ok (8, 9) bf16 False" in p.stdout
+
+
+@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
+def test_fp8_programmatic_dependent_launch_compiles_for_sm90(tmp_path):
+    # The interpreter cannot run griddepcontrol or inline PTX, so the CPU tests never build the
+    # PDL forms: compiled here for sm_90, the prologue releases its dependents, and the products
+    # prefetch their weight rows to L2 before waiting; without the flags neither instruction is there.
+    script = tmp_path / "pdl.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+import inspect_kernels as ik
+from vsr.kernels import common, fp8
+scales = dict(y_ptr="*bf16", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16", M="i32", N="i32", K="i32",
+              stride_ym="i32", b_ptr="*fp8e4nv", stride_bn="i32")
+flags = dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_N=128, GROUP_M=8, LINE_COLS=128)
+for on in (True, False):
+    swap = ik.compile_cuda(common.tma_swap_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[16, 256]>",
+                           b_desc="tensordesc<fp8e4nv[128, 256]>", ws_ptr="*fp32", K_SPLIT="i32"),
+                           dict(flags, BLOCK_M=16, BLOCK_K=256, SPLIT_K=1, WAIT=on, PREFETCH=4 if on else 0), 4, 4)
+    tile = ik.compile_cuda(common.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
+                           b_desc="tensordesc<fp8e4nv[128, 256]>", alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
+                           dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, PERSISTENT=False, WAIT=on,
+                                PREFETCH=4 if on else 0), 4, 4)
+    quant = ik.compile_cuda(fp8._act_quant_kernel, dict(x_ptr="*bf16", xq_ptr="*fp8e4nv", s_ptr="*bf16", K="i32",
+                            stride_xm="i32", EPS="fp32"), dict(BLOCK_A=4096, BLOCK_B=1024, CHUNKED=False,
+                            RECIPROCAL=True, HW_CVT=True, RELEASE=on), 8, 1)
+    for name, k in (("swap", swap), ("tile", tile)):
+        ptx = k.asm["ptx"]
+        print(name, on, ptx.count("griddepcontrol.wait"), ptx.count("prefetch.global.L2"))
+    print("quant", on, quant.asm["ptx"].count("griddepcontrol.launch_dependents"))
+""")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in p.stdout.splitlines()}
+    # 128 rows x 4 lines over 128 threads: 4 prefetches per thread.
+    assert got[("swap", "True")] == [1, 4] and got[("tile", "True")] == [1, 4], got
+    assert got[("swap", "False")] == [0, 0] and got[("tile", "False")] == [0, 0], got
+    assert got[("quant", "True")] == [1] and got[("quant", "False")] == [0], got

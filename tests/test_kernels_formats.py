@@ -220,9 +220,10 @@ BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     DEV != "cuda", reason="the Triton interpreter truncates fp32 -> bf16 casts; checked on the GPU"))
 
 
-# Prologue plans: the row in one register block (K a power of two), in two (K = 320 = 256 + 64;
-# 272 = 256 + 16, the second block partly masked), and in chunked passes (a last, partial chunk).
-PLANS = [(K, None), (320, None), (272, None), (320, fp8.ProloguePlan(128, 0, True, 2))]
+# Prologue plans: the row in one register block (K a power of two), in two (K = 320 = 256 + 64,
+# both full; 300 = 256 + 64 with 20 lanes of the second masked), and in chunked passes (300:
+# a last, partial chunk).
+PLANS = [(K, None), (320, None), (300, None), (300, fp8.ProloguePlan(128, 0, True, 2))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU, torch.float32])
@@ -234,7 +235,7 @@ def test_fp8_activation_quantization_is_bit_exact(dtype, Kx, plan):
     x[3, :] = 0
     x[3, 0] = 448.0                            # s = 1 exactly: the quotients are the values themselves
     x[3, 1:9] = torch.tensor([34.0, -34.0, 36.0, 0.0029296875, 0.0048828125, 1e-4, 447.0, 300.0])  # ties
-    x[4, Kx - 1] = -1000.0                     # the row's amax in its last column (the second block)
+    x[4, Kx - 1] = -1000.0                     # the row's amax in its last column (in the second block, if any)
     x = x.to(DEV)
     xq, s = fp8.quantize_activation_triton(x, plan)
     rq, rs = fp8.quantize_activation(x)
