@@ -114,17 +114,22 @@ def _int4_x_tiles(p):
     return tiles
 
 
-def _int4_gptq_points(study, shapes, ms, rows, log):
-    """Each (shape, N, K, M, x, GPTQ weight copies, cuBLAS time) of an int4 study, the cuBLAS
-    baseline timed and recorded first."""
+def _points(study, fmts, shapes, ms, rows, log):
+    """Each (shape, N, K, M, x, {format: weight copies}, cuBLAS time) of a study, the cuBLAS bf16
+    baseline timed and recorded first (one row for every format of the study)."""
     dev = torch.device(DEV)
     for sh in shapes:
         N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        ws = _weights("int4-gptq", N, K, dev)
+        ws = {f: _weights(f, N, K, dev) for f in ("bf16",) + tuple(fmts)}
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            yield sh, N, K, M, x, ws, _baseline(rows, log, x, wb, study=study, shape=sh, M=M)
+            yield sh, N, K, M, x, ws, _baseline(rows, log, x, ws["bf16"], study=study, shape=sh, M=M)
+
+
+def _int4_gptq_points(study, shapes, ms, rows, log):
+    """_points of an int4 study: (shape, N, K, M, x, GPTQ weight copies, cuBLAS time)."""
+    for sh, N, K, M, x, ws, base in _points(study, ("int4-gptq",), shapes, ms, rows, log):
+        yield sh, N, K, M, x, ws["int4-gptq"], base
 
 
 def study_int4_x(shapes, ms, log):
@@ -208,12 +213,19 @@ SK_TILES = ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (128, 256, 128, 8, 4),
 TUNED_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-29.json"
 
 
-def _tuned_tiles() -> dict:
-    if not TUNED_FROM.exists():
+def _tuned_tiles(path: Path = TUNED_FROM) -> dict:
+    """(format, shape, M) -> vsr's tile in the bench_gemm results file `path` ({} without it)."""
+    if not path.exists():
         return {}
-    rows = json.loads(TUNED_FROM.read_text())["rows"]
+    rows = json.loads(path.read_text())["rows"]
     return {(r["format"], r["shape"], r["M"]): r["tile"] for r in rows
             if r["provider"] == "vsr" and not r["graph"] and r.get("tile")}
+
+
+def _bf16_fp8_points(study, shapes, ms, rows, log):
+    """_points of a bf16/fp8 study: (shape, N, K, M, x, bf16 copies, fp8 copies, cuBLAS time)."""
+    for sh, N, K, M, x, ws, base in _points(study, ("fp8",), shapes, ms, rows, log):
+        yield sh, N, K, M, x, ws["bf16"], ws["fp8"], base
 
 
 def study_streamk(shapes, ms, log):
@@ -222,25 +234,18 @@ def study_streamk(shapes, ms, log):
     default tile and run 12's tuned tile, on tiles of 64-128 rows. Run 10 ruled out splitting K in
     two (the workspace traffic of whole tiles); o and down at M=1024 make 2.4 waves of 128x128
     tiles, 0.77x and 0.75x cuBLAS in run 12."""
-    dev = torch.device(DEV)
     tuned = _tuned_tiles()
     rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        w8 = _weights("fp8", N, K, dev)
-        for M in ms:
-            x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="streamk", shape=sh, M=M)   # one cuBLAS row for both formats
-            for fmt, key, ws, kbytes in (("bf16", "dense", wb, 2), ("fp8", "fp8_w8a8", w8, 1)):
-                t = registry.TEMPLATES[key]
-                default = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
-                cases = [("default tile", default)]
-                if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
-                    cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
-                sk = [common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
-                cases += [("stream-K", c) for c in sk if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT]
-                _run_cases(rows, log, t, x, cases, ws, base, study="streamk", format=fmt, shape=sh, M=M)
+    for sh, N, K, M, x, wb, w8, base in _bf16_fp8_points("streamk", shapes, ms, rows, log):
+        for fmt, key, ws, kbytes in (("bf16", "dense", wb, 2), ("fp8", "fp8_w8a8", w8, 1)):
+            t = registry.TEMPLATES[key]
+            default = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
+            cases = [("default tile", default)]
+            if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
+                cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
+            sk = [common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
+            cases += [("stream-K", c) for c in sk if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT]
+            _run_cases(rows, log, t, x, cases, ws, base, study="streamk", format=fmt, shape=sh, M=M)
     return rows
 
 
@@ -320,59 +325,50 @@ def study_fp8_prologue(shapes, ms, log):
     at 4/8/16 warps, and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
     prologue then the product, the new prologue then the product, the same launched as
     programmatic dependents (PDL, sm_90+), and the product alone on a prequantized x."""
-    dev = torch.device(DEV)
-    tiles = {(r["shape"], r["M"]): r["tile"] for r in json.loads(SHIPPED_TILES_FROM.read_text())["rows"]
-             if r["provider"] == "vsr" and r["format"] == "fp8" and not r["graph"] and r.get("tile")} \
-        if SHIPPED_TILES_FROM.exists() else {}
-    pdl = common.pdl_supported(dev)
+    tiles = {(sh, m): tile for (fmt, sh, m), tile in _tuned_tiles(SHIPPED_TILES_FROM).items() if fmt == "fp8"}
+    pdl = common.pdl_supported(torch.device(DEV))
     t = registry.TEMPLATES["fp8_w8a8"]
     rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        w8 = _weights("fp8", N, K, dev)
-        for M in ms:
-            x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="fp8-prologue", shape=sh, M=M)
-            rq, rs = fp8.quantize_activation(x)
-            plans = [("run-14 plan", _run14_prologue_plan(M, K)), ("two blocks", fp8.prologue_plan(K))]
-            plans += [(f"two blocks, {w} warps", fp8.prologue_plan(K, w)) for w in (4, 8, 16)]
-            plans = plans if M in PLAN_MS else plans[:2]
-            plans += [("chunked 2048, 4 warps", fp8.ProloguePlan(2048, 0, True, 4)),
-                      ("chunked 4096, 8 warps", fp8.ProloguePlan(4096, 0, True, 8))]
-            seen = []
-            for name, plan in plans:
-                if plan in seen:
-                    continue
-                seen.append(plan)
-                row = dict(study="fp8-prologue", part="prologue", shape=sh, M=M, variant=name,
-                           plan=dataclasses.asdict(plan))
-                try:
-                    xq, xs = fp8.quantize_activation_triton(x, plan)
-                    row["ok"] = bool(torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
-                                     and torch.equal(xs, rs[:, 0]))
-                    row["ms"] = graph_ms([lambda p=plan: fp8.quantize_activation_triton(x, p)])
-                except Exception as e:
-                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
-                rows.append(row)
-                log(row)
-            tile = tiles.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
-            xq, xs = fp8.quantize_activation_triton(x)
-            cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
-                     ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
-            if pdl:
-                cases.append(("new prologue + product, PDL", _fp8_composed(lambda m, k: fp8.prologue_plan(k), True)))
-                cases += [(f"new prologue + product, PDL, prefetch {n} lines",
-                           _fp8_composed(lambda m, k: fp8.prologue_plan(k), True, n)) for n in PREFETCH_LINES]
-                cases.append(("fp8.launch", fp8.launch))
-            cases.append(("product alone (x prequantized)",
-                          lambda x_, w, tile_, out=None: _product_alone(xq, xs, w, tile_, out)))
-            ref = t.reference(x, w8[0])
-            for name, launch in cases:
-                row = _timed(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,
-                                  tile=tile), launch, x, tile, w8, ref, base)
-                rows.append(row)
-                log(row)
+    for sh, N, K, M, x, wb, w8, base in _bf16_fp8_points("fp8-prologue", shapes, ms, rows, log):
+        rq, rs = fp8.quantize_activation(x)
+        plans = [("run-14 plan", _run14_prologue_plan(M, K)), ("two blocks", fp8.prologue_plan(K))]
+        plans += [(f"two blocks, {w} warps", fp8.prologue_plan(K, w)) for w in (4, 8, 16)]
+        plans = plans if M in PLAN_MS else plans[:2]
+        plans += [("chunked 2048, 4 warps", fp8.ProloguePlan(2048, 0, True, 4)),
+                  ("chunked 4096, 8 warps", fp8.ProloguePlan(4096, 0, True, 8))]
+        seen = []
+        for name, plan in plans:
+            if plan in seen:
+                continue
+            seen.append(plan)
+            row = dict(study="fp8-prologue", part="prologue", shape=sh, M=M, variant=name,
+                       plan=dataclasses.asdict(plan))
+            try:
+                xq, xs = fp8.quantize_activation_triton(x, plan)
+                row["ok"] = bool(torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+                                 and torch.equal(xs, rs[:, 0]))
+                row["ms"] = graph_ms([lambda p=plan: fp8.quantize_activation_triton(x, p)])
+            except Exception as e:
+                row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(row)
+            log(row)
+        tile = tiles.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
+        xq, xs = fp8.quantize_activation_triton(x)
+        cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
+                 ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
+        if pdl:
+            cases.append(("new prologue + product, PDL", _fp8_composed(lambda m, k: fp8.prologue_plan(k), True)))
+            cases += [(f"new prologue + product, PDL, prefetch {n} lines",
+                       _fp8_composed(lambda m, k: fp8.prologue_plan(k), True, n)) for n in PREFETCH_LINES]
+            cases.append(("fp8.launch", fp8.launch))
+        cases.append(("product alone (x prequantized)",
+                      lambda x_, w, tile_, out=None: _product_alone(xq, xs, w, tile_, out)))
+        ref = t.reference(x, w8[0])
+        for name, launch in cases:
+            row = _timed(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                              tile=tile), launch, x, tile, w8, ref, base)
+            rows.append(row)
+            log(row)
     return rows
 
 
