@@ -151,15 +151,21 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 
 @triton.jit
+def _split_words(pid_k, KW_SPLIT, K8):
+    """[kw_lo, kw_hi): the packed words (8 k each, of K8 per weight row) that split pid_k of every
+    int4 kernel covers. The loops run in word units so the compiler knows the word offsets'
+    alignment (k0 // 8 would lose it) and can issue wide loads."""
+    kw_lo = pid_k * KW_SPLIT
+    return kw_lo, tl.minimum(kw_lo + KW_SPLIT, K8)
+
+
+@triton.jit
 def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, IEEE: tl.constexpr = False):
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    # The loop runs in packed-word units so the compiler knows the word offsets' alignment
-    # (k0 // 8 would lose it) and can issue wide loads.
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -205,8 +211,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     up to the MMA's 64. Otherwise as the split-K path: BLOCK_K inside one group, the group scale
     on each tile's fp32 partial product, partial sums to the workspace in a fixed order."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -318,8 +323,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     (X_GATHER)."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
@@ -347,7 +351,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
 @triton.jit
 def _nibble_pair_fp32(words, zu):
     """The portable twin of _nibble_pair_bf16/_f16 in fp32: (u_j - zu, u_{j+4} - zu) of each
-    (pre-shifted) word through the mantissa of 2^23, exactly."""
+    (pre-shifted) word through the mantissa of 2^23, exactly; zu broadcasts against the words
+    (the join kernel passes [BLOCK_N, 1])."""
     z = 8388608.0 + zu.to(tl.float32)
     return _nibble_field(words, 0xF, z), _nibble_field(words >> 16, 0xF, z)
 
@@ -367,8 +372,7 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
@@ -380,11 +384,11 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
             l2, h2 = _nibble_pair(words, zu, 2, F16)
             l3, h3 = _nibble_pair(words, zu, 3, F16)
         else:
-            zb = zu[:, None] + tl.zeros_like(words)
-            l0, h0 = _nibble_pair_fp32(words, zb)
-            l1, h1 = _nibble_pair_fp32(words >> 4, zb)
-            l2, h2 = _nibble_pair_fp32(words >> 8, zb)
-            l3, h3 = _nibble_pair_fp32(words >> 12, zb)
+            zc = zu[:, None]
+            l0, h0 = _nibble_pair_fp32(words, zc)
+            l1, h1 = _nibble_pair_fp32(words >> 4, zc)
+            l2, h2 = _nibble_pair_fp32(words >> 8, zc)
+            l3, h3 = _nibble_pair_fp32(words >> 12, zc)
         v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
         w_t = tl.reshape(v, (BLOCK_N, BLOCK_K)).to(xt.dtype)    # [BN, W8, c, d, e] -> k = 8·word + 4c + 2d + e
         acc += tl.dot(w_t, xt) * scale[:, None]
@@ -418,8 +422,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
     rn = (offs_n % N).to(tl.int64)
     i = tl.arange(0, W8)
     G8: tl.constexpr = GROUP // 8
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = tl.minimum(kw_lo + KW_SPLIT, K8)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, W8), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         offs_w = kw0 + i
