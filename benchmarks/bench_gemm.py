@@ -1,7 +1,8 @@
 """GEMM benchmark: every vsr format x the 27B-class shapes x M, beside the peers, in one run.
 
     python benchmarks/bench_gemm.py [--ms 1,16,64,256,1024,4096] [--shapes ...] [--formats ...]
-                                    [--sweep N | --cache FILE] [--no-peers] [--out FILE]
+                                    [--sweep N | --cache FILE] [--peers P,... | --no-peers | --no-gemlite]
+                                    [--out FILE]
 
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
 measured in the same run; random data; every row checked against its reference before
@@ -69,11 +70,15 @@ def timings(fns) -> list[tuple[bool, float]]:
     return [(False, eager_ms(fns[0])), (True, graph_ms(fns))]
 
 
+# The benchmark's device (the CPU tests run the orchestration on "cpu").
+DEV = "cuda"
+
+
 def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
     """vsr's rows: tiles from `resolver` (an autotune cache, what users run) when given, else from
     a sweep of n_sweep candidates, else the default tiles."""
     from vsr.autotune.tuner import sweep
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     ws = weight_copies(fmt, N, K, dev)
     w0, wb = ws[0], ws[0].nbytes()
     t = registry.template_for(w0, torch.bfloat16, emulate=fmt == "nvfp4-emulated")
@@ -104,7 +109,7 @@ PEERS = ("cublas-bf16", "scaled_mm", "scaled_mm+quant", "tinygemm", "gemlite")
 
 def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
     """The rows of the named peers (of PEERS) at every M; only their weights are set up."""
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     rows = []
     # cuBLAS bf16
     wds = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
@@ -274,7 +279,7 @@ def main() -> int:
     resolver = None
     if a.cache:
         from vsr.autotune.resolver import TileResolver
-        resolver = TileResolver(a.cache, "error", torch.device("cuda"))
+        resolver = TileResolver(a.cache, "error", torch.device(DEV))
     rows = []
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]

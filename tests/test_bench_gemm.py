@@ -3,7 +3,6 @@ named, each checked against its reference (the figures themselves come from the 
 import argparse
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +29,7 @@ def test_peers_of_the_options(bench_gemm):
                                    ("cublas-bf16", "scaled_mm+quant")])
 def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, peers):
     # CPU stand-ins for the GPU: the device, and timing replaced by running the calls once.
-    real = torch.device
-    monkeypatch.setattr(bench_gemm.torch, "device", lambda name: real("cpu"))
+    monkeypatch.setattr(bench_gemm, "DEV", "cpu")
     monkeypatch.setattr(bench_gemm, "timings", lambda fns: [f() for f in fns] and [(True, 1.0)])
     ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "fp8_TFLOPs": 1400.0}
     rows = bench_gemm.peer_rows("qkv", 64, 256, [1, 3], ceil, lambda r: None, peers)
