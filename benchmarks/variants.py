@@ -1,6 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk] [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,...]
+                                  [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
@@ -126,17 +127,12 @@ def _points(study, fmts, shapes, ms, rows, log):
             yield sh, N, K, M, x, ws, _baseline(rows, log, x, ws["bf16"], study=study, shape=sh, M=M)
 
 
-def _int4_gptq_points(study, shapes, ms, rows, log):
-    """_points of an int4 study: (shape, N, K, M, x, GPTQ weight copies, cuBLAS time)."""
-    for sh, N, K, M, x, ws, base in _points(study, ("int4-gptq",), shapes, ms, rows, log):
-        yield sh, N, K, M, x, ws["int4-gptq"], base
-
-
 def study_int4_x(shapes, ms, log):
     """See the module docstring."""
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
-    for sh, N, K, M, x, ws, base in _int4_gptq_points("int4-x", shapes, ms, rows, log):
+    for sh, N, K, M, x, copies, base in _points("int4-x", ("int4-gptq",), shapes, ms, rows, log):
+        ws = copies["int4-gptq"]
         p = t.problem(ws[0], bucket_for(M), x.dtype)
         default = t.default_tile(p)
         cases = [("default tile", default)]
@@ -152,7 +148,8 @@ def _join_study(study, shapes, ms, log, join_tiles):
     (BLOCK_M, BLOCK_N, warps, stages, waves, max_split) tuple, at every shape and M (GPTQ)."""
     t = registry.TEMPLATES["int4_w4a16"]
     rows = []
-    for sh, N, K, M, x, ws, base in _int4_gptq_points(study, shapes, ms, rows, log):
+    for sh, N, K, M, x, copies, base in _points(study, ("int4-gptq",), shapes, ms, rows, log):
+        ws = copies["int4-gptq"]
         b = bucket_for(M)
         default = t.default_tile(t.problem(ws[0], b, x.dtype))
         cases = [("default tile", default)]
@@ -213,7 +210,7 @@ SK_TILES = ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (128, 256, 128, 8, 4),
 TUNED_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-29.json"
 
 
-def _tuned_tiles(path: Path = TUNED_FROM) -> dict:
+def _tuned_tiles(path: Path) -> dict:
     """(format, shape, M) -> vsr's tile in the bench_gemm results file `path` ({} without it)."""
     if not path.exists():
         return {}
@@ -222,21 +219,16 @@ def _tuned_tiles(path: Path = TUNED_FROM) -> dict:
             if r["provider"] == "vsr" and not r["graph"] and r.get("tile")}
 
 
-def _bf16_fp8_points(study, shapes, ms, rows, log):
-    """_points of a bf16/fp8 study: (shape, N, K, M, x, bf16 copies, fp8 copies, cuBLAS time)."""
-    for sh, N, K, M, x, ws, base in _points(study, ("fp8",), shapes, ms, rows, log):
-        yield sh, N, K, M, x, ws["bf16"], ws["fp8"], base
-
-
 def study_streamk(shapes, ms, log):
     """bf16 and fp8 at M = 256-2048: the TMA tile walked stream-K ("tma-sk": whole waves of tiles,
     then the leftover tiles' K steps shared evenly by all multiprocessors) beside the template's
     default tile and run 12's tuned tile, on tiles of 64-128 rows. Run 10 ruled out splitting K in
     two (the workspace traffic of whole tiles); o and down at M=1024 make 2.4 waves of 128x128
-    tiles, 0.77x and 0.75x cuBLAS in run 12."""
-    tuned = _tuned_tiles()
+    tiles, 0.78x and 0.77x cuBLAS in run 12 (graph replay)."""
+    tuned = _tuned_tiles(TUNED_FROM)
     rows = []
-    for sh, N, K, M, x, wb, w8, base in _bf16_fp8_points("streamk", shapes, ms, rows, log):
+    for sh, N, K, M, x, ws, base in _points("streamk", ("fp8",), shapes, ms, rows, log):
+        wb, w8 = ws["bf16"], ws["fp8"]
         for fmt, key, ws, kbytes in (("bf16", "dense", wb, 2), ("fp8", "fp8_w8a8", w8, 1)):
             t = registry.TEMPLATES[key]
             default = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
@@ -260,20 +252,15 @@ def study_streamk_occupancy(shapes, ms, log):
     """bf16 at M = 256-512 (run 14 follow-up): stream-K with 1-3 programs per multiprocessor. Run 14's
     64-row stream-K tiles ran one warpgroup per multiprocessor and lost to the plain 64-row tiles,
     which the hardware packs two or three to a multiprocessor."""
-    dev = torch.device(DEV)
     t = registry.TEMPLATES["dense"]
     rows = []
-    for sh in shapes:
-        N, K = SHAPES[sh]
-        wb = _weights("bf16", N, K, dev)
-        for M in ms:
-            x = torch.randn(M, K, device=dev).to(ACT)
-            base = _baseline(rows, log, x, wb, study="streamk-occupancy", format="bf16", shape=sh, M=M)
-            cases = [("default tile", t.default_tile(t.problem(wb[0], bucket_for(M), x.dtype))),
-                     ("tma 64x128", common.tile("tma", 64, 128, 64, 1, 4, 3))]
-            cases += [(f"stream-K x{k}", dict(common.tile("tma-sk", bm, bn, kb // 2, 1, w, st), PER_SM=k))
-                      for bm, bn, kb, w, st, k in SK_OCC_TILES]
-            _run_cases(rows, log, t, x, cases, wb, base, study="streamk-occupancy", format="bf16", shape=sh, M=M)
+    for sh, N, K, M, x, ws, base in _points("streamk-occupancy", (), shapes, ms, rows, log):
+        wb = ws["bf16"]
+        cases = [("default tile", t.default_tile(t.problem(wb[0], bucket_for(M), x.dtype))),
+                 ("tma 64x128", common.tile("tma", 64, 128, 64, 1, 4, 3))]
+        cases += [(f"stream-K x{k}", dict(common.tile("tma-sk", bm, bn, kb // 2, 1, w, st), PER_SM=k))
+                  for bm, bn, kb, w, st, k in SK_OCC_TILES]
+        _run_cases(rows, log, t, x, cases, wb, base, study="streamk-occupancy", format="bf16", shape=sh, M=M)
     return rows
 
 
@@ -303,8 +290,9 @@ def _fp8_composed(plan_for, pdl: bool, prefetch: int = 0):
     return launch
 
 
-def _product_alone(xq, xs, w, tile, out):
-    y = out if out is not None else torch.empty((xq.shape[0], w.N), dtype=ACT, device=xq.device)
+def _product_alone(x, xq, xs, w, tile, out):
+    """fp8's product alone on x's prequantized (xq, xs), into `out` or a new [M, N] in x's dtype."""
+    y = common.output(x, w.N, out)
     fp8.launch_product(xq, xs, w, y, tile)
     return y
 
@@ -329,7 +317,8 @@ def study_fp8_prologue(shapes, ms, log):
     pdl = common.pdl_supported(torch.device(DEV))
     t = registry.TEMPLATES["fp8_w8a8"]
     rows = []
-    for sh, N, K, M, x, wb, w8, base in _bf16_fp8_points("fp8-prologue", shapes, ms, rows, log):
+    for sh, N, K, M, x, ws, base in _points("fp8-prologue", ("fp8",), shapes, ms, rows, log):
+        w8 = ws["fp8"]
         rq, rs = fp8.quantize_activation(x)
         plans = [("run-14 plan", _run14_prologue_plan(M, K)), ("two blocks", fp8.prologue_plan(K))]
         plans += [(f"two blocks, {w} warps", fp8.prologue_plan(K, w)) for w in (4, 8, 16)]
@@ -362,7 +351,7 @@ def study_fp8_prologue(shapes, ms, log):
                        _fp8_composed(lambda m, k: fp8.prologue_plan(k), True, n)) for n in PREFETCH_LINES]
             cases.append(("fp8.launch", fp8.launch))
         cases.append(("product alone (x prequantized)",
-                      lambda x_, w, tile_, out=None: _product_alone(xq, xs, w, tile_, out)))
+                      lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out)))
         ref = t.reference(x, w8[0])
         for name, launch in cases:
             row = _timed(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,

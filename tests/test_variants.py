@@ -18,6 +18,8 @@ def on_a_tiny_shape(variants, monkeypatch, N, K, graph_ms=lambda fns: [f() for f
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
     monkeypatch.setattr(variants, "graph_ms", graph_ms)
+    for results in ("TUNED_FROM", "SHIPPED_TILES_FROM"):   # no H200 tiles: the templates' defaults
+        monkeypatch.setattr(variants, results, variants.Path("/nonexistent"))
 
 
 def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
@@ -80,7 +82,6 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     # The stream-K study on a tiny shape (K = 3-6 steps), fp16 x: every case of both formats
     # matches its reference, with the leftover tiles shared over the interpreter's 4 "multiprocessors".
     on_a_tiny_shape(variants, monkeypatch, 160, 384)
-    monkeypatch.setattr(variants, "_tuned_tiles", lambda: {})
     # Small tiles (the interpreter's time grows with them): 6 or 15 tiles, 3 or 6 K steps.
     monkeypatch.setattr(variants, "SK_TILES", ((32, 64, 128, 4, 2), (16, 32, 64, 4, 3)))
     rows = variants.study_streamk(["tiny"], [40], lambda r: None)
@@ -98,7 +99,6 @@ def test_the_fp8_prologue_study_checks_every_case(variants, monkeypatch):
     # the second masked): every prologue plan gives the reference quantization's bits, every
     # whole call its reference output.
     on_a_tiny_shape(variants, monkeypatch, 48, 304)
-    monkeypatch.setattr(variants, "SHIPPED_TILES_FROM", variants.Path("/nonexistent"))   # the template's default tiles
     rows = variants.study_fp8_prologue(["tiny"], [1, 20], lambda r: None)
     prologue = [r for r in rows if r.get("part") == "prologue"]
     calls = [r for r in rows if r.get("part") == "fp8"]
