@@ -92,6 +92,9 @@ def compile_cuda(fn, types: dict, consts: dict, warps: int, stages: int, arch: i
     """fn compiled for GPUTarget("cuda", arch) (90: the H200; the tests also compile other NVIDIA
     architectures the device table supports)."""
     params = list(inspect.signature(fn.fn).parameters)
+    unknown = set(consts) - set(params)   # (types is a pool shared by kernels: not checked)
+    if unknown:   # a misspelt flag would otherwise compile the kernel's default silently
+        raise ValueError(f"{fn.fn.__name__} has no parameter {', '.join(sorted(unknown))}")
     sig, cx = {}, {}
     for i, p in enumerate(params):
         if p in consts:
