@@ -6,7 +6,7 @@ which differ only in their operands' dtype and the scales of the epilogue.
 
 Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
 tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1; stream-K's partial tiles go to a
-workspace slot per program and streamk_reduce_kernel adds them in program order. Nothing
+workspace slot per (program, tile it touches: at most two) and streamk_reduce_kernel adds them in program order. Nothing
 uses atomics.
 """
 from __future__ import annotations
@@ -271,7 +271,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
                        NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
-    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (PER_SM per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a

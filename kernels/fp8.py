@@ -226,8 +226,8 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
 # asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
 # run 15 (variants.py --study fp8-prologue): PDL alone saved 0.2-1.1 us at M = 1-64 on every
 # shape, 4 prefetched 128-byte lines per row another 0.4-1.0 us (16-32 lines lost on qkv and
-# gate_up); at M = 256 PDL cost up to 8.8 us (down 61 -> 69 us), at 4096 35-39 us, so it stops
-# at 64 rows.
+# gate_up); at M = 256 PDL cost up to 8.8 us (down 61 -> 69 us), at 4096 up to 39 us (down and
+# gate_up 35-39 us, qkv and o within 3.3 us), so it stops at 64 rows.
 PDL_MAX_ROWS = 64
 PDL_PREFETCH_LINES = 4
 

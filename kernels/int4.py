@@ -659,9 +659,10 @@ def default_tile(p: Problem) -> dict:
         t = common.default_gemm_tile(p.bucket, p.N, p.K, b, b)
         return dict(t, path=_DEQUANT_PATH[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
-        # fp32 x (IEEE products), buckets 2..128: the transposed product won every MiniLM key of
-        # the H200 re-tune (run 11), this tile 4 of the 6 keys of each bucket but 32 (none); the split-K tile
-        # below took a median 4.8x (up to 37x) as long.
+        # fp32 x (IEEE products), buckets 2..128: the transposed product won most of the MiniLM
+        # keys of the H200 re-tune of run 11 (NOTES run 11), where the split-K tile below took a
+        # median 4.8x (up to 37x) as long. (The cache shipped after run 15: 32 of these 42 keys
+        # swap, 8 slices, 2 split-K.)
         small = p.bucket <= 16
         return common.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)
     # Buckets 2..128: split-K over tensor-core tiles (measured 2x faster than the tiled
