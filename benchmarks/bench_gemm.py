@@ -63,10 +63,10 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
 
 
 def timings(fns) -> list[tuple[bool, float]]:
-    """[(graph, ms)]: eager and CUDA-graph replay. vsr's Python launch path costs 40-170 us of host
-    time per call (H200 run 6: bf16 qkv M=64 took 79.6 us eager and 28.9 us replayed; run 7: fp8
-    qkv M=1024 171 us of host time against 109 us replayed), which hides the kernel up to M ~ 1024
-    in eager timing; BENCHMARKS.md asks for both figures where that happens: every M here."""
+    """[(graph, ms)]: eager and CUDA-graph replay. vsr's Python launch path costs 31-158 us of host
+    time per call (H200 run 7, results/launch-overhead-nvidia-h200-2026-11-29-run7.json), which
+    hides the kernel up to M ~ 1024 in eager timing; BENCHMARKS.md asks for both figures where
+    that happens: every M here."""
     return [(False, eager_ms(fns[0])), (True, graph_ms(fns))]
 
 
