@@ -38,6 +38,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from vsr.runtime.errors import read_json_object
 from vsr.runtime.paths import cache_root
 
 BASE = "vsr/intent-minilm"
@@ -121,7 +122,7 @@ def _write_base(out: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     src = _encoder_dir()
-    config = json.loads((src / "config.json").read_text())
+    config = read_json_object(src / "config.json")
     for k in ("_name_or_path", "transformers_version", "gradient_checkpointing", "use_cache"):
         config.pop(k, None)
     names = labels()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from vsr.runtime.errors import PackageError
+from vsr.runtime.errors import PackageError, read_json_object
 
 SCHEMES = ("FP8_DYNAMIC", "W4A16", "W4A16_ASYM", "NVFP4", "NVFP4-AWQ")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
@@ -164,7 +164,7 @@ def compress_package(src_dir, out_dir, scheme: str, calibration_texts: list[str]
         raise PackageError(f"unknown compression scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     oneshot = _require_llmcompressor()
     src, out = Path(src_dir), Path(out_dir)
-    config = json.loads((src / "config.json").read_text())
+    config = read_json_object(src / "config.json")
     # Never write over something: a half-replaced package would pass for a whole one.
     if out.exists() and any(out.iterdir()):
         raise PackageError(f"{out}: the output folder exists and is not empty")

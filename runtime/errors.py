@@ -1,4 +1,8 @@
-"""The errors vsr reports to users. Each message names what is wrong: the file, tensor, revision or device."""
+"""The errors vsr reports to users. Each message names what is wrong: the file, tensor, revision or device.
+Also the one reader of a package's JSON files, which turns what can go wrong with one into a PackageError."""
+
+import json
+from pathlib import Path
 
 
 class VsrError(Exception):
@@ -15,3 +19,18 @@ class DeviceRefusal(VsrError):
 
 class RequestError(VsrError):
     """One request cannot be answered (empty, over-long, malformed); other requests still are."""
+
+
+def read_json_object(path: Path) -> dict:
+    """A package file's JSON object, or a PackageError that says what is wrong with the file."""
+    try:
+        config = json.loads(path.read_text())
+    except OSError as e:
+        raise PackageError(f"{path}: cannot be read: {e}") from None
+    except UnicodeDecodeError as e:
+        raise PackageError(f"{path}: not UTF-8 text: {e}") from None
+    except json.JSONDecodeError as e:
+        raise PackageError(f"{path}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    if not isinstance(config, dict):
+        raise PackageError(f"{path}: not a JSON object")
+    return config

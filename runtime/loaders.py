@@ -8,7 +8,6 @@ a broken package fails with the tensor's name before anything moves to a device.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Iterable
@@ -21,7 +20,7 @@ from vsr.kernels.fp8 import Fp8Weight
 from vsr.kernels.int4 import Int4Weight, pack_int4, unpack_int4
 from vsr.kernels.nvfp4 import BLOCK as NVFP4_BLOCK
 from vsr.kernels.nvfp4 import Nvfp4Weight
-from vsr.runtime.errors import PackageError
+from vsr.runtime.errors import PackageError, read_json_object
 from vsr.runtime.quant_config import Scheme, parse_quant_config
 
 SINGLE_FILE = "model.safetensors"
@@ -55,10 +54,9 @@ class PackageLoader:
         # name -> file holding it; filled from the index, or from the single file's header.
         self._where: dict[str, Path] = {}
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise PackageError(f"{index}: not a readable safetensors index ({e})") from None
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise PackageError(f"{index}: not a safetensors index (no weight_map object)")
             for name, fname in weight_map.items():
                 path = self.dir / fname
                 if not path.is_file():

@@ -24,7 +24,7 @@ import torch
 
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.runtime import device as device_table
-from vsr.runtime.errors import DeviceRefusal, PackageError
+from vsr.runtime.errors import DeviceRefusal, PackageError, read_json_object
 from vsr.runtime.paths import cache_root as _cache_root
 
 MANIFEST = "MODEL_MANIFEST.json"
@@ -235,21 +235,6 @@ def read_config(package_dir: Path) -> dict:
     if not path.is_file():
         raise PackageError(f"{package_dir}: no {CONFIG}: not a package folder")
     return read_json_object(path)
-
-
-def read_json_object(path: Path) -> dict:
-    """A package file's JSON object, or a PackageError that says what is wrong with the file."""
-    try:
-        config = json.loads(path.read_text())
-    except OSError as e:
-        raise PackageError(f"{path}: cannot be read: {e}") from None
-    except UnicodeDecodeError as e:
-        raise PackageError(f"{path}: not UTF-8 text: {e}") from None
-    except json.JSONDecodeError as e:
-        raise PackageError(f"{path}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    if not isinstance(config, dict):
-        raise PackageError(f"{path}: not a JSON object")
-    return config
 
 
 def model_dtype_of(config: dict) -> torch.dtype:

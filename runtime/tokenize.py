@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from vsr.runtime.errors import PackageError, RequestError
-from vsr.runtime.package import read_json_object
+from vsr.runtime.errors import PackageError, RequestError, read_json_object
 
 
 @dataclass

@@ -157,6 +157,17 @@ def test_shards_and_index(tmp_path):
         PackageLoader(pkg, config)
 
 
+@pytest.mark.parametrize("text,message", [("{\"weight_map\": {", "broken JSON at line 1"),
+                                          ("[]", "not a JSON object"),
+                                          ("{\"metadata\": {}}", "no weight_map object")])
+def test_a_broken_index_names_the_file_and_the_fault(tmp_path, text, message):
+    t = {f"layer{i}.weight": torch.ones(4, 16) * (i + 1) for i in range(2)}
+    pkg, config = write_pkg(tmp_path, t, None, shards=2)
+    (pkg / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(PackageError, match=f"model.safetensors.index.json: .*{message}"):
+        PackageLoader(pkg, config)
+
+
 def test_no_weights_file(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(PackageError, match="no model.safetensors"):
