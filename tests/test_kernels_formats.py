@@ -300,13 +300,15 @@ def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
 
 # --- int4 --------------------------------------------------------------------------------
 
-def int4_weight(g, G, symmetric, act_order, bias, dtype=torch.float16):
-    u = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
-    scale = (torch.rand(N, K // G, generator=g) * 0.05 + 1e-3).to(dtype)
-    zp = None if symmetric else torch.randint(0, 16, (N, K // G), generator=g, dtype=torch.int32)
-    perm = torch.randperm(K, generator=g) if act_order else None
+def int4_weight(g, G, symmetric, act_order, bias, dtype=torch.float16, Kx=K):
+    """A random int4 weight [N, Kx] with groups of G (the last one partial when G does not divide Kx)."""
+    KG = -(-Kx // G)
+    u = torch.randint(0, 16, (N, Kx), generator=g, dtype=torch.int32)
+    scale = (torch.rand(N, KG, generator=g) * 0.05 + 1e-3).to(dtype)
+    zp = None if symmetric else torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32)
+    perm = torch.randperm(Kx, generator=g) if act_order else None
     b = torch.randn(N, generator=g).to(dtype) if bias else None
-    return int4.Int4Weight(int4.pack_int4(u), scale, K, G, zp, perm, b).to(DEV)
+    return int4.Int4Weight(int4.pack_int4(u), scale, Kx, G, zp, perm, b).to(DEV)
 
 
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (True, True), (False, False)])
@@ -341,12 +343,8 @@ def test_int4_swap_path(symmetric, act_order, split):
 
 def test_int4_swap_path_uneven_k_and_fp32():
     g = gen(66)
-    Kodd, G = 196, 32        # a partial last word, a masked last BLOCK_K step
-    KG = -(-Kodd // G)
-    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, KG, generator=g) * 0.05).float(), Kodd, G,
-                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
-                        torch.randn(N, generator=g).float()).to(DEV)
+    Kodd = 196               # a partial last word, a masked last BLOCK_K step
+    w = int4_weight(g, 32, False, False, True, torch.float32, Kx=Kodd)
     x = torch.randn(3, Kodd, generator=g).float().to(DEV)
     tile = dict(TILED, path="swap", BLOCK_M=16, BLOCK_K=32, SPLIT_K=2)
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
@@ -374,12 +372,8 @@ def test_int4_slices_path_uneven_k(dtype):
     # K = 300: neither whole words nor whole 128-column blocks (x is zero-padded; the last word is
     # partial), three splits of which the last is short; fp32 activations multiply in IEEE fp32.
     g = gen(95)
-    Kodd, G = 300, 128
-    KG = -(-Kodd // G)
-    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kodd, G,
-                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
-                        torch.randn(N, generator=g).to(dtype)).to(DEV)
+    Kodd = 300
+    w = int4_weight(g, 128, False, False, True, dtype, Kx=Kodd)
     x = torch.randn(3, Kodd, generator=g).to(dtype).to(DEV)
     assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
 
@@ -393,12 +387,7 @@ def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
     # step over x as stored; K = 300: a partial last word and a masked last step; act_order: x
     # gathered by the weight's column permutation before the kernel.
     g = gen(120 + M + split + symmetric)
-    KG = -(-Kx // 128)
-    zp = None if symmetric else torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32)
-    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kx), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, KG, generator=g) * 0.05).to(dtype), Kx, 128, zero_point=zp,
-                        act_perm=torch.randperm(Kx, generator=g) if act_order else None,
-                        bias=torch.randn(N, generator=g).to(dtype)).to(DEV)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
     # M=150: 128 rows of x on 8 warps (the join tile of buckets 128-256, here on this test's 32
     # weight rows), over two row blocks (the second partial).
@@ -460,10 +449,8 @@ def test_int4_dequant_path_for_large_buckets(monkeypatch):
         assert_close(run(int4.launch, x, w, dict(TILED, path="dequant-tma", PERSISTENT=1)), int4.reference_linear(x, w))
     # K neither a multiple of the dequantization step nor of 8, group 32 (pointer-load tile only:
     # TMA needs 16-byte rows).
-    Kodd, G = 204, 32
-    w = int4.Int4Weight(int4.pack_int4(torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)),
-                        (torch.rand(N, 7, generator=g) * 0.05).half(), Kodd, G,
-                        torch.randint(0, 16, (N, 7), generator=g, dtype=torch.int32), None, None).to(DEV)
+    Kodd = 204
+    w = int4_weight(g, 32, False, False, False, Kx=Kodd)
     x = torch.randn(40, Kodd, generator=g).half().to(DEV)
     assert_close(run(int4.launch, x, w, dict(TILED, path="dequant", BLOCK_K=32)), int4.reference_linear(x, w))
 
@@ -474,11 +461,7 @@ def test_int4_gemv_path_uneven_k(split, G, bk):
     g = gen(14 + split + G)
     # K not a multiple of 8 nor of BLOCK_K (masked tails).
     Kodd = 204
-    KG = -(-Kodd // G)
-    u = torch.randint(0, 16, (N, Kodd), generator=g, dtype=torch.int32)
-    w = int4.Int4Weight(int4.pack_int4(u), (torch.rand(N, KG, generator=g) * 0.05).half(), Kodd, G,
-                        torch.randint(0, 16, (N, KG), generator=g, dtype=torch.int32), None,
-                        torch.randn(N, generator=g).half()).to(DEV)
+    w = int4_weight(g, G, False, False, True, Kx=Kodd)
     x = torch.randn(1, Kodd, generator=g).half().to(DEV)
     tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4,
             "num_stages": 2}
