@@ -13,16 +13,24 @@ import triton
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
+NEEDS_CUDA_BINARIES = pytest.mark.skipif(not (BIN / "cuobjdump").exists(),
+                                         reason="this Triton has no bundled CUDA binaries")
 
 
-@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
-def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
+def compile_outside_the_interpreter(*args: str) -> str:
+    """Run python with args, TRITON_INTERPRET unset (so @triton.jit functions compile), asserting
+    success; its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "inspect.json"
-    p = subprocess.run([sys.executable, str(BENCH / "inspect_kernels.py"), "--cases",
-                        "int4-swap-16x128,int4-slices-ptx-16x128",
-                        "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+@NEEDS_CUDA_BINARIES
+def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
+    out = tmp_path / "inspect.json"
+    compile_outside_the_interpreter(str(BENCH / "inspect_kernels.py"), "--cases",
+                                    "int4-swap-16x128,int4-slices-ptx-16x128", "--out", str(out))
     doc = json.loads(out.read_text())
     r, sl = doc["rows"]
     assert "error" not in r and "error" not in sl, (r.get("error"), sl.get("error"))
@@ -39,7 +47,7 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     assert sl["main_loop_instructions"] < r["main_loop_instructions"]
 
 
-@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
+@NEEDS_CUDA_BINARIES
 def test_int4_slices_and_join_compile_for_every_nvidia_architecture(tmp_path):
     # The slices and join kernels as the launcher configures them, for bf16 and fp16 x, on Ampere, Ada and
     # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
@@ -61,14 +69,12 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
         ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
         print("ok", cap, name, consts["PAIRS"])
 """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.count("ok") == 8
-    assert "ok (9, 0) bf16 True" in p.stdout and "ok (8, 9) bf16 False" in p.stdout
+    stdout = compile_outside_the_interpreter(str(script))
+    assert stdout.count("ok") == 8
+    assert "ok (9, 0) bf16 True" in stdout and "ok (8, 9) bf16 False" in stdout
 
 
-@pytest.mark.skipif(not (BIN / "cuobjdump").exists(), reason="this Triton has no bundled CUDA binaries")
+@NEEDS_CUDA_BINARIES
 def test_fp8_programmatic_dependent_launch_compiles_for_sm90(tmp_path):
     # The interpreter cannot run griddepcontrol or inline PTX, so the CPU tests never build the
     # PDL forms: compiled here for sm_90, the prologue releases its dependents, and the products
@@ -98,10 +104,8 @@ for on in (True, False):
         print(name, on, ptx.count("griddepcontrol.wait"), ptx.count("prefetch.global.L2"))
     print("quant", on, quant.asm["ptx"].count("griddepcontrol.launch_dependents"))
 """)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-2000:]
-    got = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in p.stdout.splitlines()}
+    stdout = compile_outside_the_interpreter(str(script))
+    got = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in stdout.splitlines()}
     # 128 rows x 4 lines over 128 threads: 4 prefetches per thread.
     assert got[("swap", "True")] == [1, 4] and got[("tile", "True")] == [1, 4], got
     assert got[("swap", "False")] == [0, 0] and got[("tile", "False")] == [0, 0], got
