@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+from vsr.autotune import store as store_mod
 from vsr.autotune import tuner
 from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.fake import FAKE_DENSE
@@ -222,7 +223,6 @@ def test_misses_do_not_reparse_an_unchanged_json(tmp_path, monkeypatch):
 
 
 def test_a_creation_cut_short_leaves_no_half_made_cache(tmp_path, monkeypatch):
-    from vsr.autotune import store as store_mod
     db = tmp_path / "new.db"
 
     def killed():
@@ -333,7 +333,6 @@ def test_new_cache_files_follow_the_umask(tmp_path):
     import os
     import stat
 
-    from vsr.autotune import store as store_mod
     old = os.umask(0o027)
     store_mod._umask.cache_clear()
     try:
@@ -356,3 +355,19 @@ def test_a_tile_the_store_lost_is_not_served_as_recorded(tmp_path, monkeypatch):
     with pytest.raises(CacheError, match="no longer holds it"):
         r.tile(FAKE_DENSE, problems()[0])
     assert r.tuned == [] and open_store(db).entries() == []
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(tmp_path, monkeypatch):
+    # The results writers and the JSON export rely on it: the new text whole, no temporary file
+    # left, and on a failure mid-write the previous file as it was.
+    path = tmp_path / "sub" / "out.json"
+    store_mod.write_atomic(path, "first")
+    store_mod.write_atomic(path, "second")
+    assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+    def fail(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(store_mod.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        store_mod.write_atomic(path, "third")
+    assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
