@@ -25,8 +25,11 @@ and their verdicts in NOTES.md: run 5 (int4 conversions, TMA descriptors, the fp
 quantization fused into the product kernel, 2.4-13x slower than the prologue; int4 swap
 products; persistent TMA kernels), run 10 (commit c5ab24d: mid-m and int4-tma; small-m and
 persistent, whose winners became the tma-swap and persistent defaults; the last two studies'
-code is in commit 3be4345), and run 11 (commit 764de3d: int4-slices, file
-results/variants-nvidia-h200-2026-11-29-run11-int4-slices.json, which became the slices path).
+code is in commit 3be4345), run 11 (commit 764de3d: int4-slices, file
+results/variants-nvidia-h200-2026-11-29-run11-int4-slices.json, which became the slices path),
+and run 16 (commit 5756a0f: fp8-one-row, the one-row quantization inside the transposed TMA
+product, 1-18% slower than the prologue and the product on all four shapes, file
+results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -358,52 +361,11 @@ def study_fp8_prologue(shapes, ms, log):
     return rows
 
 
-# The fp8-one-row study's shipped tiles: run 15's benchmark (the cache as this study found it).
-RUN15_TILES_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-30-run15.json"
-
-
-def study_fp8_one_row(shapes, ms, log):
-    """fp8 at one row: the activation's quantization inside the transposed TMA product (path
-    fp8.ONE_ROW_PATH: each program takes the row's amax, then quantizes the row's BLOCK_K
-    columns per step into row 0 of the MMA's 16-wide side) against the prologue kernel and the
-    product launched as its programmatic dependent (fp8.launch on run 15's shipped tile), and the
-    product alone on a prequantized x (what the prologue costs). One-row tiles: the shipped tile's
-    shape, prefetching 0, 4 or 8 lines per weight row, and the swap search space's tiles of
-    K steps up to 256 columns. (Run 9's fused kernel quantized all rows of every tile: 0.07-0.51x.)"""
-    shipped = {(sh, m): tile for (fmt, sh, m), tile in _tuned_tiles(RUN15_TILES_FROM).items() if fmt == "fp8"}
-    t = registry.TEMPLATES["fp8_w8a8"]
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("fp8-one-row", ("fp8",), shapes, ms, rows, log):
-        w8 = ws["fp8"]
-        tile = shipped.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
-        xq, xs = fp8.quantize_activation_triton(x)
-        cases = [("fp8.launch (prologue, PDL), shipped tile", tile, fp8.launch),
-                 ("product alone (x prequantized)", tile,
-                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out))]
-        if M == 1:
-            one = dict(tile, path=fp8.ONE_ROW_PATH)
-            lines = (0, 4, 8) if common.nvidia(x.device) else (0,)   # the interpreter has no inline PTX
-            cases += [(f"one row, shipped shape, prefetch {n} lines", one,
-                       lambda x_, w, tile_, out=None, n=n: fp8.launch(x_, w, tile_, out, prefetch=n)) for n in lines]
-            for c in common.swap_space(K, 1):
-                c = dict(c, path=fp8.ONE_ROW_PATH)
-                if c["BLOCK_K"] <= 256 and c != one:
-                    cases.append(("one row", c, fp8.launch))
-        ref = t.reference(x, w8[0])
-        for name, tile_, launch in cases:
-            row = _timed(dict(study="fp8-one-row", format="fp8", shape=sh, M=M, variant=name, tile=tile_),
-                         launch, x, tile_, w8, ref, base)
-            rows.append(row)
-            log(row)
-    return rows
-
-
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
            "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "fp8-one-row": (study_fp8_one_row, "1"),
            "streamk-occupancy": (study_streamk_occupancy, "256,512")}
 
 

@@ -101,107 +101,63 @@ def reference_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 @triton.jit
-def _row_amax(xrow, K, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, CHUNKED: tl.constexpr):
-    """(amax of |x| over the row's K columns, block A, block B): the row read once into two
-    power-of-two register blocks, columns [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408
-    is 16384 + 1024: no lane padded, where one block would pad to 32768); CHUNKED (rows too long
-    for registers): one pass over BLOCK_A-column chunks, and the blocks returned are empty."""
-    offs_a = tl.arange(0, BLOCK_A)
-    if CHUNKED:
-        amax_k = tl.zeros((BLOCK_A,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_A):
-            v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
-            amax_k = tl.maximum(amax_k, tl.abs(v.to(tl.float32)))
-        return tl.max(amax_k, axis=0), amax_k, amax_k
-    va = tl.load(xrow + offs_a, mask=offs_a < K, other=0.0)
-    amax = tl.max(tl.abs(va.to(tl.float32)), axis=0)
-    vb = va
-    if BLOCK_B > 0:
-        offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
-        vb = tl.load(xrow + offs_b, mask=offs_b < K, other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(vb.to(tl.float32)), axis=0))
-    return amax, va, vb
-
-
-@triton.jit
-def _row_scale(amax, EPS, X_DTYPE: tl.constexpr, RECIPROCAL: tl.constexpr):
-    """s = amax/448 rounded to x's dtype (division IEEE round-to-nearest, div_rn, as torch's), EPS
-    for an all-zero row; on CUDA, torch divides a tensor by a Python number as a product with its
-    fp32 reciprocal (one bit apart at times, seen on the H200), and RECIPROCAL does the same, so
-    the scales equal the reference's bits on each device."""
-    if RECIPROCAL:
-        s = (amax * 0.0022321429569274187).to(X_DTYPE).to(tl.float32)  # fp32(1/448), exact
-    else:
-        s = tl.div_rn(amax, 448.0).to(X_DTYPE).to(tl.float32)
-    return tl.where(s == 0.0, EPS, s)
-
-
-@triton.jit
-def _e4m3_codes(v, s, HW_CVT: tl.constexpr):
-    """e4m3_rne(v / s) as e4m3 codes (uint8), the quotient rounded to v's dtype first, as the
-    reference does."""
+def _quantize_chunk(v, s, xq_ptrs, mask, HW_CVT: tl.constexpr):
+    """Store e4m3_rne(v / s) with the quotient rounded to v's dtype first, as the reference does."""
     q = tl.div_rn(v.to(tl.float32), s).to(v.dtype).to(tl.float32)
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does
-        return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    return common.e4m3_encode(q)   # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
+        tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
+    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
+        tl.store(xq_ptrs, common.e4m3_encode(q), mask=mask)
 
 
 @triton.jit
 def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
                       CHUNKED: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr,
                       RELEASE: tl.constexpr):
-    """One program per row: s (_row_scale of the row's amax), then xq = e4m3_rne(x / s) as codes
-    (xq_ptr is uint8). CHUNKED: the second pass reads the row again, from L2.
+    """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
+    s = amax/448 (rounded to x's dtype, eps for an all-zero row); on CUDA, torch divides a
+    tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
+    seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
+    on each device; xq = e4m3_rne(x / s).
+    The row is read once and kept in registers as two power-of-two blocks, columns
+    [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
+    where one block would pad to 32768). CHUNKED (rows too long for registers): two passes
+    over BLOCK_A-column chunks, the second from L2.
     RELEASE: let the product, launched as this grid's programmatic dependent, start now; it
     waits for this grid's end before it reads xq (common.wait_for_producer)."""
     if RELEASE:
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * stride_xm
-    amax, va, vb = _row_amax(xrow, K, BLOCK_A, BLOCK_B, CHUNKED)
-    s = _row_scale(amax, EPS, x_ptr.dtype.element_ty, RECIPROCAL)
-    tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
     offs_a = tl.arange(0, BLOCK_A)
+    if CHUNKED:
+        amax_k = tl.zeros((BLOCK_A,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_A):
+            v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
+            amax_k = tl.maximum(amax_k, tl.abs(v.to(tl.float32)))
+        amax = tl.max(amax_k, axis=0)
+    else:
+        va = tl.load(xrow + offs_a, mask=offs_a < K, other=0.0)
+        amax = tl.max(tl.abs(va.to(tl.float32)), axis=0)
+        if BLOCK_B > 0:
+            offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
+            vb = tl.load(xrow + offs_b, mask=offs_b < K, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(vb.to(tl.float32)), axis=0))
+    if RECIPROCAL:
+        s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)  # fp32(1/448), exact
+    else:
+        s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+    s = tl.where(s == 0.0, EPS, s)
+    tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
     if CHUNKED:
         for k0 in range(0, K, BLOCK_A):
             v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
-            tl.store(xq_ptr + row * K + k0 + offs_a, _e4m3_codes(v, s, HW_CVT), mask=k0 + offs_a < K)
+            _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs_a, k0 + offs_a < K, HW_CVT)
     else:
-        tl.store(xq_ptr + row * K + offs_a, _e4m3_codes(va, s, HW_CVT), mask=offs_a < K)
+        _quantize_chunk(va, s, xq_ptr + row * K + offs_a, offs_a < K, HW_CVT)
         if BLOCK_B > 0:
-            offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
-            tl.store(xq_ptr + row * K + offs_b, _e4m3_codes(vb, s, HW_CVT), mask=offs_b < K)
-
-
-@triton.jit
-def _one_row_kernel(x_ptr, x_desc, w_desc, w_ptr, stride_wn, y_ptr, bias_ptr, cs_ptr, N, K, EPS,
-                    HAS_BIAS: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr,
-                    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, CHUNKED: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
-    """One row ("tma-swap-q"): the quantization inside the transposed TMA product, no prologue
-    kernel. Each program asks the L2 for the head of its weight rows, takes the row's scale
-    (the row read once into registers, as the prologue reads it), then per step quantizes the
-    row's BLOCK_K columns (fetched by TMA, zero past K) and places them in row 0 of the MMA's
-    16-wide side, the other 15 rows zero codes: acc[BN, 16] = W_tile · xq_tileᵀ, row scale ·
-    channel scale + bias in the epilogue. Only one row is ever divided, not the 16 of the tile
-    (run 9's fused kernel quantized every tile row of every program and lost)."""
-    off_n = tl.program_id(0) * BLOCK_N
-    if PREFETCH > 0:
-        common.prefetch_weight_rows(w_ptr, stride_wn, off_n, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
-    amax, va, vb = _row_amax(x_ptr, K, BLOCK_A, BLOCK_B, CHUNKED)
-    s = _row_scale(amax, EPS, x_ptr.dtype.element_ty, RECIPROCAL)
-    first = tl.arange(0, 16)[:, None] == 0
-    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        codes = _e4m3_codes(x_desc.load([0, k0]), s, HW_CVT)                     # [1, BK]
-        xt = tl.where(first, codes, 0).to(tl.float8e4nv, bitcast=True)           # [16, BK]
-        acc = tl.dot(w_desc.load([off_n, k0]), xt.T, acc)
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    yv = tl.sum(tl.where(first.T, acc, 0.0), axis=1)[None, :] * s   # row 0: the row scale first, as the reference
-    zero = tl.zeros((1,), dtype=tl.int32)
-    yv = common.epilogue(yv, zero, offs_n, 1, N, bias_ptr, bias_ptr, cs_ptr, bias_ptr, HAS_BIAS, False, True, False)
-    tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
+            _quantize_chunk(vb, s, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT)
 
 
 def _hardware_e4m3(dev: torch.device) -> bool:
@@ -247,26 +203,23 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
     p = plan or prologue_plan(K)
-    _act_quant_kernel[(M,)](x, xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
+    hw = _hardware_e4m3(x.device)
+    _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
-                            HW_CVT=_hardware_e4m3(x.device), RELEASE=release, num_warps=p.warps)
+                            HW_CVT=hw, RELEASE=release, num_warps=p.warps)
     return xq, s
 
 
 def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, *,
            plan: ProloguePlan | None = None, pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
-    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype: the activation prologue, then the
-    product on the tile's path (path ONE_ROW_PATH: both in one kernel). `plan`, `pdl` and
-    `prefetch` (the prologue plan, programmatic dependent launch, prefetched lines per weight
-    row) override the defaults below; the variant studies time them."""
+    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. `plan`, `pdl` and `prefetch` (the
+    prologue plan, programmatic dependent launch, prefetched lines per weight row) override the
+    defaults below; the variant studies time them."""
     common.check_tile(tile)
     x = common.check_activation(x, w.K, common.ACT_DTYPES, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
-        return y
-    if tile.get("path") == ONE_ROW_PATH:
-        launch_one_row(x, w, y, tile, plan=plan, prefetch=prefetch)
         return y
     if pdl is None:
         pdl = x.shape[0] <= PDL_MAX_ROWS and common.pdl_supported(x.device)
@@ -275,34 +228,6 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
         prefetch = PDL_PREFETCH_LINES
     launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch if pdl else 0)
     return y
-
-
-ONE_ROW_PATH = "tma-swap-q"
-
-
-def launch_one_row(x: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict, plan: ProloguePlan | None = None,
-                   prefetch: int | None = None) -> None:
-    """y[1, N] through _one_row_kernel (path ONE_ROW_PATH): x [1, K] with K·bytes % 16 == 0 (TMA);
-    `prefetch`: 128-byte lines of each weight row asked of the L2 first (PDL_PREFETCH_LINES on
-    NVIDIA GPUs; the interpreter has no inline PTX)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    M, K = x.shape
-    if M != 1:
-        raise ValueError(f"tile {tile} quantizes one row in the product; x has {M} rows")
-    if not common.tma_aligned(K, x.element_size(), 1):
-        raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
-    if x.stride(1) != 1 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)
-    bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
-    p = plan or prologue_plan(K)
-    if prefetch is None:
-        prefetch = PDL_PREFETCH_LINES if common.nvidia(x.device) else 0
-    _one_row_kernel[(common.cdiv(w.N, bn),)](
-        x, TensorDescriptor.from_tensor(x, [1, bk]), common.weight_descriptor(w, w.weight, [bn, bk]), w.weight,
-        w.weight.stride(0), y, y if w.bias is None else w.bias, w.weight_scale, w.N, K, dtype_eps(x.dtype),
-        HAS_BIAS=w.bias is not None, RECIPROCAL=x.is_cuda, HW_CVT=_hardware_e4m3(x.device), BLOCK_A=p.block_a,
-        BLOCK_B=p.block_b, CHUNKED=p.chunked, BLOCK_N=bn, BLOCK_K=bk, PREFETCH=prefetch, LINE_COLS=128,
-        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 
 # Few rows on Hopper and newer: the product is launched as the prologue's programmatic dependent,

@@ -18,7 +18,7 @@ def on_a_tiny_shape(variants, monkeypatch, N, K, graph_ms=lambda fns: [f() for f
     monkeypatch.setattr(variants, "ACT", torch.float16)
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
     monkeypatch.setattr(variants, "graph_ms", graph_ms)
-    for results in ("TUNED_FROM", "SHIPPED_TILES_FROM", "RUN15_TILES_FROM"):   # no H200 tiles: the templates' defaults
+    for results in ("TUNED_FROM", "SHIPPED_TILES_FROM"):   # no H200 tiles: the templates' defaults
         monkeypatch.setattr(variants, results, variants.Path("/nonexistent"))
 
 
@@ -108,15 +108,3 @@ def test_the_fp8_prologue_study_checks_every_case(variants, monkeypatch):
     assert {r["variant"] for r in calls} >= {"run-14 prologue + product", "new prologue + product",
                                              "product alone (x prequantized)"}
     assert any(r["plan"]["block_b"] == 64 for r in prologue) and any(r["plan"]["chunked"] for r in prologue)
-
-
-def test_the_fp8_one_row_study_checks_every_case(variants, monkeypatch):
-    # The fp8-one-row study on a tiny shape: the prologue path, the product alone and every one-row
-    # tile give the reference's output.
-    on_a_tiny_shape(variants, monkeypatch, 48, 304)
-    rows = variants.study_fp8_one_row(["tiny"], [1], lambda r: None)
-    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
-    assert all("error" not in r for r in cases), [r.get("error") for r in cases]
-    assert all(r["ok"] for r in cases), [(r["variant"], r["rel_err"]) for r in cases if not r["ok"]]
-    one_row = [r for r in cases if r["tile"]["path"] == "tma-swap-q"]
-    assert len({tuple(sorted(r["tile"].items())) for r in one_row}) >= 4, "the shipped shape and the swap tiles"
