@@ -40,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -369,6 +370,10 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "streamk-occupancy": (study_streamk_occupancy, "256,512")}
 
 
+# Seconds between rewrites of the results file while a study runs.
+SAVE_EVERY_S = 10.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default=",".join(STUDIES), help=f"comma-separated, of {', '.join(STUDIES)}")
@@ -381,22 +386,32 @@ def main(argv: list[str] | None = None) -> int:
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "triton": triton.__version__, "torch": torch.__version__}
     rows: list[dict] = []   # every row, as logged (a study logs each row it returns)
+    written = [0.0]         # when the file was last written
 
     def write(partial: bool) -> None:
-        # Rewritten after every row, so a run stopped by a time limit keeps what it measured (run
-        # 11's was stopped before it wrote anything); atomically, so a kill mid-write leaves the
-        # previous, whole file.
+        # Atomically, so a kill mid-write leaves the previous, whole file.
         write_atomic(Path(a.out), json.dumps(dict(head, partial=partial, rows=rows, seconds=time.time() - t0),
                                              indent=1))
+        written[0] = time.time()
 
     def log(r: dict) -> None:
+        # Written again at most every SAVE_EVERY_S seconds while the study runs, so even a run
+        # killed outright keeps most of what it measured (run 11's was stopped before it wrote
+        # anything), without the whole file being rewritten after every row.
         print(json.dumps(r), flush=True)
         rows.append(r)
-        write(True)
+        if time.time() - written[0] >= SAVE_EVERY_S:
+            write(True)
 
-    for name in a.study.split(","):
-        fn, default_ms = STUDIES[name]
-        fn(a.shapes.split(","), [int(m) for m in (a.ms or default_ms).split(",")], log)
+    # A run stopped by its time limit (`timeout` sends SIGTERM) or by an error writes what it has.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        for name in a.study.split(","):
+            fn, default_ms = STUDIES[name]
+            fn(a.shapes.split(","), [int(m) for m in (a.ms or default_ms).split(",")], log)
+    except BaseException:
+        write(True)
+        raise
     write(False)
     print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:

@@ -1,5 +1,10 @@
 """benchmarks/variants.py's studies build, run and check every case: their orchestration under the
 interpreter on a tiny shape (the figures themselves come from the H200)."""
+import json
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -47,8 +52,8 @@ def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
 
 
 def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path):
-    # Run 11's study was stopped by its time limit before it wrote its file: the file is now
-    # rewritten (whole, by rename) after every logged row.
+    # Run 11's study was stopped by its time limit before it wrote its file: a stopped run now
+    # writes its rows (whole, by rename) as it stops, and every SAVE_EVERY_S seconds before.
     def study(shapes, ms, log):
         for m in ms:
             log({"study": "fake", "shape": shapes[0], "M": m, "variant": "v", "ms": 1.0})
@@ -57,9 +62,27 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
     out = tmp_path / "v.json"
     with pytest.raises(TimeoutError):
         variants.main(["--study", "fake", "--shapes", "qkv", "--out", str(out)])
-    doc = __import__("json").loads(out.read_text())
+    doc = json.loads(out.read_text())
     assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
     assert [p.name for p in tmp_path.iterdir()] == ["v.json"], "no temporary file left beside it"
+
+
+def test_a_run_killed_by_its_time_limit_keeps_the_rows_it_logged(variants, tmp_path):
+    # `timeout` stops a run with SIGTERM: the run writes the rows it has before it exits.
+    out = tmp_path / "v.json"
+    code = (f"import importlib.util, os, signal\n"
+            f"spec = importlib.util.spec_from_file_location('v', {variants.__file__!r})\n"
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"def study(shapes, ms, log):\n"
+            f"    log({{'study': 'fake', 'shape': 'qkv', 'M': 1, 'variant': 'v', 'ms': 1.0}})\n"
+            f"    os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"m.STUDIES['fake'] = (study, '1')\n"
+            f"m.SAVE_EVERY_S = 1e9\n"
+            f"m.main(['--study', 'fake', '--shapes', 'qkv', '--out', {str(out)!r}])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1]
 
 
 @pytest.mark.parametrize("study,ms,block_ms", [("int4-join", [1, 20], {16, 32}), ("int4-join-tiles", [20], {32}),
