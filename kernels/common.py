@@ -6,7 +6,7 @@ which differ only in their operands' dtype and the scales of the epilogue.
 
 Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
 tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1; stream-K's partial tiles go to a
-workspace slot per (program, tile it touches: at most two) and streamk_reduce_kernel adds them in program order. Nothing
+workspace slot per (program with units, tile it touches: at most two) and streamk_reduce_kernel adds them in program order. Nothing
 uses atomics.
 """
 from __future__ import annotations
@@ -208,6 +208,20 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
 
 
 @triton.jit
+def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
+               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr):
+    """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
+    order, each whole (_tma_tile): tma_gemm_kernel's PERSISTENT form, and tma_streamk_kernel's
+    whole waves."""
+    for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
                     NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                     HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -223,30 +237,29 @@ def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, c
     cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
     one program, in the same order: the output does not depend on NUM_PROGRAMS.
     PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait."""
-    if PREFETCH > 0 and not PERSISTENT:
-        pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
-    wait_for_producer(WAIT)
     if PERSISTENT:
+        wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        for t in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-            pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
         pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if PREFETCH > 0:
+            prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+        wait_for_producer(WAIT)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """A stream-K launch's division of the work: (tiles in whole waves, leftover tiles, K steps
-    per tile, units), a unit being one (leftover tile, K step) pair."""
+    """A stream-K launch's division of the work: (tiles in whole waves, K steps per tile, units), a
+    unit being one (leftover tile, K step) pair; the num_tiles % NUM_PROGRAMS leftover tiles follow
+    the whole waves' in the swizzled order."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     sk_tiles = num_tiles % NUM_PROGRAMS
     iters = tl.cdiv(K, BLOCK_K)
-    return num_tiles - sk_tiles, sk_tiles, iters, sk_tiles * iters
+    return num_tiles - sk_tiles, iters, sk_tiles * iters
 
 
 @triton.jit
@@ -254,6 +267,21 @@ def _streamk_run(p, units, NUM_PROGRAMS):
     """Program p's run of units, [lo, hi): the P = NUM_PROGRAMS runs split the units evenly, in
     order; a run may be empty (fewer units than programs)."""
     return p * units // NUM_PROGRAMS, (p + 1) * units // NUM_PROGRAMS
+
+
+@triton.jit
+def _streamk_slot(p, u_lo):
+    """Program p's workspace slot pair (its run starting at unit u_lo), numbering only the programs
+    whose runs are not empty: p itself when every run holds a unit (units >= programs), else u_lo
+    (each run then holds one unit, and the non-empty runs start at distinct units 0, 1, ...: u_lo
+    <= p). So the workspace takes min(programs, units) pairs (launch_tma)."""
+    return tl.minimum(p, u_lo)
+
+
+@triton.jit
+def _streamk_overlap(u_lo, u_hi, s, iters):
+    """[lo, hi): the units of the run [u_lo, u_hi) that lie in leftover tile s (empty when lo >= hi)."""
+    return tl.maximum(u_lo, s * iters), tl.minimum(u_hi, (s + 1) * iters)
 
 
 @triton.jit
@@ -276,29 +304,27 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
     contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
-    its fp32 partial sums go to the workspace, slot (program, 0 or 1), and
+    its fp32 partial sums go to the workspace, slot (_streamk_slot, 0 or 1), and
     streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.)"""
     wait_for_producer(WAIT)
     pid = tl.program_id(0)
-    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
-    for t in tl.range(pid, dp_tiles, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
+    slot = _streamk_slot(pid, u_lo)
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
-        lo = tl.maximum(u_lo, s * iters)
-        hi = tl.minimum(u_hi, (s + 1) * iters)
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:
             pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
                               (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
-            tl.store(ws_ptr + (pid * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
 
 
 @triton.jit
@@ -310,22 +336,21 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
     epilogue(Σ partials) over the programs that shared the tile, in program order."""
     s = tl.program_id(0)
     r0 = tl.program_id(1) * ROWS
-    dp_tiles, sk_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     offs = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for p in range(first, last + 1):
         u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
-        if tl.maximum(u_lo, s * iters) < tl.minimum(u_hi, (s + 1) * iters):   # p's run covers part of tile s
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
+        if lo < hi:   # p's run covers part of tile s
             j = s - u_lo // iters
-            acc += tl.load(ws_ptr + (p * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
+            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
     pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    store_or_stash(acc, y_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                   1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 
 @triton.jit
@@ -451,8 +476,6 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     before it, which made `a` (wait_for_producer); its reduction kernels launch as usual.
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
-    prefetch = prefetch if wait else 0
-    line = dict(PREFETCH=prefetch, LINE_COLS=max(1, 128 // b.element_size()))
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -460,6 +483,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
     if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
         return
+    line = dict(PREFETCH=prefetch if wait else 0, LINE_COLS=max(1, 128 // b.element_size()))
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -488,11 +512,14 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         # 64-row tile has one warpgroup, so two or three programs may share a multiprocessor).
         programs = multiprocessors(a.device) * int(tile.get("PER_SM", 1))
         sk_tiles = tiles % programs
-        ws = torch.empty(programs * 2 * bm * bn if sk_tiles else 1, dtype=torch.float32, device=y.device)
+        # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);
+        # y itself, unused, when every tile lies in a whole wave (as workspace() for one split).
+        units = sk_tiles * cdiv(K, bk)
+        ws = torch.empty(min(programs, units) * 2 * bm * bn, dtype=torch.float32, device=y.device) if units else y
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
                                         IEEE=a.dtype == torch.float32, **flags, WAIT=wait, launch_pdl=wait,
                                         num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-        if sk_tiles:
+        if units:
             rows = min(bm, STREAMK_REDUCE_ROWS)
             streamk_reduce_kernel[(sk_tiles, bm // rows)](ws, y, *scales, M, N, K, y.stride(0), programs, **flags,
                                                          ROWS=rows, num_warps=4)
