@@ -107,9 +107,9 @@ def main() -> int:
             t4, tile4 = shipped_tile(res, w4[0], M)
             r = {"case": f"int4 M={M} parts", "shape": sh, "tile": tile4,
                  "call_us": us([lambda w=w: t4.launch(x, w, tile4) for w in w4])}
-            if tile4["path"].startswith("dequant"):
+            gt = int4.dense_tile(tile4)   # the dense tile a dequant path multiplies with (None for others)
+            if gt is not None:
                 dw = dense.DenseWeight(int4.dequantize_transient(w4[0], torch.bfloat16))
-                gt = dict(tile4, path=int4._DENSE_PATH[tile4["path"]])   # the dense tile it multiplies with
                 r["parts_checked"] = checked_launch(dense.launch, x, dw, gt, t4.reference(x, w4[0]))[0]
                 r.update(dequant_us=us([lambda w=w: int4.dequantize_transient(w, torch.bfloat16) for w in w4]),
                          gemm_us=us([lambda: dense.launch(x, dw, gt)]))

@@ -160,12 +160,20 @@ def _split_words(pid_k, KW_SPLIT, K8):
 
 
 @triton.jit
+def _tile_words(M, N, K8, KW_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The program of an int4 tensor-core kernel (grid: swizzled tiles x K splits): common.tile_setup's
+    (pid_k, offs_m, offs_n, rm, rn) and its split's words [kw_lo, kw_hi) (_split_words)."""
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
+    return pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi
+
+
+@triton.jit
 def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, IEEE: tl.constexpr = False):
-    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
+    pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -187,9 +195,9 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K,
         # u - zu through the mantissa of 2^23 (_nibble_field, which masks the nibble): no int-to-float convert.
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
-            b = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
+            b = _nibble_field(u, 0xF, zu.to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
         else:
-            b = _nibble_field(u, 0xF, 8388616.0).to(x_ptr.dtype.element_ty)
+            b = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if IEEE:  # fp32 activations (an explicit --dtype float32): exact products, never tf32
             part = tl.dot(a, b, input_precision="ieee")
@@ -210,8 +218,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     registers) and the few rows of x its narrow side (8-64 columns), instead of padding the rows
     up to the MMA's 64. Otherwise as the split-K path: BLOCK_K inside one group, the group scale
     on each tile's fp32 partial product, partial sums to the workspace in a fixed order."""
-    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
+    pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -231,9 +238,9 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
         g = k0 // GROUP
         if HAS_ZP:
             zu = tl.load(zp_ptr + rn * KG + g)
-            wt = _nibble_field(u, 0xF, (8388608.0 + zu.to(tl.float32))[:, None]).to(x_ptr.dtype.element_ty)
+            wt = _nibble_field(u, 0xF, zu.to(tl.float32)[:, None]).to(x_ptr.dtype.element_ty)
         else:
-            wt = _nibble_field(u, 0xF, 8388616.0).to(x_ptr.dtype.element_ty)
+            wt = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
         if IEEE:
             part = tl.dot(wt, xt, input_precision="ieee")
@@ -321,9 +328,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     words loaded a step ahead by hand (PREFETCH; the pipeliner already stages them by cp.async),
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER)."""
-    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
-    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
@@ -335,10 +341,10 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                 part = tl.dot(lo, tl.load(x_cols + j * W8), part)
                 part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
         else:
-            z = 8388608.0 + zu.to(tl.float32)
+            zf = zu.to(tl.float32)
             for j in tl.static_range(8):
                 xj = tl.load(x_cols + j * W8)
-                wj = _nibble_field(words >> (4 * j), 0xF, z[:, None]).to(xj.dtype)
+                wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
                 if IEEE:
                     part = tl.dot(wj, xj, part, input_precision="ieee")
                 else:
@@ -353,8 +359,8 @@ def _nibble_pair_fp32(words, zu):
     """The portable twin of _nibble_pair_bf16/_f16 in fp32: (u_j - zu, u_{j+4} - zu) of each
     (pre-shifted) word through the mantissa of 2^23, exactly; zu broadcasts against the words
     (the join kernel passes [BLOCK_N, 1])."""
-    z = 8388608.0 + zu.to(tl.float32)
-    return _nibble_field(words, 0xF, z), _nibble_field(words >> 16, 0xF, z)
+    zf = zu.to(tl.float32)
+    return _nibble_field(words, 0xF, zf), _nibble_field(words >> 16, 0xF, zf)
 
 
 @triton.jit
@@ -370,9 +376,8 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
     waits once behind 2, though its joined operand passes through shared memory (H200, run 12:
     4-11% faster than the slices default at M=16-64, 5-10% slower at M=1). Numerics as the slices
     path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product."""
-    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
-    kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
@@ -397,13 +402,13 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
 
 
 @triton.jit
-def _nibble_field(words, MASK: tl.constexpr, sub=8388608.0):
+def _nibble_field(words, MASK: tl.constexpr, zu=0):
     """(words & MASK) | 0x4B000000 read as fp32 is 2^23 + field, the field lying in the mantissa:
     minus 2^23 it is the field, exactly, as a float. One LOP3 and one FADD per nibble instead of
-    a shift, a mask and an int-to-float convert (a quarter-rate instruction on Hopper). `sub`
-    (2^23 by default) may also hold a zero point, 2^23 + zu (8388616.0 when symmetric, or a tensor
-    that broadcasts): the same subtraction then gives field - zu, exactly (field, zu < 16)."""
-    return ((words & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - sub
+    a shift, a mask and an int-to-float convert (a quarter-rate instruction on Hopper). `zu` (0 by
+    default; 8 when symmetric, or an fp32 tensor that broadcasts against the words) is a zero point
+    taken off in the same subtraction, of 2^23 + zu: field - zu, exactly (field, zu < 16)."""
+    return ((words & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + zu)
 
 
 @triton.jit
@@ -483,9 +488,9 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
     sc = tl.load(sc_ptr + rn * KG + g, mask=nmask, other=0.0).to(tl.float32)
     if HAS_ZP:
         zu = tl.load(zp_ptr + rn * KG + g, mask=nmask, other=0).to(tl.float32)
-        wv = _nibble_field(u, 0xF, (8388608.0 + zu)[:, None, None]) * sc[:, None, None]
+        wv = _nibble_field(u, 0xF, zu[:, None, None]) * sc[:, None, None]
     else:
-        wv = _nibble_field(u, 0xF, 8388616.0) * sc[:, None, None]
+        wv = _nibble_field(u, 0xF, 8) * sc[:, None, None]
     wv = tl.reshape(wv, (BLOCK_N, BLOCK_K))                                    # k = 8·word + nibble
     offs_k = k0 + tl.arange(0, BLOCK_K)
     tl.store(w_ptr + rn[:, None] * K + offs_k[None, :], wv.to(w_ptr.dtype.element_ty),
@@ -514,10 +519,11 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     y = common.output(x, N, out)
     if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
         return y
-    if path in _DENSE_PATH:
+    dtile = dense_tile(tile)
+    if dtile is not None:
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)
-        return dense.launch(x, dense.DenseWeight(wt, w.bias), dict(tile, path=_DENSE_PATH[path]), out=y)
+        return dense.launch(x, dense.DenseWeight(wt, w.bias), dtile, out=y)
     zp = w.zero_point if w.zero_point is not None else w.packed
     bias = w.bias if w.bias is not None else y
     k_split, split = common.split_plan(K, tile)
@@ -641,7 +647,7 @@ def default_tile(p: Problem) -> dict:
     bks = _bk_choices(group)
     if not bks:
         raise ValueError(f"int4 group size {group} has no BLOCK_K (32..256) that divides it")
-    if p.bucket <= 128 and _slices_ok(p):
+    if p.bucket <= 128 and _slices_ok(p) and p.act_dtype != torch.float32:   # fp32 x: the other paths
         return _slices_tiles(p)[0]
     if p.bucket == 1:
         # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
@@ -679,12 +685,19 @@ _DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant
 _DENSE_PATH = {v: k for k, v in _DEQUANT_PATH.items()}
 
 
-def _slices_ok(p: Problem, allow_fp32: bool = False) -> bool:
+def dense_tile(tile: dict) -> dict | None:
+    """The dense template's tile that a large-M path ("dequant", "dequant-tma", "dequant-sk")
+    multiplies its transient dense copy with (the same tile on "tiled", "tma" or "tma-sk"); None
+    for the paths that unpack in the kernel."""
+    path = _DENSE_PATH.get(tile.get("path"))
+    return None if path is None else dict(tile, path=path)
+
+
+def _slices_ok(p: Problem) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
-    one group, with half-precision activations (fp32 ones get the other paths by default).
-    allow_fp32 (the search space) lets fp32 x through: the slices tiles stay candidates there, and
-    the shipped H200 cache holds fp32 keys they won."""
-    return p.param("group", 128) % 128 == 0 and (allow_fp32 or p.act_dtype != torch.float32)
+    one group. (Its tiles are candidates for fp32 x too, and the shipped H200 cache holds fp32 keys
+    they won; the default and the join tiles, which refuse fp32 x, leave fp32 out themselves.)"""
+    return p.param("group", 128) % 128 == 0
 
 
 def _slices_tiles(p: Problem) -> list[dict]:
@@ -721,7 +734,7 @@ def _join_tiles(p: Problem) -> list[dict]:
     also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
     shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
     compile and the tuner skips it."""
-    if not 16 <= p.bucket <= 256 or not _slices_ok(p):
+    if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
     wide = [common.tile("join", 128, 128, 128, common._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
                         8, 3)] if p.bucket >= 128 else []
@@ -771,7 +784,7 @@ def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
     mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
-    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p, allow_fp32=True) else []
+    slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p) else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
