@@ -573,11 +573,12 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def check_activation(x: torch.Tensor, K: int, dtypes: tuple, device: torch.device, kernel: str) -> torch.Tensor:
-    """The launchers' checks on x (2-D, K columns, a dtype the kernel takes, the weight's device),
+def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str) -> torch.Tensor:
+    """The launchers' checks on x (2-D, K columns, one of ACT_DTYPES, the weight's device),
     returned with unit column stride."""
     assert x.dim() == 2 and x.shape[1] == K, f"x must be [M, K={K}], got {tuple(x.shape)}"
-    assert x.dtype in dtypes, f"{kernel} kernel takes {'/'.join(str(d)[6:] for d in dtypes)} activations, got {x.dtype}"
+    assert x.dtype in ACT_DTYPES, \
+        f"{kernel} kernel takes {'/'.join(str(d)[6:] for d in ACT_DTYPES)} activations, got {x.dtype}"
     assert x.device == device, f"x on {x.device}, weight on {device}"
     return x if x.stride(1) == 1 else x.contiguous()
 

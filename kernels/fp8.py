@@ -216,7 +216,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     prologue plan, programmatic dependent launch, prefetched lines per weight row) override the
     defaults below; the variant studies time them."""
     common.check_tile(tile)
-    x = common.check_activation(x, w.K, common.ACT_DTYPES, w.weight.device, "fp8")
+    x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:

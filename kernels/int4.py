@@ -501,7 +501,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
     explicit float32 run, multiplied in IEEE fp32)."""
     common.check_tile(tile)
-    x = common.check_activation(x, w.K, common.ACT_DTYPES, w.packed.device, "int4 W4A16")
+    x = common.check_activation(x, w.K, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
         "zero_point must be contiguous int32 (unpacked u-domain)"

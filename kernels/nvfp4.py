@@ -296,7 +296,7 @@ def _check(x: torch.Tensor, w: Nvfp4Weight, tile: dict) -> torch.Tensor:
     common.check_tile(tile)
     assert w.packed.is_contiguous() and w.block_scale.is_contiguous(), "packed and block_scale must be contiguous"
     assert tile["BLOCK_K"] % 32 == 0, f"BLOCK_K={tile['BLOCK_K']} must be a multiple of 32"
-    return common.check_activation(x, w.K, common.ACT_DTYPES, w.packed.device, "nvfp4")
+    return common.check_activation(x, w.K, w.packed.device, "nvfp4")
 
 
 def _alpha(w: Nvfp4Weight) -> torch.Tensor:
