@@ -754,17 +754,18 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         for path in paths:
             for bm, bn, bk, w, st in shapes:
                 cands.append(tile(path, bm, bn, bk, 1, w, st))
+        # The large TMA tiles (128 rows, 8 warps): the ones whose stream-K and persistent forms
+        # are tried (run 14: the 64-row stream-K ones lost everywhere; run 10: persistence paid there).
+        large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= STREAMK_FROM and "tma" in paths:
-            # Stream-K forms of the 128-row tiles (run 14: the 64-row ones lost everywhere).
-            cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
+            cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
         if bucket >= PERSISTENT_FROM and "tma" in paths:
-            # The persistent form of the large TMA tiles (128 rows, 8 warps), and the default's
-            # other form second (a short sweep's strided pick always sees it).
+            # The persistent forms, and the default's other form second (a short sweep's strided
+            # pick always sees it).
             other = dict(default, PERSISTENT=0 if default.get("PERSISTENT") else 1)
             if default["path"] == "tma":
                 cands.insert(1, {k: v for k, v in other.items() if v or k != "PERSISTENT"})
-            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in shapes
-                      if bm == 128 and w == 8]   # the large tiles, where it paid (run 10)
+            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in large]
         if bucket <= 128:  # split-K over tensor-core tiles stays a candidate for mid buckets
             for bm in (16, 32, 64):
                 if bm <= bucket:

@@ -224,7 +224,7 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
 
 def _quantize(x: torch.Tensor, gx: torch.Tensor, packed: bool):
     M, K = x.shape
-    blocks = min(64, triton.next_power_of_2(K // BLOCK))
+    blocks = min(64, common.next_pow2(K // BLOCK))
     grid = (M, common.cdiv(K // BLOCK, blocks))
     if packed:
         codes = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
