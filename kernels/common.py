@@ -12,7 +12,6 @@ uses atomics.
 from __future__ import annotations
 
 import functools
-import hashlib
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -22,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from vsr.kernels.template import Template, module_code_text
+from vsr.kernels.template import Template
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
 # pipelined operand tiles need more are pruned from the search space.
@@ -844,10 +843,3 @@ class KernelTemplate(Template):
     def modules(self) -> tuple[ModuleType, ...]:
         """The modules the source hash covers, each once, in order: the template's, this one, deps."""
         return tuple(dict.fromkeys((self.module, sys.modules[__name__]) + tuple(self.deps)))
-
-    @property
-    def source_hash(self) -> str:
-        h = hashlib.sha256()
-        for m in self.modules:
-            h.update(module_code_text(m).encode())
-        return h.hexdigest()[:16]

@@ -55,13 +55,18 @@ class Template:
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:
-        """The modules source_hash covers: the template's own."""
+        """The modules source_hash covers: the template's own (a subclass may add those its
+        kernels call into)."""
         return (self.module,)
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the template module's code: a changed kernel never reuses old tiles."""
-        return source_hash(self.module)
+        """sha256 of the code of `modules`, in order: a changed kernel never reuses old tiles. (For
+        one module it is source_hash(module).)"""
+        h = hashlib.sha256()
+        for m in self.modules:
+            h.update(module_code_text(m).encode())
+        return h.hexdigest()[:16]
 
 
 def code_text(module: ModuleType) -> str:
