@@ -1,7 +1,7 @@
 """GEMM benchmark: every vsr format x the 27B-class shapes x M, beside the peers, in one run.
 
     python benchmarks/bench_gemm.py [--ms 1,16,64,256,1024,4096] [--shapes ...] [--formats ...]
-                                    [--sweep N | --cache FILE] [--peers P,... | --no-peers | --no-gemlite]
+                                    [--sweep N | --cache FILE] [--peers P,... | --peers none]
                                     [--out FILE]
 
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
@@ -233,19 +233,19 @@ def ratio_table(rows, ceil) -> str:
     return "\n".join(lines)
 
 
-def peers_of(ap, a) -> tuple[str, ...]:
-    """The peers to time from --peers, --no-peers and --no-gemlite (an argparse error if the
-    options contradict each other or name an unknown provider)."""
-    if a.peers is None:
-        return () if a.no_peers else tuple(p for p in PEERS if not (a.no_gemlite and p == "gemlite"))
-    if a.no_peers or a.no_gemlite:
-        ap.error("--peers names the peers: leave out --no-peers and --no-gemlite")
-    peers = tuple(p for p in a.peers.split(",") if p)
+def peers_of(ap, spec: str | None) -> tuple[str, ...]:
+    """The peers to time from --peers: every one when it is not given, none for "none", else those
+    named (an argparse error for an unknown provider, or a list without the ratios' denominator)."""
+    if spec is None:
+        return PEERS
+    if spec == "none":
+        return ()
+    peers = tuple(p for p in spec.split(",") if p)
     unknown = set(peers) - set(PEERS)
     if unknown:
         ap.error(f"--peers: unknown {', '.join(sorted(unknown))} (known: {', '.join(PEERS)})")
     if "cublas-bf16" not in peers:
-        ap.error("--peers: cublas-bf16 is every ratio's denominator; name it (or use --no-peers)")
+        ap.error("--peers: cublas-bf16 is every ratio's denominator; name it (or use --peers none)")
     return peers
 
 
@@ -260,15 +260,13 @@ def main() -> int:
     ap.add_argument("--cache-formats", default="bf16,fp8,int4-gptq,int4-awq",
                     help="with --cache: the formats whose tiles come from it (the shipped cache records these); "
                          "any other format is swept with --sweep candidates, its rows saying so (tile_source)")
-    ap.add_argument("--no-peers", action="store_true", help="time no peer (no ratios: cuBLAS is a peer)")
-    ap.add_argument("--no-gemlite", action="store_true", help="all peers but gemlite")
     ap.add_argument("--peers", default=None,
                     help=f"comma-separated providers to time, of {', '.join(PEERS)} (default all); cublas-bf16 "
-                         "must be among them (the ratios' denominator)")
+                         "must be among them (the ratios' denominator); 'none' times no peer (and gives no ratios)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args()
-    a.peers = peers_of(ap, a)
+    a.peers = peers_of(ap, a.peers)
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     commit = code_commit()  # of the code as it is when the run starts

@@ -10,27 +10,22 @@ def bench_gemm(bench_script):
     return bench_script("bench_gemm")
 
 
-def _args(**kw):
-    return argparse.Namespace(**dict(dict(peers=None, no_peers=False, no_gemlite=False), **kw))
-
-
-def test_peers_of_the_options(bench_gemm):
+def test_peers_of_the_option(bench_gemm):
     ap = argparse.ArgumentParser()
-    assert bench_gemm.peers_of(ap, _args()) == bench_gemm.PEERS
-    assert bench_gemm.peers_of(ap, _args(no_peers=True)) == ()
-    assert "gemlite" not in bench_gemm.peers_of(ap, _args(no_gemlite=True))
-    assert bench_gemm.peers_of(ap, _args(peers="cublas-bf16,tinygemm")) == ("cublas-bf16", "tinygemm")
-    for bad in (dict(peers="cublas"), dict(peers="tinygemm"), dict(peers="cublas-bf16", no_gemlite=True)):
-        with pytest.raises(SystemExit):   # argparse's error: unknown, no denominator, contradictory
-            bench_gemm.peers_of(ap, _args(**bad))
+    assert bench_gemm.peers_of(ap, None) == bench_gemm.PEERS
+    assert bench_gemm.peers_of(ap, "none") == ()
+    assert bench_gemm.peers_of(ap, "cublas-bf16,tinygemm") == ("cublas-bf16", "tinygemm")
+    for bad in ("cublas", "tinygemm", "cublas-bf16,none"):
+        with pytest.raises(SystemExit):   # argparse's error: unknown, no denominator, "none" in a list
+            bench_gemm.peers_of(ap, bad)
 
 
 @pytest.mark.parametrize("peers", [("cublas-bf16",), ("cublas-bf16", "scaled_mm", "scaled_mm+quant"),
                                    ("cublas-bf16", "scaled_mm+quant")])
-def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, peers):
+def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, run_each_once, peers):
     # CPU stand-ins for the GPU: the device, and timing replaced by running the calls once.
     monkeypatch.setattr(bench_gemm, "DEV", "cpu")
-    monkeypatch.setattr(bench_gemm, "timings", lambda fns: [f() for f in fns] and [(True, 1.0)])
+    monkeypatch.setattr(bench_gemm, "timings", run_each_once([(True, 1.0)]))
     ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "fp8_TFLOPs": 1400.0}
     rows = bench_gemm.peer_rows("qkv", 64, 256, [1, 3], ceil, lambda r: None, peers)
     assert sorted({r["provider"] for r in rows}) == sorted(peers)
