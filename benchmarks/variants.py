@@ -311,7 +311,8 @@ def study_fp8_prologue(shapes, ms, log):
     at M <= 16 it is a second launch in series with a 17-35 us product.
     prologue rows: the prologue alone, each plan checked bit for bit against the reference
     quantization: run 14's plan, the two-register-block plan (fp8.prologue_plan) at its own and
-    at 4/8/16 warps, and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
+    at 4/8/16 warps, the same dividing bf16 rows by s instead of multiplying them by 1/s (run 16),
+    and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
     prologue then the product, the new prologue then the product, the same launched as
     programmatic dependents (PDL, sm_90+), and the product alone on a prequantized x."""
     tiles = {(sh, m): tile for (fmt, sh, m), tile in _tuned_tiles(SHIPPED_TILES_FROM).items() if fmt == "fp8"}
@@ -326,18 +327,20 @@ def study_fp8_prologue(shapes, ms, log):
         plans = plans if M in PLAN_MS else plans[:2]
         plans += [("chunked 2048, 4 warps", fp8.ProloguePlan(2048, 0, True, 4)),
                   ("chunked 4096, 8 warps", fp8.ProloguePlan(4096, 0, True, 8))]
+        plans = [(name, plan, False) for name, plan in plans]
+        plans.insert(2, ("two blocks, division", fp8.prologue_plan(K), True))   # bf16 x: no 1/s product
         seen = []
-        for name, plan in plans:
-            if plan in seen:
+        for name, plan, divide in plans:
+            if (plan, divide) in seen:
                 continue
-            seen.append(plan)
+            seen.append((plan, divide))
             row = dict(study="fp8-prologue", part="prologue", shape=sh, M=M, variant=name,
                        plan=dataclasses.asdict(plan))
             try:
-                xq, xs = fp8.quantize_activation_triton(x, plan)
+                xq, xs = fp8.quantize_activation_triton(x, plan, divide=divide)
                 row["ok"] = bool(torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
                                  and torch.equal(xs, rs[:, 0]))
-                row["ms"] = graph_ms([lambda p=plan: fp8.quantize_activation_triton(x, p)])
+                row["ms"] = graph_ms([lambda p=plan, d=divide: fp8.quantize_activation_triton(x, p, divide=d)])
             except Exception as e:
                 row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)

@@ -101,10 +101,24 @@ def reference_linear(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 @triton.jit
-def _quantize_chunk(v, s, xq_ptrs, mask, HW_CVT: tl.constexpr):
-    """Store e4m3_rne(v / s) with the quotient rounded to v's dtype first, as the reference does."""
-    q = tl.div_rn(v.to(tl.float32), s).to(v.dtype).to(tl.float32)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr):
+    """Store e4m3_rne(v / s) with the quotient rounded to v's dtype first, as the reference does.
+    BF16_RCP (bf16 v): where r > 0 (r = fp32(1/s), s normal), the quotient is fp32(v · r), one
+    product instead of an IEEE division, and rounded to bf16 it is the reference's number. Why:
+    v and s carry 8-bit significands, so v/s is never a bf16 rounding midpoint (a midpoint has 9
+    significant bits; m_v/m_s = odd/2^8 would need 2^8 to divide m_s) and lies at least 2^-16
+    (relative) from every one, while fp32(v · r) and torch's fp32(v / s) are both within 2^-23
+    of v/s: they round to the same bf16 value. (Not so for fp16's 11-bit significands: there
+    the margin is about as small as the error.) tests/test_kernels_formats.py checks it over
+    every bf16 significand pair."""
+    if BF16_RCP:
+        if r > 0.0:
+            q = v.to(tl.float32) * r
+        else:
+            q = tl.div_rn(v.to(tl.float32), s)
+    else:
+        q = tl.div_rn(v.to(tl.float32), s)
+    q = tl.minimum(tl.maximum(q.to(v.dtype).to(tl.float32), -448.0), 448.0)
     if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does
         tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
     else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
@@ -114,12 +128,13 @@ def _quantize_chunk(v, s, xq_ptrs, mask, HW_CVT: tl.constexpr):
 @triton.jit
 def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
                       CHUNKED: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr,
-                      RELEASE: tl.constexpr):
+                      RELEASE: tl.constexpr, BF16_RCP: tl.constexpr):
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
     s = amax/448 (rounded to x's dtype, eps for an all-zero row); on CUDA, torch divides a
     tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
     seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
-    on each device; xq = e4m3_rne(x / s).
+    on each device; xq = e4m3_rne(x / s), for bf16 x (BF16_RCP) as x · (1/s) rounded to bf16
+    where s is a normal number (_quantize_chunk).
     The row is read once and kept in registers as two power-of-two blocks, columns
     [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
     where one block would pad to 32768). CHUNKED (rows too long for registers): two passes
@@ -150,14 +165,16 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
         s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     s = tl.where(s == 0.0, EPS, s)
     tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
+    # 1/s where s >= 2^-125 (a normal number whose reciprocal is finite), else 0: divide instead.
+    r = tl.where(s >= 2.350988701644575e-38, tl.div_rn(s * 0.0 + 1.0, s), 0.0)
     if CHUNKED:
         for k0 in range(0, K, BLOCK_A):
             v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
-            _quantize_chunk(v, s, xq_ptr + row * K + k0 + offs_a, k0 + offs_a < K, HW_CVT)
+            _quantize_chunk(v, s, r, xq_ptr + row * K + k0 + offs_a, k0 + offs_a < K, HW_CVT, BF16_RCP)
     else:
-        _quantize_chunk(va, s, xq_ptr + row * K + offs_a, offs_a < K, HW_CVT)
+        _quantize_chunk(va, s, r, xq_ptr + row * K + offs_a, offs_a < K, HW_CVT, BF16_RCP)
         if BLOCK_B > 0:
-            _quantize_chunk(vb, s, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT)
+            _quantize_chunk(vb, s, r, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT, BF16_RCP)
 
 
 def _hardware_e4m3(dev: torch.device) -> bool:
@@ -195,10 +212,12 @@ def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
     return ProloguePlan(a, b, False, warps or max(1, min(16, a // 512)))
 
 
-def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None,
-                               release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None, release: bool = False,
+                               divide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype).
-    `release` (where common.pdl_supported): the next launch may be a programmatic dependent."""
+    `release` (where common.pdl_supported): the next launch may be a programmatic dependent.
+    `divide`: bf16 rows divided by s as other dtypes are, not multiplied by 1/s (the same bits;
+    the variant study times both)."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
@@ -206,7 +225,7 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     hw = _hardware_e4m3(x.device)
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
-                            HW_CVT=hw, RELEASE=release, num_warps=p.warps)
+                            HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16 and not divide, num_warps=p.warps)
     return xq, s
 
 

@@ -282,6 +282,32 @@ def test_fp8_tiled_and_tma_paths(monkeypatch):
         assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=128, SPLIT_K=split)), fp8.reference_linear(xs, w))
 
 
+def test_bf16_quotient_by_the_reciprocal_is_the_division():
+    # The prologue's bf16 rule (fp8._quantize_chunk, BF16_RCP): bf16(fp32(v · fp32(1/s))) ==
+    # bf16(fp32(v / s)) for bf16 v and s, checked for every pair of significands (v from 0 up
+    # through subnormals, s normal) at several exponent gaps, in torch's own arithmetic.
+    v = torch.arange(0, 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)   # every v >= 0
+    v = v[torch.isfinite(v)]
+    s_sig = torch.arange(128, 256, dtype=torch.float32) / 128          # the 128 normal significands
+    for e in (-125, -60, -7, 0, 9, 60, 119):
+        s = (s_sig * 2.0 ** e).to(torch.bfloat16)
+        q_div = (v.float()[:, None] / s.float()[None, :]).to(torch.bfloat16)
+        q_rcp = (v.float()[:, None] * (1.0 / s.float())[None, :]).to(torch.bfloat16)
+        assert torch.equal(q_div.view(torch.int16), q_rcp.view(torch.int16)), f"s exponent {e}"
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="bf16 casts need the GPU (the interpreter truncates them)")
+def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
+    # bf16 rows whose amax spans the exponent range, subnormal scales (the division path) included.
+    g = gen(77)
+    x = torch.randn(512, 1024, generator=g) * 2.0 ** torch.randint(-140, 120, (512, 1), generator=g).float()
+    x = x.to(torch.bfloat16).to(DEV)
+    xq, s = fp8.quantize_activation_triton(x)
+    rq, rs = fp8.quantize_activation(x)
+    assert (rs[:, 0].float() < 2.0 ** -125).any() and (rs[:, 0].float() > 1.0).any()
+    assert torch.equal(s, rs[:, 0]) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+
+
 def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     # torch on CUDA divides by a Python number as a product with the fp32 reciprocal; the kernel's
     # RECIPROCAL switch reproduces it (checked on CPU through the interpreter, where torch divides).
@@ -294,7 +320,7 @@ def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     xq = torch.empty((3, 16), dtype=fp8.FP8_DTYPE if hw else torch.uint8, device=DEV)
     s = torch.empty(3, device=DEV)
     fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, BLOCK_A=16, BLOCK_B=0, CHUNKED=False,
-                                RECIPROCAL=True, HW_CVT=hw, RELEASE=False)
+                                RECIPROCAL=True, HW_CVT=hw, RELEASE=False, BF16_RCP=False)
     assert torch.equal(s.cpu(), prod)
 
 
