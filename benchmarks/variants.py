@@ -27,7 +27,10 @@ products; persistent TMA kernels), run 10 (commit c5ab24d: mid-m and int4-tma; s
 persistent, whose winners became the tma-swap and persistent defaults; the last two studies'
 code is in commit 3be4345), run 11 (commit 764de3d: int4-slices, file
 results/variants-nvidia-h200-2026-11-29-run11-int4-slices.json, which became the slices path),
-and run 16 (commit 5756a0f: fp8-one-row, the one-row quantization inside the transposed TMA
+run 14 (commit 533c776: streamk-occupancy, stream-K tiles with 1-3 programs per
+multiprocessor, file results/variants-nvidia-h200-2026-11-30-run14-streamk-occupancy.json: more
+programs per multiprocessor did not help, and the tile field it used is gone), and run 16
+(commit 5756a0f: fp8-one-row, the one-row quantization inside the transposed TMA
 product, 1-18% slower than the prologue and the product on all four shapes, file
 results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json).
 
@@ -245,29 +248,6 @@ def study_streamk(shapes, ms, log):
     return rows
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K in bytes, warps, stages, programs per multiprocessor) of the
-# streamk-occupancy study.
-SK_OCC_TILES = ((64, 128, 128, 4, 3, 1), (64, 128, 128, 4, 3, 2), (64, 128, 128, 4, 3, 3),
-                (64, 256, 128, 4, 3, 2), (128, 128, 128, 8, 3, 1), (128, 128, 128, 8, 3, 2),
-                (128, 256, 128, 8, 3, 1))
-
-
-def study_streamk_occupancy(shapes, ms, log):
-    """bf16 at M = 256-512 (run 14 follow-up): stream-K with 1-3 programs per multiprocessor. Run 14's
-    64-row stream-K tiles ran one warpgroup per multiprocessor and lost to the plain 64-row tiles,
-    which the hardware packs two or three to a multiprocessor."""
-    t = registry.TEMPLATES["dense"]
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("streamk-occupancy", (), shapes, ms, rows, log):
-        wb = ws["bf16"]
-        cases = [("default tile", t.default_tile(t.problem(wb[0], bucket_for(M), x.dtype))),
-                 ("tma 64x128", common.tile("tma", 64, 128, 64, 1, 4, 3))]
-        cases += [(f"stream-K x{k}", dict(common.tile("tma-sk", bm, bn, kb // 2, 1, w, st), PER_SM=k))
-                  for bm, bn, kb, w, st, k in SK_OCC_TILES]
-        _run_cases(rows, log, t, x, cases, wb, base, study="streamk-occupancy", format="bf16", shape=sh, M=M)
-    return rows
-
-
 # The fp8-prologue study's product tiles: the shipped cache's fp8 tiles as run 14's benchmark ran
 # them (the cache itself is keyed by source hashes this branch changes).
 SHIPPED_TILES_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-30.json"
@@ -369,8 +349,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
-           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "streamk-occupancy": (study_streamk_occupancy, "256,512")}
+           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.

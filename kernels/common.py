@@ -298,7 +298,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
                        NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
-    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (PER_SM per multiprocessor) first
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
@@ -507,9 +507,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
     if tile.get("path") == "tma-sk":
-        # PER_SM: programs per multiprocessor (1: one 128-row tile's two warpgroups fill it; a
-        # 64-row tile has one warpgroup, so two or three programs may share a multiprocessor).
-        programs = multiprocessors(a.device) * int(tile.get("PER_SM", 1))
+        # One program per multiprocessor (H200 run 14, variants.py's streamk-occupancy study: two or
+        # three, for 64-row tiles of one warpgroup, did not help).
+        programs = multiprocessors(a.device)
         sk_tiles = tiles % programs
         # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);
         # y itself, unused, when every tile lies in a whole wave (as workspace() for one split).

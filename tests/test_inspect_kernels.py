@@ -98,7 +98,7 @@ for on in (True, False):
                                 PREFETCH=4 if on else 0), 4, 4)
     quant = ik.compile_cuda(fp8._act_quant_kernel, dict(x_ptr="*bf16", xq_ptr="*fp8e4nv", s_ptr="*bf16", K="i32",
                             stride_xm="i32", EPS="fp32"), dict(BLOCK_A=4096, BLOCK_B=1024, CHUNKED=False,
-                            RECIPROCAL=True, HW_CVT=True, RELEASE=on), 8, 1)
+                            RECIPROCAL=True, HW_CVT=True, RELEASE=on, BF16_RCP=True), 8, 1)
     for name, k in (("swap", swap), ("tile", tile)):
         ptx = k.asm["ptx"]
         print(name, on, ptx.count("griddepcontrol.wait"), ptx.count("prefetch.global.L2"))

@@ -16,29 +16,28 @@ def variants(bench_script):
     return bench_script("variants")
 
 
-def on_a_tiny_shape(variants, monkeypatch, N, K, graph_ms=lambda fns: [f() for f in fns] and 1.0):
-    """The studies on this machine's device, fp16 x (the interpreter's bf16 tl.dot is wrong, so bf16
-    outputs could not be checked), one shape "tiny" [N, K], timing replaced by graph_ms."""
-    monkeypatch.setattr(variants, "DEV", DEV)
-    monkeypatch.setattr(variants, "ACT", torch.float16)
-    monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
-    monkeypatch.setattr(variants, "graph_ms", graph_ms)
-    for results in ("TUNED_FROM", "SHIPPED_TILES_FROM"):   # no H200 tiles: the templates' defaults
-        monkeypatch.setattr(variants, results, variants.Path("/nonexistent"))
+@pytest.fixture
+def on_a_tiny_shape(variants, monkeypatch, run_each_once):
+    """setup(N, K, timed=None): the studies on this machine's device, fp16 x (the interpreter's bf16
+    tl.dot is wrong, so bf16 outputs could not be checked), one shape "tiny" [N, K], timing
+    replaced by running each call once (run_each_once; `timed` collects how many calls each
+    timing got)."""
+    def setup(N, K, timed=None):
+        monkeypatch.setattr(variants, "DEV", DEV)
+        monkeypatch.setattr(variants, "ACT", torch.float16)
+        monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
+        monkeypatch.setattr(variants, "graph_ms", run_each_once(1.0, timed))
+        for results in ("TUNED_FROM", "SHIPPED_TILES_FROM"):   # no H200 tiles: the templates' defaults
+            monkeypatch.setattr(variants, results, variants.Path("/nonexistent"))
+    return setup
 
 
-def test_the_study_runs_checks_and_times_every_case(variants, monkeypatch):
+def test_the_study_runs_checks_and_times_every_case(variants, on_a_tiny_shape):
     # The study on a tiny shape, timing replaced by running the calls: every case is built, run,
     # checked against its reference and recorded (the figures themselves come from the H200).
     # M=1: the GEMV too; M=130 is bucket 256: the 128-row tiles too.
     timed = []     # one entry per graph_ms call: how many calls it replayed
-
-    def fake_graph_ms(fns):
-        for f in fns:
-            f()
-        timed.append(len(fns))
-        return 1.0
-    on_a_tiny_shape(variants, monkeypatch, 64, 256, fake_graph_ms)
+    on_a_tiny_shape(64, 256, timed)
     rows = variants.study_int4_x(["tiny"], [1, 130], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
@@ -87,11 +86,11 @@ def test_a_run_killed_by_its_time_limit_keeps_the_rows_it_logged(variants, tmp_p
 
 @pytest.mark.parametrize("study,ms,block_ms", [("int4-join", [1, 20], {16, 32}), ("int4-join-tiles", [20], {32}),
                                                ("int4-join-wide", [130], {64, 128, 256})])
-def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, block_ms):
+def test_the_join_studies_check_every_case(variants, on_a_tiny_shape, study, ms, block_ms):
     # The int4 join studies (the template's join path beside its default tile) on a tiny shape
     # (three BLOCK_K steps), fp16 x: each case matches the reference; M=130 (bucket 256) takes the
     # wide study's 256-row tiles too.
-    on_a_tiny_shape(variants, monkeypatch, 64, 384)
+    on_a_tiny_shape(64, 384)
     rows = variants.STUDIES[study][0](["tiny"], ms, lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]   # the default tile's rows too
     assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
@@ -101,10 +100,10 @@ def test_the_join_studies_check_every_case(variants, monkeypatch, study, ms, blo
     assert all(r["study"] == study for r in rows)
 
 
-def test_the_streamk_study_checks_every_case(variants, monkeypatch):
+def test_the_streamk_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
     # The stream-K study on a tiny shape (K = 3-6 steps), fp16 x: every case of both formats
     # matches its reference, with the leftover tiles shared over the interpreter's 4 "multiprocessors".
-    on_a_tiny_shape(variants, monkeypatch, 160, 384)
+    on_a_tiny_shape(160, 384)
     # Small tiles (the interpreter's time grows with them): 6 or 15 tiles, 3 or 6 K steps.
     monkeypatch.setattr(variants, "SK_TILES", ((32, 64, 128, 4, 2), (16, 32, 64, 4, 3)))
     rows = variants.study_streamk(["tiny"], [40], lambda r: None)
@@ -117,11 +116,11 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch):
     assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
 
 
-def test_the_fp8_prologue_study_checks_every_case(variants, monkeypatch):
+def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
     # The fp8-prologue study on a tiny shape (K = 304: two register blocks, 256 + 64, 16 lanes of
     # the second masked): every prologue plan gives the reference quantization's bits, every
     # whole call its reference output.
-    on_a_tiny_shape(variants, monkeypatch, 48, 304)
+    on_a_tiny_shape(48, 304)
     rows = variants.study_fp8_prologue(["tiny"], [1, 20], lambda r: None)
     prologue = [r for r in rows if r.get("part") == "prologue"]
     calls = [r for r in rows if r.get("part") == "fp8"]
