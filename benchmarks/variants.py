@@ -32,7 +32,9 @@ multiprocessor, file results/variants-nvidia-h200-2026-11-30-run14-streamk-occup
 programs per multiprocessor did not help, and the tile field it used is gone), and run 16
 (commit 5756a0f: fp8-one-row, the one-row quantization inside the transposed TMA
 product, 1-18% slower than the prologue and the product on all four shapes, file
-results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json).
+results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json; commit e0d5ce4:
+fp8-program-quant, every program quantizing x's rows into xq itself before its TMA product,
+slower at M = 1-16, results/variants-nvidia-h200-2026-11-30-run16-fp8-program-quant.json).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -50,7 +52,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
@@ -346,110 +347,11 @@ def study_fp8_prologue(shapes, ms, log):
     return rows
 
 
-@triton.jit
-def _fp8_program_quant_kernel(x_ptr, xq_ptr, xq_desc, w_desc, w_ptr, stride_wn, y_ptr, bias_ptr, cs_ptr, M, N, K,
-                              stride_xm, stride_ym, EPS, HAS_BIAS: tl.constexpr, RECIPROCAL: tl.constexpr,
-                              HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr, BLOCK_A: tl.constexpr,
-                              BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
-    """fp8-program-quant: every program of the transposed TMA product quantizes x's M (<= 16) rows
-    itself, as the prologue kernel would (the row in two register blocks, fp8._quantize_chunk),
-    and writes them to xq: all programs write the same bytes. Each thread then fences its
-    writes for the copy engine (fence.proxy.async), the block syncs, and the product reads xq
-    by TMA as tma_swap_kernel does. No second kernel and no grid-wide wait, where the one-row
-    study's kernel took a register -> shared trip every step."""
-    off_n = tl.program_id(0) * BLOCK_N
-    if PREFETCH > 0:
-        common.prefetch_weight_rows(w_ptr, stride_wn, off_n, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
-    offs_a = tl.arange(0, BLOCK_A)
-    offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
-    rows = tl.arange(0, 16)
-    s_rows = tl.zeros((16,), dtype=tl.float32)
-    for m in range(M):
-        xrow = x_ptr + m * stride_xm
-        va = tl.load(xrow + offs_a, mask=offs_a < K, other=0.0)
-        amax = tl.max(tl.abs(va.to(tl.float32)), axis=0)
-        if BLOCK_B > 0:
-            vb = tl.load(xrow + offs_b, mask=offs_b < K, other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(vb.to(tl.float32)), axis=0))
-        if RECIPROCAL:
-            s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        s = tl.where(s == 0.0, EPS, s)
-        r = tl.where(s >= 2.350988701644575e-38, tl.div_rn(s * 0.0 + 1.0, s), 0.0)
-        fp8._quantize_chunk(va, s, r, xq_ptr + m * K + offs_a, offs_a < K, HW_CVT, BF16_RCP)
-        if BLOCK_B > 0:
-            fp8._quantize_chunk(vb, s, r, xq_ptr + m * K + offs_b, offs_b < K, HW_CVT, BF16_RCP)
-        s_rows = tl.where(rows == m, s, s_rows)
-    tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, $1;", "=r,r", [tl.full((1,), 0, tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
-    acc = common._tma_k_loop(xq_desc, w_desc, 0, off_n, 0, K, False, 16, BLOCK_N, BLOCK_K, True)
-    offs_n = off_n + tl.arange(0, BLOCK_N)
-    yv = tl.trans(acc) * s_rows[:, None]    # the row scale first, as the reference
-    yv = common.epilogue(yv, rows, offs_n, M, N, bias_ptr, bias_ptr, cs_ptr, bias_ptr, HAS_BIAS, False, True, False)
-    tl.store(y_ptr + rows[:, None] * stride_ym + offs_n[None, :], yv.to(y_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (offs_n[None, :] < N))
-
-
-def _launch_program_quant(x, w, tile, out=None, prefetch=4):
-    """y = fp8 linear through _fp8_program_quant_kernel on a tma-swap tile (M <= 16, bf16 x, CUDA)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    M, K = x.shape
-    assert M <= 16 and x.is_cuda and x.is_contiguous()
-    y = common.output(x, w.N, out)
-    xq = torch.empty((M, K), dtype=fp8.FP8_DTYPE, device=x.device)
-    bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
-    p = fp8.prologue_plan(K)
-    assert not p.chunked
-    _fp8_program_quant_kernel[(common.cdiv(w.N, bn),)](
-        x, xq, TensorDescriptor.from_tensor(xq, [16, bk]), common.weight_descriptor(w, w.weight, [bn, bk]), w.weight,
-        w.weight.stride(0), y, y if w.bias is None else w.bias, w.weight_scale, M, w.N, K, x.stride(0), y.stride(0),
-        fp8.dtype_eps(x.dtype), HAS_BIAS=w.bias is not None, RECIPROCAL=True, HW_CVT=True,
-        BF16_RCP=x.dtype == torch.bfloat16, BLOCK_A=p.block_a, BLOCK_B=p.block_b, BLOCK_N=bn, BLOCK_K=bk,
-        PREFETCH=prefetch, LINE_COLS=128, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    return y
-
-
-def study_fp8_program_quant(shapes, ms, log):
-    """fp8 at M <= 16 (run 16): x's quantization done by every program of the product itself
-    (_fp8_program_quant_kernel) against fp8.launch (the prologue kernel, then the product as
-    its programmatic dependent) and the product alone, on run 16's shipped tile; the new
-    kernel also with 0 and 8 prefetched lines and 4 or 8 warps."""
-    shipped = {(sh, m): tile for (fmt, sh, m), tile in _tuned_tiles(RUN16_TILES_FROM).items() if fmt == "fp8"}
-    t = registry.TEMPLATES["fp8_w8a8"]
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("fp8-program-quant", ("fp8",), shapes, ms, rows, log):
-        w8 = ws["fp8"]
-        tile = shipped.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
-        xq, xs = fp8.quantize_activation_triton(x)
-        cases = [("fp8.launch", tile, fp8.launch),
-                 ("product alone (x prequantized)", tile,
-                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out))]
-        if tile["path"] == "tma-swap" and tile["SPLIT_K"] == 1:
-            cases += [(f"program quant, prefetch {n}", tile,
-                       lambda x_, w, tile_, out=None, n=n: _launch_program_quant(x_, w, tile_, out, n)) for n in (0, 4, 8)]
-            cases += [(f"program quant, {wp} warps", dict(tile, num_warps=wp), _launch_program_quant) for wp in (8,)]
-        ref = t.reference(x, w8[0])
-        for name, tile_, launch in cases:
-            row = _timed(dict(study="fp8-program-quant", format="fp8", shape=sh, M=M, variant=name, tile=tile_),
-                         launch, x, tile_, w8, ref, base)
-            rows.append(row)
-            log(row)
-    return rows
-
-
-# The fp8-program-quant study's shipped tiles: run 16's benchmark.
-RUN16_TILES_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-30-run16.json"
-
-
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
-           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "fp8-program-quant": (study_fp8_program_quant, "1,2,4,16")}
+           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
