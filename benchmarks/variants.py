@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             write(True)
 
     # A run stopped by its time limit (`timeout` sends SIGTERM) or by an error writes what it has.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # The handler is this call's only: a caller's (pytest's, when a test calls main) comes back.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for name in a.study.split(","):
             fn, default_ms = STUDIES[name]
@@ -396,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         write(True)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     write(False)
     print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:

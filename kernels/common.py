@@ -272,7 +272,7 @@ def _streamk_run(p, units, NUM_PROGRAMS):
 def _streamk_slot(p, u_lo):
     """Program p's workspace slot pair (its run starting at unit u_lo), numbering only the programs
     whose runs are not empty: p itself when every run holds a unit (units >= programs), else u_lo
-    (each run then holds one unit, and the non-empty runs start at distinct units 0, 1, ...: u_lo
+    (each run then holds at most one unit, and the non-empty runs start at distinct units 0, 1, ...: u_lo
     <= p). So the workspace takes min(programs, units) pairs (launch_tma)."""
     return tl.minimum(p, u_lo)
 
@@ -507,8 +507,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
     if tile.get("path") == "tma-sk":
-        # One program per multiprocessor (H200 run 14, variants.py's streamk-occupancy study: two or
-        # three, for 64-row tiles of one warpgroup, did not help).
+        # One program per multiprocessor (H200 run 14, the streamk-occupancy study of commit 533c776:
+        # two or three, for 64-row tiles of one warpgroup, did not help).
         programs = multiprocessors(a.device)
         sk_tiles = tiles % programs
         # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);

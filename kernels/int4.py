@@ -696,7 +696,8 @@ def dense_tile(tile: dict) -> dict | None:
 def _slices_ok(p: Problem) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
     one group. (Its tiles are candidates for fp32 x too, and the shipped H200 cache holds fp32 keys
-    they won; the default and the join tiles, which refuse fp32 x, leave fp32 out themselves.)"""
+    they won; the default tile, which takes another path for fp32 x, and the join kernel, which
+    refuses fp32 x, leave fp32 out themselves.)"""
     return p.param("group", 128) % 128 == 0
 
 

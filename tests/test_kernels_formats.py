@@ -297,12 +297,18 @@ def test_bf16_quotient_by_the_reciprocal_is_the_division():
 
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 casts need the GPU (the interpreter truncates them)")
 def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
-    # bf16 rows whose amax spans the exponent range, subnormal scales (the division path) included.
+    # bf16 rows whose amax spans the exponent range (scales 2^-133 to about 2^112), subnormal scales
+    # (the division path) included.
     g = gen(77)
     x = torch.randn(512, 1024, generator=g) * 2.0 ** torch.randint(-140, 120, (512, 1), generator=g).float()
+    # Row 0: s = 2^-124 (the product's branch) over subnormal values whose quotients are not zero
+    # in e4m3 (a multiply that flushed subnormals to zero would lose them), and both zeros.
+    x[0] = 0.0
+    x[0, :7] = torch.tensor([448 * 2.0 ** -124, 2.0 ** -130, -(2.0 ** -131), 3 * 2.0 ** -133, 2.0 ** -133, 0.0, -0.0])
     x = x.to(torch.bfloat16).to(DEV)
     xq, s = fp8.quantize_activation_triton(x)
     rq, rs = fp8.quantize_activation(x)
+    assert rs[0, 0].float().item() == 2.0 ** -124 and (rq[0, 1:5].view(torch.uint8) & 0x7F != 0).all()
     assert (rs[:, 0].float() < 2.0 ** -125).any() and (rs[:, 0].float() > 1.0).any()
     assert torch.equal(s, rs[:, 0]) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
 

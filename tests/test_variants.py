@@ -58,9 +58,12 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
             log({"study": "fake", "shape": shapes[0], "M": m, "variant": "v", "ms": 1.0})
         raise TimeoutError("stopped")
     monkeypatch.setitem(variants.STUDIES, "fake", (study, "1,2,3"))
+    monkeypatch.setattr(variants, "SAVE_EVERY_S", float("inf"))   # only the write at the stop
     out = tmp_path / "v.json"
+    handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(TimeoutError):
         variants.main(["--study", "fake", "--shapes", "qkv", "--out", str(out)])
+    assert signal.getsignal(signal.SIGTERM) is handler, "main put back the caller's SIGTERM handler"
     doc = json.loads(out.read_text())
     assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
     assert [p.name for p in tmp_path.iterdir()] == ["v.json"], "no temporary file left beside it"
@@ -73,15 +76,16 @@ def test_a_run_killed_by_its_time_limit_keeps_the_rows_it_logged(variants, tmp_p
             f"spec = importlib.util.spec_from_file_location('v', {variants.__file__!r})\n"
             f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
             f"def study(shapes, ms, log):\n"
-            f"    log({{'study': 'fake', 'shape': 'qkv', 'M': 1, 'variant': 'v', 'ms': 1.0}})\n"
+            f"    for m_ in (1, 2):\n"
+            f"        log({{'study': 'fake', 'shape': 'qkv', 'M': m_, 'variant': 'v', 'ms': 1.0}})\n"
             f"    os.kill(os.getpid(), signal.SIGTERM)\n"
             f"m.STUDIES['fake'] = (study, '1')\n"
-            f"m.SAVE_EVERY_S = 1e9\n"
+            f"m.SAVE_EVERY_S = float('inf')\n"
             f"m.main(['--study', 'fake', '--shapes', 'qkv', '--out', {str(out)!r}])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
-    assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1]
+    assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2], "no periodic write: the rows come from the stop"
 
 
 @pytest.mark.parametrize("study,ms,block_ms", [("int4-join", [1, 20], {16, 32}), ("int4-join-tiles", [20], {32}),
