@@ -61,12 +61,8 @@ class Template:
 
     @property
     def source_hash(self) -> str:
-        """sha256 of the code of `modules`, in order: a changed kernel never reuses old tiles. (For
-        one module it is source_hash(module).)"""
-        h = hashlib.sha256()
-        for m in self.modules:
-            h.update(module_code_text(m).encode())
-        return h.hexdigest()[:16]
+        """source_hash of `modules`, in order: a changed kernel never reuses old tiles."""
+        return source_hash(*self.modules)
 
 
 def code_text(module: ModuleType) -> str:
@@ -106,5 +102,9 @@ def module_code_text(module: ModuleType) -> str:
     return code_text(module)
 
 
-def source_hash(module: ModuleType) -> str:
-    return hashlib.sha256(module_code_text(module).encode()).hexdigest()[:16]
+def source_hash(*modules: ModuleType) -> str:
+    """sha256 (16 hex digits) of the modules' code texts one after another."""
+    h = hashlib.sha256()
+    for m in modules:
+        h.update(module_code_text(m).encode())
+    return h.hexdigest()[:16]
