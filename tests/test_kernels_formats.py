@@ -281,6 +281,37 @@ def test_fp8_tiled_and_tma_paths(monkeypatch):
         assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=128, SPLIT_K=split)), fp8.reference_linear(xs, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU, torch.float32])
+def test_fp8_rows_with_nan_or_inf_follow_the_reference(dtype):
+    # torch's amax keeps a NaN, so the reference's scale and whole row are NaN; an inf row's scale
+    # is inf, its finite values quantize to zero and the inf itself to NaN (inf / inf). The
+    # kernel's max must not drop the NaN (a NaN clamped to 448 would leave a finite, wrong row).
+    # NaN codes are compared as NaN: the sign of a NaN differs between CPU and GPU arithmetic.
+    g = gen(91)
+    x = (torch.randn(5, K, generator=g) * 3).to(dtype)
+    x[0, 5] = float("nan")
+    x[1, 3] = float("inf")
+    x[2, 7] = -float("inf")
+    x[3] = 0.0
+    x[3, K - 1] = float("nan")                  # NaN in an otherwise all-zero row (the eps rule)
+    x = x.to(DEV)
+    xq, s = fp8.quantize_activation_triton(x)
+    rq, rs = fp8.quantize_activation(x)
+    torch.testing.assert_close(s, rs[:, 0], rtol=0, atol=0, equal_nan=True)
+    codes, ref = xq.view(torch.uint8).cpu(), rq.view(torch.uint8).cpu()
+    nan, ref_nan = codes & 0x7F == 0x7F, ref & 0x7F == 0x7F
+    assert torch.equal(nan, ref_nan) and nan[0].all() and nan[3].all() and not nan[4].any()
+    assert torch.equal(codes[~nan], ref[~ref_nan])
+    w = fp8_weight(g, dtype, True)
+    y = run(fp8.launch, x, w, fp8.default_tile(fp8.problem(w, bucket_for(5), dtype)))
+    # NaN rows give NaN outputs; inf rows, NaN on the GPU as in the reference, and on the CPU
+    # something not finite (the interpreter decodes the e4m3 NaN code as 480).
+    assert y[[0, 3]].isnan().all() and not y[[1, 2]].isfinite().any() and y[4].isfinite().all()
+    if DEV == "cuda":
+        assert y[[1, 2]].isnan().all()
+    assert_close(y[4:], fp8.reference_linear(x[4:], w), FP8_GPU_TOL if DEV == "cuda" and dtype == torch.float32 else None)
+
+
 def test_bf16_quotient_by_the_reciprocal_is_the_division():
     # The prologue's bf16 rule (fp8._quantize_chunk, BF16_RCP): bf16(fp32(v · fp32(1/s))) ==
     # bf16(fp32(v / s)) for bf16 v and s, checked for every pair of significands (v from 0 up
