@@ -145,10 +145,10 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
                       RELEASE: tl.constexpr, BF16_RCP: tl.constexpr):
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
     s = amax/448 (rounded to x's dtype, eps for an all-zero row, NaN for a row holding a NaN, so
-    that, as in the reference, the whole row's output is NaN rather than a NaN clamped to 448); on CUDA, torch divides a
-    tensor by a Python number as a product with its fp32 reciprocal (one bit apart at times,
-    seen on the H200), and RECIPROCAL does the same, so the scales equal the reference's bits
-    on each device; xq = e4m3_rne(x / s), for bf16 x (BF16_RCP) as x · (1/s) rounded to bf16
+    that, as in the reference, the whole row's output is NaN rather than a NaN clamped to 448);
+    on CUDA, torch divides a tensor by a Python number as a product with its fp32 reciprocal (one
+    bit apart at times, seen on the H200), and RECIPROCAL does the same, so the scales equal the
+    reference's bits on each device; xq = e4m3_rne(x / s), for bf16 x (BF16_RCP) as x · (1/s) rounded to bf16
     where s is a normal number (_quantize_chunk).
     The row is read once and kept in registers as two power-of-two blocks, columns
     [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
