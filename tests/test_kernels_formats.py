@@ -326,6 +326,25 @@ def test_bf16_quotient_by_the_reciprocal_is_the_division():
         assert torch.equal(q_div.view(torch.int16), q_rcp.view(torch.int16)), f"s exponent {e}"
 
 
+def test_fp8_bf16_prologue_branches_run_everywhere():
+    # The bf16 prologue's two branches, product with 1/s and division, on any device: scales that
+    # are powers of two make every quotient exact, so the interpreter's truncating bf16 casts give
+    # the reference's bits too. Rows: s = 2^-3 and 2^-124 (the product), 2^-126 (below 2^-125: the
+    # division), each over random values from s to its amax, of either sign. (Subnormal scales
+    # and values are checked on the GPU only: the interpreter flushes them to zero.)
+    g = gen(93)
+    x = (1 + torch.rand(3, K, generator=g) * 447) * torch.sign(torch.rand(3, K, generator=g) - 0.5)
+    for row, e in enumerate((-3, -124, -126)):
+        x[row] *= 2.0 ** e
+        x[row, row] = 448 * 2.0 ** e
+    x = x.to(torch.bfloat16).to(DEV)
+    xq, s = fp8.quantize_activation_triton(x)
+    rq, rs = fp8.quantize_activation(x)
+    assert rs[:, 0].float().tolist() == [2.0 ** -3, 2.0 ** -124, 2.0 ** -126]
+    assert torch.equal(s, rs[:, 0]) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+    assert (xq.view(torch.uint8) & 0x7F != 0).float().mean() > 0.9, "the rows quantize to non-zero codes"
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 casts need the GPU (the interpreter truncates them)")
 def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
     # bf16 rows whose amax spans the exponent range (scales 2^-133 to about 2^112), subnormal scales
