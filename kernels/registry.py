@@ -16,7 +16,6 @@ TEMPLATES: dict[str, Template] = {
 }
 
 
-
 def _fp4_tensor_cores(device: torch.device | None) -> bool:
     if not torch.cuda.is_available() or torch.version.hip is not None:
         return False
