@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common
-from vsr.kernels.fp8 import e4m3_rne
+from vsr.kernels.fp8 import _abs_bits, e4m3_rne
 from vsr.kernels.template import Problem
 
 BLOCK = 16
@@ -177,6 +177,9 @@ def _e2m1_code(xq):
     return c
 
 
+NAN = tl.PropagateNan.ALL   # min/max that keep a NaN, as torch's clamp does
+
+
 @triton.jit
 def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
                       PACKED: tl.constexpr, BLOCKS: tl.constexpr):
@@ -194,17 +197,21 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
     xo = tl.load(xrow + col_e + 1, mask=bmask, other=0.0)
     xe32 = xe.to(tl.float32)
     xo32 = xo.to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(xe32), axis=1), tl.max(tl.abs(xo32), axis=1))
+    # A block holding a NaN gets a NaN scale (code 0x7F), codes 0 and, in the emulation, NaN
+    # values, as the reference: the amax keeps the NaN (fp8's _abs_bits) and the clamps
+    # propagate it, where a float max would drop it and leave a finite, wrong block.
+    amax = tl.maximum(tl.max(_abs_bits(xe), axis=1), tl.max(_abs_bits(xo), axis=1)).to(tl.float32, bitcast=True)
     amax6 = tl.div_rn(amax, 6.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     gx = tl.load(gx_ptr).to(tl.float32)
-    sv = tl.minimum(tl.maximum(gx * amax6, -448.0), 448.0)
-    scode = common.e4m3_encode(sv)
-    s = common.e4m3_decode(scode)
-    scode = tl.where(s == 0.0, 0x20, scode.to(tl.int32)).to(tl.uint8)   # 0x20 is e4m3 0.125
+    sv = tl.minimum(tl.maximum(gx * amax6, -448.0, propagate_nan=NAN), 448.0, propagate_nan=NAN)
+    nan = sv != sv
+    scode = tl.where(nan, 0x7F, common.e4m3_encode(tl.where(nan, 0.0, sv)).to(tl.int32))
+    s = tl.where(nan, sv, common.e4m3_decode(scode))
+    scode = tl.where(s == 0.0, 0x20, scode).to(tl.uint8)   # 0x20 is e4m3 0.125
     s = tl.where(s == 0.0, 0.125, s)
     eff = tl.div_rn(s, gx)
-    qe = tl.minimum(tl.maximum(tl.div_rn(xe32, eff[:, None]), -6.0), 6.0)
-    qo = tl.minimum(tl.maximum(tl.div_rn(xo32, eff[:, None]), -6.0), 6.0)
+    qe = tl.minimum(tl.maximum(tl.div_rn(xe32, eff[:, None]), -6.0, propagate_nan=NAN), 6.0, propagate_nan=NAN)
+    qo = tl.minimum(tl.maximum(tl.div_rn(xo32, eff[:, None]), -6.0, propagate_nan=NAN), 6.0, propagate_nan=NAN)
     ce = _e2m1_code(qe)
     co = _e2m1_code(qo)
     if PACKED:

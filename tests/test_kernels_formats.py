@@ -601,6 +601,28 @@ def test_nvfp4_activation_quantization_is_bit_exact(dtype):
     assert torch.equal(s.view(torch.uint8), rs.view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_nvfp4_blocks_with_nan_follow_the_reference(dtype):
+    # A 16-column block holding a NaN: the reference's scale is NaN and its codes 0, so the
+    # emulated product's row is NaN; the row's other blocks, and the other rows, quantize as usual.
+    g = gen(12)
+    x = (torch.randn(3, K, generator=g) * 4).to(dtype)
+    x[0, 20] = float("nan")
+    x[1, 3] = float("inf")
+    x = x.to(DEV)
+    gx = torch.tensor(1.0, device=DEV)
+    codes, s = nvfp4.quantize_activation_triton(x, gx)
+    rc, rs = nvfp4.quantize_activation(x, gx)
+    assert rs[0, 1].float().isnan() and s[0, 1].float().isnan() and not s[0, 0].float().isnan()
+    assert torch.equal(codes, rc)
+    sb, rb = s.view(torch.uint8), rs.view(torch.uint8)
+    assert torch.equal(sb & 0x7F, rb & 0x7F), "the same scales (a NaN's sign aside)"
+    w = nvfp4_weight(g, True, bias=False, dtype=dtype)
+    y = run(nvfp4.launch_emulated, x, w, nvfp4.default_tile(nvfp4.problem(w, bucket_for(3), dtype)))
+    assert y[0].isnan().all() and y[1:].isfinite().all()
+    assert_close(y[1:], nvfp4.reference_linear(x[1:], w))
+
+
 def test_nvfp4_emulated_tiled_path():
     g = gen(10)
     w = nvfp4_weight(g, True, bias=True, dtype=torch.float16)
