@@ -363,6 +363,54 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
     assert torch.equal(s, rs[:, 0]) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
 
 
+def test_fp8_launch_decisions(monkeypatch):
+    # fp8.launch's choices, recorded on any device: up to PDL_MAX_ROWS rows (where the device has
+    # programmatic dependent launch) the prologue releases its dependent and the product waits and
+    # prefetches PDL_PREFETCH_LINES lines; beyond, neither; from PROLOGUE_LARGE_M rows the prologue
+    # plan takes PROLOGUE_LARGE_M_WARPS warps. The product itself runs as usual (without PDL, which
+    # the interpreter lacks) and is checked against the reference.
+    g = gen(95)
+    w = fp8_weight(g, torch.float16, True)
+    seen = {}
+    real_quantize, real_product, real_plan = fp8.quantize_activation_triton, fp8.launch_product, fp8.prologue_plan
+
+    def quantize(x, plan=None, release=False, divide=False):
+        seen["release"] = release
+        return real_quantize(x, plan, False, divide)
+
+    def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
+        seen.update(wait=wait, prefetch=prefetch)
+        real_product(xq, xs, w_, y, tile)
+
+    def plan(K_, warps=None):
+        seen["warps"] = warps
+        return real_plan(K_, warps)
+    monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
+    monkeypatch.setattr(fp8, "launch_product", product)
+    monkeypatch.setattr(fp8, "prologue_plan", plan)
+    monkeypatch.setattr(common, "pdl_supported", lambda device: True)
+    monkeypatch.setattr(fp8, "PDL_MAX_ROWS", 4)
+    for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, 0)):
+        x = torch.randn(M, K, generator=g).half().to(DEV)
+        y = run(fp8.launch, x, w, TILED)
+        assert_close(y, fp8.reference_linear(x, w))
+        assert seen == dict(release=release, wait=release, prefetch=prefetch, warps=None), (M, seen)
+    monkeypatch.setattr(fp8, "PROLOGUE_LARGE_M", 5)
+    fp8.launch(torch.randn(5, K, generator=g).half().to(DEV), w, TILED)
+    assert seen["warps"] == fp8.PROLOGUE_LARGE_M_WARPS
+
+
+def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
+    g = gen(96)
+    w = fp8_weight(g, torch.float16, False)
+    x = torch.randn(2, K, generator=g).half().to(DEV)
+    with pytest.raises(ValueError, match="covers 192 of the row's 256 columns"):
+        fp8.launch(x, w, TILED, plan=fp8.ProloguePlan(128, 64, False, 1))
+    if not common.pdl_supported(x.device):
+        with pytest.raises(ValueError, match="programmatic dependent launch needs"):
+            fp8.launch(x, w, TILED, pdl=True)
+
+
 def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     # torch on CUDA divides by a Python number as a product with the fp32 reciprocal; the kernel's
     # RECIPROCAL switch reproduces it (checked on CPU through the interpreter, where torch divides).
