@@ -110,8 +110,9 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
     odd/2^9 in [1/2, 1), would need 2^8 to divide m_s) and lies more than 2^-17 (relative) from
     every one (2^-16.86 at the closest pair, m_v = 233, m_s = 241), while fp32(v · r) and
     torch's fp32(v / s) are both within 2^-23 of v/s: they round to the same bf16 value.
-    tests/test_kernels_formats.py checks it over every bf16 significand pair, on the CPU in
-    torch's arithmetic and on the GPU in this kernel. (fp16 divides: with 11-bit significands
+    tests/test_kernels_formats.py checks it over every bf16 significand pair in torch's
+    arithmetic, and this kernel on both branches (exactly on any device, over random rows from
+    subnormal to large scales on the GPU). (fp16 divides: with 11-bit significands
     the margin is no larger than the error, and the quotients do differ, if only below fp16's
     normal range, where they round to an e4m3 zero.)"""
     if BF16_RCP:
@@ -278,8 +279,9 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
 # asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
 # run 15 (variants.py --study fp8-prologue): PDL alone saved 0.2-1.1 us at M = 1-64 on every
 # shape, 4 prefetched 128-byte lines per row another 0.4-1.0 us (16-32 lines lost on qkv and
-# gate_up); at M = 256 PDL cost up to 8.8 us (down 61 -> 69 us), at 4096 up to 39 us (down and
-# gate_up 35-39 us, qkv and o within 3.3 us), so it stops at 64 rows.
+# gate_up); at M = 256 PDL cost 3-9 us on o and down in runs 15 and 16 alike (down 61 -> 69 us
+# and 58.6 -> 65.7), so it stops at 64 rows. (At M = 4096 run 15 saw it cost up to 39 us and run
+# 16 saw it gain 19-30 us on qkv and gate_up: within the noise of calls that long.)
 PDL_MAX_ROWS = 64
 PDL_PREFETCH_LINES = 4
 
