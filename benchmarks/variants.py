@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.resolver import TileResolver  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, int4, registry  # noqa: E402
 
@@ -250,9 +251,10 @@ def study_streamk(shapes, ms, log):
     return rows
 
 
-# The fp8-prologue study's product tiles: the shipped cache's fp8 tiles as run 14's benchmark ran
-# them (the cache itself is keyed by source hashes this branch changes).
-SHIPPED_TILES_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-30.json"
+# The fp8-prologue study's product tiles: the shipped cache's, as users run them (runs 15 and 16
+# took run 14's benchmark tiles instead, while the branch they measured changed the cache's keys);
+# a key the cache lacks for this device takes the template's default tile, with a warning.
+SHIPPED_CACHE = Path(__file__).resolve().parents[1] / "caches" / "nvidia-h200.json"
 
 
 def _run14_prologue_plan(M: int, K: int) -> fp8.ProloguePlan:
@@ -297,7 +299,7 @@ def study_fp8_prologue(shapes, ms, log):
     and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
     prologue then the product, the new prologue then the product, the same launched as
     programmatic dependents (PDL, sm_90+), and the product alone on a prequantized x."""
-    tiles = {(sh, m): tile for (fmt, sh, m), tile in _tuned_tiles(SHIPPED_TILES_FROM).items() if fmt == "fp8"}
+    resolver = TileResolver(SHIPPED_CACHE, "default", torch.device(DEV))
     pdl = common.pdl_supported(torch.device(DEV))
     t = registry.TEMPLATES["fp8_w8a8"]
     rows = []
@@ -327,7 +329,7 @@ def study_fp8_prologue(shapes, ms, log):
                 row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)
             log(row)
-        tile = tiles.get((sh, M)) or t.default_tile(t.problem(w8[0], bucket_for(M), x.dtype))
+        tile = resolver.tile(t, t.problem(w8[0], bucket_for(M), x.dtype))
         xq, xs = fp8.quantize_activation_triton(x)
         cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
                  ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
