@@ -239,15 +239,15 @@ def study_streamk(shapes, ms, log):
     rows = []
     for sh, N, K, M, x, ws, base in _points("streamk", ("fp8",), shapes, ms, rows, log):
         wb, w8 = ws["bf16"], ws["fp8"]
-        for fmt, key, ws, kbytes in (("bf16", "dense", wb, 2), ("fp8", "fp8_w8a8", w8, 1)):
+        for fmt, key, wf, kbytes in (("bf16", "dense", wb, 2), ("fp8", "fp8_w8a8", w8, 1)):
             t = registry.TEMPLATES[key]
-            default = t.default_tile(t.problem(ws[0], bucket_for(M), x.dtype))
+            default = t.default_tile(t.problem(wf[0], bucket_for(M), x.dtype))
             cases = [("default tile", default)]
             if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
                 cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
             sk = [common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
             cases += [("stream-K", c) for c in sk if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT]
-            _run_cases(rows, log, t, x, cases, ws, base, study="streamk", format=fmt, shape=sh, M=M)
+            _run_cases(rows, log, t, x, cases, wf, base, study="streamk", format=fmt, shape=sh, M=M)
     return rows
 
 
