@@ -15,7 +15,8 @@ Cases: the int4 template's shipped kernels on their H200-tuned tiles (caches/nvi
 qkv: M=1 GEMV, M=16 split-K, M=64 swap, as shipped before run 11), fp8's GEMV for comparison per
 weight byte, and the slices path (run 11's winner, in both forms: PTX two-nibble conversion and
 its portable fp32 twin) on the same tiles as the swap path, and with 2 warps (mma.sync); the
-join path. Besides resources, each row counts the wgmma
+join path; fp8's activation prologue (run 16), and the stream-K product and its reduction.
+Besides resources, each row counts the wgmma
 completions waited for inside the loops (`wgmma_full_waits_in_loops`, from the TTGIR).
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import code_commit, result_path  # noqa: E402
 
-from vsr.kernels import common, int4  # noqa: E402
+from vsr.kernels import common, fp8, int4  # noqa: E402
 
 BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 
@@ -85,6 +86,24 @@ def cases() -> dict[str, tuple]:
         int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 2, 3,
         "int4 slices path, 16x64x128 with 2 warps: mma.sync (HMMA) instead of wgmma (run 12's candidate at M=1)")
+    # fp8's activation prologue on qkv's and down's rows (bf16, the 1/s product), and the stream-K
+    # kernels on the M = 512-2048 default (bf16) with their reduction.
+    quant = dict(x_ptr="*bf16", xq_ptr="*fp8e4nv", s_ptr="*bf16", K="i32", stride_xm="i32", EPS="fp32")
+    for k, a, b, w in ((5120, 4096, 1024, 8), (17408, 16384, 1024, 16)):
+        out[f"fp8-prologue-{k}"] = (fp8._act_quant_kernel, quant,
+                                    dict(BLOCK_A=a, BLOCK_B=b, CHUNKED=False, RECIPROCAL=True, HW_CVT=True,
+                                         RELEASE=False, BF16_RCP=True), w, 1,
+                                    f"fp8's activation prologue, K = {k} = {a} + {b} in registers, bf16 rows")
+    flags = dict(HAS_BIAS=False, HAS_RS=False, HAS_CS=False, HAS_ALPHA=False, BLOCK_K=64, GROUP_M=8)
+    scalars = dict(y_ptr="*bf16", ws_ptr="*fp32", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16",
+                   alpha_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", NUM_PROGRAMS="i32")
+    out["tma-sk-128x256"] = (common.tma_streamk_kernel,
+                             dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
+                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False), 8, 4,
+                             "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
+    out["streamk-reduce-64x128"] = (common.streamk_reduce_kernel, scalars,
+                                    dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16), 4, 1,
+                                    "stream-K's reduction of the leftover tiles' partials, bf16 64x128")
     return out
 
 
