@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from vsr.kernels.template import Template
 
@@ -194,9 +194,13 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
 @triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              SWAP: tl.constexpr):
+    """One output tile of tma_gemm_kernel (or of the stream-K kernel's whole waves): the K loop
+    (SWAP: taken transposed, then turned back), the epilogue and the store."""
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -210,14 +214,14 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr):
+               GROUP_M: tl.constexpr, SWAP: tl.constexpr):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
     order, each whole (_tma_tile): tma_gemm_kernel's PERSISTENT form, and tma_streamk_kernel's
     whole waves."""
     for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
 
 
 @triton.jit
@@ -240,14 +244,15 @@ def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, c
         wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
-                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                   False)
     else:
         pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         if PREFETCH > 0:
             prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
         wait_for_producer(WAIT)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
 
 
 @triton.jit
@@ -294,59 +299,84 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
 
 
 @triton.jit
-def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
-                       NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+def tma_streamk_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
+                       stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
-    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, SWAP: tl.constexpr,
+                       RELEASE: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
+    """The TMA tile, stream-K ("tma-sk"; with SWAP "tma-swap-sk", the transposed product of
+    tma_swap_kernel for few rows): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
     contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
-    its fp32 partial sums go to the workspace, slot (_streamk_slot, 0 or 1), and
+    its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1), and
     streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
-    132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.)"""
-    wait_for_producer(WAIT)
+    132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
+    With few rows, qkv, o and down make 80 weight tiles of 64-128 rows: no whole wave at all,
+    and every multiprocessor streams its even share of the weight.)
+    RELEASE: the reduction, launched as this grid's programmatic dependent, may start now (it
+    waits for this grid's end before reading the workspace). PREFETCH (with WAIT): the weight
+    rows of the program's first tile, from its first K step, asked of the L2 before the wait."""
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    if PREFETCH > 0:
+        first_tile, first_k = pid, 0
+        if pid >= dp_tiles:   # no whole tile: the run's first unit
+            first_unit = _streamk_run(pid, units, NUM_PROGRAMS)[0]
+            first_tile, first_k = dp_tiles + first_unit // iters, (first_unit % iters) * BLOCK_K
+        prefetch_weight_rows(b_ptr, stride_bn, swizzle(first_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)[1] * BLOCK_N,
+                             first_k, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+    wait_for_producer(WAIT)
+    if RELEASE:
+        gdc_launch_dependents()
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
-               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SWAP)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
         lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:
             pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
-            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc)
+                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
+            if SWAP:
+                acc = tl.trans(acc)
+            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                     mask=rows < M - pid_m * BLOCK_M)
 
 
 @triton.jit
 def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
-    """y for the stream-K tiles of tma_streamk_kernel (grid: leftover tiles x BLOCK_M // ROWS):
-    epilogue(Σ partials) over the programs that shared the tile, in program order."""
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
+    """y for the stream-K tiles of tma_streamk_kernel (grid: leftover tiles x cdiv(rows below M, ROWS)):
+    epilogue(Σ partials) over the programs that shared the tile, in program order. WAIT: launched
+    as the product's programmatic dependent (wait_for_producer)."""
+    wait_for_producer(WAIT)
     s = tl.program_id(0)
     r0 = tl.program_id(1) * ROWS
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
-    offs = (r0 + tl.arange(0, ROWS))[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = r0 + tl.arange(0, ROWS)
+    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for p in range(first, last + 1):
         u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
         lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:   # p's run covers part of tile s
             j = s - u_lo // iters
-            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs)
-    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + r0 + tl.arange(0, ROWS)
+            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                           mask=live, other=0.0)
+    offs_m = pid_m * BLOCK_M + rows
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     store_or_stash(acc, y_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
@@ -467,14 +497,15 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
                prefetch: int = 0) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
-    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
+    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk", "tma-swap-sk"). a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
-    before it, which made `a` (wait_for_producer); its reduction kernels launch as usual.
-    `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
-    of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
+    before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
+    stream-K one as the product's programmatic dependent where the device has it (STREAMK_REDUCE_PDL).
+    `prefetch` (with `wait`; not the persistent "tma"): 128-byte lines of each of a program's
+    (first) weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -506,22 +537,26 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
-    if tile.get("path") == "tma-sk":
+    if tile.get("path") in ("tma-sk", "tma-swap-sk"):
         # One program per multiprocessor (H200 run 14, the streamk-occupancy study of commit 533c776:
         # two or three, for 64-row tiles of one warpgroup, did not help).
         programs = multiprocessors(a.device)
         sk_tiles = tiles % programs
         # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);
-        # y itself, unused, when every tile lies in a whole wave (as workspace() for one split).
+        # one fp32 element, unused, when every tile lies in a whole wave (fp32 as the workspace is, so
+        # that case compiles no second form of the kernel).
         units = sk_tiles * cdiv(K, bk)
-        ws = torch.empty(min(programs, units) * 2 * bm * bn, dtype=torch.float32, device=y.device) if units else y
-        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
-                                        IEEE=a.dtype == torch.float32, **flags, WAIT=wait, launch_pdl=wait,
-                                        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
+        release = bool(units) and STREAMK_REDUCE_PDL and pdl_supported(a.device)
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, b, b.stride(0), y, ws, *scales, M, N, K, y.stride(0),
+                                        programs, IEEE=a.dtype == torch.float32, **flags, WAIT=wait,
+                                        SWAP=tile["path"] == "tma-swap-sk", RELEASE=release, **line,
+                                        launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units:
             rows = min(bm, STREAMK_REDUCE_ROWS)
-            streamk_reduce_kernel[(sk_tiles, bm // rows)](ws, y, *scales, M, N, K, y.stride(0), programs, **flags,
-                                                         ROWS=rows, num_warps=4)
+            streamk_reduce_kernel[(sk_tiles, cdiv(min(M, bm), rows))](
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, WAIT=release,
+                launch_pdl=release, num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
@@ -537,11 +572,14 @@ def multiprocessors(device: torch.device) -> int:
 
 
 # The paths launch_tma runs: one output tile per program (or persistent), the transposed product
-# for few rows, and stream-K.
-TMA_PATHS = ("tma", "tma-swap", "tma-sk")
+# for few rows, and stream-K over either.
+TMA_PATHS = ("tma", "tma-swap", "tma-sk", "tma-swap-sk")
 
 # Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
 STREAMK_REDUCE_ROWS = 16
+# The stream-K reduction launched as the product's programmatic dependent where the device has
+# it (sm_90+): its launch and setup overlap the product's end.
+STREAMK_REDUCE_PDL = True
 
 
 class _Transient:

@@ -182,6 +182,25 @@ def test_dense_streamk_tma_tile(dtype, programs, M, Kx, bias, monkeypatch):
     assert torch.equal(y, run(dense.launch, x, w, tile)), "the same tile and device give the same bytes"
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("programs,M,Kx,bias", [(3, 1, K, True), (4, 5, 264, False), (64, 20, K, True),
+                                               (1, 7, K, False), (5, 16, 264, True)])
+def test_dense_swap_streamk_tile(dtype, programs, M, Kx, bias, monkeypatch):
+    # "tma-swap-sk": the transposed product walked stream-K. N=37 makes 2 weight tiles of 32 rows
+    # (4 at M=20: two row blocks of 16). 1 row on 3 programs: both tiles' K steps shared, each
+    # program's run crossing into the next tile; K=264 ends in a part step; 64 programs, most with
+    # no share; one program: a whole wave, no reduction; 16 rows on 5 programs, 2 tiles.
+    monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+    g = gen(35 + M)
+    w = dense.DenseWeight(torch.randn(N, Kx, generator=g).to(dtype),
+                          torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
+    tile = dict(SWAP, path="tma-swap-sk", BLOCK_K=32 if dtype == torch.float32 else 64)
+    y = run(dense.launch, x, w, tile)
+    assert_close(y, dense.reference_linear(x, w))
+    assert torch.equal(y, run(dense.launch, x, w, tile)), "the same tile and device give the same bytes"
+
+
 def test_tma_tile_refuses_unaligned_rows():
     g = gen(22)
     w = dense.DenseWeight(torch.randn(N, 100, generator=g).half()).to(DEV)   # 200-byte rows
@@ -279,6 +298,7 @@ def test_fp8_tiled_and_tma_paths(monkeypatch):
     for M, split in ((1, 2), (7, 1)):
         xs = torch.randn(M, K, generator=g).half().to(DEV)
         assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=128, SPLIT_K=split)), fp8.reference_linear(xs, w))
+        assert_close(run(fp8.launch, xs, w, dict(SWAP, BLOCK_K=64, path="tma-swap-sk")), fp8.reference_linear(xs, w))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU, torch.float32])
@@ -702,7 +722,7 @@ def test_launch_refuses_wrong_shapes_and_dtypes():
         dense.launch(torch.randn(1, K).half().to(DEV), w, {k: v for k, v in tile.items() if k != "BLOCK_K"})
 
 
-@pytest.mark.parametrize("path", ["tma", "tma-sk", "tma-swap"])
+@pytest.mark.parametrize("path", ["tma", "tma-sk", "tma-swap", "tma-swap-sk"])
 def test_dense_tma_paths_take_no_rows(path):
     # M=0 (an empty batch reaching a launcher directly): an empty output, nothing launched.
     g = gen(34)
