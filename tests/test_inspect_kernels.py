@@ -110,3 +110,44 @@ for on in (True, False):
     assert got[("swap", "True")] == [1, 4] and got[("tile", "True")] == [1, 4], got
     assert got[("swap", "False")] == [0, 0] and got[("tile", "False")] == [0, 0], got
     assert got[("quant", "True")] == [1] and got[("quant", "False")] == [0], got
+
+
+@NEEDS_CUDA_BINARIES
+def test_nvfp4_kernels_compile_for_hopper_and_blackwell(tmp_path):
+    # The interpreter runs what the compiler refuses: nvfp4's prologue once read a plain Python
+    # global (a NaN-keeping clamp's flag) that only a constexpr may be, and failed on the H200
+    # alone. Compiled here: the prologue (both outputs) and the emulated product for sm_90; the
+    # dot_scaled product, which no device here can run, for sm_100 and sm_120, where it must become
+    # the NVFP4 block-scaled MMA (e2m1 operands, one e4m3 scale per 16 elements).
+    script = tmp_path / "nvfp4.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+import inspect_kernels as ik
+from vsr.kernels import nvfp4
+for packed in (False, True):
+    ik.compile_cuda(nvfp4._act_quant_kernel, dict(x_ptr="*bf16", gx_ptr="*fp32", val_ptr="*fp16", code_ptr="*u8",
+                    sc_ptr="*u8", K="i32", stride_xm="i32"), dict(PACKED=packed, BLOCKS=64), 4, 1)
+    print("quant", packed)
+ints = dict(M="i32", N="i32", K="i32", K2="i32", K16="i32", stride_ym="i32", K_SPLIT="i32")
+for a16 in (False, True):
+    ik.compile_cuda(nvfp4._emulated_kernel, dict(ints, a_ptr="*bf16" if a16 else "*fp16", q_ptr="*u8",
+                    bs_ptr="*u8", gw_ptr="*fp32", alpha_ptr="*fp32", y_ptr="*bf16", ws_ptr="*fp32",
+                    bias_ptr="*bf16", stride_am="i32"), dict(A16=a16, HAS_BIAS=True, EVEN_K=True, BLOCK_M=16,
+                    BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, GROUP_M=8), 4, 3)
+    print("emulated", a16)
+for arch in (100, 120):
+    k = ik.compile_cuda(nvfp4._w4a4_kernel, dict(ints, xc_ptr="*u8", xs_ptr="*fp8e4nv", q_ptr="*u8",
+                        bs_ptr="*fp8e4nv", alpha_ptr="*fp32", y_ptr="*bf16", ws_ptr="*fp32", bias_ptr="*bf16"),
+                        dict(HAS_BIAS=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, GROUP_M=8), 4, 3,
+                        arch=arch)
+    mma = [word for line in k.asm["ptx"].splitlines() for word in line.split() if "kind::mxf4nvf4" in word]
+    print("w4a4", arch, len(mma), sorted(set(mma)))
+""")
+    stdout = compile_outside_the_interpreter(str(script)).splitlines()
+    assert stdout[:4] == ["quant False", "quant True", "emulated False", "emulated True"], stdout
+    w100, w120 = stdout[4:]
+    # sm_100: tcgen05's block-scaled MMA with 16-element scale blocks; sm_120: mma.sync's, with
+    # scale_vec::4X (four ue4m3 scales per 64-element K step: again one per 16).
+    assert w100.startswith("w4a4 100 ") and "block_scale.block16" in w100 and "tcgen05.mma" in w100, w100
+    assert w120.startswith("w4a4 120 ") and "scale_vec::4X" in w120 and "ue4m3" in w120, w120
