@@ -97,18 +97,10 @@ def cases() -> dict[str, tuple]:
     flags = dict(HAS_BIAS=False, HAS_RS=False, HAS_CS=False, HAS_ALPHA=False, BLOCK_K=64, GROUP_M=8)
     scalars = dict(y_ptr="*bf16", ws_ptr="*fp32", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16",
                    alpha_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", NUM_PROGRAMS="i32")
-    sk = dict(IEEE=False, WAIT=False, SWAP=False, RELEASE=False, PREFETCH=0, LINE_COLS=64)
     out["tma-sk-128x256"] = (common.tma_streamk_kernel,
-                             dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>",
-                                  b_ptr="*bf16", stride_bn="i32"),
-                             dict(flags, **sk, BLOCK_M=128, BLOCK_N=256), 8, 4,
+                             dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
+                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
-    out["tma-swap-sk-16x128"] = (common.tma_streamk_kernel,
-                                 dict(scalars, a_desc="tensordesc<fp8e4nv[16,256]>",
-                                      b_desc="tensordesc<fp8e4nv[128,256]>", b_ptr="*fp8e4nv", stride_bn="i32"),
-                                 dict(flags, **dict(sk, WAIT=True, SWAP=True, RELEASE=True, PREFETCH=4, LINE_COLS=128),
-                                      HAS_RS=True, HAS_CS=True, BLOCK_M=16, BLOCK_N=128, BLOCK_K=256), 4, 6,
-                                 "stream-K over the transposed product, fp8 16x128x256, PDL both ways and prefetch")
     out["streamk-reduce-64x128"] = (common.streamk_reduce_kernel, scalars,
                                     dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16, WAIT=False), 4, 1,
                                     "stream-K's reduction of the leftover tiles' partials, bf16 64x128")

@@ -1,6 +1,6 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,swap-sk]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -34,7 +34,10 @@ programs per multiprocessor did not help, and the tile field it used is gone), a
 product, 1-18% slower than the prologue and the product on all four shapes, file
 results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json; commit e0d5ce4:
 fp8-program-quant, every program quantizing x's rows into xq itself before its TMA product,
-slower at M = 1-16, results/variants-nvidia-h200-2026-11-30-run16-fp8-program-quant.json).
+slower at M = 1-16, results/variants-nvidia-h200-2026-11-30-run16-fp8-program-quant.json), and
+run 17 (commit 0fa8b14: swap-sk, bf16 and fp8 at M = 1-64 on the transposed product walked
+stream-K over all 132 multiprocessors, 3-30% slower than the shipped tiles, file
+results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -349,64 +352,11 @@ def study_fp8_prologue(shapes, ms, log):
     return rows
 
 
-# Stream-K tiles of the swap-sk study: (path, BLOCK_N weight rows, bytes of K per step, warps, stages);
-# x's rows (BLOCK_M) are 16 up to M=16, else M's bucket up to 64. Stages fall until the
-# tile fits shared memory.
-SWAP_SK_TILES = (("tma-swap-sk", 128, 256, 4, 6), ("tma-swap-sk", 64, 256, 4, 8), ("tma-swap-sk", 128, 512, 4, 3),
-                 ("tma-swap-sk", 64, 512, 4, 4), ("tma-swap-sk", 128, 128, 4, 8), ("tma-swap-sk", 256, 256, 8, 4),
-                 ("tma-sk", 128, 256, 4, 4), ("tma-sk", 64, 256, 4, 6))
-
-
-def _shipped_tiles(path: Path = SHIPPED_CACHE) -> dict:
-    """(template, N, K, bucket, act dtype) -> the shipped cache's tile for the H200, whatever the
-    kernel source it was tuned on (a kernel edit stales every entry's key, not its tile)."""
-    out = {}
-    for e in json.loads(path.read_text())["entries"]:
-        k = e["key"]
-        out[(k["template"], k["N"], k["K"], k["bucket"], k["act_dtype"])] = e["tile"]
-    return out
-
-
-def study_swap_sk(shapes, ms, log):
-    """bf16 and fp8 at M = 1-64: stream-K over the transposed product ("tma-swap-sk") and over the
-    plain TMA tile, beside the shipped tile. qkv, o and down make 80 weight tiles of 64-128 rows
-    (run 16's tuned M=1 tiles), so 52 of the 132 multiprocessors stream no weight at all; shared
-    out stream-K, every one streams an even share and a reduction adds the tiles' partials.
-    The first stream-K tile also runs with its reduction launched as usual, not as the
-    product's programmatic dependent (STREAMK_REDUCE_PDL)."""
-    shipped = _shipped_tiles()
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("swap-sk", ("fp8",), shapes, ms, rows, log):
-        b = bucket_for(M)
-        bm = 16 if b <= 16 else min(64, b)
-        for fmt, key, wf, kbytes in (("fp8", "fp8_w8a8", ws["fp8"], 1), ("bf16", "dense", ws["bf16"], 2)):
-            t = registry.TEMPLATES[key]
-            p = t.problem(wf[0], b, x.dtype)
-            tuned = shipped.get((key, N, K, b, str(x.dtype).removeprefix("torch.")))
-            cases = [("shipped tile" if tuned else "default tile", tuned or t.default_tile(p))]
-            for path, bn, kb, w, st in SWAP_SK_TILES:
-                c = common.tile(path, bm, bn, kb // kbytes, 1, w, st)
-                while c["num_stages"] > 2 and common.smem_bytes(c, kbytes, kbytes) > common.SMEM_LIMIT:
-                    c["num_stages"] -= 1
-                if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT and c not in [t_ for _, t_ in cases]:
-                    cases.append(("stream-K", c))
-            _run_cases(rows, log, t, x, cases, wf, base, study="swap-sk", format=fmt, shape=sh, M=M)
-            first = next(c for n, c in cases if n == "stream-K")
-            common.STREAMK_REDUCE_PDL = False
-            try:
-                _run_cases(rows, log, t, x, [("stream-K, reduction not PDL", first)], wf, base, study="swap-sk",
-                           format=fmt, shape=sh, M=M)
-            finally:
-                common.STREAMK_REDUCE_PDL = True
-    return rows
-
-
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
-           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "swap-sk": (study_swap_sk, "1,16,32,64")}
+           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.

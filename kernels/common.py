@@ -194,13 +194,9 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
 @triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              SWAP: tl.constexpr):
-    """One output tile of tma_gemm_kernel (or of the stream-K kernel's whole waves): the K loop
-    (SWAP: taken transposed, then turned back), the epilogue and the store."""
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
-    if SWAP:
-        acc = tl.trans(acc)
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -214,14 +210,14 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, SWAP: tl.constexpr):
+               GROUP_M: tl.constexpr):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
     order, each whole (_tma_tile): tma_gemm_kernel's PERSISTENT form, and tma_streamk_kernel's
     whole waves."""
     for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -244,15 +240,14 @@ def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, c
         wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
-                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                   False)
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
         pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         if PREFETCH > 0:
             prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
         wait_for_producer(WAIT)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -299,41 +294,32 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
 
 
 @triton.jit
-def tma_streamk_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
-                       stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
+                       NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, SWAP: tl.constexpr,
-                       RELEASE: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
-    """The TMA tile, stream-K ("tma-sk"; with SWAP "tma-swap-sk", the transposed product of
-    tma_swap_kernel for few rows): NUM_PROGRAMS programs (one per multiprocessor) first
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
     contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
-    its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1), and
-    streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
+    its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1),
+    and streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
     (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
-    With few rows, qkv, o and down make 80 weight tiles of 64-128 rows: no whole wave at all,
-    and every multiprocessor streams its even share of the weight.)
+    With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
+    transposed product of tma_swap_kernel walked stream-K so that all 132 multiprocessors stream
+    the 80 weight tiles of qkv, o and down at M = 1-64: 3-30% slower than the shipped tiles.)
     RELEASE: the reduction, launched as this grid's programmatic dependent, may start now (it
-    waits for this grid's end before reading the workspace). PREFETCH (with WAIT): the weight
-    rows of the program's first tile, from its first K step, asked of the L2 before the wait."""
-    pid = tl.program_id(0)
-    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
-    if PREFETCH > 0:
-        first_tile, first_k = pid, 0
-        if pid >= dp_tiles:   # no whole tile: the run's first unit
-            first_unit = _streamk_run(pid, units, NUM_PROGRAMS)[0]
-            first_tile, first_k = dp_tiles + first_unit // iters, (first_unit % iters) * BLOCK_K
-        prefetch_weight_rows(b_ptr, stride_bn, swizzle(first_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)[1] * BLOCK_N,
-                             first_k, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+    waits for this grid's end before reading the workspace)."""
     wait_for_producer(WAIT)
     if RELEASE:
         gdc_launch_dependents()
+    pid = tl.program_id(0)
+    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
-               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SWAP)
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
@@ -344,9 +330,7 @@ def tma_streamk_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr
         if lo < hi:
             pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, SWAP)
-            if SWAP:
-                acc = tl.trans(acc)
+                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
             tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
                      mask=rows < M - pid_m * BLOCK_M)
 
@@ -497,15 +481,15 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
                prefetch: int = 0) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
-    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk", "tma-swap-sk"). a [M, K] and b [N, K] must be K-contiguous with
+    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
     16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
     before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
     stream-K one as the product's programmatic dependent where the device has it (STREAMK_REDUCE_PDL).
-    `prefetch` (with `wait`; not the persistent "tma"): 128-byte lines of each of a program's
-    (first) weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
+    `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
+    of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -537,7 +521,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
-    if tile.get("path") in ("tma-sk", "tma-swap-sk"):
+    if tile.get("path") == "tma-sk":
         # One program per multiprocessor (H200 run 14, the streamk-occupancy study of commit 533c776:
         # two or three, for 64-row tiles of one warpgroup, did not help).
         programs = multiprocessors(a.device)
@@ -548,9 +532,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         units = sk_tiles * cdiv(K, bk)
         ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
         release = bool(units) and STREAMK_REDUCE_PDL and pdl_supported(a.device)
-        tma_streamk_kernel[(programs,)](a_desc, b_desc, b, b.stride(0), y, ws, *scales, M, N, K, y.stride(0),
-                                        programs, IEEE=a.dtype == torch.float32, **flags, WAIT=wait,
-                                        SWAP=tile["path"] == "tma-swap-sk", RELEASE=release, **line,
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
+                                        IEEE=a.dtype == torch.float32, **flags, WAIT=wait, RELEASE=release,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units:
             rows = min(bm, STREAMK_REDUCE_ROWS)
@@ -572,13 +555,15 @@ def multiprocessors(device: torch.device) -> int:
 
 
 # The paths launch_tma runs: one output tile per program (or persistent), the transposed product
-# for few rows, and stream-K over either.
-TMA_PATHS = ("tma", "tma-swap", "tma-sk", "tma-swap-sk")
+# for few rows, and stream-K.
+TMA_PATHS = ("tma", "tma-swap", "tma-sk")
 
 # Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
 STREAMK_REDUCE_ROWS = 16
 # The stream-K reduction launched as the product's programmatic dependent where the device has
-# it (sm_90+): its launch and setup overlap the product's end.
+# it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study:
+# on stream-K tiles at M = 1-64 the reduction launched as usual took 0.5-10 us more, gate_up
+# M=1 51.0 -> 57.6 us.)
 STREAMK_REDUCE_PDL = True
 
 
@@ -694,22 +679,24 @@ def tile(path, bm, bn, bk, split, warps, stages, group_m=8) -> dict:
             "GROUP_M": group_m, "num_warps": warps, "num_stages": stages}
 
 
-def swap_tile(bk: int, bn: int, stages: int, split: int = 1) -> dict:
-    """A "tma-swap" tile: 16 rows of x (M <= 16) against bn weight rows, bk columns per step."""
-    return tile("tma-swap", 16, bn, bk, split, 4, stages)
+def swap_tile(bk: int, bn: int, stages: int, split: int = 1, bm: int = 16) -> dict:
+    """A "tma-swap" tile: bm rows of x (16 up to bucket 16, 32 at bucket 32) against bn weight rows,
+    bk columns per step."""
+    return tile("tma-swap", bm, bn, bk, split, 4, stages)
 
 
-def swap_space(K: int, b_bytes: float) -> list[dict]:
-    """tma-swap candidates for buckets <= 16: one split with deep pipelines first (run 10's
-    winners), then 2-way splits (the longest layers)."""
+def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
+    """tma-swap candidates for buckets <= 32 (bm rows of x): one split with deep pipelines first
+    (run 10's winners), then 2-way splits (the longest layers). gemm_space drops those too deep for
+    shared memory (32 rows of x take more of it)."""
     out = []
     for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8), (256, 128, 4), (512, 128, 3), (256, 64, 6),
                                (512, 64, 4), (128, 128, 8), (512, 64, 6)):
-        out.append(swap_tile(int(kbytes / b_bytes), bn, stages))
+        out.append(swap_tile(int(kbytes / b_bytes), bn, stages, bm=bm))
     for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8)):
         bk = int(kbytes / b_bytes)
         if K // 2 >= 4 * bk:
-            out.append(swap_tile(bk, bn, stages, split=2))
+            out.append(swap_tile(bk, bn, stages, split=2, bm=bm))
     return out
 
 
@@ -744,8 +731,12 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         bm = 32 if bucket == 32 else 64 if bucket <= 256 else 128
         return tile("tiled", bm, 128, int(64 * kx), 1, 4 if bm <= 64 else 8, 3)
     if bucket <= 128:
-        # Few row blocks: narrow the columns until the grid has about half a wave of programs.
-        bm = 32 if bucket == 32 else 64
+        # Few row blocks: narrow the columns until the grid has about half a wave of programs. 64
+        # rows at bucket 32 too: the H200 cache of run 16, whose bucket-32 space held only 32-row
+        # tiles, took longer at bucket 32 than at bucket 64 on 11 keys (fp8 down 43.0 us against
+        # 29.7 for twice the rows, on 64x64 TMA tiles): a 32-row tile wastes its multiprocessor
+        # on this memory-bound product, and the TMA copy zero-fills the rows past M for free.
+        bm = 64
         bn = 128 if cdiv(N, 128) >= 66 else 64
         return tile("tma", bm, bn, int(128 * kx), 1, 4, 4 if bn == 128 else 6)
     if bucket <= 256:
@@ -783,8 +774,10 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
     else:
         paths = ("tma", "tiled") if tma and tma_aligned(K, a_bytes, b_bytes) else ("tiled",)
         if bucket <= 128:
-            shapes = [(bm, bn, bk, 4, st) for bm in (32, 64) if bm <= bucket for bn in (64, 128)
-                      for bk in bks[-2:] for st in (4, 6)]
+            shapes = [(bm, bn, bk, 4, st) for bm in (32, 64) for bn in (64, 128) for bk in bks[-2:] for st in (4, 6)]
+            if bucket == 32 and "tma" in paths and a_bytes <= 2:
+                # The transposed product on 32 rows of x (buckets <= 16 take it on 16).
+                cands += swap_space(K, b_bytes, bm=32)[:6]
         else:
             shapes = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (128, 256) for bk in bks[:2]
                       for w in (4, 8) for st in (3, 4) if not (bm == 128 and bn == 256 and w == 4)]

@@ -151,3 +151,25 @@ for arch in (100, 120):
     # scale_vec::4X (four ue4m3 scales per 64-element K step: again one per 16).
     assert w100.startswith("w4a4 100 ") and "block_scale.block16" in w100 and "tcgen05.mma" in w100, w100
     assert w120.startswith("w4a4 120 ") and "scale_vec::4X" in w120 and "ue4m3" in w120, w120
+
+
+@NEEDS_CUDA_BINARIES
+def test_streamk_reduction_is_a_programmatic_dependent_on_sm90(tmp_path):
+    # With RELEASE the stream-K product lets its reduction launch early, and with WAIT the
+    # reduction waits for the product before reading the workspace; without them, neither instruction.
+    script = tmp_path / "sk.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(BENCH)!r})
+import inspect_kernels as ik
+cases = ik.cases()
+for on in (True, False):
+    for name, flag, what in (("tma-sk-128x256", "RELEASE", "griddepcontrol.launch_dependents"),
+                             ("streamk-reduce-64x128", "WAIT", "griddepcontrol.wait")):
+        fn, types, consts, warps, stages, _ = cases[name]
+        k = ik.compile_cuda(fn, types, dict(consts, **{{flag: on}}), warps, stages)
+        print(name, on, k.asm["ptx"].count(what))
+""")
+    got = compile_outside_the_interpreter(str(script)).split()
+    assert got == ["tma-sk-128x256", "True", "1", "streamk-reduce-64x128", "True", "1",
+                   "tma-sk-128x256", "False", "0", "streamk-reduce-64x128", "False", "0"], got

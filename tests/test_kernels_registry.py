@@ -128,6 +128,10 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                 assert any(c["path"] == "gemv" for c in space), "the CUDA-core GEMV is a candidate at one row"
         if b >= 32 and fmt in ("dense", "fp8"):
             assert {c["path"] for c in space} >= {"tma", "tiled"}, "both tiled forms are candidates"
+        if b == 32 and fmt in ("dense", "fp8") and tma:
+            # 64-row tiles at bucket 32 (the default among them), and the transposed product on 32 rows.
+            assert d["BLOCK_M"] == 64 and any(c["BLOCK_M"] == 64 and c["path"] == "tiled" for c in space)
+            assert any(c["path"] == "tma-swap" and c["BLOCK_M"] == 32 for c in space)
 
 
 def test_split_plan_covers_k_in_whole_tiles():

@@ -120,24 +120,6 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch, on_a_tiny_sh
     assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
 
 
-def test_the_swap_sk_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
-    # The swap-sk study on a tiny shape, fp16 x, M = 1 (16-row tiles) and 20 (32-row): every case
-    # of both formats matches its reference, the shipped cache having no tile for this shape
-    # (the default tile stands in), and the reduction is a programmatic dependent again after.
-    on_a_tiny_shape(96, 384)
-    monkeypatch.setattr(variants, "SWAP_SK_TILES", (("tma-swap-sk", 32, 128, 4, 2), ("tma-sk", 32, 128, 4, 2)))
-    rows = variants.study_swap_sk(["tiny"], [1, 20], lambda r: None)
-    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
-    assert cases and all("error" not in r for r in cases), [r.get("error") for r in cases]
-    assert all(r["ok"] for r in cases), [(r["format"], r["tile"], r["rel_err"]) for r in cases if not r["ok"]]
-    assert {(r["format"], r["M"]) for r in cases} == {(f, m) for f in ("bf16", "fp8") for m in (1, 20)}
-    sk = [r for r in cases if r["variant"].startswith("stream-K")]
-    assert {r["tile"]["path"] for r in sk} == {"tma-swap-sk", "tma-sk"}
-    assert {r["tile"]["BLOCK_M"] for r in sk} == {16, 32}
-    assert {r["variant"] for r in cases} == {"default tile", "stream-K", "stream-K, reduction not PDL"}
-    assert variants.common.STREAMK_REDUCE_PDL is True
-
-
 def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
     # The fp8-prologue study on a tiny shape (K = 304: two register blocks, 256 + 64, 16 lanes of
     # the second masked): every prologue plan gives the reference quantization's bits, every
