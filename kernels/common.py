@@ -582,6 +582,20 @@ def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str)
     return x if x.stride(1) == 1 else x.contiguous()
 
 
+class MatrixWeight:
+    """The N / K of a weight stored whole as `weight` [N, K] (the dense and fp8 formats, whose
+    products run on this module's kernels): a mixin for their dataclasses, adding no fields.
+    (int4's and nvfp4's weights derive their shapes otherwise: K a field, or packed halves.)"""
+
+    @property
+    def N(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.weight.shape[1]
+
+
 def output(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
     """y [M, N] in x's dtype: `out` when given (checked), else a new tensor."""
     y = out if out is not None else torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)

@@ -37,7 +37,7 @@ def e4m3_rne(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class Fp8Weight:
+class Fp8Weight(common.MatrixWeight):
     """weight e4m3 [N, K]; weight_scale [N] in the model dtype (multiplier); bias [N]."""
 
     weight: torch.Tensor
@@ -50,14 +50,6 @@ class Fp8Weight:
         assert self.weight.dtype == FP8_DTYPE, f"fp8 weight must be float8_e4m3fn, got {self.weight.dtype}"
         assert self.weight_scale.shape == (self.weight.shape[0],), (
             f"weight_scale must be [N]={self.weight.shape[0]}, got {tuple(self.weight_scale.shape)}")
-
-    @property
-    def N(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.weight.shape[1]
 
     def params(self) -> tuple[tuple[str, object], ...]:
         return (("act", "e4m3-per-token-dynamic"), ("bits", 8), ("wscale", "per-channel"))
