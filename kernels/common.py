@@ -626,12 +626,38 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))
 
 
+@dataclass(frozen=True)
+class DeviceFeatures:
+    """What the launchers ask of a device, read once per device (device_features). On a CPU
+    device (the interpreter) everything is False and capability None; the interpreter on a CUDA
+    device (TRITON_INTERPRET=1 on a GPU machine) is not supported: it has neither griddepcontrol
+    nor inline PTX."""
+
+    nvidia: bool                          # a CUDA device of NVIDIA's (not ROCm): inline PTX applies
+    capability: tuple[int, int] | None    # compute capability of a CUDA device
+    pdl: bool            # programmatic dependent launch (griddepcontrol: a grid starting before the
+                         # one it depends on has ended): NVIDIA sm_90+
+    hardware_e4m3: bool  # fp32 -> e4m3 converted in hardware, to nearest even as torch's cast: NVIDIA sm_89+
+
+
+def device_features(device: torch.device) -> DeviceFeatures:
+    """The DeviceFeatures of `device`, built once per device (an index-less "cuda" is the current
+    device, resolved before the memo, as capability does)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    return _device_features(device)
+
+
+@functools.cache
+def _device_features(device: torch.device) -> DeviceFeatures:
+    cap = capability(device) if device.type == "cuda" else None
+    nv = nvidia(device)
+    return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
+
+
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch (a grid starting before the one it depends on has ended,
-    griddepcontrol): NVIDIA sm_90 and newer. The interpreter runs on a CPU device, where this is
-    False; the interpreter on a CUDA device (TRITON_INTERPRET=1 on a GPU machine) is not supported:
-    it has neither griddepcontrol nor inline PTX."""
-    return nvidia(device) and capability(device) >= (9, 0)
+    """Programmatic dependent launch (DeviceFeatures.pdl): NVIDIA sm_90 and newer."""
+    return device_features(device).pdl
 
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:

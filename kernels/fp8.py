@@ -186,11 +186,6 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
             _quantize_chunk(vb, s, r, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT, BF16_RCP)
 
 
-def _hardware_e4m3(dev: torch.device) -> bool:
-    """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
-    return common.nvidia(dev) and common.capability(dev) >= (8, 9)
-
-
 # Rows longer than this go through the prologue in two chunked passes instead of in registers.
 PROLOGUE_REGISTER_K = 32768
 # From this many rows the prologue takes 4 warps a row (H200 run 16, M=4096: 4-18% faster than
@@ -238,7 +233,7 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     p = plan or prologue_plan(K, PROLOGUE_LARGE_M_WARPS if M >= PROLOGUE_LARGE_M else None)
     if not p.chunked and p.block_a + p.block_b < K:
         raise ValueError(f"prologue plan {p} covers {p.block_a + p.block_b} of the row's {K} columns")
-    hw = _hardware_e4m3(x.device)
+    hw = common.device_features(x.device).hardware_e4m3
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
                             HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16 and not divide, num_warps=p.warps)
@@ -256,9 +251,10 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
+    supported = common.device_features(x.device).pdl
     if pdl is None:
-        pdl = x.shape[0] <= PDL_MAX_ROWS and common.pdl_supported(x.device)
-    elif pdl and not common.pdl_supported(x.device):
+        pdl = x.shape[0] <= PDL_MAX_ROWS and supported
+    elif pdl and not supported:
         raise ValueError(f"programmatic dependent launch needs an NVIDIA GPU of sm_90 or newer, not {x.device}")
     xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
     if prefetch is None:

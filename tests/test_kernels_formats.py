@@ -7,6 +7,8 @@ explicit tiled tile. Outputs are pre-filled with NaN so an unwritten element fai
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -388,7 +390,8 @@ def test_fp8_launch_decisions(monkeypatch):
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
     monkeypatch.setattr(fp8, "launch_product", product)
     monkeypatch.setattr(fp8, "prologue_plan", plan)
-    monkeypatch.setattr(common, "pdl_supported", lambda device: True)
+    real_features = common.device_features
+    monkeypatch.setattr(common, "device_features", lambda device: dataclasses.replace(real_features(device), pdl=True))
     monkeypatch.setattr(fp8, "PDL_MAX_ROWS", 4)
     for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, 0)):
         x = torch.randn(M, K, generator=g).half().to(DEV)
@@ -411,6 +414,32 @@ def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
             fp8.launch(x, w, TILED, pdl=True)
 
 
+def test_device_features_are_read_once_per_device(monkeypatch):
+    # CPU (the interpreter): nothing NVIDIA's. CUDA devices, faked here: pdl from sm_90, the
+    # hardware e4m3 conversion from sm_89, none on ROCm; an index-less "cuda" is the current device.
+    cpu = common.device_features(torch.device("cpu"))
+    assert cpu == common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False)
+    assert common.device_features(torch.device("cpu")) is cpu and not common.pdl_supported(torch.device("cpu"))
+    reads = []
+    caps = {7: (8, 9), 8: (9, 0), 9: (8, 0)}
+    monkeypatch.setattr(common, "capability", lambda d: reads.append(d.index) or caps[d.index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 8)
+    monkeypatch.setattr(torch.version, "hip", None)
+    common._device_features.cache_clear()
+    try:
+        ada, hopper, ampere = (common.device_features(torch.device("cuda", i)) for i in (7, 8, 9))
+        assert (ada.pdl, ada.hardware_e4m3, hopper.pdl, hopper.hardware_e4m3) == (False, True, True, True)
+        assert ampere.nvidia and not ampere.pdl and not ampere.hardware_e4m3 and ampere.capability == (8, 0)
+        assert common.device_features(torch.device("cuda")) is hopper and common.pdl_supported(torch.device("cuda"))
+        assert reads == [7, 8, 9], "one read per device"
+        monkeypatch.setattr(torch.version, "hip", "6.0")
+        common._device_features.cache_clear()
+        rocm = common.device_features(torch.device("cuda", 8))
+        assert not (rocm.nvidia or rocm.pdl or rocm.hardware_e4m3)
+    finally:
+        common._device_features.cache_clear()
+
+
 def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     # torch on CUDA divides by a Python number as a product with the fp32 reciprocal; the kernel's
     # RECIPROCAL switch reproduces it (checked on CPU through the interpreter, where torch divides).
@@ -419,7 +448,7 @@ def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     assert not torch.equal(prod, amax / 448.0), "a value where the two rules differ"
     x = torch.zeros(3, 16)
     x[:, 0] = amax
-    hw = fp8._hardware_e4m3(torch.device(DEV))
+    hw = common.device_features(torch.device(DEV)).hardware_e4m3
     xq = torch.empty((3, 16), dtype=fp8.FP8_DTYPE if hw else torch.uint8, device=DEV)
     s = torch.empty(3, device=DEV)
     fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, BLOCK_A=16, BLOCK_B=0, CHUNKED=False,
