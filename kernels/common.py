@@ -838,7 +838,11 @@ def check_tile(t: dict) -> None:
 
 @triton.jit
 def e4m3_encode(v):
-    """fp32 (already clamped to ±448, no NaN) -> e4m3fn code (uint8), round to nearest even."""
+    """fp32 (already clamped to ±448) -> e4m3fn code (uint8), round to nearest even, as torch's
+    cast; a NaN -> 0x7F, torch's code for a NaN (which for a negative NaN sets the sign bit too:
+    the callers' NaN rows are compared sign-blind, a NaN's sign differing between CPU and GPU)."""
+    nan = v != v
+    v = tl.where(nan, 0.0, v)
     bits = v.to(tl.uint32, bitcast=True)
     sign = (bits >> 31) & 1
     a = tl.abs(v)
@@ -856,7 +860,7 @@ def e4m3_encode(v):
     up = (frac > 0.5) | ((frac == 0.5) & ((fli & 1) == 1))
     code_s = fli + up.to(tl.int32)
     code = tl.where(a >= 0.015625, code_n, code_s)
-    return (code | (sign.to(tl.int32) << 7)).to(tl.uint8)
+    return tl.where(nan, 0x7F, code | (sign.to(tl.int32) << 7)).to(tl.uint8)
 
 
 @triton.jit

@@ -119,9 +119,8 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
     q = tl.minimum(tl.maximum(q, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0, propagate_nan=tl.PropagateNan.ALL)
     if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does, NaN to NaN
         tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
-    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
-        nan = q != q
-        tl.store(xq_ptrs, tl.where(nan, 0x7F, common.e4m3_encode(tl.where(nan, 0.0, q))).to(tl.uint8), mask=mask)
+    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits (NaN 0x7F)
+        tl.store(xq_ptrs, common.e4m3_encode(q), mask=mask)
 
 
 @triton.jit

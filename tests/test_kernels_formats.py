@@ -11,6 +11,8 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES
@@ -412,6 +414,31 @@ def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
     if not common.pdl_supported(x.device):
         with pytest.raises(ValueError, match="programmatic dependent launch needs"):
             fp8.launch(x, w, TILED, pdl=True)
+
+
+@triton.jit
+def _e4m3_encode_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, common.e4m3_encode(v), mask=offs < n)
+
+
+def test_e4m3_encode_gives_torchs_codes_and_0x7f_for_nan():
+    # Every e4m3 value, the midpoints between neighbours (ties to even), points just either side
+    # of them, the subnormal range, zero of either sign and random values within ±448.
+    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.FP8_DTYPE).float()
+    vals = vals[vals.isfinite()].unique()
+    mids = (vals[1:] + vals[:-1]) / 2
+    g = gen(97)
+    finite = torch.cat([vals, mids, mids * (1 + 2**-12), mids * (1 - 2**-12), torch.tensor([0.0, -0.0]),
+                        torch.linspace(-2**-5, 2**-5, 301), (torch.rand(2000, generator=g) * 2 - 1) * 448])
+    v = torch.cat([finite, torch.tensor([float("nan"), -float("nan")])])
+    out = torch.empty(v.numel(), dtype=torch.uint8, device=DEV)
+    _e4m3_encode_kernel[(1,)](v.to(DEV), out, v.numel(), BLOCK=common.next_pow2(v.numel()))
+    out = out.cpu()
+    n = finite.numel()
+    assert torch.equal(out[:n], finite.to(fp8.FP8_DTYPE).view(torch.uint8))
+    assert out[n:].tolist() == [0x7F, 0x7F]
 
 
 def test_device_features_are_read_once_per_device(monkeypatch):
