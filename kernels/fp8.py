@@ -258,7 +258,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
     if prefetch is None:
         prefetch = PDL_PREFETCH_LINES
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch if pdl else 0)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch)   # launch_tma prefetches only with wait
     return y
 
 

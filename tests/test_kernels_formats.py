@@ -369,8 +369,9 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 
 def test_fp8_launch_decisions(monkeypatch):
     # fp8.launch's choices, recorded on any device: up to PDL_MAX_ROWS rows (where the device has
-    # programmatic dependent launch) the prologue releases its dependent and the product waits and
-    # prefetches PDL_PREFETCH_LINES lines; beyond, neither; from PROLOGUE_LARGE_M rows the prologue
+    # programmatic dependent launch) the prologue releases its dependent and the product waits;
+    # beyond, neither; the product is passed PDL_PREFETCH_LINES either way (launch_tma prefetches
+    # only with the wait); from PROLOGUE_LARGE_M rows the prologue
     # plan takes PROLOGUE_LARGE_M_WARPS warps. The product itself runs as usual (without PDL, which
     # the interpreter lacks) and is checked against the reference.
     g = gen(95)
@@ -395,7 +396,7 @@ def test_fp8_launch_decisions(monkeypatch):
     real_features = common.device_features
     monkeypatch.setattr(common, "device_features", lambda device: dataclasses.replace(real_features(device), pdl=True))
     monkeypatch.setattr(fp8, "PDL_MAX_ROWS", 4)
-    for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, 0)):
+    for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, fp8.PDL_PREFETCH_LINES)):
         x = torch.randn(M, K, generator=g).half().to(DEV)
         y = run(fp8.launch, x, w, TILED)
         assert_close(y, fp8.reference_linear(x, w))
@@ -403,6 +404,23 @@ def test_fp8_launch_decisions(monkeypatch):
     monkeypatch.setattr(fp8, "PROLOGUE_LARGE_M", 5)
     fp8.launch(torch.randn(5, K, generator=g).half().to(DEV), w, TILED)
     assert seen["warps"] == fp8.PROLOGUE_LARGE_M_WARPS
+
+
+def test_launch_tma_prefetches_only_with_wait(monkeypatch):
+    # The one gate of the weight-row prefetch (fp8.launch passes its `prefetch` through): the TMA
+    # kernel gets PREFETCH only when launched as a programmatic dependent (recorded, not run).
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]))
+    monkeypatch.setattr(common, "tma_gemm_kernel", Spy())
+    w = fp8_weight(gen(98), torch.float16, False)
+    xq = fp8.e4m3_rne(torch.randn(8, K, generator=gen(99))).to(DEV)
+    y = torch.empty(8, N, dtype=torch.float16, device=DEV)
+    for wait in (False, True):
+        common.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
+    assert seen == [(False, 0, False), (True, 4, True)]
 
 
 def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
