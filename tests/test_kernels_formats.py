@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
-from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES
+from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES, candidates
 from vsr.kernels import common, dense, fp8, int4, nvfp4
+from vsr.kernels.template import Problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 37, 256
@@ -368,42 +369,87 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 
 
 def test_fp8_launch_decisions(monkeypatch):
-    # fp8.launch's choices, recorded on any device: up to PDL_MAX_ROWS rows (where the device has
-    # programmatic dependent launch) the prologue releases its dependent and the product waits;
-    # beyond, neither; the product is passed PDL_PREFETCH_LINES either way (launch_tma prefetches
-    # only with the wait); from PROLOGUE_LARGE_M rows the prologue
-    # plan takes PROLOGUE_LARGE_M_WARPS warps. The product itself runs as usual (without PDL, which
-    # the interpreter lacks) and is checked against the reference.
+    # fp8.launch's choices, recorded on any device: the prologue's warps (PRO_WARPS) and PDL come
+    # from the tile, or where it lacks them (a cache from before they existed) from the defaults of
+    # the call's row bucket (PDL up to bucket 64; 4 warps from bucket 4096, M = 3000 included); PDL
+    # only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
+    # releases its dependent and the product waits; the product is passed PDL_PREFETCH_LINES either
+    # way (launch_tma prefetches only with the wait). Up to 64 rows the kernels run as usual
+    # (without PDL, which the interpreter lacks) and are checked against the reference; beyond,
+    # the calls are only recorded.
     g = gen(95)
     w = fp8_weight(g, torch.float16, True)
     seen = {}
-    real_quantize, real_product, real_plan = fp8.quantize_activation_triton, fp8.launch_product, fp8.prologue_plan
+    real_quantize, real_product, real_features = fp8.quantize_activation_triton, fp8.launch_product, common.device_features
 
     def quantize(x, plan=None, release=False, divide=False):
-        seen["release"] = release
+        seen.update(release=release, warps=plan.warps)
+        if x.shape[0] > 64:
+            return (torch.zeros(x.shape, dtype=fp8.FP8_DTYPE, device=x.device),
+                    torch.ones(x.shape[0], dtype=x.dtype, device=x.device))
         return real_quantize(x, plan, False, divide)
 
     def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
         seen.update(wait=wait, prefetch=prefetch)
-        real_product(xq, xs, w_, y, tile)
-
-    def plan(K_, warps=None):
-        seen["warps"] = warps
-        return real_plan(K_, warps)
+        if xq.shape[0] <= 64:
+            real_product(xq, xs, w_, y, tile)
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
     monkeypatch.setattr(fp8, "launch_product", product)
-    monkeypatch.setattr(fp8, "prologue_plan", plan)
-    real_features = common.device_features
-    monkeypatch.setattr(common, "device_features", lambda device: dataclasses.replace(real_features(device), pdl=True))
-    monkeypatch.setattr(fp8, "PDL_MAX_ROWS", 4)
-    for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, fp8.PDL_PREFETCH_LINES)):
+
+    def check(M, tile, release, warps, supported=True, **overrides):
+        feats = dataclasses.replace(real_features(torch.device(DEV)), pdl=supported)
+        monkeypatch.setattr(common, "device_features", lambda device: feats)
+        seen.clear()
         x = torch.randn(M, K, generator=g).half().to(DEV)
-        y = run(fp8.launch, x, w, TILED)
-        assert_close(y, fp8.reference_linear(x, w))
-        assert seen == dict(release=release, wait=release, prefetch=prefetch, warps=None), (M, seen)
-    monkeypatch.setattr(fp8, "PROLOGUE_LARGE_M", 5)
-    fp8.launch(torch.randn(5, K, generator=g).half().to(DEV), w, TILED)
-    assert seen["warps"] == fp8.PROLOGUE_LARGE_M_WARPS
+        y = fp8.launch(x, w, tile, **overrides)
+        if M <= 64:
+            assert_close(y, fp8.reference_linear(x, w))
+        assert seen == dict(release=release, wait=release, prefetch=fp8.PDL_PREFETCH_LINES, warps=warps), \
+            (M, tile, overrides, seen)
+    own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
+    assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
+    # Tiles without the knobs: the defaults of M's row bucket.
+    check(64, TILED, True, own)
+    check(65, TILED, False, own)
+    check(2048, TILED, False, own)
+    check(3000, TILED, False, fp8.PROLOGUE_LARGE_WARPS)
+    # The tile's knobs, one missing: the bucket's for it.
+    check(4, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
+    check(100, dict(TILED, PDL=1, PRO_WARPS=2), True, 2)
+    check(3000, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
+    check(3000, dict(TILED, PRO_WARPS=8), False, 8)
+    check(5, dict(TILED, PDL=1), True, own)
+    # PDL in the tile on a device without it: off, no error.
+    check(4, dict(TILED, PDL=1, PRO_WARPS=0), False, own, supported=False)
+    # The overrides win over the tile.
+    check(4, dict(TILED, PDL=1, PRO_WARPS=2), False, 8, pdl=False, plan=fp8.prologue_plan(K, 8))
+    check(100, dict(TILED, PDL=0), True, own, pdl=True)
+    check(3000, dict(TILED, PRO_WARPS=8), False, 16, plan=fp8.prologue_plan(K, 16))
+
+
+def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
+    # default_tile sets PRO_WARPS and PDL from the row bucket, device-independently; every tile of
+    # the search space carries them, the default's variants (other warps from bucket 1024, PDL
+    # flipped at 128-256) come last, and a 16-candidate sweep times the last of them.
+    w = fp8_weight(gen(94), torch.float16, False)
+    for M, warps, pdl in ((1, 0, 1), (64, 0, 1), (65, 0, 0), (2048, 0, 0), (2049, 4, 0), (3000, 4, 0), (9000, 4, 0)):
+        d = fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16))
+        assert (d["PRO_WARPS"], d["PDL"]) == (warps, pdl), M
+        assert fp8.tile_prologue({}, M, K) == fp8.tile_prologue(d, M, K) == (fp8.prologue_plan(K, warps or None), bool(pdl))
+    for (Nx, Kx), b, variants in (((37, 256), 1024, [dict(PRO_WARPS=8), dict(PRO_WARPS=4)]),
+                                  ((37, 256), 4096, [dict(PRO_WARPS=0), dict(PRO_WARPS=8)]),
+                                  ((10240, 5120), 1024, [dict(PRO_WARPS=4)]),     # the plan's own: 8 warps
+                                  ((10240, 5120), 8192, [dict(PRO_WARPS=8)]),
+                                  ((5120, 17408), 4096, [dict(PRO_WARPS=0), dict(PRO_WARPS=8)]),   # 16, 8
+                                  ((10240, 5120), 128, [dict(PDL=1)]), ((10240, 5120), 256, [dict(PDL=1)]),
+                                  ((10240, 5120), 64, []), ((10240, 5120), 512, []), ((10240, 5120), 1, [])):
+        p = Problem(N=Nx, K=Kx, bucket=b, act_dtype=torch.bfloat16, params=w.params())
+        space, d = fp8.search_space(p), fp8.default_tile(p)
+        assert space[0] == d and all(c["PRO_WARPS"] == d["PRO_WARPS"] and c["PDL"] == d["PDL"]
+                                     for c in space[:len(space) - len(variants)])
+        assert space[len(space) - len(variants):] == [dict(d, **v) for v in variants], (Nx, Kx, b)
+        if variants and Nx > 37:
+            assert space[-1] in candidates(space, 16)
 
 
 def test_launch_tma_prefetches_only_with_wait(monkeypatch):
