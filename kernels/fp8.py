@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from vsr.autotune.buckets import bucket_for
 from vsr.kernels import common
 from vsr.kernels.template import Problem
 
@@ -220,14 +219,14 @@ def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
 def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None, release: bool = False,
                                divide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype). `plan`:
-    by default the default tile's for M's row bucket (tile_prologue).
+    by default prologue_plan(K) (fp8.launch passes its tile's, tile_prologue).
     `release` (where common.pdl_supported): the next launch may be a programmatic dependent.
     `divide`: bf16 rows divided by s as other dtypes are, not multiplied by 1/s (the same bits;
     the variant study times both)."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
-    p = plan or tile_prologue({}, M, K)[0]
+    p = plan or prologue_plan(K)
     if not p.chunked and p.block_a + p.block_b < K:
         raise ValueError(f"prologue plan {p} covers {p.block_a + p.block_b} of the row's {K} columns")
     hw = common.device_features(x.device).hardware_e4m3
@@ -249,7 +248,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
-    tile_plan, tile_pdl = tile_prologue(tile, *x.shape)
+    tile_plan, tile_pdl = tile_prologue(tile, w.K)
     supported = common.device_features(x.device).pdl
     if pdl is None:
         pdl = tile_pdl and supported
@@ -268,8 +267,9 @@ PDL_PREFETCH_LINES = 4
 
 # The prologue's knobs in fp8's tile: PRO_WARPS, the prologue's warps per row (0: the plan's own,
 # prologue_plan(K)); PDL (0/1), the product launched as the prologue's programmatic dependent
-# (applied only where the device has it). A tile without them (a cache from before they
-# existed) takes prologue_defaults for the call's row bucket.
+# (applied only where the device has it). default_tile and search_space set them from the row
+# bucket (prologue_defaults), so the cache's tiles carry them; a tile without them runs plain
+# (tile_prologue).
 PROLOGUE_KEYS = ("PRO_WARPS", "PDL")
 # From this row bucket the prologue takes 4 warps a row by default (H200 run 16, M=4096: 4-18%
 # faster than the plan's 8-16 on every 27B shape once bf16 quotients became products; M=1024 not
@@ -298,13 +298,12 @@ def prologue_defaults(bucket: int) -> dict:
             "PDL": int(bucket <= PDL_MAX_BUCKET)}
 
 
-def tile_prologue(tile: dict, M: int, K: int) -> tuple[ProloguePlan, bool]:
-    """(the prologue plan, whether the product asks to be its programmatic dependent) for M rows
-    of K columns on `tile`: its PRO_WARPS and PDL, either missing taken from prologue_defaults of
-    M's row bucket."""
-    d = {} if all(k in tile for k in PROLOGUE_KEYS) else prologue_defaults(bucket_for(max(M, 1)))
-    warps, pdl = (tile[k] if k in tile else d[k] for k in PROLOGUE_KEYS)
-    return prologue_plan(K, warps or None), bool(pdl)
+def tile_prologue(tile: dict, K: int) -> tuple[ProloguePlan, bool]:
+    """(the prologue plan, whether the product asks to be its programmatic dependent) for rows of
+    K columns on `tile`: its PRO_WARPS and PDL. A tile without them (written by hand: the
+    template's and the cache's tiles carry their bucket's) runs the plan's own warps, no PDL.
+    (The kernels know no row buckets: those are the autotuner's, and the tile brings them here.)"""
+    return prologue_plan(K, tile.get("PRO_WARPS", 0) or None), bool(tile.get("PDL", 0))
 
 
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,

@@ -370,9 +370,8 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 
 def test_fp8_launch_decisions(monkeypatch):
     # fp8.launch's choices, recorded on any device: the prologue's warps (PRO_WARPS) and PDL come
-    # from the tile, or where it lacks them (a cache from before they existed) from the defaults of
-    # the call's row bucket (PDL up to bucket 64; 4 warps from bucket 4096, M = 3000 included); PDL
-    # only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
+    # from the tile (the default tiles: PDL up to bucket 64; 4 warps from bucket 4096, M = 3000
+    # included), a tile without them running plain; PDL only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
     # releases its dependent and the product waits; the product is passed PDL_PREFETCH_LINES either
     # way (launch_tma prefetches only with the wait). Up to 64 rows the kernels run as usual
     # (without PDL, which the interpreter lacks) and are checked against the reference; beyond,
@@ -408,17 +407,19 @@ def test_fp8_launch_decisions(monkeypatch):
             (M, tile, overrides, seen)
     own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
     assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
-    # Tiles without the knobs: the defaults of M's row bucket.
-    check(64, TILED, True, own)
-    check(65, TILED, False, own)
-    check(2048, TILED, False, own)
-    check(3000, TILED, False, fp8.PROLOGUE_LARGE_WARPS)
-    # The tile's knobs, one missing: the bucket's for it.
+    # Tiles without the knobs (hand-written): the plan's own warps, no PDL, at any M.
+    check(4, TILED, False, own)
+    check(3000, TILED, False, own)
+    # The tile's knobs, whatever M is (the tile is its bucket's); one missing: its plain value.
     check(4, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
     check(100, dict(TILED, PDL=1, PRO_WARPS=2), True, 2)
     check(3000, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
     check(3000, dict(TILED, PRO_WARPS=8), False, 8)
     check(5, dict(TILED, PDL=1), True, own)
+    # The default tiles of M's row bucket: M = 3000 lies in bucket 4096 and takes its warps.
+    for M, release, warps in ((64, True, own), (65, False, own), (2048, False, own),
+                              (3000, False, fp8.PROLOGUE_LARGE_WARPS)):
+        check(M, fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16)), release, warps)
     # PDL in the tile on a device without it: off, no error.
     check(4, dict(TILED, PDL=1, PRO_WARPS=0), False, own, supported=False)
     # The overrides win over the tile.
@@ -435,7 +436,8 @@ def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
     for M, warps, pdl in ((1, 0, 1), (64, 0, 1), (65, 0, 0), (2048, 0, 0), (2049, 4, 0), (3000, 4, 0), (9000, 4, 0)):
         d = fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16))
         assert (d["PRO_WARPS"], d["PDL"]) == (warps, pdl), M
-        assert fp8.tile_prologue({}, M, K) == fp8.tile_prologue(d, M, K) == (fp8.prologue_plan(K, warps or None), bool(pdl))
+        assert fp8.tile_prologue(d, K) == (fp8.prologue_plan(K, warps or None), bool(pdl))
+    assert fp8.tile_prologue({}, K) == (fp8.prologue_plan(K), False), "a tile without the knobs runs plain"
     for (Nx, Kx), b, variants in (((37, 256), 1024, [dict(PRO_WARPS=8), dict(PRO_WARPS=4)]),
                                   ((37, 256), 4096, [dict(PRO_WARPS=0), dict(PRO_WARPS=8)]),
                                   ((10240, 5120), 1024, [dict(PRO_WARPS=4)]),     # the plan's own: 8 warps
