@@ -605,6 +605,20 @@ def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str)
     return x if x.stride(1) == 1 else x.contiguous()
 
 
+class MatrixWeight:
+    """The N / K of a weight stored whole as `weight` [N, K] (the dense and fp8 formats, whose
+    products run on this module's kernels): a mixin for their dataclasses, adding no fields.
+    (int4's and nvfp4's weights derive their shapes otherwise: K a field, or packed halves.)"""
+
+    @property
+    def N(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.weight.shape[1]
+
+
 def output(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
     """y [M, N] in x's dtype: `out` when given (checked), else a new tensor."""
     y = out if out is not None else torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
@@ -635,12 +649,38 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device))
 
 
+@dataclass(frozen=True)
+class DeviceFeatures:
+    """What the launchers ask of a device, read once per device (device_features). On a CPU
+    device (the interpreter) everything is False and capability None; the interpreter on a CUDA
+    device (TRITON_INTERPRET=1 on a GPU machine) is not supported: it has neither griddepcontrol
+    nor inline PTX."""
+
+    nvidia: bool                          # a CUDA device of NVIDIA's (not ROCm): inline PTX applies
+    capability: tuple[int, int] | None    # compute capability of a CUDA device
+    pdl: bool            # programmatic dependent launch (griddepcontrol: a grid starting before the
+                         # one it depends on has ended): NVIDIA sm_90+
+    hardware_e4m3: bool  # fp32 -> e4m3 converted in hardware, to nearest even as torch's cast: NVIDIA sm_89+
+
+
+def device_features(device: torch.device) -> DeviceFeatures:
+    """The DeviceFeatures of `device`, built once per device (an index-less "cuda" is the current
+    device, resolved before the memo, as capability does)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    return _device_features(device)
+
+
+@functools.cache
+def _device_features(device: torch.device) -> DeviceFeatures:
+    cap = capability(device) if device.type == "cuda" else None
+    nv = nvidia(device)
+    return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
+
+
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch (a grid starting before the one it depends on has ended,
-    griddepcontrol): NVIDIA sm_90 and newer. The interpreter runs on a CPU device, where this is
-    False; the interpreter on a CUDA device (TRITON_INTERPRET=1 on a GPU machine) is not supported:
-    it has neither griddepcontrol nor inline PTX."""
-    return nvidia(device) and capability(device) >= (9, 0)
+    """Programmatic dependent launch (DeviceFeatures.pdl): NVIDIA sm_90 and newer."""
+    return device_features(device).pdl
 
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:
@@ -829,7 +869,11 @@ def check_tile(t: dict) -> None:
 
 @triton.jit
 def e4m3_encode(v):
-    """fp32 (already clamped to ±448, no NaN) -> e4m3fn code (uint8), round to nearest even."""
+    """fp32 (already clamped to ±448) -> e4m3fn code (uint8), round to nearest even, as torch's
+    cast; a NaN -> 0x7F, torch's code for a NaN (which for a negative NaN sets the sign bit too:
+    the callers' NaN rows are compared sign-blind, a NaN's sign differing between CPU and GPU)."""
+    nan = v != v
+    v = tl.where(nan, 0.0, v)
     bits = v.to(tl.uint32, bitcast=True)
     sign = (bits >> 31) & 1
     a = tl.abs(v)
@@ -847,7 +891,7 @@ def e4m3_encode(v):
     up = (frac > 0.5) | ((frac == 0.5) & ((fli & 1) == 1))
     code_s = fli + up.to(tl.int32)
     code = tl.where(a >= 0.015625, code_n, code_s)
-    return (code | (sign.to(tl.int32) << 7)).to(tl.uint8)
+    return tl.where(nan, 0x7F, code | (sign.to(tl.int32) << 7)).to(tl.uint8)
 
 
 @triton.jit

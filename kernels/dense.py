@@ -18,21 +18,13 @@ from vsr.kernels.template import Problem
 
 
 @dataclass
-class DenseWeight:
+class DenseWeight(common.MatrixWeight):
     """An nn.Linear weight as stored: W [N, K] (K contiguous), optional bias [N]."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
 
     format = "dense"
-
-    @property
-    def N(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.weight.shape[1]
 
     def params(self) -> tuple[tuple[str, object], ...]:
         return (("wdtype", str(self.weight.dtype).removeprefix("torch.")),)

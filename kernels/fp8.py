@@ -37,7 +37,7 @@ def e4m3_rne(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class Fp8Weight:
+class Fp8Weight(common.MatrixWeight):
     """weight e4m3 [N, K]; weight_scale [N] in the model dtype (multiplier); bias [N]."""
 
     weight: torch.Tensor
@@ -50,14 +50,6 @@ class Fp8Weight:
         assert self.weight.dtype == FP8_DTYPE, f"fp8 weight must be float8_e4m3fn, got {self.weight.dtype}"
         assert self.weight_scale.shape == (self.weight.shape[0],), (
             f"weight_scale must be [N]={self.weight.shape[0]}, got {tuple(self.weight_scale.shape)}")
-
-    @property
-    def N(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.weight.shape[1]
 
     def params(self) -> tuple[tuple[str, object], ...]:
         return (("act", "e4m3-per-token-dynamic"), ("bits", 8), ("wscale", "per-channel"))
@@ -127,9 +119,8 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
     q = tl.minimum(tl.maximum(q, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0, propagate_nan=tl.PropagateNan.ALL)
     if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does, NaN to NaN
         tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
-    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits
-        nan = q != q
-        tl.store(xq_ptrs, tl.where(nan, 0x7F, common.e4m3_encode(tl.where(nan, 0.0, q))).to(tl.uint8), mask=mask)
+    else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits (NaN 0x7F)
+        tl.store(xq_ptrs, common.e4m3_encode(q), mask=mask)
 
 
 @triton.jit
@@ -194,17 +185,8 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
             _quantize_chunk(vb, s, r, xq_ptr + row * K + offs_b, offs_b < K, HW_CVT, BF16_RCP)
 
 
-def _hardware_e4m3(dev: torch.device) -> bool:
-    """NVIDIA sm_89+ converts fp32 -> e4m3 in hardware (round to nearest even, as torch's cast)."""
-    return common.nvidia(dev) and common.capability(dev) >= (8, 9)
-
-
 # Rows longer than this go through the prologue in two chunked passes instead of in registers.
 PROLOGUE_REGISTER_K = 32768
-# From this many rows the prologue takes 4 warps a row (H200 run 16, M=4096: 4-18% faster than
-# the plan's 8-16 on every 27B shape once bf16 quotients became products; M=1024 not measured).
-PROLOGUE_LARGE_M = 4096
-PROLOGUE_LARGE_M_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -236,17 +218,18 @@ def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
 
 def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None, release: bool = False,
                                divide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype).
+    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype). `plan`:
+    by default prologue_plan(K) (fp8.launch passes its tile's, tile_prologue).
     `release` (where common.pdl_supported): the next launch may be a programmatic dependent.
     `divide`: bf16 rows divided by s as other dtypes are, not multiplied by 1/s (the same bits;
     the variant study times both)."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
-    p = plan or prologue_plan(K, PROLOGUE_LARGE_M_WARPS if M >= PROLOGUE_LARGE_M else None)
+    p = plan or prologue_plan(K)
     if not p.chunked and p.block_a + p.block_b < K:
         raise ValueError(f"prologue plan {p} covers {p.block_a + p.block_b} of the row's {K} columns")
-    hw = _hardware_e4m3(x.device)
+    hw = common.device_features(x.device).hardware_e4m3
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
                             HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16 and not divide, num_warps=p.warps)
@@ -255,35 +238,72 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
 
 def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, *,
            plan: ProloguePlan | None = None, pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
-    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. `plan`, `pdl` and `prefetch` (the
-    prologue plan, programmatic dependent launch, prefetched lines per weight row) override the
-    defaults below; the variant studies time them."""
+    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come
+    from the tile (tile_prologue; PDL only where the device has it); `plan`, `pdl` and `prefetch`
+    (the prologue plan, programmatic dependent launch, prefetched lines per weight row) override
+    the tile and PDL_PREFETCH_LINES; the variant studies time them."""
     common.check_tile(tile)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
+    tile_plan, tile_pdl = tile_prologue(tile, w.K)
+    supported = common.device_features(x.device).pdl
     if pdl is None:
-        pdl = x.shape[0] <= PDL_MAX_ROWS and common.pdl_supported(x.device)
-    elif pdl and not common.pdl_supported(x.device):
+        pdl = tile_pdl and supported
+    elif pdl and not supported:
         raise ValueError(f"programmatic dependent launch needs an NVIDIA GPU of sm_90 or newer, not {x.device}")
-    xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
+    xq, xs = quantize_activation_triton(x, plan=plan or tile_plan, release=pdl)
     if prefetch is None:
         prefetch = PDL_PREFETCH_LINES
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch if pdl else 0)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch)   # launch_tma prefetches only with wait
     return y
 
 
+# 128-byte lines of each weight row the product asks of the L2 before it waits, when launched as
+# the prologue's programmatic dependent (H200 run 15: see the note on PDL_MAX_BUCKET).
+PDL_PREFETCH_LINES = 4
+
+# The prologue's knobs in fp8's tile: PRO_WARPS, the prologue's warps per row (0: the plan's own,
+# prologue_plan(K)); PDL (0/1), the product launched as the prologue's programmatic dependent
+# (applied only where the device has it). default_tile and search_space set them from the row
+# bucket (prologue_defaults), so the cache's tiles carry them; a tile without them runs plain
+# (tile_prologue).
+PROLOGUE_KEYS = ("PRO_WARPS", "PDL")
+# From this row bucket the prologue takes 4 warps a row by default (H200 run 16, M=4096: 4-18%
+# faster than the plan's 8-16 on every 27B shape once bf16 quotients became products; M=1024 not
+# measured; down at M=4096 liked chunked 4096-column passes with 8 warps best). Until the tile
+# carried it, this was keyed on M >= 4096 rows, so M = 2049-4095 (bucket 4096) missed it.
+PROLOGUE_LARGE_BUCKET = 4096
+PROLOGUE_LARGE_WARPS = 4
 # Few rows on Hopper and newer: the product is launched as the prologue's programmatic dependent,
 # asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
 # run 15 (variants.py --study fp8-prologue): PDL alone saved 0.2-1.1 us at M = 1-64 on every
 # shape, 4 prefetched 128-byte lines per row another 0.4-1.0 us (16-32 lines lost on qkv and
 # gate_up); at M = 256 PDL cost 3-9 us on o and down in runs 15 and 16 alike (down 61 -> 69 us
-# and 58.6 -> 65.7), so it stops at 64 rows. (At M = 4096 run 15 saw it cost up to 39 us and run
-# 16 saw it gain 19-30 us on qkv and gate_up: within the noise of calls that long.)
-PDL_MAX_ROWS = 64
-PDL_PREFETCH_LINES = 4
+# and 58.6 -> 65.7), so by default it stops at bucket 64 (64 rows, as it was keyed on rows
+# before the tile carried it). (At M = 4096 run 15 saw it cost up to 39 us and run 16 saw it
+# gain 19-30 us on qkv and gate_up: within the noise of calls that long.)
+PDL_MAX_BUCKET = 64
+# Where search_space tries the default tile with other prologue warps, and with PDL flipped.
+PRO_WARPS_FROM = 1024
+PDL_FLIP_BUCKETS = (128, 256)
+
+
+def prologue_defaults(bucket: int) -> dict:
+    """The prologue knobs (PROLOGUE_KEYS) of a row bucket's default tile; device-independent (PDL
+    is applied only where the device has it)."""
+    return {"PRO_WARPS": PROLOGUE_LARGE_WARPS if bucket >= PROLOGUE_LARGE_BUCKET else 0,
+            "PDL": int(bucket <= PDL_MAX_BUCKET)}
+
+
+def tile_prologue(tile: dict, K: int) -> tuple[ProloguePlan, bool]:
+    """(the prologue plan, whether the product asks to be its programmatic dependent) for rows of
+    K columns on `tile`: its PRO_WARPS and PDL. A tile without them (written by hand: the
+    template's and the cache's tiles carry their bucket's) runs the plan's own warps, no PDL.
+    (The kernels know no row buckets: those are the autotuner's, and the tile brings them here.)"""
+    return prologue_plan(K, tile.get("PRO_WARPS", 0) or None), bool(tile.get("PDL", 0))
 
 
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
@@ -306,6 +326,11 @@ def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
 
 
 def default_tile(p: Problem) -> dict:
+    """The product's default tile (_default_product_tile) with the bucket's prologue knobs."""
+    return dict(_default_product_tile(p), **prologue_defaults(p.bucket))
+
+
+def _default_product_tile(p: Problem) -> dict:
     t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket == 1 and t["path"] != "tma-swap":
         # H200 (run 5): 8 rows x 512 columns per step, 3 stages, beat the split-K tile on every
@@ -318,12 +343,38 @@ def default_tile(p: Problem) -> dict:
 
 
 def search_space(p: Problem) -> list[dict]:
-    d = default_tile(p)
-    space = common.gemm_space(p.bucket, p.N, p.K, 1, 1, d, bk_choices=(64, 128, 256))
+    """The product tiles (common.gemm_space; the GEMV at one row), each with the bucket's prologue
+    knobs, default first; then the default with other prologue knobs (_prologue_variants).
+    Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
+    among the paths, each share spread over its path's tiles from the first to the last, so
+    the last variant, the last tile of the default's path, is timed by any sweep giving that
+    path two or more picks (16 candidates give fp8's three paths five each) and the others by
+    longer ones, while product tiles keep the other picks; right after the default they would
+    take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
+    base = _default_product_tile(p)
+    space = common.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
     if p.bucket == 1:
-        gemv = [t for t in common.gemv_tiles(p.K, 1) if t != d]
+        gemv = [t for t in common.gemv_tiles(p.K, 1) if t != base]
         space = space[:1] + gemv[:1] + space[1:12] + gemv[1:] + space[12:36]
-    return space
+    knobs = prologue_defaults(p.bucket)
+    return [dict(t, **knobs) for t in space] + _prologue_variants(p, dict(base, **knobs))
+
+
+def _prologue_variants(p: Problem, d: dict) -> list[dict]:
+    """The default tile d with other prologue knobs: from bucket PRO_WARPS_FROM other warps per row
+    (the plan's own, 8, then 4, each number of warps once: 4 is the last, timed by short sweeps,
+    where the default is the plan's, and 8 where it is 4), and for PDL_FLIP_BUCKETS PDL flipped
+    (off by default there: run 15-16 measured a loss at M = 256 on o and down only)."""
+    out = []
+    if p.bucket >= PRO_WARPS_FROM:
+        by_warps: dict[int, int] = {}
+        for w in (0, 8, 4):   # an explicit number replaces 0 where the plan's own is the same
+            by_warps[prologue_plan(p.K, w or None).warps] = w
+        by_warps.pop(prologue_plan(p.K, d["PRO_WARPS"] or None).warps, None)
+        out += [dict(d, PRO_WARPS=w) for w in by_warps.values()]
+    if p.bucket in PDL_FLIP_BUCKETS:
+        out.append(dict(d, PDL=1 - d["PDL"]))
+    return out
 
 
 TEMPLATE = common.KernelTemplate(name="fp8_w8a8", module=sys.modules[__name__], search_space=search_space,

@@ -529,7 +529,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     k_split, split = common.split_plan(K, tile)
     ws = common.workspace(split, y)
     bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
-    pairs = path in ("slices", "join") and common.nvidia(x.device) and ptx_pairs(x.dtype, common.capability(x.device))
+    dev = common.device_features(x.device)
+    pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
     if path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"
         assert bk & (bk - 1) == 0, f"the gemv path steps in a power-of-two number of words, got BLOCK_K={bk}"

@@ -209,7 +209,7 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
     gx = tl.load(gx_ptr).to(tl.float32)
     sv = _clamp_keep_nan(gx * amax6, 448.0)
     nan = sv != sv
-    scode = tl.where(nan, 0x7F, common.e4m3_encode(tl.where(nan, 0.0, sv)).to(tl.int32))
+    scode = common.e4m3_encode(sv).to(tl.int32)   # a NaN's code is 0x7F
     s = tl.where(nan, sv, common.e4m3_decode(scode))
     scode = tl.where(s == 0.0, 0x20, scode).to(tl.uint8)   # 0x20 is e4m3 0.125
     s = tl.where(s == 0.0, 0.125, s)

@@ -7,12 +7,17 @@ explicit tiled tile. Outputs are pre-filled with NaN so an unwritten element fai
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
-from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES
+from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES, candidates
 from vsr.kernels import common, dense, fp8, int4, nvfp4
+from vsr.kernels.template import Problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 37, 256
@@ -366,40 +371,106 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 
 
 def test_fp8_launch_decisions(monkeypatch):
-    # fp8.launch's choices, recorded on any device: up to PDL_MAX_ROWS rows (where the device has
-    # programmatic dependent launch) the prologue releases its dependent and the product waits and
-    # prefetches PDL_PREFETCH_LINES lines; beyond, neither; from PROLOGUE_LARGE_M rows the prologue
-    # plan takes PROLOGUE_LARGE_M_WARPS warps. The product itself runs as usual (without PDL, which
-    # the interpreter lacks) and is checked against the reference.
+    # fp8.launch's choices, recorded on any device: the prologue's warps (PRO_WARPS) and PDL come
+    # from the tile (the default tiles: PDL up to bucket 64; 4 warps from bucket 4096, M = 3000
+    # included), a tile without them running plain; PDL only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
+    # releases its dependent and the product waits; the product is passed PDL_PREFETCH_LINES either
+    # way (launch_tma prefetches only with the wait). Up to 64 rows the kernels run as usual
+    # (without PDL, which the interpreter lacks) and are checked against the reference; beyond,
+    # the calls are only recorded.
     g = gen(95)
     w = fp8_weight(g, torch.float16, True)
     seen = {}
-    real_quantize, real_product, real_plan = fp8.quantize_activation_triton, fp8.launch_product, fp8.prologue_plan
+    real_quantize, real_product, real_features = fp8.quantize_activation_triton, fp8.launch_product, common.device_features
 
     def quantize(x, plan=None, release=False, divide=False):
-        seen["release"] = release
+        seen.update(release=release, warps=plan.warps)
+        if x.shape[0] > 64:
+            return (torch.zeros(x.shape, dtype=fp8.FP8_DTYPE, device=x.device),
+                    torch.ones(x.shape[0], dtype=x.dtype, device=x.device))
         return real_quantize(x, plan, False, divide)
 
     def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
         seen.update(wait=wait, prefetch=prefetch)
-        real_product(xq, xs, w_, y, tile)
-
-    def plan(K_, warps=None):
-        seen["warps"] = warps
-        return real_plan(K_, warps)
+        if xq.shape[0] <= 64:
+            real_product(xq, xs, w_, y, tile)
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
     monkeypatch.setattr(fp8, "launch_product", product)
-    monkeypatch.setattr(fp8, "prologue_plan", plan)
-    monkeypatch.setattr(common, "pdl_supported", lambda device: True)
-    monkeypatch.setattr(fp8, "PDL_MAX_ROWS", 4)
-    for M, release, prefetch in ((4, True, fp8.PDL_PREFETCH_LINES), (5, False, 0)):
+
+    def check(M, tile, release, warps, supported=True, **overrides):
+        feats = dataclasses.replace(real_features(torch.device(DEV)), pdl=supported)
+        monkeypatch.setattr(common, "device_features", lambda device: feats)
+        seen.clear()
         x = torch.randn(M, K, generator=g).half().to(DEV)
-        y = run(fp8.launch, x, w, TILED)
-        assert_close(y, fp8.reference_linear(x, w))
-        assert seen == dict(release=release, wait=release, prefetch=prefetch, warps=None), (M, seen)
-    monkeypatch.setattr(fp8, "PROLOGUE_LARGE_M", 5)
-    fp8.launch(torch.randn(5, K, generator=g).half().to(DEV), w, TILED)
-    assert seen["warps"] == fp8.PROLOGUE_LARGE_M_WARPS
+        y = fp8.launch(x, w, tile, **overrides)
+        if M <= 64:
+            assert_close(y, fp8.reference_linear(x, w))
+        assert seen == dict(release=release, wait=release, prefetch=fp8.PDL_PREFETCH_LINES, warps=warps), \
+            (M, tile, overrides, seen)
+    own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
+    assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
+    # Tiles without the knobs (hand-written): the plan's own warps, no PDL, at any M.
+    check(4, TILED, False, own)
+    check(3000, TILED, False, own)
+    # The tile's knobs, whatever M is (the tile is its bucket's); one missing: its plain value.
+    check(4, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
+    check(100, dict(TILED, PDL=1, PRO_WARPS=2), True, 2)
+    check(3000, dict(TILED, PDL=0, PRO_WARPS=0), False, own)
+    check(3000, dict(TILED, PRO_WARPS=8), False, 8)
+    check(5, dict(TILED, PDL=1), True, own)
+    # The default tiles of M's row bucket: M = 3000 lies in bucket 4096 and takes its warps.
+    for M, release, warps in ((64, True, own), (65, False, own), (2048, False, own),
+                              (3000, False, fp8.PROLOGUE_LARGE_WARPS)):
+        check(M, fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16)), release, warps)
+    # PDL in the tile on a device without it: off, no error.
+    check(4, dict(TILED, PDL=1, PRO_WARPS=0), False, own, supported=False)
+    # The overrides win over the tile.
+    check(4, dict(TILED, PDL=1, PRO_WARPS=2), False, 8, pdl=False, plan=fp8.prologue_plan(K, 8))
+    check(100, dict(TILED, PDL=0), True, own, pdl=True)
+    check(3000, dict(TILED, PRO_WARPS=8), False, 16, plan=fp8.prologue_plan(K, 16))
+
+
+def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
+    # default_tile sets PRO_WARPS and PDL from the row bucket, device-independently; every tile of
+    # the search space carries them, the default's variants (other warps from bucket 1024, PDL
+    # flipped at 128-256) come last, and a 16-candidate sweep times the last of them.
+    w = fp8_weight(gen(94), torch.float16, False)
+    for M, warps, pdl in ((1, 0, 1), (64, 0, 1), (65, 0, 0), (2048, 0, 0), (2049, 4, 0), (3000, 4, 0), (9000, 4, 0)):
+        d = fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16))
+        assert (d["PRO_WARPS"], d["PDL"]) == (warps, pdl), M
+        assert fp8.tile_prologue(d, K) == (fp8.prologue_plan(K, warps or None), bool(pdl))
+    assert fp8.tile_prologue({}, K) == (fp8.prologue_plan(K), False), "a tile without the knobs runs plain"
+    for (Nx, Kx), b, variants in (((37, 256), 1024, [dict(PRO_WARPS=8), dict(PRO_WARPS=4)]),
+                                  ((37, 256), 4096, [dict(PRO_WARPS=0), dict(PRO_WARPS=8)]),
+                                  ((10240, 5120), 1024, [dict(PRO_WARPS=4)]),     # the plan's own: 8 warps
+                                  ((10240, 5120), 8192, [dict(PRO_WARPS=8)]),
+                                  ((5120, 17408), 4096, [dict(PRO_WARPS=0), dict(PRO_WARPS=8)]),   # 16, 8
+                                  ((10240, 5120), 128, [dict(PDL=1)]), ((10240, 5120), 256, [dict(PDL=1)]),
+                                  ((10240, 5120), 64, []), ((10240, 5120), 512, []), ((10240, 5120), 1, [])):
+        p = Problem(N=Nx, K=Kx, bucket=b, act_dtype=torch.bfloat16, params=w.params())
+        space, d = fp8.search_space(p), fp8.default_tile(p)
+        assert space[0] == d and all(c["PRO_WARPS"] == d["PRO_WARPS"] and c["PDL"] == d["PDL"]
+                                     for c in space[:len(space) - len(variants)])
+        assert space[len(space) - len(variants):] == [dict(d, **v) for v in variants], (Nx, Kx, b)
+        if variants and Nx > 37:
+            assert space[-1] in candidates(space, 16)
+
+
+def test_launch_tma_prefetches_only_with_wait(monkeypatch):
+    # The one gate of the weight-row prefetch (fp8.launch passes its `prefetch` through): the TMA
+    # kernel gets PREFETCH only when launched as a programmatic dependent (recorded, not run).
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]))
+    monkeypatch.setattr(common, "tma_gemm_kernel", Spy())
+    w = fp8_weight(gen(98), torch.float16, False)
+    xq = fp8.e4m3_rne(torch.randn(8, K, generator=gen(99))).to(DEV)
+    y = torch.empty(8, N, dtype=torch.float16, device=DEV)
+    for wait in (False, True):
+        common.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
+    assert seen == [(False, 0, False), (True, 4, True)]
 
 
 def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
@@ -413,6 +484,57 @@ def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
             fp8.launch(x, w, TILED, pdl=True)
 
 
+@triton.jit
+def _e4m3_encode_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(v_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + offs, common.e4m3_encode(v), mask=offs < n)
+
+
+def test_e4m3_encode_gives_torchs_codes_and_0x7f_for_nan():
+    # Every e4m3 value, the midpoints between neighbours (ties to even), points just either side
+    # of them, the subnormal range, zero of either sign and random values within ±448.
+    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.FP8_DTYPE).float()
+    vals = vals[vals.isfinite()].unique()
+    mids = (vals[1:] + vals[:-1]) / 2
+    g = gen(97)
+    finite = torch.cat([vals, mids, mids * (1 + 2**-12), mids * (1 - 2**-12), torch.tensor([0.0, -0.0]),
+                        torch.linspace(-2**-5, 2**-5, 301), (torch.rand(2000, generator=g) * 2 - 1) * 448])
+    v = torch.cat([finite, torch.tensor([float("nan"), -float("nan")])])
+    out = torch.empty(v.numel(), dtype=torch.uint8, device=DEV)
+    _e4m3_encode_kernel[(1,)](v.to(DEV), out, v.numel(), BLOCK=common.next_pow2(v.numel()))
+    out = out.cpu()
+    n = finite.numel()
+    assert torch.equal(out[:n], finite.to(fp8.FP8_DTYPE).view(torch.uint8))
+    assert out[n:].tolist() == [0x7F, 0x7F]
+
+
+def test_device_features_are_read_once_per_device(monkeypatch):
+    # CPU (the interpreter): nothing NVIDIA's. CUDA devices, faked here: pdl from sm_90, the
+    # hardware e4m3 conversion from sm_89, none on ROCm; an index-less "cuda" is the current device.
+    cpu = common.device_features(torch.device("cpu"))
+    assert cpu == common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False)
+    assert common.device_features(torch.device("cpu")) is cpu and not common.pdl_supported(torch.device("cpu"))
+    reads = []
+    caps = {7: (8, 9), 8: (9, 0), 9: (8, 0)}
+    monkeypatch.setattr(common, "capability", lambda d: reads.append(d.index) or caps[d.index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 8)
+    monkeypatch.setattr(torch.version, "hip", None)
+    common._device_features.cache_clear()
+    try:
+        ada, hopper, ampere = (common.device_features(torch.device("cuda", i)) for i in (7, 8, 9))
+        assert (ada.pdl, ada.hardware_e4m3, hopper.pdl, hopper.hardware_e4m3) == (False, True, True, True)
+        assert ampere.nvidia and not ampere.pdl and not ampere.hardware_e4m3 and ampere.capability == (8, 0)
+        assert common.device_features(torch.device("cuda")) is hopper and common.pdl_supported(torch.device("cuda"))
+        assert reads == [7, 8, 9], "one read per device"
+        monkeypatch.setattr(torch.version, "hip", "6.0")
+        common._device_features.cache_clear()
+        rocm = common.device_features(torch.device("cuda", 8))
+        assert not (rocm.nvidia or rocm.pdl or rocm.hardware_e4m3)
+    finally:
+        common._device_features.cache_clear()
+
+
 def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     # torch on CUDA divides by a Python number as a product with the fp32 reciprocal; the kernel's
     # RECIPROCAL switch reproduces it (checked on CPU through the interpreter, where torch divides).
@@ -421,7 +543,7 @@ def test_fp8_scale_rule_on_cuda_is_the_reciprocal_product():
     assert not torch.equal(prod, amax / 448.0), "a value where the two rules differ"
     x = torch.zeros(3, 16)
     x[:, 0] = amax
-    hw = fp8._hardware_e4m3(torch.device(DEV))
+    hw = common.device_features(torch.device(DEV)).hardware_e4m3
     xq = torch.empty((3, 16), dtype=fp8.FP8_DTYPE if hw else torch.uint8, device=DEV)
     s = torch.empty(3, device=DEV)
     fp8._act_quant_kernel[(3,)](x.to(DEV), xq, s, 16, 16, 1e-7, BLOCK_A=16, BLOCK_B=0, CHUNKED=False,

@@ -1,0 +1,31 @@
+"""Imports flow cli -> runtime -> autotune -> kernels (runtime may call kernels directly), never back."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Each layer's directory and the vsr packages it may not import (the layers above it).
+LAYERS = {"kernels": ("vsr.autotune", "vsr.runtime", "vsr.cli"), "autotune": ("vsr.runtime", "vsr.cli"),
+          "runtime": ("vsr.cli",)}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_no_module_imports_a_layer_above_its_own(layer):
+    files = sorted((ROOT / layer).rglob("*.py"))
+    assert files
+    bad = [(str(f.relative_to(ROOT)), m) for f in files for m in sorted(imported_modules(f))
+           if any(m == up or m.startswith(up + ".") for up in LAYERS[layer])]
+    assert not bad, f"{layer}/ imports from a layer above it: {bad}"
