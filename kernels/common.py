@@ -863,6 +863,14 @@ def check_tile(t: dict) -> None:
             raise ValueError(f"tile {t} lacks {k}")
 
 
+@triton.jit
+def clamp_keep_nan(v, bound):
+    """v clamped to [-bound, bound] as torch.clamp does: a NaN stays NaN (fp8's and nvfp4's
+    prologues, whose NaN rows and blocks must stay NaN as in the references)."""
+    return tl.minimum(tl.maximum(v, -bound, propagate_nan=tl.PropagateNan.ALL), bound,
+                      propagate_nan=tl.PropagateNan.ALL)
+
+
 # e4m3 conversions written out in integer arithmetic: the Triton interpreter's own
 # fp32 -> float8e4nv cast rounds wrongly (seen with Triton 3.9: -126.3 -> -64, and ties
 # not to even), and these give the same bits as torch's cast on every backend.

@@ -116,7 +116,7 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
         q = tl.div_rn(v.to(tl.float32), s)
     # Clamped as torch.clamp does: a NaN stays NaN (a NaN row, or inf / inf in an inf row).
     q = q.to(v.dtype).to(tl.float32)
-    q = tl.minimum(tl.maximum(q, -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0, propagate_nan=tl.PropagateNan.ALL)
+    q = common.clamp_keep_nan(q, 448.0)
     if HW_CVT:  # sm_89+: the hardware convert rounds to nearest even, as torch's cast does, NaN to NaN
         tl.store(xq_ptrs, q.to(tl.float8e4nv), mask=mask)
     else:       # the interpreter's cast rounds wrongly: the integer encoder gives torch's bits (NaN 0x7F)

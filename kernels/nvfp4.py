@@ -178,13 +178,6 @@ def _e2m1_code(xq):
 
 
 @triton.jit
-def _clamp_keep_nan(v, bound):
-    """v clamped to [-bound, bound] as torch.clamp does: a NaN stays NaN."""
-    return tl.minimum(tl.maximum(v, -bound, propagate_nan=tl.PropagateNan.ALL), bound,
-                      propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
                       PACKED: tl.constexpr, BLOCKS: tl.constexpr):
     """Per row, per 16 columns: s = e4m3(gx · (amax/6 in x's dtype)) (0 -> 0.125),
@@ -207,15 +200,15 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
     amax = tl.maximum(tl.max(_abs_bits(xe), axis=1), tl.max(_abs_bits(xo), axis=1)).to(tl.float32, bitcast=True)
     amax6 = tl.div_rn(amax, 6.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     gx = tl.load(gx_ptr).to(tl.float32)
-    sv = _clamp_keep_nan(gx * amax6, 448.0)
+    sv = common.clamp_keep_nan(gx * amax6, 448.0)
     nan = sv != sv
     scode = common.e4m3_encode(sv).to(tl.int32)   # a NaN's code is 0x7F
     s = tl.where(nan, sv, common.e4m3_decode(scode))
     scode = tl.where(s == 0.0, 0x20, scode).to(tl.uint8)   # 0x20 is e4m3 0.125
     s = tl.where(s == 0.0, 0.125, s)
     eff = tl.div_rn(s, gx)
-    qe = _clamp_keep_nan(tl.div_rn(xe32, eff[:, None]), 6.0)
-    qo = _clamp_keep_nan(tl.div_rn(xo32, eff[:, None]), 6.0)
+    qe = common.clamp_keep_nan(tl.div_rn(xe32, eff[:, None]), 6.0)
+    qo = common.clamp_keep_nan(tl.div_rn(xo32, eff[:, None]), 6.0)
     ce = _e2m1_code(qe)
     co = _e2m1_code(qo)
     if PACKED:
