@@ -310,7 +310,8 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
     With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
     transposed product of tma_swap_kernel walked stream-K so that all 132 multiprocessors stream
-    the 80 weight tiles of qkv, o and down at M = 1-64: 3-30% slower than the shipped tiles.)
+    the 80 weight tiles of qkv, o and down: 3-30% slower than the shipped tiles at M = 1, 16 and
+    64; at M = 32 it beat run 16's 32-row tiles on 4 of 8 points, which were the tiles at fault.)
     RELEASE: the reduction, launched as this grid's programmatic dependent, may start now (it
     waits for this grid's end before reading the workspace)."""
     wait_for_producer(WAIT)
@@ -374,9 +375,10 @@ def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, r
                     LINE_COLS: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
-    side (16 columns), instead of padding x's rows up to 64; the copy engine streams the weight
-    through a deep pipeline with no address arithmetic (the memory-bound regime of M <= 16;
-    at M=64 the plain TMA tile was faster, run 10).
+    side (16 columns, or 32 at bucket 32), instead of padding x's rows up to 64; the copy engine
+    streams the weight through a deep pipeline with no address arithmetic (the memory-bound
+    regime of M <= 32: the tuner's pick on every 27B-class key at buckets 1-32 in run 17; at
+    M=64 the plain TMA tile was faster, run 10).
     Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
     order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split.
     PREFETCH (with WAIT): prefetch_weight_rows before the wait."""
@@ -561,9 +563,10 @@ TMA_PATHS = ("tma", "tma-swap", "tma-sk")
 # Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
 STREAMK_REDUCE_ROWS = 16
 # The stream-K reduction launched as the product's programmatic dependent where the device has
-# it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study:
-# on stream-K tiles at M = 1-64 the reduction launched as usual took 0.5-10 us more, gate_up
-# M=1 51.0 -> 57.6 us.)
+# it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study,
+# on its retired few-row stream-K tiles at M = 1-64: the same tile with the reduction launched
+# as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. Not measured apart on
+# the "tma-sk" tiles of M = 512-2048, whose M=1024 ratios in run 17's benchmark equal run 16's.)
 STREAMK_REDUCE_PDL = True
 
 
@@ -753,8 +756,8 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
     TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
     stream-K for buckets 512-2048, persistent from bucket 4096. Depends only on (bucket, N, K,
-    operand sizes). Tiles for buckets 32-256 are the H200 run-5 winners, those of 512-2048 run
-    14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
+    operand sizes). Tiles for buckets 64-256 are the H200 run-5 winners, bucket 32's bucket 64's
+    (run 17), those of 512-2048 run 14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
     swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
     if bucket <= 16 and swap:
@@ -773,7 +776,7 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     if bucket <= 128:
         # Few row blocks: narrow the columns until the grid has about half a wave of programs. 64
         # rows at bucket 32 too: the H200 cache of run 16, whose bucket-32 space held only 32-row
-        # tiles, took longer at bucket 32 than at bucket 64 on 11 keys (fp8 down 43.0 us against
+        # tiles, took longer at bucket 32 than at bucket 64 on 11 keys with bf16 x (fp8 down 43.0 us against
         # 29.7 for twice the rows, on 64x64 TMA tiles): a 32-row tile wastes its multiprocessor
         # on this memory-bound product, and the TMA copy zero-fills the rows past M for free.
         bm = 64

@@ -171,13 +171,15 @@ def test_dense_persistent_tma_tile(dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("programs,M,Kx,bias", [(3, 40, K, True), (4, 70, K, False), (7, 33, 264, True),
-                                               (64, 5, K, False), (2, 40, 264, False)])
+                                               (64, 5, K, False), (2, 40, 264, False), (64, 20, K, True)])
 def test_dense_streamk_tma_tile(dtype, programs, M, Kx, bias, monkeypatch):
     # "tma-sk": whole waves of 32x32 tiles (2 column blocks of N=37) per program, the leftover
     # tiles' K steps shared out; 40 rows on 3 programs: 4 tiles, 1 left over; 70 rows on 4: 6
     # tiles, 2 left over; 33 rows on 7: 4 tiles, all shared, K=264 ending in a part step (5 of
     # 64 columns, 9 of 32 in fp32); 5 rows on 64: 2 tiles of 4 (fp32: 8) K steps for 64
-    # programs, most of which get none; 40 rows on 2: whole waves only, no reduction.
+    # programs, most of which get none; 40 rows on 2: whole waves only, no reduction; 20 rows on
+    # 64: one row block, whose 20 rows take two of the reduction's 16-row programs (the second
+    # holding 4 live rows).
     monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
     g = gen(33)
     w = dense.DenseWeight(torch.randn(N, Kx, generator=g).to(dtype),
@@ -471,6 +473,45 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
     for wait in (False, True):
         common.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
     assert seen == [(False, 0, False), (True, 4, True)]
+
+
+def test_streamk_reduction_is_a_dependent_only_with_units_and_the_device(monkeypatch):
+    # The stream-K product releases its reduction, and the reduction waits for it (both launched
+    # as programmatic dependents), only where the device has PDL and tiles are left over for the
+    # reduction; with STREAMK_REDUCE_PDL off, never. Recorded, not run.
+    seen = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((self.name, grid, kw.get("RELEASE", kw.get("WAIT")),
+                                                    kw["launch_pdl"]))
+    monkeypatch.setattr(common, "tma_streamk_kernel", Spy("product"))
+    monkeypatch.setattr(common, "streamk_reduce_kernel", Spy("reduce"))
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    w = fp8_weight(gen(97), torch.float16, False)
+    real = common.device_features(torch.device(DEV))
+    tile = dict(TMA, path="tma-sk", BLOCK_K=128)   # 32x32 tiles: N=37 makes 2 column blocks
+    for pdl in (False, True):
+        monkeypatch.setattr(common, "device_features", lambda device, pdl=pdl: dataclasses.replace(real, pdl=pdl))
+        for M in (40, 20):   # 4 tiles on 3 programs: 1 left over; 20 rows: 2 tiles, both left over
+            xq = fp8.e4m3_rne(torch.randn(M, K, generator=gen(M))).to(DEV)
+            y = torch.empty(M, N, dtype=torch.float16, device=DEV)
+            common.launch_tma(xq, w.weight, y, tile, owner=w)
+        xq = fp8.e4m3_rne(torch.randn(70, K, generator=gen(70))).to(DEV)   # 6 tiles on 3: none left over
+        common.launch_tma(xq, w.weight, torch.empty(70, N, dtype=torch.float16, device=DEV), tile, owner=w)
+    monkeypatch.setattr(common, "STREAMK_REDUCE_PDL", False)
+    common.launch_tma(fp8.e4m3_rne(torch.randn(40, K, generator=gen(1))).to(DEV), w.weight,
+                      torch.empty(40, N, dtype=torch.float16, device=DEV), tile, owner=w)
+    assert seen == [("product", (3,), False, False), ("reduce", (1, 2), False, False),
+                    ("product", (3,), False, False), ("reduce", (2, 2), False, False),
+                    ("product", (3,), False, False),
+                    ("product", (3,), True, False), ("reduce", (1, 2), True, True),
+                    ("product", (3,), True, False), ("reduce", (2, 2), True, True),
+                    ("product", (3,), False, False),
+                    ("product", (3,), False, False), ("reduce", (1, 2), False, False)], seen
 
 
 def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
