@@ -1,6 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
-    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue]
+    python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
+                                   sk-reduce-pdl]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -353,11 +354,37 @@ def study_fp8_prologue(shapes, ms, log):
     return rows
 
 
+def study_sk_reduce_pdl(shapes, ms, log):
+    """bf16 and fp8 at M = 512-2048 on the shipped cache's tile (the template's default where the
+    cache lacks the key): with the stream-K reduction launched as the product's programmatic
+    dependent (common.STREAMK_REDUCE_PDL, the default since run 17) and launched as usual. Run 17
+    measured the switch only on few-row stream-K tiles (+0.6 us at the median), not on the
+    "tma-sk" tiles these buckets run. A tile of another path runs the same either way and is
+    skipped."""
+    resolver = TileResolver(SHIPPED_CACHE, "default", torch.device(DEV))
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("sk-reduce-pdl", ("fp8",), shapes, ms, rows, log):
+        for fmt, key, wf in (("bf16", "dense", ws["bf16"]), ("fp8", "fp8_w8a8", ws["fp8"])):
+            t = registry.TEMPLATES[key]
+            tile = resolver.tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
+            if tile["path"] != "tma-sk":
+                continue
+            ids = dict(study="sk-reduce-pdl", format=fmt, shape=sh, M=M)
+            _run_cases(rows, log, t, x, [("reduction a dependent", tile)], wf, base, **ids)
+            common.STREAMK_REDUCE_PDL = False
+            try:
+                _run_cases(rows, log, t, x, [("reduction launched as usual", tile)], wf, base, **ids)
+            finally:
+                common.STREAMK_REDUCE_PDL = True
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
-           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096")}
+           "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
+           "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048")}
 
 
 # Seconds between rewrites of the results file while a study runs.
