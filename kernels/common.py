@@ -565,8 +565,9 @@ STREAMK_REDUCE_ROWS = 16
 # The stream-K reduction launched as the product's programmatic dependent where the device has
 # it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study,
 # on its retired few-row stream-K tiles at M = 1-64: the same tile with the reduction launched
-# as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. Not measured apart on
-# the "tma-sk" tiles of M = 512-2048, whose M=1024 ratios in run 17's benchmark equal run 16's.)
+# as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. On the shipped "tma-sk"
+# tiles of M = 512-2048 (variants.py --study sk-reduce-pdl, run 17 item 8) no consistent effect:
+# median +0.06%, single points -7% to +10% either way within one run, as large-M noise goes.)
 STREAMK_REDUCE_PDL = True
 
 
