@@ -288,7 +288,7 @@ PROLOGUE_LARGE_WARPS = 4
 PDL_MAX_BUCKET = 64
 # Where search_space tries the default tile with other prologue warps, and with PDL flipped.
 PRO_WARPS_FROM = 1024
-PDL_FLIP_BUCKETS = (128, 256)
+PDL_FLIP_BUCKETS = range(128, 257)
 
 
 def prologue_defaults(bucket: int) -> dict:
