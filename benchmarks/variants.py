@@ -59,7 +59,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
+from common_bench import SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
@@ -225,11 +225,11 @@ SK_TILES = ((128, 128, 128, 8, 4), (128, 256, 128, 8, 3), (128, 256, 128, 8, 4),
 TUNED_FROM = Path(__file__).resolve().parent / "results" / "gemm-nvidia-h200-2026-11-29.json"
 
 
-def _tuned_tiles(path: Path) -> dict:
-    """(format, shape, M) -> vsr's tile in the bench_gemm results file `path` ({} without it)."""
-    if not path.exists():
+def _tuned_tiles() -> dict:
+    """(format, shape, M) -> vsr's tile in the bench_gemm results file TUNED_FROM ({} without it)."""
+    if not TUNED_FROM.exists():
         return {}
-    rows = json.loads(path.read_text())["rows"]
+    rows = json.loads(TUNED_FROM.read_text())["rows"]
     return {(r["format"], r["shape"], r["M"]): r["tile"] for r in rows
             if r["provider"] == "vsr" and not r["graph"] and r.get("tile")}
 
@@ -240,7 +240,7 @@ def study_streamk(shapes, ms, log):
     default tile and run 12's tuned tile, on tiles of 64-128 rows. Run 10 ruled out splitting K in
     two (the workspace traffic of whole tiles); o and down at M=1024 make 2.4 waves of 128x128
     tiles, 0.78x and 0.77x cuBLAS in run 12 (graph replay)."""
-    tuned = _tuned_tiles(TUNED_FROM)
+    tuned = _tuned_tiles()
     rows = []
     for sh, N, K, M, x, ws, base in _points("streamk", ("fp8",), shapes, ms, rows, log):
         wb, w8 = ws["bf16"], ws["fp8"]
@@ -256,10 +256,10 @@ def study_streamk(shapes, ms, log):
     return rows
 
 
-# The fp8-prologue study's product tiles: the shipped cache's, as users run them (runs 15 and 16
-# took run 14's benchmark tiles instead, while the branch they measured changed the cache's keys);
-# a key the cache lacks for this device takes the template's default tile, with a warning.
-SHIPPED_CACHE = Path(__file__).resolve().parents[1] / "caches" / "nvidia-h200.json"
+# The fp8-prologue and sk-reduce-pdl studies' product tiles are the shipped cache's
+# (common_bench.SHIPPED_CACHE), as users run them (runs 15 and 16 took run 14's benchmark tiles
+# instead, while the branch they measured changed the cache's keys); a key the cache lacks for
+# this device takes the template's default tile, with a warning.
 
 
 def _run14_prologue_plan(M: int, K: int) -> fp8.ProloguePlan:
@@ -370,12 +370,13 @@ def study_sk_reduce_pdl(shapes, ms, log):
             if tile["path"] != "tma-sk":
                 continue
             ids = dict(study="sk-reduce-pdl", format=fmt, shape=sh, M=M)
-            _run_cases(rows, log, t, x, [("reduction a dependent", tile)], wf, base, **ids)
-            common.STREAMK_REDUCE_PDL = False
+            shipped = common.STREAMK_REDUCE_PDL
             try:
-                _run_cases(rows, log, t, x, [("reduction launched as usual", tile)], wf, base, **ids)
+                for name, on in (("reduction a dependent", True), ("reduction launched as usual", False)):
+                    common.STREAMK_REDUCE_PDL = on
+                    _run_cases(rows, log, t, x, [(name, tile)], wf, base, **ids)
             finally:
-                common.STREAMK_REDUCE_PDL = True
+                common.STREAMK_REDUCE_PDL = shipped
     return rows
 
 

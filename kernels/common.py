@@ -757,7 +757,7 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
     TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
     stream-K for buckets 512-2048, persistent from bucket 4096. Depends only on (bucket, N, K,
-    operand sizes). Tiles for buckets 64-256 are the H200 run-5 winners, bucket 32's bucket 64's
+    operand sizes). Tiles for buckets 64-256 are the H200 run-5 winners, bucket 32's TMA tile bucket 64's
     (run 17), those of 512-2048 run 14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
     swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
@@ -912,7 +912,9 @@ def e4m3_encode(v):
 
 @triton.jit
 def e4m3_decode(code):
-    """e4m3fn code (any int type) -> fp32 value, exact."""
+    """e4m3fn code (any int type) -> fp32 value, exact for every finite code; the NaN codes
+    (0x7F, 0xFF) decode as ±480, not NaN, so a caller that may hold one keeps the NaN itself
+    (nvfp4's prologue does)."""
     c = code.to(tl.int32) & 0xFF
     e = (c >> 3) & 15
     m = c & 7

@@ -141,7 +141,7 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
     on CUDA, torch divides a tensor by a Python number as a product with its fp32 reciprocal (one
     bit apart at times, seen on the H200), and RECIPROCAL does the same, so the scales equal the
     reference's bits on each device; xq = e4m3_rne(x / s), for bf16 x (BF16_RCP) as x · (1/s) rounded to bf16
-    where s is a normal number (_quantize_chunk).
+    where s >= 2^-125 (_quantize_chunk).
     The row is read once and kept in registers as two power-of-two blocks, columns
     [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
     where one block would pad to 32768). CHUNKED (rows too long for registers): two passes
@@ -173,7 +173,8 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
         s = tl.div_rn(amax, 448.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     s = tl.where(s == 0.0, EPS, s)
     tl.store(s_ptr + row, s.to(s_ptr.dtype.element_ty))
-    # 1/s where s >= 2^-125 (a normal number whose reciprocal is finite), else 0: divide instead.
+    # 1/s where s >= 2^-125 (a normal number, one binade clear of the subnormals, whose reciprocal,
+    # <= 2^125, is finite and normal), else 0: divide instead (the tests cover both branches).
     r = tl.where(s >= 2.350988701644575e-38, tl.div_rn(s * 0.0 + 1.0, s), 0.0)
     if CHUNKED:
         for k0 in range(0, K, BLOCK_A):

@@ -360,12 +360,18 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
                           bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, True)
 
 
+def fp4_tensor_cores(device: torch.device) -> bool:
+    """FP4 tensor cores, which tl.dot_scaled on e2m1 needs: NVIDIA compute capability 10.x / 12.x."""
+    f = common.device_features(torch.device(device))
+    return f.nvidia and f.capability[0] in (10, 12)
+
+
 def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4 W4A4 on FP4 tensor cores (compute capability 10.x / 12.x)."""
     x = _check(x, w, tile)
     if not w.quantizes_activations:
         raise ValueError("nvfp4_w4a4 needs input_global_scale (W4A4); NVFP4A16 packages run nvfp4_emulated")
-    if x.device.type != "cuda" or common.capability(x.device)[0] not in (10, 12):
+    if not fp4_tensor_cores(x.device):
         raise RuntimeError("nvfp4_w4a4 needs FP4 tensor cores (NVIDIA compute capability 10.x or 12.x)")
     M, K = x.shape
     N = w.N

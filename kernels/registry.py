@@ -17,10 +17,9 @@ TEMPLATES: dict[str, Template] = {
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:
-    if not torch.cuda.is_available() or torch.version.hip is not None:
+    if device is None and not torch.cuda.is_available():
         return False
-    dev = torch.device("cuda") if device is None else torch.device(device)
-    return dev.type == "cuda" and common.capability(dev)[0] in (10, 12)
+    return nvfp4.fp4_tensor_cores(torch.device("cuda") if device is None else device)
 
 
 def template_for(weight, act_dtype: torch.dtype, emulate: bool = False) -> Template:

@@ -1,5 +1,6 @@
 """The errors vsr reports to users. Each message names what is wrong: the file, tensor, revision or device.
-Also the one reader of a package's JSON files, which turns what can go wrong with one into a PackageError."""
+Also read_json_object, the loaders' reader of a package's JSON files, beside the PackageError it turns
+what can go wrong with one into (vsr's own writers, such as runtime/compress.py, read back their own output plainly)."""
 
 import json
 from pathlib import Path

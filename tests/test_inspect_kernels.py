@@ -26,6 +26,14 @@ def compile_outside_the_interpreter(*args: str) -> str:
     return p.stdout
 
 
+def compile_script(tmp_path, body: str) -> str:
+    """compile_outside_the_interpreter on a script: `body` after a header that imports
+    benchmarks/inspect_kernels.py as `ik`; its stdout."""
+    script = tmp_path / "compile.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nimport inspect_kernels as ik\n" + body)
+    return compile_outside_the_interpreter(str(script))
+
+
 @NEEDS_CUDA_BINARIES
 def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     out = tmp_path / "inspect.json"
@@ -52,12 +60,8 @@ def test_int4_slices_and_join_compile_for_every_nvidia_architecture(tmp_path):
     # The slices and join kernels as the launcher configures them, for bf16 and fp16 x, on Ampere, Ada and
     # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
     # sm_80-89 with bf16 (ptxas: "Feature 'sub.bf16x2' requires .target sm_90 or higher").
-    script = tmp_path / "arch.py"
-    script.write_text(f"""
-import sys
-sys.path.insert(0, {str(BENCH)!r})
+    stdout = compile_script(tmp_path, """
 import torch
-import inspect_kernels as ik
 from vsr.kernels import int4
 for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
     for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
@@ -69,7 +73,6 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
         ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
         print("ok", cap, name, consts["PAIRS"])
 """)
-    stdout = compile_outside_the_interpreter(str(script))
     assert stdout.count("ok") == 8
     assert "ok (9, 0) bf16 True" in stdout and "ok (8, 9) bf16 False" in stdout
 
@@ -79,12 +82,8 @@ def test_fp8_programmatic_dependent_launch_compiles_for_sm90(tmp_path):
     # The interpreter cannot run griddepcontrol or inline PTX, so the CPU tests never build the
     # PDL forms: compiled here for sm_90, the prologue releases its dependents, and the products
     # prefetch their weight rows to L2 before waiting; without the flags neither instruction is there.
-    script = tmp_path / "pdl.py"
-    script.write_text(f"""
-import sys
-sys.path.insert(0, {str(BENCH)!r})
-import inspect_kernels as ik
-from vsr.kernels import common, fp8
+    stdout = compile_script(tmp_path, """
+from vsr.kernels import common
 scales = dict(y_ptr="*bf16", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16", M="i32", N="i32", K="i32",
               stride_ym="i32", b_ptr="*fp8e4nv", stride_bn="i32")
 flags = dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_N=128, GROUP_M=8, LINE_COLS=128)
@@ -96,15 +95,13 @@ for on in (True, False):
                            b_desc="tensordesc<fp8e4nv[128, 256]>", alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
                            dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, PERSISTENT=False, WAIT=on,
                                 PREFETCH=4 if on else 0), 4, 4)
-    quant = ik.compile_cuda(fp8._act_quant_kernel, dict(x_ptr="*bf16", xq_ptr="*fp8e4nv", s_ptr="*bf16", K="i32",
-                            stride_xm="i32", EPS="fp32"), dict(BLOCK_A=4096, BLOCK_B=1024, CHUNKED=False,
-                            RECIPROCAL=True, HW_CVT=True, RELEASE=on, BF16_RCP=True), 8, 1)
+    fn, types, consts, warps, stages, _ = ik.cases()["fp8-prologue-5120"]
+    quant = ik.compile_cuda(fn, types, dict(consts, RELEASE=on), warps, stages)
     for name, k in (("swap", swap), ("tile", tile)):
         ptx = k.asm["ptx"]
         print(name, on, ptx.count("griddepcontrol.wait"), ptx.count("prefetch.global.L2"))
     print("quant", on, quant.asm["ptx"].count("griddepcontrol.launch_dependents"))
 """)
-    stdout = compile_outside_the_interpreter(str(script))
     got = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in stdout.splitlines()}
     # 128 rows x 4 lines over 128 threads: 4 prefetches per thread.
     assert got[("swap", "True")] == [1, 4] and got[("tile", "True")] == [1, 4], got
@@ -119,11 +116,7 @@ def test_nvfp4_kernels_compile_for_hopper_and_blackwell(tmp_path):
     # alone. Compiled here: the prologue (both outputs) and the emulated product for sm_90; the
     # dot_scaled product, which no device here can run, for sm_100 and sm_120, where it must become
     # the NVFP4 block-scaled MMA (e2m1 operands, one e4m3 scale per 16 elements).
-    script = tmp_path / "nvfp4.py"
-    script.write_text(f"""
-import sys
-sys.path.insert(0, {str(BENCH)!r})
-import inspect_kernels as ik
+    stdout = compile_script(tmp_path, """
 from vsr.kernels import nvfp4
 for packed in (False, True):
     ik.compile_cuda(nvfp4._act_quant_kernel, dict(x_ptr="*bf16", gx_ptr="*fp32", val_ptr="*fp16", code_ptr="*u8",
@@ -143,8 +136,7 @@ for arch in (100, 120):
                         arch=arch)
     mma = [word for line in k.asm["ptx"].splitlines() for word in line.split() if "kind::mxf4nvf4" in word]
     print("w4a4", arch, len(mma), sorted(set(mma)))
-""")
-    stdout = compile_outside_the_interpreter(str(script)).splitlines()
+""").splitlines()
     assert stdout[:4] == ["quant False", "quant True", "emulated False", "emulated True"], stdout
     w100, w120 = stdout[4:]
     # sm_100: tcgen05's block-scaled MMA with 16-element scale blocks (PTX spells it block16 with
@@ -159,19 +151,14 @@ for arch in (100, 120):
 def test_streamk_reduction_is_a_programmatic_dependent_on_sm90(tmp_path):
     # With RELEASE the stream-K product lets its reduction launch early, and with WAIT the
     # reduction waits for the product before reading the workspace; without them, neither instruction.
-    script = tmp_path / "sk.py"
-    script.write_text(f"""
-import sys
-sys.path.insert(0, {str(BENCH)!r})
-import inspect_kernels as ik
+    got = compile_script(tmp_path, """
 cases = ik.cases()
 for on in (True, False):
     for name, flag, what in (("tma-sk-128x256", "RELEASE", "griddepcontrol.launch_dependents"),
                              ("streamk-reduce-64x128", "WAIT", "griddepcontrol.wait")):
         fn, types, consts, warps, stages, _ = cases[name]
-        k = ik.compile_cuda(fn, types, dict(consts, **{{flag: on}}), warps, stages)
+        k = ik.compile_cuda(fn, types, dict(consts, **{flag: on}), warps, stages)
         print(name, on, k.asm["ptx"].count(what))
-""")
-    got = compile_outside_the_interpreter(str(script)).split()
+""").split()
     assert got == ["tma-sk-128x256", "True", "1", "streamk-reduce-64x128", "True", "1",
                    "tma-sk-128x256", "False", "0", "streamk-reduce-64x128", "False", "0"], got

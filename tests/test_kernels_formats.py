@@ -458,38 +458,38 @@ def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
             assert space[-1] in candidates(space, 16)
 
 
+class KernelSpy:
+    """Stands in for a @triton.jit kernel: each launch, kernel[grid](*args, **kw), is appended to
+    `calls` as (name, grid, kw), not run."""
+
+    def __init__(self, calls: list, name: str = ""):
+        self.calls, self.name = calls, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((self.name, grid, kw))
+
+
 def test_launch_tma_prefetches_only_with_wait(monkeypatch):
     # The one gate of the weight-row prefetch (fp8.launch passes its `prefetch` through): the TMA
     # kernel gets PREFETCH only when launched as a programmatic dependent (recorded, not run).
-    seen = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]))
-    monkeypatch.setattr(common, "tma_gemm_kernel", Spy())
+    calls = []
+    monkeypatch.setattr(common, "tma_gemm_kernel", KernelSpy(calls))
     w = fp8_weight(gen(98), torch.float16, False)
     xq = fp8.e4m3_rne(torch.randn(8, K, generator=gen(99))).to(DEV)
     y = torch.empty(8, N, dtype=torch.float16, device=DEV)
     for wait in (False, True):
         common.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
-    assert seen == [(False, 0, False), (True, 4, True)]
+    assert [(kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]) for _, _, kw in calls] == [(False, 0, False),
+                                                                                    (True, 4, True)]
 
 
 def test_streamk_reduction_is_a_dependent_only_with_units_and_the_device(monkeypatch):
     # The stream-K product releases its reduction, and the reduction waits for it (both launched
     # as programmatic dependents), only where the device has PDL and tiles are left over for the
     # reduction; with STREAMK_REDUCE_PDL off, never. Recorded, not run.
-    seen = []
-
-    class Spy:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: seen.append((self.name, grid, kw.get("RELEASE", kw.get("WAIT")),
-                                                    kw["launch_pdl"]))
-    monkeypatch.setattr(common, "tma_streamk_kernel", Spy("product"))
-    monkeypatch.setattr(common, "streamk_reduce_kernel", Spy("reduce"))
+    calls = []
+    monkeypatch.setattr(common, "tma_streamk_kernel", KernelSpy(calls, "product"))
+    monkeypatch.setattr(common, "streamk_reduce_kernel", KernelSpy(calls, "reduce"))
     monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
     w = fp8_weight(gen(97), torch.float16, False)
     real = common.device_features(torch.device(DEV))
@@ -505,6 +505,7 @@ def test_streamk_reduction_is_a_dependent_only_with_units_and_the_device(monkeyp
     monkeypatch.setattr(common, "STREAMK_REDUCE_PDL", False)
     common.launch_tma(fp8.e4m3_rne(torch.randn(40, K, generator=gen(1))).to(DEV), w.weight,
                       torch.empty(40, N, dtype=torch.float16, device=DEV), tile, owner=w)
+    seen = [(name, grid, kw["RELEASE" if name == "product" else "WAIT"], kw["launch_pdl"]) for name, grid, kw in calls]
     assert seen == [("product", (3,), False, False), ("reduce", (1, 2), False, False),
                     ("product", (3,), False, False), ("reduce", (2, 2), False, False),
                     ("product", (3,), False, False),

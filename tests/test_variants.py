@@ -27,8 +27,9 @@ def on_a_tiny_shape(variants, monkeypatch, run_each_once):
         monkeypatch.setattr(variants, "ACT", torch.float16)
         monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
         monkeypatch.setattr(variants, "graph_ms", run_each_once(1.0, timed))
-        # No H200 tiles: the templates' defaults (the shipped cache holds no key of this device).
+        # No H200 tiles: the templates' defaults (no benchmark file of tuned tiles, no shipped cache).
         monkeypatch.setattr(variants, "TUNED_FROM", variants.Path("/nonexistent"))
+        monkeypatch.setattr(variants, "SHIPPED_CACHE", variants.Path("/nonexistent/cache.json"))
     return setup
 
 
@@ -67,6 +68,24 @@ def test_a_stopped_run_keeps_the_rows_it_logged(variants, monkeypatch, tmp_path)
     doc = json.loads(out.read_text())
     assert doc["partial"] is True and [r["M"] for r in doc["rows"]] == [1, 2, 3]
     assert [p.name for p in tmp_path.iterdir()] == ["v.json"], "no temporary file left beside it"
+
+
+def test_a_running_study_rewrites_its_file_every_save_interval(variants, monkeypatch, tmp_path):
+    # While a study runs, its file is rewritten once SAVE_EVERY_S has passed since the last write
+    # (0 here: after every row), partial and whole, so a run killed outright keeps what it logged.
+    out = tmp_path / "v.json"
+    seen = []
+
+    def study(shapes, ms, log):
+        for m in ms:
+            log({"study": "fake", "shape": shapes[0], "M": m, "variant": "v", "ms": 1.0})
+            doc = json.loads(out.read_text())
+            seen.append((doc["partial"], [r["M"] for r in doc["rows"]]))
+    monkeypatch.setitem(variants.STUDIES, "fake", (study, "1,2"))
+    monkeypatch.setattr(variants, "SAVE_EVERY_S", 0.0)
+    variants.main(["--study", "fake", "--shapes", "qkv", "--out", str(out)])
+    assert seen == [(True, [1]), (True, [1, 2])]
+    assert json.loads(out.read_text())["partial"] is False
 
 
 def test_a_run_killed_by_its_time_limit_keeps_the_rows_it_logged(variants, tmp_path):
@@ -134,13 +153,25 @@ def test_the_sk_reduce_pdl_study_checks_both_launches(variants, monkeypatch, on_
         def tile(self, template, problem):
             return variants.common.tile("tma-sk", 32, 32, 64, 1, 4, 2)
     monkeypatch.setattr(variants, "TileResolver", Resolver)
+    # The switch as each launch saw it: the study sets it per case and puts the caller's back.
+    flags, launch_tma = [], variants.common.launch_tma
+
+    def recording_launch_tma(*args, **kw):
+        flags.append(variants.common.STREAMK_REDUCE_PDL)
+        return launch_tma(*args, **kw)
+    monkeypatch.setattr(variants.common, "launch_tma", recording_launch_tma)
+    monkeypatch.setattr(variants.common, "STREAMK_REDUCE_PDL", False)
     rows = variants.study_sk_reduce_pdl(["tiny"], [40], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r.get("error"), r.get("rel_err")) for r in cases]
     assert sorted((r["format"], r["variant"]) for r in cases) == [
         (f, v) for f in ("bf16", "fp8") for v in ("reduction a dependent", "reduction launched as usual")]
     assert all(r["tile"]["path"] == "tma-sk" for r in cases)
-    assert variants.common.STREAMK_REDUCE_PDL is True
+    assert variants.common.STREAMK_REDUCE_PDL is False, "the caller's setting comes back"
+    # Every launch of a case (its check, then one per weight copy timed) saw that case's setting:
+    # the dependent form, then as usual, for bf16, then for fp8.
+    runs = [f for i, f in enumerate(flags) if i == 0 or f != flags[i - 1]]
+    assert runs == [True, False, True, False] and len(flags) >= 8, flags
 
 
 def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
@@ -157,3 +188,5 @@ def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
     assert {r["variant"] for r in calls} >= {"run-14 prologue + product", "new prologue + product",
                                              "product alone (x prequantized)"}
     assert any(r["plan"]["block_b"] == 64 for r in prologue) and any(r["plan"]["chunked"] for r in prologue)
+    # The division form beside the 1/s product, at each M (fp16 x divides either way: same bits).
+    assert [r["M"] for r in prologue if r["variant"] == "two blocks, division"] == [1, 20]
