@@ -533,7 +533,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         # that case compiles no second form of the kernel).
         units = sk_tiles * cdiv(K, bk)
         ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
-        release = bool(units) and STREAMK_REDUCE_PDL and pdl_supported(a.device)
+        release = bool(units) and STREAMK_REDUCE_PDL and device_features(a.device).pdl
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
                                         IEEE=a.dtype == torch.float32, **flags, WAIT=wait, RELEASE=release,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
@@ -635,24 +635,6 @@ def workspace(split: int, y: torch.Tensor) -> torch.Tensor:
     return torch.empty((split,) + tuple(y.shape), dtype=torch.float32, device=y.device) if split > 1 else y
 
 
-def nvidia(device: torch.device) -> bool:
-    """A CUDA device of NVIDIA's (not ROCm): inline PTX and the hardware conversions apply."""
-    return device.type == "cuda" and torch.version.hip is None
-
-
-def capability(device: torch.device) -> tuple[int, int]:
-    """The compute capability (major, minor) of the CUDA `device`, read once per device (an
-    index-less "cuda" is the current device, as torch reads it, resolved before the memo)."""
-    if device.index is None:
-        device = torch.device(device.type, torch.cuda.current_device())
-    return _capability(device)
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))
-
-
 @dataclass(frozen=True)
 class DeviceFeatures:
     """What the launchers ask of a device, read once per device (device_features). On a CPU
@@ -669,7 +651,7 @@ class DeviceFeatures:
 
 def device_features(device: torch.device) -> DeviceFeatures:
     """The DeviceFeatures of `device`, built once per device (an index-less "cuda" is the current
-    device, resolved before the memo, as capability does)."""
+    device, as torch reads it, resolved before the memo)."""
     if device.type == "cuda" and device.index is None:
         device = torch.device(device.type, torch.cuda.current_device())
     return _device_features(device)
@@ -677,8 +659,8 @@ def device_features(device: torch.device) -> DeviceFeatures:
 
 @functools.cache
 def _device_features(device: torch.device) -> DeviceFeatures:
-    cap = capability(device) if device.type == "cuda" else None
-    nv = nvidia(device)
+    cap = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    nv = device.type == "cuda" and torch.version.hip is None
     return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
 
 
@@ -767,6 +749,10 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         # 0.80-0.96x to 1.00-1.04x on the four 27B shapes; splitting K only lost (the reduction's
         # launch, and each split's pipeline filling anew).
         return swap_tile(int(256 / b_bytes), 128, 6)
+    if bucket == 32 and swap:
+        # H200, run 17: after bucket 32's space took the transposed product on 32 rows, the tuner
+        # picked it on every 27B-class fp8 and dense key, 64 weight rows and 8 stages on most.
+        return swap_tile(int(256 / b_bytes), 64, 8, bm=32)
     if bucket <= 16:
         bk = 128 if wide else 64
         return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16, waves=8), 4, 4)
@@ -868,6 +854,14 @@ def check_tile(t: dict) -> None:
 
 
 @triton.jit
+def abs_bits(v):
+    """|v| as the int32 bits of its fp32 value: ordered as the values are, inf above every finite
+    value and NaN above inf, so an integer max is the amax, NaN where one is held (as torch's
+    amax; a float max would drop it): fp8's row and nvfp4's block scales."""
+    return v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
 def clamp_keep_nan(v, bound):
     """v clamped to [-bound, bound] as torch.clamp does: a NaN stays NaN (fp8's and nvfp4's
     prologues, whose NaN rows and blocks must stay NaN as in the references)."""
@@ -908,15 +902,15 @@ def e4m3_encode(v):
 
 @triton.jit
 def e4m3_decode(code):
-    """e4m3fn code (any int type) -> fp32 value, exact for every finite code; the NaN codes
-    (0x7F, 0xFF) decode as ±480, not NaN, so a caller that may hold one keeps the NaN itself
-    (nvfp4's prologue does)."""
+    """e4m3fn code (any int type) -> fp32 value, exact, as torch's cast: the NaN codes 0x7F
+    and 0xFF give NaN."""
     c = code.to(tl.int32) & 0xFF
     e = (c >> 3) & 15
     m = c & 7
     normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
     sub = m.to(tl.float32) * 0.001953125
     mag = tl.where(e == 0, sub, normal)
+    mag = tl.where((c & 0x7F) == 0x7F, float("nan"), mag)
     return tl.where((c & 0x80) != 0, -mag, mag)
 
 

@@ -124,14 +124,6 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
 
 
 @triton.jit
-def _abs_bits(v):
-    """|v| as the int32 bits of its fp32 value: ordered as the values are, inf above every finite
-    value and NaN above inf, so an integer max is the row's amax and NaN when the row holds one
-    (as torch's amax; a float max would drop it)."""
-    return v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-
-
-@triton.jit
 def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
                       CHUNKED: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr,
                       RELEASE: tl.constexpr, BF16_RCP: tl.constexpr):
@@ -157,15 +149,15 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
         amax_k = tl.zeros((BLOCK_A,), dtype=tl.int32)
         for k0 in range(0, K, BLOCK_A):
             v = tl.load(xrow + k0 + offs_a, mask=k0 + offs_a < K, other=0.0)
-            amax_k = tl.maximum(amax_k, _abs_bits(v))
+            amax_k = tl.maximum(amax_k, common.abs_bits(v))
         amax_bits = tl.max(amax_k, axis=0)
     else:
         va = tl.load(xrow + offs_a, mask=offs_a < K, other=0.0)
-        amax_bits = tl.max(_abs_bits(va), axis=0)
+        amax_bits = tl.max(common.abs_bits(va), axis=0)
         if BLOCK_B > 0:
             offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
             vb = tl.load(xrow + offs_b, mask=offs_b < K, other=0.0)
-            amax_bits = tl.maximum(amax_bits, tl.max(_abs_bits(vb), axis=0))
+            amax_bits = tl.maximum(amax_bits, tl.max(common.abs_bits(vb), axis=0))
     amax = amax_bits.to(tl.float32, bitcast=True)
     if RECIPROCAL:
         s = (amax * 0.0022321429569274187).to(x_ptr.dtype.element_ty).to(tl.float32)  # fp32(1/448), exact
@@ -271,7 +263,6 @@ PDL_PREFETCH_LINES = 4
 # (applied only where the device has it). default_tile and search_space set them from the row
 # bucket (prologue_defaults), so the cache's tiles carry them; a tile without them runs plain
 # (tile_prologue).
-PROLOGUE_KEYS = ("PRO_WARPS", "PDL")
 # From this row bucket the prologue takes 4 warps a row by default (H200 run 16, M=4096: 4-18%
 # faster than the plan's 8-16 on every 27B shape once bf16 quotients became products; M=1024 not
 # measured; down at M=4096 liked chunked 4096-column passes with 8 warps best). Until the tile
@@ -289,11 +280,11 @@ PROLOGUE_LARGE_WARPS = 4
 PDL_MAX_BUCKET = 64
 # Where search_space tries the default tile with other prologue warps, and with PDL flipped.
 PRO_WARPS_FROM = 1024
-PDL_FLIP_BUCKETS = (128, 256)
+PDL_FLIP_BUCKETS = range(128, 257)
 
 
 def prologue_defaults(bucket: int) -> dict:
-    """The prologue knobs (PROLOGUE_KEYS) of a row bucket's default tile; device-independent (PDL
+    """The prologue knobs (PRO_WARPS, PDL) of a row bucket's default tile; device-independent (PDL
     is applied only where the device has it)."""
     return {"PRO_WARPS": PROLOGUE_LARGE_WARPS if bucket >= PROLOGUE_LARGE_BUCKET else 0,
             "PDL": int(bucket <= PDL_MAX_BUCKET)}

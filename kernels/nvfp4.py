@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common
-from vsr.kernels.fp8 import _abs_bits, e4m3_rne
+from vsr.kernels.fp8 import e4m3_rne
 from vsr.kernels.template import Problem
 
 BLOCK = 16
@@ -195,15 +195,14 @@ def _act_quant_kernel(x_ptr, gx_ptr, val_ptr, code_ptr, sc_ptr, K, stride_xm,
     xe32 = xe.to(tl.float32)
     xo32 = xo.to(tl.float32)
     # A block holding a NaN gets a NaN scale (code 0x7F), codes 0 and, in the emulation, NaN
-    # values, as the reference: the amax keeps the NaN (fp8's _abs_bits) and the clamps
+    # values, as the reference: the amax keeps the NaN (common.abs_bits) and the clamps
     # propagate it, where a float max would drop it and leave a finite, wrong block.
-    amax = tl.maximum(tl.max(_abs_bits(xe), axis=1), tl.max(_abs_bits(xo), axis=1)).to(tl.float32, bitcast=True)
+    amax = tl.maximum(tl.max(common.abs_bits(xe), axis=1), tl.max(common.abs_bits(xo), axis=1)).to(tl.float32, bitcast=True)
     amax6 = tl.div_rn(amax, 6.0).to(x_ptr.dtype.element_ty).to(tl.float32)
     gx = tl.load(gx_ptr).to(tl.float32)
     sv = common.clamp_keep_nan(gx * amax6, 448.0)
-    nan = sv != sv
-    scode = common.e4m3_encode(sv).to(tl.int32)   # a NaN's code is 0x7F
-    s = tl.where(nan, sv, common.e4m3_decode(scode))
+    scode = common.e4m3_encode(sv).to(tl.int32)   # a NaN's code is 0x7F, which decodes as NaN
+    s = common.e4m3_decode(scode)
     scode = tl.where(s == 0.0, 0x20, scode).to(tl.uint8)   # 0x20 is e4m3 0.125
     s = tl.where(s == 0.0, 0.125, s)
     eff = tl.div_rn(s, gx)

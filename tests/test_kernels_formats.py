@@ -533,6 +533,22 @@ def _e4m3_encode_kernel(v_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, common.e4m3_encode(v), mask=offs < n)
 
 
+@triton.jit
+def _e4m3_decode_kernel(c_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, common.e4m3_decode(tl.load(c_ptr + offs)))
+
+
+def test_e4m3_decode_gives_torchs_value_of_every_code():
+    # All 256 codes, the NaN pair (0x7F, 0xFF) included, against torch's cast of the same bits.
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    ref = codes.view(fp8.FP8_DTYPE).float()
+    out = torch.full((256,), 7.0, device=DEV)
+    _e4m3_decode_kernel[(1,)](codes.to(DEV), out, BLOCK=256)
+    assert ref[0x7F].isnan() and ref[0xFF].isnan()
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=0, equal_nan=True)
+
+
 def test_e4m3_encode_gives_torchs_codes_and_0x7f_for_nan():
     # Every e4m3 value, the midpoints between neighbours (ties to even), points just either side
     # of them, the subnormal range, zero of either sign and random values within ±448.
@@ -559,7 +575,7 @@ def test_device_features_are_read_once_per_device(monkeypatch):
     assert common.device_features(torch.device("cpu")) is cpu and not common.pdl_supported(torch.device("cpu"))
     reads = []
     caps = {7: (8, 9), 8: (9, 0), 9: (8, 0)}
-    monkeypatch.setattr(common, "capability", lambda d: reads.append(d.index) or caps[d.index])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: reads.append(d.index) or caps[d.index])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 8)
     monkeypatch.setattr(torch.version, "hip", None)
     common._device_features.cache_clear()

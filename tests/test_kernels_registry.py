@@ -117,7 +117,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                                                    "dequant" if (w.K * 4) % 16 else
                                                    "dequant-sk" if 512 <= b <= 2048 else "dequant-tma")
         else:   # (fp16 activations: the transposed TMA product for few rows where the strides allow)
-            assert d["path"] == ("tma-swap" if b <= 16 and tma else "splitk" if b <= 16 else "tiled" if not tma else
+            assert d["path"] == ("tma-swap" if b <= 32 and tma else "splitk" if b <= 16 else "tiled" if not tma else
                                  "tma-sk" if 512 <= b <= 2048 else "tma")
             if tma and b >= 256:
                 sk = [c for c in space if c["path"] == "tma-sk"]
@@ -129,9 +129,13 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         if b >= 32 and fmt in ("dense", "fp8"):
             assert {c["path"] for c in space} >= {"tma", "tiled"}, "both tiled forms are candidates"
         if b == 32 and fmt in ("dense", "fp8") and tma:
-            # 64-row tiles at bucket 32 (the default among them), and the transposed product on 32 rows.
-            assert d["BLOCK_M"] == 64 and any(c["BLOCK_M"] == 64 and c["path"] == "tiled" for c in space)
-            assert any(c["path"] == "tma-swap" and c["BLOCK_M"] == 32 for c in space)
+            # The transposed product on 32 rows as the default (fp8's product always takes e4m3 x),
+            # 64-row tiles among the candidates, and for dense fp32 x (no transposed product) the
+            # 64-row TMA tile as the default.
+            assert d["path"] == "tma-swap" and d["BLOCK_M"] == 32
+            assert any(c["BLOCK_M"] == 64 and c["path"] == "tiled" for c in space)
+            if fmt == "dense":
+                assert common.default_gemm_tile(b, w.N, w.K, 4, 4)["BLOCK_M"] == 64
 
 
 def test_split_plan_covers_k_in_whole_tiles():
