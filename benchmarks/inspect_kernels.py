@@ -45,14 +45,15 @@ BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 
 # Pointer and integer argument types of the int4 product kernels (bf16 activations and scales).
 _INT4 = dict(x_ptr="*bf16", q_ptr="*i32", sc_ptr="*bf16", zp_ptr="*i32", y_ptr="*bf16", ws_ptr="*fp32",
-             bias_ptr="*bf16", M="i32", N="i32", K="i32", K8="i32", KG="i32", stride_xm="i32", stride_ym="i32",
+             cnt_ptr="*i32", bias_ptr="*bf16", M="i32", N="i32", K="i32", K8="i32", KG="i32", stride_xm="i32", stride_ym="i32",
              KW_SPLIT="i32")
 _GPTQ = dict(GROUP=128, HAS_ZP=False)
+_SPLITS = dict(_GPTQ, FIXUP=False)   # the kernels that stash split-K partials take FIXUP; the GEMV does not
 
 
 def cases() -> dict[str, tuple]:
     """name -> (kernel, argument types, constexprs, num_warps, num_stages, what it is)."""
-    swap = dict(_GPTQ, HAS_BIAS=False, EVEN_K=True, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, IEEE=False)
+    swap = dict(_SPLITS, HAS_BIAS=False, EVEN_K=True, BLOCK_K=128, SPLIT_K=8, GROUP_M=8, IEEE=False)
     out = {
         "int4-gemv": (int4._int4_gemv_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_N=8, W8=128, SPLIT_K=1), 2, 2,
                       "int4 M=1 GEMV, qkv's tuned tile (8 rows x 128 words per step)"),
@@ -69,21 +70,21 @@ def cases() -> dict[str, tuple]:
                                        f"int4 swap path {bm}x{bn}x128 (64x128: qkv M=64's tuned tile)")
         for pairs in (False, True):
             out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
-                int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
+                int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
                                                       SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False),
                 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
     out["int4-join-ptx-16x64"] = (
-        int4._int4_join_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+        int4._int4_join_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                             GROUP_M=8, PAIRS=True, F16=False), 4, 3,
         "int4 join path (pairs joined into natural K order, one tl.dot per step), 16x64x128")
     out["int4-slices-ptx-16x64"] = (
-        int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+        int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 4, 3,
         "int4 slices path, 16x64x128 with 4 warps: the shipped M=1-16 default, beside the join kernel's tile")
     out["int4-slices-ptx-16x64-2w"] = (
-        int4._int4_slices_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
+        int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False), 2, 3,
         "int4 slices path, 16x64x128 with 2 warps: mma.sync (HMMA) instead of wgmma (run 12's candidate at M=1)")
     # fp8's activation prologue on qkv's and down's rows (bf16, the 1/s product), and the stream-K
@@ -95,12 +96,22 @@ def cases() -> dict[str, tuple]:
                                          RELEASE=False, BF16_RCP=True), w, 1,
                                     f"fp8's activation prologue, K = {k} = {a} + {b} in registers, bf16 rows")
     flags = dict(HAS_BIAS=False, HAS_RS=False, HAS_CS=False, HAS_ALPHA=False, BLOCK_K=64, GROUP_M=8)
-    scalars = dict(y_ptr="*bf16", ws_ptr="*fp32", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16",
+    scalars = dict(y_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16",
                    alpha_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", NUM_PROGRAMS="i32")
     out["tma-sk-128x256"] = (common.tma_streamk_kernel,
                              dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
-                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False), 8, 4,
+                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False, FIXUP=False,
+                                  ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
+    out["tma-sk-128x256-fixup"] = (
+        common.tma_streamk_kernel, out["tma-sk-128x256"][1], dict(out["tma-sk-128x256"][2], FIXUP=True), 8, 4,
+        "the same, each leftover tile's partials added by its last program to finish (FIXUP)")
+    out["tma-swap-16x128-fixup"] = (
+        common.tma_swap_kernel, dict(scalars, a_desc="tensordesc<fp8e4nv[16,256]>", b_desc="tensordesc<fp8e4nv[128,256]>",
+                                     b_ptr="*fp8e4nv", stride_bn="i32", K_SPLIT="i32"),
+        dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, SPLIT_K=2,
+             GROUP_M=8, WAIT=True, PREFETCH=4, LINE_COLS=128, FIXUP=True), 4, 4,
+        "fp8's transposed product for few rows, 16x128x256, two K splits added in the kernel (FIXUP)")
     out["streamk-reduce-64x128"] = (common.streamk_reduce_kernel, scalars,
                                     dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16, WAIT=False), 4, 1,
                                     "stream-K's reduction of the leftover tiles' partials, bf16 64x128")

@@ -1,7 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   sk-reduce-pdl]
+                                   sk-reduce-pdl,fixup]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -380,12 +380,71 @@ def study_sk_reduce_pdl(shapes, ms, log):
     return rows
 
 
+def _shipped_tile(t, p):
+    """The shipped cache's tile for template t's Problem p on this device, whatever kernel source it
+    was tuned for (the fixup study runs on kernels newer than the cache); None if it has no such key."""
+    from vsr.autotune.keys import canonical_params, dtype_name
+    if not hasattr(_shipped_tile, "entries"):
+        _shipped_tile.entries = json.loads(SHIPPED_CACHE.read_text())["entries"]
+    want = dict(template=t.name, N=p.N, K=p.K, bucket=p.bucket, act_dtype=dtype_name(p.act_dtype),
+                params=canonical_params(p.params))
+    for e in _shipped_tile.entries:
+        if all(e["key"][k] == v for k, v in want.items()):
+            return dict(e["tile"])
+    return None
+
+
+# Extra split-K tiles of the fixup study: for bf16 and fp8 at M <= 16, the transposed product on
+# 128 weight rows (256 bytes of K per step, 4 or 6 stages) split 2, 3 and 4 ways (80-272 programs on
+# the 27B shapes).
+FIXUP_SWAP = dict(rows=128, kbytes=256, stages=(4, 6), splits=(2, 3, 4))
+
+
+def study_fixup(shapes, ms, log):
+    """Split-K and stream-K partial sums added by each tile's last program to finish (FIXUP,
+    common.last_to_finish) against the reduction kernel launched after the product, on the shipped
+    cache's split and stream-K tiles (bf16, fp8, int4 GPTQ and AWQ), plus, for bf16 and fp8 at
+    M <= 16, transposed-product tiles split 2-4 ways with the fixup (tiles the reduction's cost kept
+    out of the cache), and at M=256 the 128-row stream-K tiles both ways."""
+    rows = []
+    fmts = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
+    for sh, N, K, M, x, ws, base in _points("fixup", tuple(f for f, _ in fmts[1:]), shapes, ms, rows, log):
+        for fmt, key in fmts:
+            t = registry.TEMPLATES[key]
+            wf = ws[fmt]
+            tile = _shipped_tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
+            if tile is None:
+                continue
+            cases = []
+            if tile.get("SPLIT_K", 1) > 1 or tile["path"] in ("tma-sk", "dequant-sk"):
+                cases += [("shipped, reduction kernel", dict(tile, FIXUP=0)), ("shipped, in-kernel fixup", dict(tile, FIXUP=1))]
+            else:
+                cases.append(("shipped", tile))
+            kb = 2 if fmt == "bf16" else 1
+            if fmt in ("bf16", "fp8") and M <= 16:
+                for split in FIXUP_SWAP["splits"]:
+                    for st in FIXUP_SWAP["stages"]:
+                        c = common.swap_tile(FIXUP_SWAP["kbytes"] // kb, FIXUP_SWAP["rows"], st, split=split)
+                        cases.append((f"swap split {split}, fixup", dict(c, FIXUP=1)))
+            if fmt in ("bf16", "fp8") and M == 256:
+                for bn in (128, 256):
+                    c = common.tile("tma-sk", 128, bn, 128 // kb, 1, 8, 3 if bn == 256 and kb == 2 else 4)
+                    if common.smem_bytes(c, kb, kb) <= common.SMEM_LIMIT:
+                        cases += [(f"sk 128x{bn}, reduction kernel", c), (f"sk 128x{bn}, fixup", dict(c, FIXUP=1))]
+            if fmt.startswith("int4") and M in (16, 64) and tile.get("SPLIT_K", 1) > 1:
+                for split in (tile["SPLIT_K"] * 2, max(2, tile["SPLIT_K"] // 2)):
+                    cases.append((f"shipped at split {split}, fixup", dict(tile, SPLIT_K=split, FIXUP=1)))
+            _run_cases(rows, log, t, x, cases, wf, base, study="fixup", format=fmt, shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
            "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048")}
+           "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048"),
+           "fixup": (study_fixup, "1,16,64,256,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.

@@ -4,10 +4,12 @@ kernels of the dense and fp8 templates (pointer-load tiles and split-K; TMA tile
 program, persistent or stream-K; the transposed TMA product for few rows; the one-row GEMV),
 which differ only in their operands' dtype and the scales of the epilogue.
 
-Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and a second,
-tiny kernel adds them in the order s = 0, 1, ..., SPLIT-1; stream-K's partial tiles go to a
-workspace slot per (program with units, tile it touches: at most two) and streamk_reduce_kernel adds them in program order. Nothing
-uses atomics.
+Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and are added in the
+order s = 0, 1, ..., SPLIT-1; stream-K's partial tiles go to a workspace slot per (program with
+units, tile it touches: at most two) and are added in program order. The adding is done by a
+second, tiny kernel (splitk_reduce_kernel, streamk_reduce_kernel), or with the tile field FIXUP
+by the tile's last program to finish, in the same order (last_to_finish: the one atomic, an
+arrival count on an int32 counter; no value is ever added atomically).
 """
 from __future__ import annotations
 
@@ -100,11 +102,13 @@ def epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
 
 
 @triton.jit
-def store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                    bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr,
-                   HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
-    """One split: apply the epilogue and write y. Several: write the fp32 partial sum."""
+                   HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr, FIXUP: tl.constexpr):
+    """One split: apply the epilogue and write y. Several: write the fp32 partial sum to the
+    workspace [SPLIT_K, M, N]; with FIXUP the tile's last split to finish adds them up here
+    (split_fixup), without it splitk_reduce_kernel does, launched after this grid."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT_K == 1:
         acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -112,9 +116,35 @@ def store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
         ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        base = pid_k.to(tl.int64) * M * N
-        ptrs = ws_ptr + base + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(ptrs, acc, mask=mask)
+        idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + idx, acc, mask=mask)
+        if FIXUP:
+            if last_to_finish(cnt_ptr + tl.program_id(0), SPLIT_K):
+                acc = tl.load(ws_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT_K):
+                    acc += tl.load(ws_ptr + tl.full((), s, tl.int64) * M * N + idx, mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                               HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+                         acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def last_to_finish(cnt_ptr, programs):
+    """The in-kernel fixup's ticket: True for the last of the `programs` programs sharing an output
+    tile to get here, after every one has stored its partial sum; that program then adds the
+    partials up, in a fixed order, so the bytes do not depend on which one it is. The counter
+    (tile_counters) counts arrivals only, never values, and the last resets it to 0 for the next
+    launch. The barrier orders all of this program's threads' stores before the release of the
+    acq_rel increment, whose acquire makes the others' partials visible to the last (the reads
+    that follow go to L2, `.cg`). (H200 run 18: against the reduction launched after the grid.)"""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    last = ticket == programs - 1
+    if last:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    return last
 
 
 @triton.jit
@@ -138,10 +168,11 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
 
 
 @triton.jit
-def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
+def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
                       K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                       IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr):
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr,
+                      FIXUP: tl.constexpr):
     """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
     (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
     split-K path (partial sums to the workspace) of both templates."""
@@ -164,8 +195,8 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, 
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-    store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False)
+    store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
 
 
 @triton.jit
@@ -294,18 +325,59 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
 
 
 @triton.jit
-def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
-                       NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym, NUM_PROGRAMS,
+                  dp_tiles, iters, units, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                  HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                  ROWS: tl.constexpr):
+    """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
+    shared the tile, in program order (the workspace read from L2, `.cg`: see last_to_finish)."""
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
+    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = r0 + tl.arange(0, ROWS)
+    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for p in range(first, last + 1):
+        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
+        if lo < hi:   # p's run covers part of tile s
+            j = s - u_lo // iters
+            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                           mask=live, other=0.0, cache_modifier=".cg")
+    offs_m = pid_m * BLOCK_M + rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    store_or_stash(acc, y_ptr, ws_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr,
+                   alpha_ptr, 1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, False)
+
+
+@triton.jit
+def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
+    """How many programs hold units of leftover tile s."""
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
+    n = 0
+    for p in range(first, last + 1):
+        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
+        n += (lo < hi).to(tl.int32)
+    return n
+
+
+@triton.jit
+def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
+                       stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr,
+                       FIXUP: tl.constexpr, ROWS: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
     wave, are cut into their K steps and the steps shared out evenly, each program taking a
     contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
     its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1),
-    and streamk_reduce_kernel adds each tile's partials in program order. So the output depends on
-    (M, N, K, tile, NUM_PROGRAMS) only: the same device and tile give the same bytes.
+    and each tile's partials are added in program order: with FIXUP here, by the last of the tile's
+    programs to finish (last_to_finish), ROWS rows at a time; without, by streamk_reduce_kernel,
+    launched after this grid. So the output depends on (M, N, K, tile, NUM_PROGRAMS) only: the same
+    device and tile give the same bytes, FIXUP or not.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
     With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
@@ -334,6 +406,12 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, 
                               (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
             tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
                      mask=rows < M - pid_m * BLOCK_M)
+            if FIXUP:
+                if last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
+                    for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
+                        _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym,
+                                      NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
+                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS)
 
 
 @triton.jit
@@ -341,38 +419,22 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
-    """y for the stream-K tiles of tma_streamk_kernel (grid: leftover tiles x cdiv(rows below M, ROWS)):
-    epilogue(Σ partials) over the programs that shared the tile, in program order. WAIT: launched
-    as the product's programmatic dependent (wait_for_producer)."""
+    """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x
+    cdiv(rows below M, ROWS)): _streamk_rows. WAIT: launched as the product's programmatic
+    dependent (wait_for_producer)."""
     wait_for_producer(WAIT)
-    s = tl.program_id(0)
-    r0 = tl.program_id(1) * ROWS
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
-    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
-    pid_m, pid_n = swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = r0 + tl.arange(0, ROWS)
-    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
-    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for p in range(first, last + 1):
-        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
-        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
-        if lo < hi:   # p's run covers part of tile s
-            j = s - u_lo // iters
-            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
-                           mask=live, other=0.0)
-    offs_m = pid_m * BLOCK_M + rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    store_or_stash(acc, y_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                   1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
+                  M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
+                  BLOCK_M, BLOCK_N, GROUP_M, ROWS)
 
 
 @triton.jit
-def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
+def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
                     K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                     IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
-                    LINE_COLS: tl.constexpr):
+                    LINE_COLS: tl.constexpr, FIXUP: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
     side (16 columns, or 32 at bucket 32), instead of padding x's rows up to 64; the copy engine
@@ -393,8 +455,8 @@ def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, bias_ptr, r
                       True)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    store_or_stash(tl.trans(acc), y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False)
+    store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
 
 
 @triton.jit
@@ -509,13 +571,16 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     if tile.get("path") == "tma-swap":
         k_split, split = split_plan(K, tile)
         ws = workspace(split, y)
-        tma_swap_kernel[(cdiv(M, bm) * cdiv(N, bn), split)](
-            a_desc, b_desc, b, b.stride(0), y, ws, d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+        programs = cdiv(M, bm) * cdiv(N, bn)
+        fixup = split_fixup(tile, split)
+        tma_swap_kernel[(programs, split)](
+            a_desc, b_desc, b, b.stride(0), y, ws, tile_counters(y.device, programs) if fixup else ws,
+            d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"],
-            num_stages=tile["num_stages"])
-        if split > 1:
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, launch_pdl=wait,
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        if split > 1 and not fixup:
             reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
         return
     tiles = cdiv(M, bm) * cdiv(N, bn)
@@ -533,12 +598,14 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         # that case compiles no second form of the kernel).
         units = sk_tiles * cdiv(K, bk)
         ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
-        release = bool(units) and STREAMK_REDUCE_PDL and device_features(a.device).pdl
-        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, *scales, M, N, K, y.stride(0), programs,
-                                        IEEE=a.dtype == torch.float32, **flags, WAIT=wait, RELEASE=release,
+        fixup = bool(units) and bool(tile.get("FIXUP", 0))
+        release = bool(units) and not fixup and STREAMK_REDUCE_PDL and device_features(a.device).pdl
+        rows = min(bm, STREAMK_REDUCE_ROWS)
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, tile_counters(y.device, sk_tiles) if fixup else ws,
+                                        *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
+                                        **flags, WAIT=wait, RELEASE=release, FIXUP=fixup, ROWS=rows,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-        if units:
-            rows = min(bm, STREAMK_REDUCE_ROWS)
+        if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, cdiv(min(M, bm), rows))](
                 ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, WAIT=release,
                 launch_pdl=release, num_warps=4)
@@ -585,13 +652,15 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
     d = y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (cdiv(M, bm) * cdiv(N, bn), split)
-    tiled_gemm_kernel[grid](a, b, y, ws, d if bias is None else bias, d if rs is None else rs,
+    fixup = split_fixup(tile, split)
+    tiled_gemm_kernel[grid](a, b, y, ws, tile_counters(y.device, grid[0]) if fixup else ws, d if bias is None else bias, d if rs is None else rs,
                             d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            WAIT=wait, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
-    if split > 1:
+                            WAIT=wait, FIXUP=fixup, launch_pdl=wait, num_warps=tile["num_warps"],
+                            num_stages=tile["num_stages"])
+    if split > 1 and not fixup:
         reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
 
 
@@ -676,6 +745,36 @@ def split_plan(K: int, tile: dict) -> tuple[int, int]:
     split = max(1, int(tile.get("SPLIT_K", 1)))
     k_split = cdiv(cdiv(K, split), bk) * bk
     return k_split, cdiv(K, k_split)
+
+
+def split_fixup(tile: dict, split: int) -> bool:
+    """Whether a launch of `split` (> 1) K splits adds its partial sums in the product kernel, by
+    each output tile's last split to finish (tile field FIXUP, last_to_finish), rather than in
+    splitk_reduce_kernel launched after it."""
+    return split > 1 and bool(tile.get("FIXUP", 0))
+
+
+# tile_counters' buffers, by (device, stream).
+_COUNTERS: dict = {}
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """int32 arrival counters for `tiles` output tiles of an in-kernel fixup (last_to_finish): one
+    buffer per (device, current stream), zeroed once when made (or grown) and left at zero by
+    every launch, whose last arrival on each tile resets its counter. Launches that share a buffer
+    must not run at the same time: true of one stream's kernels (a programmatic dependent waits for
+    the grid before it, wait_for_producer, before touching memory). CUDA graphs captured on one
+    stream share that stream's buffer, so replay them one at a time."""
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (device, torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device, 0)
+    c = _COUNTERS.get(key)
+    if c is None or c.numel() < tiles:
+        c = _COUNTERS[key] = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
+    return c
 
 
 def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):

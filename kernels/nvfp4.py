@@ -290,8 +290,8 @@ def _emulated_kernel(a_ptr, q_ptr, bs_ptr, gw_ptr, alpha_ptr, y_ptr, ws_ptr, bia
         else:
             b = (v * s).to(tl.float16)                                 # exact: ≤ 6 significant bits
             acc = tl.dot(a, b, acc)
-    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, not A16)
+    common.store_or_stash(acc, y_ptr, ws_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, not A16, False)
 
 
 def _check(x: torch.Tensor, w: Nvfp4Weight, tile: dict) -> torch.Tensor:
@@ -355,8 +355,8 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
         b = tl.load(q_ptr + rn[None, :] * K2 + offs_p[:, None])
         b_s = tl.load(bs_ptr + rn[:, None] * K16 + offs_s[None, :])
         acc = tl.dot_scaled(a, a_s, "e2m1", b, b_s, "e2m1", acc)
-    common.store_or_stash(acc, y_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, True)
+    common.store_or_stash(acc, y_ptr, ws_ptr, ws_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, alpha_ptr, SPLIT_K, HAS_BIAS, False, False, True, False)
 
 
 def fp4_tensor_cores(device: torch.device) -> bool:

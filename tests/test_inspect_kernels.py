@@ -67,7 +67,7 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
     for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         types = dict(ik._INT4, x_ptr="*" + name, sc_ptr="*" + name, y_ptr="*" + name, bias_ptr="*" + name)
         consts = dict(GROUP=128, HAS_ZP=True, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
-                      GROUP_M=8, PAIRS=int4.ptx_pairs(dt, cap), F16=dt == torch.float16, IEEE=False)
+                      GROUP_M=8, PAIRS=int4.ptx_pairs(dt, cap), F16=dt == torch.float16, IEEE=False, FIXUP=True)
         ik.compile_cuda(int4._int4_slices_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
         consts.pop("IEEE")
         ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
@@ -89,8 +89,10 @@ scales = dict(y_ptr="*bf16", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16", M
 flags = dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_N=128, GROUP_M=8, LINE_COLS=128)
 for on in (True, False):
     swap = ik.compile_cuda(common.tma_swap_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[16, 256]>",
-                           b_desc="tensordesc<fp8e4nv[128, 256]>", ws_ptr="*fp32", K_SPLIT="i32"),
-                           dict(flags, BLOCK_M=16, BLOCK_K=256, SPLIT_K=1, WAIT=on, PREFETCH=4 if on else 0), 4, 4)
+                           b_desc="tensordesc<fp8e4nv[128, 256]>", ws_ptr="*fp32", cnt_ptr="*i32",
+                           K_SPLIT="i32"),
+                           dict(flags, BLOCK_M=16, BLOCK_K=256, SPLIT_K=1, WAIT=on, PREFETCH=4 if on else 0,
+                                FIXUP=False), 4, 4)
     tile = ik.compile_cuda(common.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
                            b_desc="tensordesc<fp8e4nv[128, 256]>", alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
                            dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, PERSISTENT=False, WAIT=on,
@@ -162,3 +164,18 @@ for on in (True, False):
 """).split()
     assert got == ["tma-sk-128x256", "True", "1", "streamk-reduce-64x128", "True", "1",
                    "tma-sk-128x256", "False", "0", "streamk-reduce-64x128", "False", "0"], got
+
+
+def test_in_kernel_fixup_compiles_to_one_acq_rel_ticket_on_sm90(tmp_path):
+    # FIXUP: each tile's ticket is one acquire-release increment at GPU scope (and one reset),
+    # the partials read back through L2 (ld.global.cg); without it, no atomic at all.
+    got = compile_script(tmp_path, """
+cases = ik.cases()
+for name in ("tma-sk-128x256", "tma-sk-128x256-fixup", "tma-swap-16x128-fixup"):
+    fn, types, consts, warps, stages, _ = cases[name]
+    ptx = ik.compile_cuda(fn, types, consts, warps, stages).asm["ptx"]
+    print(name, ptx.count("atom.global.gpu.acq_rel.add"), ptx.count("atom.global.gpu.relaxed.exch"),
+          int("ld.global.cg" in ptx))
+""").split()
+    assert got == ["tma-sk-128x256", "0", "0", "0", "tma-sk-128x256-fixup", "1", "1", "1",
+                   "tma-swap-16x128-fixup", "1", "1", "1"], got

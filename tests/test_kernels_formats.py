@@ -891,3 +891,95 @@ def test_dense_tma_paths_take_no_rows(path):
     w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
     y = dense.launch(torch.empty(0, K, dtype=torch.float16, device=DEV), w, dict(TMA, path=path))
     assert y.shape == (0, N)
+
+
+# --- the in-kernel fixup (tile field FIXUP) ---------------------------------------------------
+def _fixup_cases():
+    """(name, launch, reference, x, weight, tile, programs): split-K and stream-K launches of every
+    template that adds its splits' partials in the kernel when asked. programs: the multiprocessors
+    stream-K shares out over (None: not stream-K)."""
+    g = gen(140)
+    dw = dense.DenseWeight(torch.randn(N, K + 64, generator=g).half(), torch.randn(N, generator=g).half()).to(DEV)
+    dw32 = dense.DenseWeight(torch.randn(N, K, generator=g), None).to(DEV)
+    fw = fp8_weight(g, torch.float16, True)
+    iw = int4_weight(g, 128, False, True, True, torch.float16, Kx=300)
+    iws = int4_weight(g, 64, True, False, True)
+    iw128 = int4_weight(g, 128, True, False, False)
+    x = {M: torch.randn(M, K, generator=g).half().to(DEV) for M in (1, 5, 20, 40, 70)}
+    x320 = {M: torch.randn(M, K + 64, generator=g).half().to(DEV) for M in (5, 40)}
+    x300 = torch.randn(40, 300, generator=g).half().to(DEV)
+    x32 = torch.randn(33, K, generator=g).to(DEV)
+    dwk = dense.DenseWeight(dw.weight[:, :K].contiguous(), dw.bias)
+    return [
+        ("dense tiled, 3 splits (the last short)", dense.launch, dense.reference_linear, x320[40], dw,
+         dict(TILED, SPLIT_K=3), None),
+        ("dense tma-swap, 3 splits, two row blocks", dense.launch, dense.reference_linear, x320[5], dw,
+         dict(SWAP, SPLIT_K=3), None),
+        ("dense tma-swap fp32, 2 splits", dense.launch, dense.reference_linear, x32, dw32,
+         dict(SWAP, BLOCK_M=32, BLOCK_K=32, SPLIT_K=2), None),
+        ("fp8 tma-swap, 2 splits", fp8.launch, fp8.reference_linear, x[1], fw, dict(SWAP, BLOCK_K=128, SPLIT_K=2),
+         None),
+        ("int4 swap, 3 splits", int4.launch, int4.reference_linear, x[5], iws, dict(TILED, path="swap", BLOCK_M=16,
+                                                                                   SPLIT_K=3), None),
+        ("int4 tiled, 2 splits", int4.launch, int4.reference_linear, x[40], iws, dict(TILED, SPLIT_K=2), None),
+        ("int4 slices, 2 splits, two row blocks", int4.launch, int4.reference_linear, x[70], iw128,
+         dict(SLICES, BLOCK_M=64, SPLIT_K=2), None),
+        ("int4 join, 3 splits, K=300, act order", int4.launch, int4.reference_linear, x300, iw,
+         dict(SLICES, path="join", BLOCK_M=64, SPLIT_K=3), None),
+        ("dense tma-sk, 1 of 4 tiles left over", dense.launch, dense.reference_linear, x[40], dwk,
+         dict(TMA, path="tma-sk"), 3),
+        ("dense tma-sk, all tiles shared, 20 live rows", dense.launch, dense.reference_linear, x[20],
+         dataclasses.replace(dwk, bias=None), dict(TMA, path="tma-sk"), 64),
+        ("fp8 tma-sk, 2 of 6 tiles left over", fp8.launch, fp8.reference_linear, x[70], fw,
+         dict(TMA, BLOCK_K=128, path="tma-sk"), 4),
+    ]
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_in_kernel_fixup_gives_the_reductions_bytes(case, monkeypatch):
+    # The last split (or stream-K program) of each tile to finish adds the partials in the same
+    # order as the reduction kernel would: the same bytes, not just close ones; and every tile
+    # counter is back at zero for the next launch.
+    name, launch, reference, x, w, tile, programs = _fixup_cases()[case]
+    if programs is not None:
+        monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+    fixed = run(launch, x, w, dict(tile, FIXUP=1))
+    assert_close(fixed, reference(x, w))
+    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=0))), name
+    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=1))), name
+    assert all(int(c.abs().sum()) == 0 for c in common._COUNTERS.values()), "a tile counter was left non-zero"
+
+
+def test_fixup_launches_no_reduction(monkeypatch):
+    # With FIXUP the product kernel is the only launch; without, the reduction follows it.
+    launched = []
+    for kern in ("splitk_reduce_kernel", "streamk_reduce_kernel"):
+        real = getattr(common, kern)
+
+        class Spy:
+            def __getitem__(self, grid, real=real, kern=kern):
+                launched.append(kern)
+                return real[grid]
+        monkeypatch.setattr(common, kern, Spy())
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    g = gen(141)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+    x = torch.randn(40, K, generator=g).half().to(DEV)
+    for tile in (dict(TILED, SPLIT_K=2), dict(SWAP, SPLIT_K=2), dict(TMA, path="tma-sk")):
+        launched.clear()
+        run(dense.launch, x, w, dict(tile, FIXUP=1))
+        assert launched == []
+        run(dense.launch, x, w, tile)
+        assert len(launched) == 1
+
+
+def test_tile_counters_are_per_stream_and_grow_zeroed():
+    dev = torch.device(DEV)
+    c = common.tile_counters(dev, 10)
+    assert c.dtype == torch.int32 and c.numel() >= 10 and int(c.abs().sum()) == 0
+    assert common.tile_counters(dev, 10) is c
+    big = common.tile_counters(dev, 5000)
+    assert big.numel() >= 5000 and int(big.abs().sum()) == 0
+    if DEV == "cuda":   # another stream, another buffer: its launches may overlap this one's
+        with torch.cuda.stream(torch.cuda.Stream()):
+            assert common.tile_counters(dev, 10) is not big

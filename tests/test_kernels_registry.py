@@ -1,5 +1,5 @@
-"""The registry (contract 5), the templates' search spaces and default tiles, and the
-no-atomics rule."""
+"""The registry (contract 5), the templates' search spaces and default tiles, and the rule that
+no atomic touches a value."""
 from __future__ import annotations
 
 import re
@@ -29,9 +29,17 @@ def weights():
     }
 
 
-def test_no_atomic_add_in_any_kernel_module():
-    offenders = [p.name for p in KERNELS.glob("*.py") if re.search(r"atomic_add|atomic_", p.read_text())]
-    assert offenders == [], f"atomics (non-deterministic reductions) in {offenders}"
+def test_no_atomic_touches_a_value_in_any_kernel_module():
+    # Reductions are never atomic: split-K and stream-K partials are added from a workspace in a
+    # fixed order. The one place an atomic may appear is common.last_to_finish, the in-kernel
+    # fixup's ticket, which counts arrivals on an int32 counter and resets it: no value passes
+    # through it, so the bytes do not depend on the order of arrival.
+    uses = {p.name: re.findall(r"tl\.atomic_\w+\(([^,]+),", p.read_text()) for p in KERNELS.glob("*.py")}
+    assert {k: v for k, v in uses.items() if v} == {"common.py": ["cnt_ptr", "cnt_ptr"]}, uses
+    src = (KERNELS / "common.py").read_text()
+    fixup = src[src.index("def last_to_finish"):]
+    fixup = fixup[:fixup.index("\n@triton.jit")]
+    assert src.count("atomic_") == fixup.count("atomic_") == 2
 
 
 def test_templates_are_named_as_the_contract_says():

@@ -190,3 +190,33 @@ def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
     assert any(r["plan"]["block_b"] == 64 for r in prologue) and any(r["plan"]["chunked"] for r in prologue)
     # The division form beside the 1/s product, at each M (fp16 x divides either way: same bits).
     assert [r["M"] for r in prologue if r["variant"] == "two blocks, division"] == [1, 20]
+
+
+def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
+    # The fixup study on a tiny shape: each "shipped" split or stream-K tile both ways, the extra
+    # transposed-product splits at M <= 16 and int4's other splits, all checked against the
+    # reference. The shipped tiles are small ones, for the interpreter's sake.
+    on_a_tiny_shape(64, 256)
+    monkeypatch.setattr(variants.common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(variants, "FIXUP_SWAP", dict(rows=32, kbytes=64, stages=(2, 3), splits=(2,)))
+
+    def shipped(template, problem):
+        if template.name == "int4_w4a16":
+            return variants.common.tile("swap", 16, 32, 64, 2, 4, 2)
+        if problem.bucket <= 16:
+            return variants.common.swap_tile(64, 32, 2, split=2)
+        return variants.common.tile("tma-sk", 32, 32, 64, 1, 4, 2)
+    monkeypatch.setattr(variants, "_shipped_tile", shipped)
+    rows = variants.study_fixup(["tiny"], [16, 40], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    both = ["shipped, in-kernel fixup", "shipped, reduction kernel"]
+    got = {(f, m): sorted(r["variant"] for r in cases if (r["format"], r["M"]) == (f, m))
+           for f in ("bf16", "fp8", "int4-gptq", "int4-awq") for m in (16, 40)}
+    for f in ("bf16", "fp8"):
+        assert got[(f, 16)] == both + ["swap split 2, fixup"] * 2, got
+        assert got[(f, 40)] == both, got
+    for f in ("int4-gptq", "int4-awq"):
+        assert got[(f, 16)] == ["shipped at split 2, fixup", "shipped at split 4, fixup"] + both, got
+        assert got[(f, 40)] == both, got
+    assert all(r["tile"].get("FIXUP") == (r["variant"] != "shipped, reduction kernel") for r in cases)
