@@ -752,8 +752,19 @@ def _join_tiles(p: Problem) -> list[dict]:
     # M=16 (4 stages, 4 waves) was the best join tile on qkv, o and down, 0.95-1.00x the default's
     # time (on gate_up no join tile came within 1.1x). Deeper pipelines (5-6 stages), 16 waves,
     # 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
-    return [common.tile("join", bm, 64, 128, common._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
-                        4, stages) for stages, waves in ((3, 8), (3, 4), (4, 8), (4, 4))] + wide
+    # FIXUP (the splits added by each tile's last program, no reduction kernel): H200 run 18,
+    # variants.py --study fixup, on run 17's join tiles: at M=16 the same split 5-10% faster; at
+    # M=64 half the split 4-9% faster than the tile with its reduction kernel (qkv GPTQ 36.0 ->
+    # 33.8 us, o 33.3 -> 30.5, down 58.4 -> 55.7), the same split slower.
+    out = []
+    for stages, waves, fixup in ((3, 8, 0), (3, 4, 1), (3, 8, 1), (4, 4, 0), (3, 2, 1)):
+        t = common.tile("join", bm, 64, 128, common._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
+                        4, stages)
+        if fixup and t["SPLIT_K"] > 1:
+            t["FIXUP"] = 1
+        if t not in out:
+            out.append(t)
+    return out + wide
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
