@@ -1,7 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   sk-reduce-pdl,fixup]
+                                   sk-reduce-pdl,fixup,int4-fixup-tiles]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -438,13 +438,40 @@ def study_fixup(shapes, ms, log):
     return rows
 
 
+def study_int4_fixup_tiles(shapes, ms, log):
+    """int4 GPTQ at M = 16-64: the shipped tile beside join tiles of 64 or 128 weight rows, 3 or 4
+    stages, split 1-8 (with the in-kernel fixup where split > 1): which join tiles the fixup makes
+    worth offering beyond run 18's (the fixup study found half the split better at M=64)."""
+    rows = []
+    t = registry.TEMPLATES["int4_w4a16"]
+    for sh, N, K, M, x, ws, base in _points("int4-fixup-tiles", ("int4-gptq",), shapes, ms, rows, log):
+        wf = ws["int4-gptq"]
+        shipped = _shipped_tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
+        cases = [("shipped", shipped)] if shipped else []
+        for bn in INT4_FIXUP_TILES["rows"]:
+            for st in INT4_FIXUP_TILES["stages"]:
+                for split in INT4_FIXUP_TILES["splits"]:
+                    c = common.tile("join", min(64, max(16, M)), bn, 128, split, 4, st)
+                    if split > 1:
+                        c["FIXUP"] = 1
+                    if c != shipped:
+                        cases.append((f"join {bn} rows, split {split}", c))
+        _run_cases(rows, log, t, x, cases, wf, base, study="int4-fixup-tiles", format="int4-gptq", shape=sh, M=M)
+    return rows
+
+
+# The int4-fixup-tiles study's join tiles: weight rows, stages, splits.
+INT4_FIXUP_TILES = dict(rows=(64, 128), stages=(3, 4), splits=(1, 2, 4, 8))
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
            "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
            "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048"),
-           "fixup": (study_fixup, "1,16,64,256,1024")}
+           "fixup": (study_fixup, "1,16,64,256,1024"),
+           "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64")}
 
 
 # Seconds between rewrites of the results file while a study runs.

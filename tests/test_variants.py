@@ -220,3 +220,15 @@ def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shap
         assert got[(f, 16)] == ["shipped at split 2, fixup", "shipped at split 4, fixup"] + both, got
         assert got[(f, 40)] == both, got
     assert all(r["tile"].get("FIXUP") == (r["variant"] != "shipped, reduction kernel") for r in cases)
+
+
+def test_the_int4_fixup_tiles_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(64, 256)
+    monkeypatch.setattr(variants, "INT4_FIXUP_TILES", dict(rows=(32,), stages=(2,), splits=(1, 2)))
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.common.tile(
+        "join", 16, 32, 128, 2, 4, 2))
+    rows = variants.study_int4_fixup_tiles(["tiny"], [16], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert sorted(r["variant"] for r in cases) == ["join 32 rows, split 1", "join 32 rows, split 2", "shipped"]
+    assert [r["tile"].get("FIXUP", 0) for r in cases if r["variant"] != "shipped"] == [0, 1]
