@@ -395,8 +395,8 @@ def _shipped_tile(t, p):
 
 
 # Extra split-K tiles of the fixup study: for bf16 and fp8 at M <= 16, the transposed product on
-# 128 weight rows (256 bytes of K per step, 4 or 6 stages) split 2, 3 and 4 ways (80-272 programs on
-# the 27B shapes).
+# 128 weight rows (256 bytes of K per step, 4 or 6 stages) split 2, 3 and 4 ways (40-272 weight
+# tiles on the 27B shapes, so 80-1088 programs).
 FIXUP_SWAP = dict(rows=128, kbytes=256, stages=(4, 6), splits=(2, 3, 4))
 
 
@@ -432,7 +432,7 @@ def study_fixup(shapes, ms, log):
                     if common.smem_bytes(c, kb, kb) <= common.SMEM_LIMIT:
                         cases += [(f"sk 128x{bn}, reduction kernel", c), (f"sk 128x{bn}, fixup", dict(c, FIXUP=1))]
             if fmt.startswith("int4") and M in (16, 64) and tile.get("SPLIT_K", 1) > 1:
-                for split in (tile["SPLIT_K"] * 2, max(2, tile["SPLIT_K"] // 2)):
+                for split in sorted({tile["SPLIT_K"] * 2, max(2, tile["SPLIT_K"] // 2)} - {tile["SPLIT_K"]}):
                     cases.append((f"shipped at split {split}, fixup", dict(tile, SPLIT_K=split, FIXUP=1)))
             _run_cases(rows, log, t, x, cases, wf, base, study="fixup", format=fmt, shape=sh, M=M)
     return rows

@@ -551,7 +551,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
     before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
-    stream-K one as the product's programmatic dependent where the device has it (STREAMK_REDUCE_PDL).
+    stream-K one as the product's programmatic dependent where the device has it (STREAMK_REDUCE_PDL);
+    a tile with FIXUP launches neither, its product adding the partials itself (last_to_finish).
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -644,7 +645,7 @@ class _Transient:
 
 def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
-    fixed-order reduction. a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
+    fixed-order reduction (a second kernel, or with FIXUP the product's own, last_to_finish). a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
     M, K = a.shape
     N = b.shape[0]
     k_split, split = split_plan(K, tile)

@@ -753,7 +753,7 @@ def _join_tiles(p: Problem) -> list[dict]:
     # time (on gate_up no join tile came within 1.1x). Deeper pipelines (5-6 stages), 16 waves,
     # 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
     # FIXUP (the splits added by each tile's last program, no reduction kernel): H200 run 18,
-    # variants.py --study fixup, on run 17's join tiles: at M=16 the same split 5-10% faster; at
+    # variants.py --study fixup, on run 17's join tiles: at M=16 the same split 4-10% faster; at
     # M=64 half the split 4-9% faster than the tile with its reduction kernel (qkv GPTQ 36.0 ->
     # 33.8 us, o 33.3 -> 30.5, down 58.4 -> 55.7), the same split slower.
     out = []

@@ -913,14 +913,14 @@ def _fixup_cases():
     return [
         ("dense tiled, 3 splits (the last short)", dense.launch, dense.reference_linear, x320[40], dw,
          dict(TILED, SPLIT_K=3), None),
-        ("dense tma-swap, 3 splits, two row blocks", dense.launch, dense.reference_linear, x320[5], dw,
+        ("dense tma-swap, 3 splits, three row blocks", dense.launch, dense.reference_linear, x320[40], dw,
          dict(SWAP, SPLIT_K=3), None),
         ("dense tma-swap fp32, 2 splits", dense.launch, dense.reference_linear, x32, dw32,
          dict(SWAP, BLOCK_M=32, BLOCK_K=32, SPLIT_K=2), None),
         ("fp8 tma-swap, 2 splits", fp8.launch, fp8.reference_linear, x[1], fw, dict(SWAP, BLOCK_K=128, SPLIT_K=2),
          None),
-        ("int4 swap, 3 splits", int4.launch, int4.reference_linear, x[5], iws, dict(TILED, path="swap", BLOCK_M=16,
-                                                                                   SPLIT_K=3), None),
+        ("int4 swap, 3 splits", int4.launch, int4.reference_linear, x[5], iws,
+         dict(TILED, path="swap", BLOCK_M=16, BLOCK_K=32, SPLIT_K=3), None),
         ("int4 tiled, 2 splits", int4.launch, int4.reference_linear, x[40], iws, dict(TILED, SPLIT_K=2), None),
         ("int4 slices, 2 splits, two row blocks", int4.launch, int4.reference_linear, x[70], iw128,
          dict(SLICES, BLOCK_M=64, SPLIT_K=2), None),
@@ -935,23 +935,8 @@ def _fixup_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
-def test_in_kernel_fixup_gives_the_reductions_bytes(case, monkeypatch):
-    # The last split (or stream-K program) of each tile to finish adds the partials in the same
-    # order as the reduction kernel would: the same bytes, not just close ones; and every tile
-    # counter is back at zero for the next launch.
-    name, launch, reference, x, w, tile, programs = _fixup_cases()[case]
-    if programs is not None:
-        monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
-    fixed = run(launch, x, w, dict(tile, FIXUP=1))
-    assert_close(fixed, reference(x, w))
-    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=0))), name
-    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=1))), name
-    assert all(int(c.abs().sum()) == 0 for c in common._COUNTERS.values()), "a tile counter was left non-zero"
-
-
-def test_fixup_launches_no_reduction(monkeypatch):
-    # With FIXUP the product kernel is the only launch; without, the reduction follows it.
+def _spy_on_reductions(monkeypatch) -> list:
+    """The names of the reduction kernels launched from now on (split-K's and stream-K's)."""
     launched = []
     for kern in ("splitk_reduce_kernel", "streamk_reduce_kernel"):
         real = getattr(common, kern)
@@ -961,16 +946,26 @@ def test_fixup_launches_no_reduction(monkeypatch):
                 launched.append(kern)
                 return real[grid]
         monkeypatch.setattr(common, kern, Spy())
-    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
-    g = gen(141)
-    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
-    x = torch.randn(40, K, generator=g).half().to(DEV)
-    for tile in (dict(TILED, SPLIT_K=2), dict(SWAP, SPLIT_K=2), dict(TMA, path="tma-sk")):
-        launched.clear()
-        run(dense.launch, x, w, dict(tile, FIXUP=1))
-        assert launched == []
-        run(dense.launch, x, w, tile)
-        assert len(launched) == 1
+    return launched
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_in_kernel_fixup_gives_the_reductions_bytes(case, monkeypatch):
+    # The last split (or stream-K program) of each tile to finish adds the partials in the same
+    # order as the reduction kernel would: the same bytes, not just close ones, with no reduction
+    # kernel launched; and every tile counter is back at zero for the next launch.
+    name, launch, reference, x, w, tile, programs = _fixup_cases()[case]
+    if programs is not None:
+        monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+    launched = _spy_on_reductions(monkeypatch)
+    common._COUNTERS.clear()
+    fixed = run(launch, x, w, dict(tile, FIXUP=1))
+    assert launched == [] and common._COUNTERS, f"{name}: the fixup did not run"
+    assert_close(fixed, reference(x, w))
+    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=0))), name
+    assert len(launched) == 1, f"{name}: without FIXUP the reduction kernel runs"
+    assert torch.equal(fixed, run(launch, x, w, dict(tile, FIXUP=1))), name
+    assert all(int(c.abs().sum()) == 0 for c in common._COUNTERS.values()), "a tile counter was left non-zero"
 
 
 def test_tile_counters_are_per_stream_and_grow_zeroed():

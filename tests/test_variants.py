@@ -217,7 +217,7 @@ def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shap
         assert got[(f, 16)] == both + ["swap split 2, fixup"] * 2, got
         assert got[(f, 40)] == both, got
     for f in ("int4-gptq", "int4-awq"):
-        assert got[(f, 16)] == ["shipped at split 2, fixup", "shipped at split 4, fixup"] + both, got
+        assert got[(f, 16)] == ["shipped at split 4, fixup"] + both, got   # split 1 (of 2) is no split
         assert got[(f, 40)] == both, got
     assert all(r["tile"].get("FIXUP") == (r["variant"] != "shipped, reduction kernel") for r in cases)
 

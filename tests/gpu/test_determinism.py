@@ -1,9 +1,11 @@
 """Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only).
 
 Run alone as `python tests/gpu/test_determinism.py` it prints, as JSON, the sha256 of each
-output; the test starts that twice and compares. Split-K tiles (plain and transposed) and a
-persistent tile are included on purpose: partial sums meet in a fixed-order reduction, never
-through atomics, and a persistent program computes each of its tiles whole.
+output; the test starts that twice and compares. Split-K tiles (plain and transposed, with the
+reduction kernel and with the in-kernel fixup) and persistent and stream-K tiles are included on
+purpose: partial sums meet in a fixed-order reduction, never through atomics (the fixup's one
+atomic counts arrivals, so which program adds the partials changes from run to run, but not the
+order it adds them in), and a persistent program computes each of its tiles whole.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def outputs() -> dict[str, str]:
             if t.name in ("dense", "fp8_w8a8") and m <= 16:
                 tiles.append(dict(tiles[0], path="tma-swap", BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
                                   num_warps=4, num_stages=4))
+                tiles.append(dict(tiles[-1], FIXUP=1))
             if t.name == "int4_w4a16" and 1 < m <= 128:
                 tiles.append(dict(tiles[0], path="swap", BLOCK_M=min(64, m), BLOCK_N=128, BLOCK_K=128, SPLIT_K=4,
                                   num_warps=4, num_stages=3))
@@ -50,8 +53,11 @@ def outputs() -> dict[str, str]:
                                   SPLIT_K=4, num_warps=4, num_stages=3))
                 tiles.append(dict(tiles[0], path="join", BLOCK_M=min(64, max(16, m)), BLOCK_N=64, BLOCK_K=128,
                                   SPLIT_K=4, num_warps=4, num_stages=3))
+                tiles.append(dict(tiles[-1], FIXUP=1))   # the shipped cache's int4 pick at M = 16-64
             if m == 1024 and tiles[0]["path"] in ("tma", "dequant-tma"):
                 tiles.append(dict(tiles[0], PERSISTENT=1))
+            if m == 1024 and tiles[0]["path"] in ("tma-sk", "dequant-sk"):
+                tiles.append(dict(tiles[0], FIXUP=1))
             for i, tile in enumerate(tiles):
                 y = t.launch(x, w, tile)
                 torch.cuda.synchronize()
