@@ -120,14 +120,22 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
         tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + idx, acc, mask=mask)
         if FIXUP:
             if last_to_finish(cnt_ptr + tl.program_id(0), SPLIT_K):
-                acc = tl.load(ws_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT_K):
-                    acc += tl.load(ws_ptr + tl.full((), s, tl.int64) * M * N + idx, mask=mask, other=0.0,
-                                   cache_modifier=".cg")
-                acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                               HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                acc = epilogue(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, M, N, bias_ptr,
+                               rs_ptr, cs_ptr, alpha_ptr, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
                 tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
                          acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
+    """Σ_s ws[s, idx] for s = 0, 1, ..., SPLIT_K-1 in that order (the split-K workspace [SPLIT_K, M, N]),
+    read from L2 (`.cg`: see last_to_finish): the one sum both forms of the reduction take, so they
+    give the same bytes."""
+    acc = tl.load(ws_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        # (M may arrive as a plain int: Triton specialises arguments equal to 1.)
+        acc += tl.load(ws_ptr + tl.full((), s, tl.int64) * M * N + idx, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
 
 
 @triton.jit
@@ -144,6 +152,8 @@ def last_to_finish(cnt_ptr, programs):
     last = ticket == programs - 1
     if last:
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+        # Every thread's reads after the acquire, whatever Triton does to share the ticket.
+        tl.debug_barrier()
     return last
 
 
@@ -157,12 +167,8 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    acc = tl.load(ws_ptr + idx, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        # (M may arrive as a plain int: Triton specialises arguments equal to 1.)
-        acc += tl.load(ws_ptr + tl.full((), s, tl.int64) * M * N + idx, mask=mask, other=0.0)
-    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    acc = epilogue(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr,
+                   alpha_ptr, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -352,14 +358,11 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
-    """How many programs hold units of leftover tile s."""
+    """How many programs hold units of leftover tile s: one per unit when there are fewer units
+    than programs (each run holds at most one); else every run is non-empty and contiguous, so
+    each program from the tile's first to its last holds some."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
-    n = 0
-    for p in range(first, last + 1):
-        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
-        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
-        n += (lo < hi).to(tl.int32)
-    return n
+    return tl.where(units < NUM_PROGRAMS, iters, last - first + 1)
 
 
 @triton.jit
@@ -551,7 +554,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
     before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
-    stream-K one as the product's programmatic dependent where the device has it (STREAMK_REDUCE_PDL);
+    stream-K one too (as the product's programmatic dependent, where the device has it, only if
+    STREAMK_REDUCE_PDL: off since run 18);
     a tile with FIXUP launches neither, its product adding the partials itself (last_to_finish).
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
@@ -575,7 +579,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         programs = cdiv(M, bm) * cdiv(N, bn)
         fixup = split_fixup(tile, split)
         tma_swap_kernel[(programs, split)](
-            a_desc, b_desc, b, b.stride(0), y, ws, tile_counters(y.device, programs) if fixup else ws,
+            a_desc, b_desc, b, b.stride(0), y, ws, fixup_counters(fixup, y.device, programs, ws),
             d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
@@ -602,7 +606,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         fixup = bool(units) and bool(tile.get("FIXUP", 0))
         release = bool(units) and not fixup and STREAMK_REDUCE_PDL and device_features(a.device).pdl
         rows = min(bm, STREAMK_REDUCE_ROWS)
-        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, tile_counters(y.device, sk_tiles) if fixup else ws,
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
                                         **flags, WAIT=wait, RELEASE=release, FIXUP=fixup, ROWS=rows,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
@@ -635,8 +639,10 @@ STREAMK_REDUCE_ROWS = 16
 # on its retired few-row stream-K tiles at M = 1-64: the same tile with the reduction launched
 # as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. On the shipped "tma-sk"
 # tiles of M = 512-2048 (variants.py --study sk-reduce-pdl, run 17 item 8) no consistent effect:
-# median +0.06%, single points -7% to +10% either way within one run, as large-M noise goes.)
-STREAMK_REDUCE_PDL = True
+# median +0.06%, single points -7% to +10% either way within one run, as large-M noise goes.
+# Run 18, three samples of the same study: slower as a dependent on 14 of the 15 shipped keys,
+# median +2.4%. So off.)
+STREAMK_REDUCE_PDL = False
 
 
 class _Transient:
@@ -654,7 +660,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (cdiv(M, bm) * cdiv(N, bn), split)
     fixup = split_fixup(tile, split)
-    tiled_gemm_kernel[grid](a, b, y, ws, tile_counters(y.device, grid[0]) if fixup else ws, d if bias is None else bias, d if rs is None else rs,
+    tiled_gemm_kernel[grid](a, b, y, ws, fixup_counters(fixup, y.device, grid[0], ws), d if bias is None else bias, d if rs is None else rs,
                             d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
@@ -755,27 +761,41 @@ def split_fixup(tile: dict, split: int) -> bool:
     return split > 1 and bool(tile.get("FIXUP", 0))
 
 
-# tile_counters' buffers, by (device, stream).
+# tile_counters' buffers, by (device, stream), and the smaller ones they replaced (kept: a CUDA
+# graph captured while one was current still uses it).
 _COUNTERS: dict = {}
+_RETIRED: list = []
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """int32 arrival counters for `tiles` output tiles of an in-kernel fixup (last_to_finish): one
-    buffer per (device, current stream), zeroed once when made (or grown) and left at zero by
-    every launch, whose last arrival on each tile resets its counter. Launches that share a buffer
-    must not run at the same time: true of one stream's kernels (a programmatic dependent waits for
-    the grid before it, wait_for_producer, before touching memory). CUDA graphs captured on one
-    stream share that stream's buffer, so replay them one at a time."""
+    """int32 arrival counters for `tiles` output tiles of an in-kernel fixup (last_to_finish).
+    Eager: one buffer per (device, current stream), zeroed when made and left at zero by every
+    launch, whose last arrival on each tile resets its counter; one stream's launches never
+    overlap (a programmatic dependent waits for the grid before it, wait_for_producer, before
+    touching memory), and another stream has its own. A buffer outgrown is kept, never freed, so
+    a graph captured with it stays valid. While a CUDA graph is being captured: a new zeroed
+    buffer for this launch alone (its zeroing a node of the graph), so that no two graphs, nor a
+    graph and eager launches, share counters, however they are replayed."""
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(tiles, dtype=torch.int32, device=device)
         key = (device, torch.cuda.current_stream(device).cuda_stream)
     else:
         key = (device, 0)
     c = _COUNTERS.get(key)
     if c is None or c.numel() < tiles:
+        if c is not None:
+            _RETIRED.append(c)
         c = _COUNTERS[key] = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
     return c
+
+
+def fixup_counters(fixup: bool, device: torch.device, tiles: int, unused: torch.Tensor) -> torch.Tensor:
+    """The counters argument of a product kernel: tile_counters with FIXUP, else `unused` (any
+    tensor: the kernel never reads it)."""
+    return tile_counters(device, tiles) if fixup else unused
 
 
 def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):

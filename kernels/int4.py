@@ -533,7 +533,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
     # The GEMV stashes its partial rows itself and always leaves them to the reduction.
     fixup = path != "gemv" and common.split_fixup(tile, split)
-    cnt = common.tile_counters(y.device, common.cdiv(M, bm) * common.cdiv(N, bn)) if fixup else ws
+    cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn), ws)
     if path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"
         assert bk & (bk - 1) == 0, f"the gemv path steps in a power-of-two number of words, got BLOCK_K={bk}"
