@@ -765,7 +765,10 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     every launch, whose last arrival on each tile resets its counter. Launches that share a buffer
     must not run at the same time: true of one stream's kernels (a programmatic dependent waits for
     the grid before it, wait_for_producer, before touching memory). CUDA graphs captured on one
-    stream share that stream's buffer, so replay them one at a time."""
+    stream share that stream's buffer, so replay them one at a time; and a buffer outgrown is
+    freed, so a graph captured with it must not be replayed after a launch with more tiles (vsr's
+    runtime launches eagerly, its tuner and benchmarks capture one call at a time; branch
+    next-retune keeps outgrown buffers and gives each captured launch its own counters)."""
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
