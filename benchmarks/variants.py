@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -62,8 +63,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.device_id import current_device_identity  # noqa: E402
+from vsr.autotune.keys import make_key  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
-from vsr.autotune.store import write_atomic  # noqa: E402
+from vsr.autotune.store import open_store, write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, int4, registry  # noqa: E402
 
 
@@ -380,17 +383,20 @@ def study_sk_reduce_pdl(shapes, ms, log):
     return rows
 
 
+@functools.cache
+def _shipped_store():
+    """The shipped cache (common_bench.SHIPPED_CACHE) as the autotune store reads it, read once."""
+    return open_store(SHIPPED_CACHE, create=False)
+
+
 def _shipped_tile(t, p):
     """The shipped cache's tile for template t's Problem p on this device, whatever kernel source it
-    was tuned for (the fixup study runs on kernels newer than the cache); None if it has no such key."""
-    from vsr.autotune.keys import canonical_params, dtype_name
-    if not hasattr(_shipped_tile, "entries"):
-        _shipped_tile.entries = json.loads(SHIPPED_CACHE.read_text())["entries"]
-    want = dict(template=t.name, N=p.N, K=p.K, bucket=p.bucket, act_dtype=dtype_name(p.act_dtype),
-                params=canonical_params(p.params))
-    for e in _shipped_tile.entries:
-        if all(e["key"][k] == v for k, v in want.items()):
-            return dict(e["tile"])
+    was tuned for (the fixup studies ran on kernels newer than the cache): the entry whose key is
+    this device's key for (t, p) but for its source hash; None if it has no such key."""
+    want = make_key(t, p, current_device_identity(torch.device(DEV)))
+    for e in _shipped_store().entries():
+        if dataclasses.replace(e.key, source_hash=want.source_hash) == want:
+            return dict(e.tile)
     return None
 
 

@@ -108,7 +108,7 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
                    HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr, FIXUP: tl.constexpr):
     """One split: apply the epilogue and write y. Several: write the fp32 partial sum to the
     workspace [SPLIT_K, M, N]; with FIXUP the tile's last split to finish adds them up here
-    (split_fixup), without it splitk_reduce_kernel does, launched after this grid."""
+    (last_to_finish), without it splitk_reduce_kernel does, launched after this grid."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT_K == 1:
         acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
@@ -651,7 +651,8 @@ class _Transient:
 
 def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
-    fixed-order reduction (a second kernel, or with FIXUP the product's own, last_to_finish). a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
+    fixed-order reduction (a second kernel, or with FIXUP the product's own, last_to_finish).
+    a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
     M, K = a.shape
     N = b.shape[0]
     k_split, split = split_plan(K, tile)

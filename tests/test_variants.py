@@ -232,3 +232,31 @@ def test_the_int4_fixup_tiles_study_checks_every_case(variants, monkeypatch, on_
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     assert sorted(r["variant"] for r in cases) == ["join 32 rows, split 1", "join 32 rows, split 2", "shipped"]
     assert [r["tile"].get("FIXUP", 0) for r in cases if r["variant"] != "shipped"] == [0, 1]
+
+
+def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
+    # The fixup studies read the shipped cache's tiles through the autotune store and keys,
+    # whatever kernel source the entries were tuned for; any other field must match.
+    import dataclasses
+    from vsr.autotune.device_id import current_device_identity
+    from vsr.autotune.keys import make_key
+    from vsr.autotune.store import Entry, open_store
+    from vsr.kernels import registry
+    from vsr.kernels.template import Problem
+    monkeypatch.setattr(variants, "DEV", DEV)
+    t = registry.TEMPLATES["dense"]
+    p = Problem(N=64, K=256, bucket=16, act_dtype=torch.float16, params=(("wdtype", "float16"),))
+    key = make_key(t, p, current_device_identity(torch.device(DEV)))
+    tile = variants.common.tile("tma-swap", 16, 32, 64, 2, 4, 3)
+    path = tmp_path / "cache.json"
+    store = open_store(path)
+    store.put(Entry(dataclasses.replace(key, source_hash="0" * 16), tile))
+    store.put(Entry(dataclasses.replace(key, source_hash="0" * 16, N=128), dict(tile, BLOCK_N=64)))
+    store.close()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", path)
+    variants._shipped_store.cache_clear()
+    try:
+        assert variants._shipped_tile(t, p) == tile
+        assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
+    finally:
+        variants._shipped_store.cache_clear()
