@@ -531,8 +531,9 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
     dev = common.device_features(x.device)
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
-    # The GEMV stashes its partial rows itself and always leaves them to the reduction.
-    fixup = path != "gemv" and common.split_fixup(tile, split)
+    fixup = common.split_fixup(tile, split)
+    if fixup and path == "gemv":   # it stashes its partial rows itself, for the reduction kernel
+        raise ValueError(f"the int4 gemv path has no in-kernel fixup (FIXUP): {tile}")
     cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn), ws)
     if path == "gemv":
         assert M == 1, f"the gemv path takes one row, got M={M}"

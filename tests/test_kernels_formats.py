@@ -994,3 +994,15 @@ def test_outgrown_counters_are_kept_and_captures_get_their_own():
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             a, b = common.tile_counters(dev, 10), common.tile_counters(dev, 10)
         assert a is not b and a.data_ptr() != big.data_ptr()
+
+
+def test_int4_gemv_refuses_the_fixup():
+    # A tile field a path cannot honour is refused, not ignored.
+    g = gen(142)
+    w = int4_weight(g, 128, True, False, bias=False)
+    x = torch.randn(1, K, generator=g).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 4,
+            "num_stages": 2, "FIXUP": 1}
+    with pytest.raises(ValueError, match="no in-kernel fixup"):
+        int4.launch(x, w, tile)
+    assert_close(run(int4.launch, x, w, dict(tile, FIXUP=0)), int4.reference_linear(x, w))
