@@ -1,7 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   sk-reduce-pdl,fixup,int4-fixup-tiles]
+                                   sk-reduce-pdl,fixup,int4-fixup-tiles,capture-counters]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -470,6 +470,67 @@ def study_int4_fixup_tiles(shapes, ms, log):
 INT4_FIXUP_TILES = dict(rows=(64, 128), stages=(3, 4), splits=(1, 2, 4, 8))
 
 
+class PrezeroedCounters:
+    """common.tile_counters for the capture-counters study: while a CUDA graph is captured, slices
+    of one buffer zeroed before the capture, each handed out once per timing (reset), so the graph
+    holds no zeroing node; otherwise (eager, or the buffer used up: counted in fallbacks) the
+    shipped function, which gives a captured launch its own zeroed counters (a memset node)."""
+
+    def __init__(self, shipped, counters: int, device):
+        self.shipped = shipped
+        self.buf = torch.zeros(counters, dtype=torch.int32, device=device)
+        self.off = 0
+        self.fallbacks = 0
+
+    def reset(self) -> None:
+        """Hand the buffer out again from its start: only once every graph that used it is gone
+        (each replay left its slices at zero)."""
+        self.off = 0
+
+    def __call__(self, device, tiles):
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if self.off + tiles <= self.buf.numel():
+                self.off += tiles
+                return self.buf[self.off - tiles:self.off]
+            self.fallbacks += 1
+        return self.shipped(device, tiles)
+
+
+# Counters in the capture-counters study's zeroed buffer (16 MiB: a timing's graph holds up to
+# 200 cycles over the weight copies, each launch needing one counter per output tile).
+PREZEROED_COUNTERS = 1 << 22
+
+
+def study_capture_counters(shapes, ms, log):
+    """The shipped in-kernel fixup tiles (FIXUP, split > 1: int4 at M = 1-64 on qkv, o and down in
+    run 19), replayed in a CUDA graph three ways: as shipped, each captured launch zeroing its own
+    tile counters in the graph (common.tile_counters since run 19); with counters zeroed before the
+    capture (PrezeroedCounters: what a pre-zeroed pool would give); and the same tile with the
+    reduction kernel instead (FIXUP=0). Run 19's benchmark found the fixup tiles 1.2-1.8 us slower
+    in graphs than run 18's, whose counters were shared and zeroed once."""
+    rows = []
+    fmts = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
+    shipped_counters = common.tile_counters
+    for sh, N, K, M, x, ws, base in _points("capture-counters", tuple(f for f, _ in fmts[1:]), shapes, ms, rows, log):
+        for fmt, key in fmts:
+            t = registry.TEMPLATES[key]
+            wf = ws[fmt]
+            tile = _shipped_tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
+            if tile is None or not common.split_fixup(tile, tile.get("SPLIT_K", 1)):
+                continue
+            ids = dict(study="capture-counters", format=fmt, shape=sh, M=M)
+            _run_cases(rows, log, t, x, [("fixup, counters zeroed in the graph", tile),
+                                         ("reduction kernel", dict(tile, FIXUP=0))], wf, base, **ids)
+            pre = PrezeroedCounters(shipped_counters, PREZEROED_COUNTERS, x.device)
+            common.tile_counters = pre
+            try:
+                _run_cases(rows, log, t, x, [("fixup, counters zeroed before", tile)], wf, base, **ids)
+            finally:
+                common.tile_counters = shipped_counters
+            rows[-1]["fallbacks"] = pre.fallbacks
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -477,7 +538,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
            "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048"),
            "fixup": (study_fixup, "1,16,64,256,1024"),
-           "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64")}
+           "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
+           "capture-counters": (study_capture_counters, "1,16,64")}
 
 
 # Seconds between rewrites of the results file while a study runs.

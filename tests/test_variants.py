@@ -234,6 +234,47 @@ def test_the_int4_fixup_tiles_study_checks_every_case(variants, monkeypatch, on_
     assert [r["tile"].get("FIXUP", 0) for r in cases if r["variant"] != "shipped"] == [0, 1]
 
 
+def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
+    # Only shipped tiles with the in-kernel fixup get cases: three each, all checked; the study's
+    # counters are the shipped ones again afterwards.
+    on_a_tiny_shape(64, 256)
+    shipped_counters = variants.common.tile_counters
+
+    def shipped(template, problem):
+        if template.name == "int4_w4a16" and problem.bucket == 16:
+            return variants.common.tile("join", 16, 32, 128, 2, 4, 2) | {"FIXUP": 1}
+        return variants.common.tile("join", 16, 32, 128, 2, 4, 2) if template.name == "int4_w4a16" else None
+    monkeypatch.setattr(variants, "_shipped_tile", shipped)
+    monkeypatch.setattr(variants, "PREZEROED_COUNTERS", 64)
+    rows = variants.study_capture_counters(["tiny"], [16, 40], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    for f in ("int4-gptq", "int4-awq"):
+        got = [(r["variant"], r["tile"].get("FIXUP")) for r in cases if (r["format"], r["M"]) == (f, 16)]
+        assert got == [("fixup, counters zeroed in the graph", 1), ("reduction kernel", 0),
+                       ("fixup, counters zeroed before", 1)], got
+    assert not any(r["M"] == 40 for r in cases)   # no fixup tile there: nothing to compare
+    assert [r["fallbacks"] for r in cases if r["variant"] == "fixup, counters zeroed before"] == [0, 0]
+    assert variants.common.tile_counters is shipped_counters
+
+
+def test_prezeroed_counters_hand_out_each_slice_once_while_capturing(variants, monkeypatch):
+    # While capturing: disjoint slices of the zeroed buffer until it is used up, then the shipped
+    # function (counted); reset hands the buffer out again. Eager calls always go to the shipped one.
+    calls = []
+    pre = variants.PrezeroedCounters(lambda device, tiles: calls.append(tiles) or "shipped", 10, "cpu")
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert pre(cuda, 4) == "shipped" and calls == [4] and pre.off == 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    a, b = pre(cuda, 4), pre(cuda, 6)
+    assert (a.numel(), b.numel()) == (4, 6) and b.data_ptr() == a.data_ptr() + 16
+    assert not a.any() and not b.any()
+    assert pre(cuda, 1) == "shipped" and pre.fallbacks == 1
+    pre.reset()
+    assert pre(cuda, 3).data_ptr() == a.data_ptr()
+
+
 def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
     # The fixup studies read the shipped cache's tiles through the autotune store and keys,
     # whatever kernel source the entries were tuned for; any other field must match.
