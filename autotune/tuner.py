@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from vsr.autotune.buckets import bucket_for
+from vsr.kernels import common
 
 TIE_FRACTION = 0.01
 
@@ -201,6 +202,8 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
     torch.cuda.synchronize()
     est = max(start.elapsed_time(end), 1e-3)
     n = max(1, min(200, math.ceil(target_ms / est)))
+    device = torch.device("cuda", torch.cuda.current_device())
+    mark = common.capture_counters_mark(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(n):
@@ -215,6 +218,9 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
         end.synchronize()
         times.append(start.elapsed_time(end) / n)
     del graph
+    # Its replays are over (synchronized) and it is gone: the tile counters its fixup launches
+    # took (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.
+    common.rewind_capture_counters(device, mark)
     return statistics.median(times)
 
 

@@ -766,6 +766,17 @@ def split_fixup(tile: dict, split: int) -> bool:
 # graph captured while one was current still uses it).
 _COUNTERS: dict = {}
 _RETIRED: list = []
+# Counters for launches captured in CUDA graphs, by device: [a buffer zeroed outside any capture,
+# the index of its first counter not yet handed out, how many buffers the device has had]. Each
+# slice goes to one captured launch, so graphs never share counters with each other nor with eager
+# launches, and a graph holds no zeroing node (H200 run 19, variants.py --study capture-counters:
+# a zeroing node per captured launch cost 0.9-2.0 us). A slice is never handed out again
+# (rewind_capture_counters aside), so the buffers only grow: CAPTURE_POOL_COUNTERS int32s each,
+# at most CAPTURE_POOLS_MAX of them per device (64 MiB), after which a captured launch zeroes
+# its own counters in the graph.
+_CAPTURE_POOLS: dict = {}
+CAPTURE_POOL_COUNTERS = 1 << 20
+CAPTURE_POOLS_MAX = 16
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -774,14 +785,14 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     launch, whose last arrival on each tile resets its counter; one stream's launches never
     overlap (a programmatic dependent waits for the grid before it, wait_for_producer, before
     touching memory), and another stream has its own. A buffer outgrown is kept, never freed, so
-    a graph captured with it stays valid. While a CUDA graph is being captured: a new zeroed
-    buffer for this launch alone (its zeroing a node of the graph), so that no two graphs, nor a
-    graph and eager launches, share counters, however they are replayed."""
+    a graph captured with it stays valid. While a CUDA graph is being captured: counters for this
+    launch alone (_captured_counters), so that no two graphs, nor a graph and eager launches,
+    share counters, however they are replayed."""
+    device = _indexed(device)
     if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(tiles, dtype=torch.int32, device=device)
+            return _captured_counters(device, tiles)
+        _refill_capture_pool(device)
         key = (device, torch.cuda.current_stream(device).cuda_stream)
     else:
         key = (device, 0)
@@ -791,6 +802,55 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
             _RETIRED.append(c)
         c = _COUNTERS[key] = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
     return c
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device with its index (the current one's where it has none): the counters' dict key."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _captured_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """A captured launch's counters: the next `tiles` of the device's capture pool, zeroed before
+    the capture; where the pool lacks them (none made yet: no eager fixup launch on the device
+    before; or used up), a buffer zeroed in the graph."""
+    pool = _CAPTURE_POOLS.get(device)
+    if pool is not None and pool[1] + tiles <= pool[0].numel():
+        pool[1] += tiles
+        return pool[0][pool[1] - tiles:pool[1]]
+    return torch.zeros(tiles, dtype=torch.int32, device=device)
+
+
+def _refill_capture_pool(device: torch.device) -> None:
+    """Outside a capture (a capture cannot zero memory except as a node of its graph): a new
+    zeroed pool for the device when it has none or less than half of one left, up to
+    CAPTURE_POOLS_MAX; the old one kept, since graphs captured with it use it still."""
+    pool = _CAPTURE_POOLS.get(device)
+    if pool is not None and (pool[0].numel() - pool[1] >= CAPTURE_POOL_COUNTERS // 2 or pool[2] >= CAPTURE_POOLS_MAX):
+        return
+    buf = torch.zeros(CAPTURE_POOL_COUNTERS, dtype=torch.int32, device=device)
+    # Zero before any graph that takes a slice can run, whichever stream replays it.
+    torch.cuda.current_stream(device).synchronize()
+    if pool is not None:
+        _RETIRED.append(pool[0])
+    _CAPTURE_POOLS[device] = [buf, 0, 1 if pool is None else pool[2] + 1]
+
+
+def capture_counters_mark(device: torch.device) -> tuple | None:
+    """Where the device's capture pool stands (rewind_capture_counters)."""
+    pool = _CAPTURE_POOLS.get(_indexed(device))
+    return None if pool is None else (pool[0].data_ptr(), pool[1])
+
+
+def rewind_capture_counters(device: torch.device, mark: tuple | None) -> None:
+    """Hand the counters given to captured launches since `mark` (capture_counters_mark) out again.
+    Only for a caller that has destroyed every graph captured since the mark, after their last
+    replay finished (each replay left its counters at zero): the autotune's graph timer, which
+    captures, times and destroys one graph at a time, so a long sweep does not use up the pools."""
+    pool = _CAPTURE_POOLS.get(_indexed(device))
+    if mark is not None and pool is not None and pool[0].data_ptr() == mark[0] and pool[1] >= mark[1]:
+        pool[1] = mark[1]
 
 
 def fixup_counters(fixup: bool, device: torch.device, tiles: int, unused: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import types
+
 import pytest
 import torch
 import triton
@@ -994,6 +996,79 @@ def test_outgrown_counters_are_kept_and_captures_get_their_own():
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             a, b = common.tile_counters(dev, 10), common.tile_counters(dev, 10)
         assert a is not b and a.data_ptr() != big.data_ptr()
+
+
+def test_capture_pool_hands_each_zeroed_slice_to_one_captured_launch(monkeypatch):
+    # The pool's bookkeeping, on whatever device (the capture itself needs a GPU: the GPU test
+    # below): disjoint zeroed slices; a launch the pool cannot serve gets its own zeroed buffer;
+    # a new pool once less than half is left (the old kept), at most CAPTURE_POOLS_MAX; and a
+    # rewind to a mark of the current pool hands the same counters out again.
+    dev = torch.device("cpu")
+    synced = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(
+        synchronize=lambda: synced.append(device)))
+    monkeypatch.setattr(common, "_CAPTURE_POOLS", {})
+    monkeypatch.setattr(common, "CAPTURE_POOL_COUNTERS", 8)
+    monkeypatch.setattr(common, "CAPTURE_POOLS_MAX", 2)
+    assert common._captured_counters(dev, 3).numel() == 3      # no pool yet: its own buffer
+    common._refill_capture_pool(dev)
+    pool = common._CAPTURE_POOLS[dev][0]
+    assert synced == [dev] and pool.numel() == 8
+    mark = common.capture_counters_mark(dev)
+    a, b = common._captured_counters(dev, 3), common._captured_counters(dev, 3)
+    assert (a.data_ptr(), b.data_ptr()) == (pool.data_ptr(), pool.data_ptr() + 12)
+    assert not a.any() and not b.any()
+    c = common._captured_counters(dev, 3)                      # 2 left: its own buffer
+    assert c.numel() == 3 and not c.any() and c.untyped_storage().data_ptr() != pool.untyped_storage().data_ptr()
+    common.rewind_capture_counters(dev, mark)
+    assert common._captured_counters(dev, 3).data_ptr() == pool.data_ptr()
+    common._captured_counters(dev, 3)
+    common._refill_capture_pool(dev)                           # 2 of 8 left: a second pool
+    second = common._CAPTURE_POOLS[dev][0]
+    assert second is not pool and any(r is pool for r in common._RETIRED) and len(synced) == 2
+    common.rewind_capture_counters(dev, mark)                  # a mark of the old pool: nothing
+    assert common._CAPTURE_POOLS[dev][1] == 0
+    common._captured_counters(dev, 8)
+    common._refill_capture_pool(dev)                           # the second of at most two: kept
+    assert common._CAPTURE_POOLS[dev][0] is second and common._captured_counters(dev, 1).data_ptr() != second.data_ptr()
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs need a GPU")
+def test_captured_fixup_launches_replay_with_their_own_counters(monkeypatch):
+    # Three graphs of fixup launches (split-K and stream-K), replayed one after another and at
+    # once on three streams: the eager bytes each time, their counters from the pool (no zeroing
+    # node) and left at zero.
+    cases = [c for c in _fixup_cases() if c[0].startswith(("dense tiled", "int4 join", "fp8 tma-sk"))]
+    assert len(cases) == 3, [c[0] for c in _fixup_cases()]
+    eager, graphs, outs = [], [], []
+    for name, launch, reference, x, w, tile, programs in cases:
+        if programs is not None:   # stream-K: fewer programs than tiles, so some are shared
+            monkeypatch.setattr(common, "multiprocessors", lambda device, p=programs: p)
+        tile = dict(tile, FIXUP=1)
+        eager.append(launch(x, w, tile))           # also makes the capture pool
+        torch.cuda.synchronize()
+        start = common._CAPTURE_POOLS[x.device][1]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs.append(launch(x, w, tile))
+        assert common._CAPTURE_POOLS[x.device][1] > start, f"{name}: counters not from the pool"
+        graphs.append(g)
+    for _ in range(3):
+        for g in graphs:
+            g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, e) for o, e in zip(outs, eager))
+    for o in outs:
+        o.fill_(float("nan"))
+    streams = [torch.cuda.Stream() for _ in graphs]
+    for s, g in zip(streams, graphs):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, e) for o, e in zip(outs, eager))
+    pool = common._CAPTURE_POOLS[cases[0][3].device]
+    assert int(pool[0][:pool[1]].abs().sum()) == 0, "a captured launch left a counter non-zero"
 
 
 def test_int4_gemv_refuses_the_fixup():
