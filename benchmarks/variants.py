@@ -503,11 +503,14 @@ PREZEROED_COUNTERS = 1 << 22
 
 def study_capture_counters(shapes, ms, log):
     """The shipped in-kernel fixup tiles (FIXUP, split > 1: int4 at M = 1-64 on qkv, o and down in
-    run 19), replayed in a CUDA graph three ways: as shipped, each captured launch zeroing its own
-    tile counters in the graph (common.tile_counters since run 19); with counters zeroed before the
-    capture (PrezeroedCounters: what a pre-zeroed pool would give); and the same tile with the
-    reduction kernel instead (FIXUP=0). Run 19's benchmark found the fixup tiles 1.2-1.8 us slower
-    in graphs than run 18's, whose counters were shared and zeroed once."""
+    run 19), replayed in a CUDA graph three ways: with common.tile_counters as it is (main at run
+    19: each captured launch zeroing its own counters in the graph; branch next-retune: slices of a
+    pool zeroed before the capture); with counters zeroed before the capture (PrezeroedCounters);
+    and the same tile with the reduction kernel instead (FIXUP=0). Run 19's benchmark found the
+    fixup tiles 1.2-1.8 us slower in graphs than run 18's, whose counters were shared and zeroed
+    once (results/variants-nvidia-h200-2026-11-30-run19-capture-counters.json on main,
+    ...-capture-counters-pool.json on next-retune, whose first variant was still called
+    "counters zeroed in the graph")."""
     rows = []
     fmts = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
     shipped_counters = common.tile_counters
@@ -519,7 +522,7 @@ def study_capture_counters(shapes, ms, log):
             if tile is None or not common.split_fixup(tile, tile.get("SPLIT_K", 1)):
                 continue
             ids = dict(study="capture-counters", format=fmt, shape=sh, M=M)
-            _run_cases(rows, log, t, x, [("fixup, counters zeroed in the graph", tile),
+            _run_cases(rows, log, t, x, [("fixup, tile_counters as it is", tile),
                                          ("reduction kernel", dict(tile, FIXUP=0))], wf, base, **ids)
             pre = PrezeroedCounters(shipped_counters, PREZEROED_COUNTERS, x.device)
             common.tile_counters = pre

@@ -251,7 +251,7 @@ def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     for f in ("int4-gptq", "int4-awq"):
         got = [(r["variant"], r["tile"].get("FIXUP")) for r in cases if (r["format"], r["M"]) == (f, 16)]
-        assert got == [("fixup, counters zeroed in the graph", 1), ("reduction kernel", 0),
+        assert got == [("fixup, tile_counters as it is", 1), ("reduction kernel", 0),
                        ("fixup, counters zeroed before", 1)], got
     assert not any(r["M"] == 40 for r in cases)   # no fixup tile there: nothing to compare
     assert [r["fallbacks"] for r in cases if r["variant"] == "fixup, counters zeroed before"] == [0, 0]
