@@ -234,18 +234,30 @@ def test_the_int4_fixup_tiles_study_checks_every_case(variants, monkeypatch, on_
     assert [r["tile"].get("FIXUP", 0) for r in cases if r["variant"] != "shipped"] == [0, 1]
 
 
-def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
-    # Only shipped tiles with the in-kernel fixup get cases: three each, all checked; the study's
-    # counters are the shipped ones again afterwards.
+def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape, run_each_once):
+    # Only shipped tiles with the in-kernel fixup get cases: three each, all checked; the timer
+    # (run once, as if capturing) takes the study's pre-zeroed counters in the third, until they
+    # run out; the study's counters are the shipped ones again afterwards, error or not.
     on_a_tiny_shape(64, 256)
     shipped_counters = variants.common.tile_counters
+    once = run_each_once(1.0)
+
+    def capturing_once(fns):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+        try:
+            return once(fns)
+        finally:
+            monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(variants, "graph_ms", capturing_once)
 
     def shipped(template, problem):
         if template.name == "int4_w4a16" and problem.bucket == 16:
             return variants.common.tile("join", 16, 32, 128, 2, 4, 2) | {"FIXUP": 1}
         return variants.common.tile("join", 16, 32, 128, 2, 4, 2) if template.name == "int4_w4a16" else None
     monkeypatch.setattr(variants, "_shipped_tile", shipped)
-    monkeypatch.setattr(variants, "PREZEROED_COUNTERS", 64)
+    # Two output tiles a launch (16 rows; 64 columns, 32 a tile): room for every weight copy but the last.
+    copies = len(variants._weights("int4-gptq", 64, 256, DEV))
+    monkeypatch.setattr(variants, "PREZEROED_COUNTERS", 2 * (copies - 1))
     rows = variants.study_capture_counters(["tiny"], [16, 40], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
@@ -254,13 +266,23 @@ def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_
         assert got == [("fixup, tile_counters as it is", 1), ("reduction kernel", 0),
                        ("fixup, counters zeroed before", 1)], got
     assert not any(r["M"] == 40 for r in cases)   # no fixup tile there: nothing to compare
-    assert [r["fallbacks"] for r in cases if r["variant"] == "fixup, counters zeroed before"] == [0, 0]
+    pre = [(r["counters_handed_out"], r["fallbacks"]) for r in cases if r["variant"] == "fixup, counters zeroed before"]
+    assert pre == [(2 * (copies - 1), 1)] * 2, pre
+    assert variants.common.tile_counters is shipped_counters
+
+    def fail(*args, **kwargs):
+        assert variants.common.tile_counters is not shipped_counters   # the study's, while it runs
+        raise RuntimeError("a case failed")
+    calls = []
+    monkeypatch.setattr(variants, "_run_cases", lambda *a, **k: fail() if calls.append(a[3]) or len(calls) == 2 else None)
+    with pytest.raises(RuntimeError, match="a case failed"):
+        variants.study_capture_counters(["tiny"], [16], lambda r: None)
     assert variants.common.tile_counters is shipped_counters
 
 
 def test_prezeroed_counters_hand_out_each_slice_once_while_capturing(variants, monkeypatch):
-    # While capturing: disjoint slices of the zeroed buffer until it is used up, then the shipped
-    # function (counted); reset hands the buffer out again. Eager calls always go to the shipped one.
+    # While capturing: disjoint zeroed slices of the buffer until it is used up, then the shipped
+    # function (counted). Eager calls always go to the shipped one.
     calls = []
     pre = variants.PrezeroedCounters(lambda device, tiles: calls.append(tiles) or "shipped", 10, "cpu")
     cuda = torch.device("cuda")
@@ -269,10 +291,8 @@ def test_prezeroed_counters_hand_out_each_slice_once_while_capturing(variants, m
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     a, b = pre(cuda, 4), pre(cuda, 6)
     assert (a.numel(), b.numel()) == (4, 6) and b.data_ptr() == a.data_ptr() + 16
-    assert not a.any() and not b.any()
-    assert pre(cuda, 1) == "shipped" and pre.fallbacks == 1
-    pre.reset()
-    assert pre(cuda, 3).data_ptr() == a.data_ptr()
+    assert not a.any() and not b.any() and pre.off == 10
+    assert pre(cuda, 1) == "shipped" and pre.fallbacks == 1 and calls == [4, 1]
 
 
 def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
