@@ -202,12 +202,17 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
     torch.cuda.synchronize()
     est = max(start.elapsed_time(end), 1e-3)
     n = max(1, min(200, math.ceil(target_ms / est)))
-    device = torch.device("cuda", torch.cuda.current_device())
-    mark = common.capture_counters_mark(device)
+    mark = common.capture_counters_mark()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(n):
-            fn()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                fn()
+    except BaseException:
+        # Nothing captured will run: the tile counters its fixup launches took go back now (the
+        # sweep falls back to eager timing for a launcher that cannot be captured).
+        common.rewind_capture_counters(mark)
+        raise
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -220,7 +225,7 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
     del graph
     # Its replays are over (synchronized) and it is gone: the tile counters its fixup launches
     # took (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.
-    common.rewind_capture_counters(device, mark)
+    common.rewind_capture_counters(mark)
     return statistics.median(times)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -777,6 +778,9 @@ _RETIRED: list = []
 _CAPTURE_POOLS: dict = {}
 CAPTURE_POOL_COUNTERS = 1 << 20
 CAPTURE_POOLS_MAX = 16
+# One lock for all of the above: launches may come from several threads (the tuner warms its
+# candidates up in a thread pool), and a buffer made twice at once would lose one to the other.
+_COUNTERS_LOCK = threading.Lock()
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -789,19 +793,20 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     launch alone (_captured_counters), so that no two graphs, nor a graph and eager launches,
     share counters, however they are replayed."""
     device = _indexed(device)
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return _captured_counters(device, tiles)
-        _refill_capture_pool(device)
-        key = (device, torch.cuda.current_stream(device).cuda_stream)
-    else:
-        key = (device, 0)
-    c = _COUNTERS.get(key)
-    if c is None or c.numel() < tiles:
-        if c is not None:
-            _RETIRED.append(c)
-        c = _COUNTERS[key] = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
-    return c
+    with _COUNTERS_LOCK:
+        if device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return _captured_counters(device, tiles)
+            _refill_capture_pool(device)
+            key = (device, torch.cuda.current_stream(device).cuda_stream)
+        else:
+            key = (device, 0)
+        c = _COUNTERS.get(key)
+        if c is None or c.numel() < tiles:
+            if c is not None:
+                _RETIRED.append(c)
+            c = _COUNTERS[key] = torch.zeros(max(1024, next_pow2(tiles)), dtype=torch.int32, device=device)
+        return c
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -812,20 +817,21 @@ def _indexed(device: torch.device) -> torch.device:
 
 
 def _captured_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """A captured launch's counters: the next `tiles` of the device's capture pool, zeroed before
-    the capture; where the pool lacks them (none made yet: no eager fixup launch on the device
-    before; or used up), a buffer zeroed in the graph."""
+    """A captured launch's counters (under _COUNTERS_LOCK): the next `tiles` of the device's capture
+    pool, zeroed before the capture; where the pool lacks them (none made yet: no eager fixup
+    launch on the device before; or used up), a buffer zeroed in the graph."""
     pool = _CAPTURE_POOLS.get(device)
     if pool is not None and pool[1] + tiles <= pool[0].numel():
-        pool[1] += tiles
-        return pool[0][pool[1] - tiles:pool[1]]
+        start = pool[1]
+        pool[1] = start + tiles
+        return pool[0][start:start + tiles]
     return torch.zeros(tiles, dtype=torch.int32, device=device)
 
 
 def _refill_capture_pool(device: torch.device) -> None:
-    """Outside a capture (a capture cannot zero memory except as a node of its graph): a new
-    zeroed pool for the device when it has none or less than half of one left, up to
-    CAPTURE_POOLS_MAX; the old one kept, since graphs captured with it use it still."""
+    """Outside a capture (a capture cannot zero memory except as a node of its graph), under
+    _COUNTERS_LOCK: a new zeroed pool for the device when it has none or less than half of one
+    left, up to CAPTURE_POOLS_MAX; the old one kept, since graphs captured with it use it still."""
     pool = _CAPTURE_POOLS.get(device)
     if pool is not None and (pool[0].numel() - pool[1] >= CAPTURE_POOL_COUNTERS // 2 or pool[2] >= CAPTURE_POOLS_MAX):
         return
@@ -837,20 +843,23 @@ def _refill_capture_pool(device: torch.device) -> None:
     _CAPTURE_POOLS[device] = [buf, 0, 1 if pool is None else pool[2] + 1]
 
 
-def capture_counters_mark(device: torch.device) -> tuple | None:
-    """Where the device's capture pool stands (rewind_capture_counters)."""
-    pool = _CAPTURE_POOLS.get(_indexed(device))
-    return None if pool is None else (pool[0].data_ptr(), pool[1])
+def capture_counters_mark() -> dict:
+    """Where every device's capture pool stands (rewind_capture_counters)."""
+    with _COUNTERS_LOCK:
+        return {d: (pool[0].data_ptr(), pool[1]) for d, pool in _CAPTURE_POOLS.items()}
 
 
-def rewind_capture_counters(device: torch.device, mark: tuple | None) -> None:
-    """Hand the counters given to captured launches since `mark` (capture_counters_mark) out again.
-    Only for a caller that has destroyed every graph captured since the mark, after their last
-    replay finished (each replay left its counters at zero): the autotune's graph timer, which
+def rewind_capture_counters(mark: dict) -> None:
+    """Hand the counters given to captured launches since `mark` (capture_counters_mark) out again,
+    on every device whose pool is the one marked. Only for a caller that has destroyed every graph
+    captured since the mark, after their last replay finished (each replay left its counters at
+    zero), or whose capture failed (nothing captured runs): the autotune's graph timer, which
     captures, times and destroys one graph at a time, so a long sweep does not use up the pools."""
-    pool = _CAPTURE_POOLS.get(_indexed(device))
-    if mark is not None and pool is not None and pool[0].data_ptr() == mark[0] and pool[1] >= mark[1]:
-        pool[1] = mark[1]
+    with _COUNTERS_LOCK:
+        for d, (ptr, index) in mark.items():
+            pool = _CAPTURE_POOLS.get(d)
+            if pool is not None and pool[0].data_ptr() == ptr and pool[1] >= index:
+                pool[1] = index
 
 
 def fixup_counters(fixup: bool, device: torch.device, tiles: int, unused: torch.Tensor) -> torch.Tensor:

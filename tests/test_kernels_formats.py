@@ -1002,33 +1002,37 @@ def test_capture_pool_hands_each_zeroed_slice_to_one_captured_launch(monkeypatch
     # The pool's bookkeeping, on whatever device (the capture itself needs a GPU: the GPU test
     # below): disjoint zeroed slices; a launch the pool cannot serve gets its own zeroed buffer;
     # a new pool once less than half is left (the old kept), at most CAPTURE_POOLS_MAX; and a
-    # rewind to a mark of the current pool hands the same counters out again.
+    # rewind to a mark of the current pool hands the same counters out again, one of an older
+    # pool nothing.
     dev = torch.device("cpu")
     synced = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(
         synchronize=lambda: synced.append(device)))
     monkeypatch.setattr(common, "_CAPTURE_POOLS", {})
+    monkeypatch.setattr(common, "_RETIRED", [])
     monkeypatch.setattr(common, "CAPTURE_POOL_COUNTERS", 8)
     monkeypatch.setattr(common, "CAPTURE_POOLS_MAX", 2)
+    assert common.capture_counters_mark() == {}
     assert common._captured_counters(dev, 3).numel() == 3      # no pool yet: its own buffer
     common._refill_capture_pool(dev)
     pool = common._CAPTURE_POOLS[dev][0]
     assert synced == [dev] and pool.numel() == 8
-    mark = common.capture_counters_mark(dev)
+    mark = common.capture_counters_mark()
     a, b = common._captured_counters(dev, 3), common._captured_counters(dev, 3)
     assert (a.data_ptr(), b.data_ptr()) == (pool.data_ptr(), pool.data_ptr() + 12)
     assert not a.any() and not b.any()
     c = common._captured_counters(dev, 3)                      # 2 left: its own buffer
     assert c.numel() == 3 and not c.any() and c.untyped_storage().data_ptr() != pool.untyped_storage().data_ptr()
-    common.rewind_capture_counters(dev, mark)
+    common.rewind_capture_counters(mark)
     assert common._captured_counters(dev, 3).data_ptr() == pool.data_ptr()
     common._captured_counters(dev, 3)
     common._refill_capture_pool(dev)                           # 2 of 8 left: a second pool
     second = common._CAPTURE_POOLS[dev][0]
-    assert second is not pool and any(r is pool for r in common._RETIRED) and len(synced) == 2
-    common.rewind_capture_counters(dev, mark)                  # a mark of the old pool: nothing
-    assert common._CAPTURE_POOLS[dev][1] == 0
-    common._captured_counters(dev, 8)
+    assert second is not pool and common._RETIRED == [pool] and len(synced) == 2
+    assert common._captured_counters(dev, 3).data_ptr() == second.data_ptr()
+    common.rewind_capture_counters(mark)                       # a mark of the old pool: nothing
+    assert common._CAPTURE_POOLS[dev][1] == 3
+    common._captured_counters(dev, 5)
     common._refill_capture_pool(dev)                           # the second of at most two: kept
     assert common._CAPTURE_POOLS[dev][0] is second and common._captured_counters(dev, 1).data_ptr() != second.data_ptr()
 
@@ -1069,12 +1073,19 @@ def test_captured_fixup_launches_replay_with_their_own_counters(monkeypatch):
     assert all(torch.equal(o, e) for o, e in zip(outs, eager))
     pool = common._CAPTURE_POOLS[cases[0][3].device]
     assert int(pool[0][:pool[1]].abs().sum()) == 0, "a captured launch left a counter non-zero"
-    # The tuner's graph timer hands its graph's counters back once the graph is gone.
+    # The tuner's graph timer takes its graph's counters from the pool and hands them back once
+    # the graph is gone.
     from vsr.autotune.tuner import cuda_graph_timer
     name, launch, reference, x, w, tile, programs = cases[0]
-    used = pool[1]
-    assert cuda_graph_timer(lambda: launch(x, w, dict(tile, FIXUP=1)), target_ms=0.1, reps=2) > 0
-    assert pool[1] == used and int(pool[0].abs().sum()) == 0
+    used, seen = pool[1], []
+
+    def call():
+        launch(x, w, dict(tile, FIXUP=1))
+        if torch.cuda.is_current_stream_capturing():
+            seen.append(common._CAPTURE_POOLS[x.device][1])
+    assert cuda_graph_timer(call, target_ms=0.1, reps=2) > 0
+    assert seen and seen[0] > used, "the timer's captured launches did not take pool counters"
+    assert common._CAPTURE_POOLS[x.device] is pool and pool[1] == used and int(pool[0].abs().sum()) == 0
 
 
 def test_int4_gemv_refuses_the_fixup():
