@@ -1,7 +1,8 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   sk-reduce-pdl,fixup,int4-fixup-tiles,capture-counters]
+                                   sk-reduce-pdl,fixup,int4-fixup-tiles,capture-counters,
+                                   int4-x-split]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -529,6 +530,23 @@ def study_capture_counters(shapes, ms, log):
     return rows
 
 
+def study_int4_x_split(shapes, ms, log):
+    """int4 GPTQ and AWQ at M = 1-16 on the shipped cache's slices tiles: x through the slice-order
+    copy (a second launch; as shipped) against X_SPLIT (x as stored, each step's block split into
+    its slices in registers: no copy, more instructions per step). Points whose shipped tile is not
+    a slices tile are skipped."""
+    rows = []
+    t = registry.TEMPLATES["int4_w4a16"]
+    for sh, N, K, M, x, ws, base in _points("int4-x-split", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
+        for fmt in ("int4-gptq", "int4-awq"):
+            tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
+            if tile is None or tile["path"] != "slices":
+                continue
+            _run_cases(rows, log, t, x, [("slice-order copy", tile), ("X_SPLIT", dict(tile, X_SPLIT=1))], ws[fmt],
+                       base, study="int4-x-split", format=fmt, shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -537,7 +555,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048"),
            "fixup": (study_fixup, "1,16,64,256,1024"),
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
-           "capture-counters": (study_capture_counters, "1,16,64")}
+           "capture-counters": (study_capture_counters, "1,16,64"),
+           "int4-x-split": (study_int4_x_split, "1,16")}
 
 
 # Seconds between rewrites of the results file while a study runs.

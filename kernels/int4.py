@@ -307,10 +307,11 @@ def _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP: tl.constexpr, HA
 
 
 @triton.jit
-def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K8, KG, stride_xm, stride_ym,
-                        KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm,
+                        stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr, FIXUP: tl.constexpr):
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -327,23 +328,31 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     Tried on the H200 and removed, as each lost to this form (NOTES runs 11-12): the next step's
     words loaded a step ahead by hand (PREFETCH; the pipeliner already stages them by cp.async),
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
-    (X_GATHER)."""
+    (X_GATHER).
+    X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
-        x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
+        if X_SPLIT:
+            xs = _x_slices(x_ptr, rm, stride_xm, kw0 * 8, K, BLOCK_M, BLOCK_K)
+        else:
+            x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
+            xs = (tl.load(x_cols), tl.load(x_cols + W8), tl.load(x_cols + 2 * W8), tl.load(x_cols + 3 * W8),
+                  tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
+                  tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
-                part = tl.dot(lo, tl.load(x_cols + j * W8), part)
-                part = tl.dot(hi, tl.load(x_cols + (j + 4) * W8), part)
+                part = tl.dot(lo, xs[j], part)
+                part = tl.dot(hi, xs[j + 4], part)
         else:
             zf = zu.to(tl.float32)
             for j in tl.static_range(8):
-                xj = tl.load(x_cols + j * W8)
+                xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
                 if IEEE:
                     part = tl.dot(wj, xj, part, input_precision="ieee")
@@ -352,6 +361,25 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+
+
+@triton.jit
+def _x_slices(x_ptr, rm, stride_xm, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The slices kernel's X_SPLIT: x[rm, k0:k0+BK] as stored (columns past K read as zero), split in
+    registers into its eight slices, slice j the [BK/8, BM] operand of columns k0 + 8·w + j. tl.split
+    halves the last axis, so the block viewed as [BM, BK/8, c, d, e] (k = 8·w + 4c + 2d + e) gives
+    e, then d, then c: the pairs (j, j+4) of one (d, e) come out of the last split together."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    xt = tl.load(x_ptr + rm[:, None] * stride_xm + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+    e0, e1 = tl.split(tl.reshape(xt, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
+    d0e0, d1e0 = tl.split(e0)
+    d0e1, d1e1 = tl.split(e1)
+    x0, x4 = tl.split(d0e0)
+    x2, x6 = tl.split(d1e0)
+    x1, x5 = tl.split(d0e1)
+    x3, x7 = tl.split(d1e1)
+    return (tl.trans(x0), tl.trans(x1), tl.trans(x2), tl.trans(x3), tl.trans(x4), tl.trans(x5), tl.trans(x6),
+            tl.trans(x7))
 
 
 @triton.jit
@@ -547,13 +575,14 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
-        xs = slice_order(x, bk)
+        x_split = bool(tile.get("X_SPLIT", 0))
+        xs = x if x_split else slice_order(x, bk)
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
-            xs, w.packed, w.scale, zp, y, ws, cnt, bias, M, N, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
+            xs, w.packed, w.scale, zp, y, ws, cnt, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.

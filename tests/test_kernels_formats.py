@@ -694,6 +694,28 @@ def test_int4_slices_path_uneven_k(dtype):
     assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("dtype,M,split,Kx,symmetric,act_order", [
+    (torch.float16, 1, 1, K, True, False), pytest.param(torch.bfloat16, 5, 2, K, False, True, marks=BF16_ON_GPU.marks), (torch.float16, 70, 2, K, False, False),
+    (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False)])
+def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order):
+    # X_SPLIT: x as stored, each step's block split into its eight slices in registers, instead of
+    # the slice-order copy: the same operands in the same order, so the same bytes (a slice taken
+    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block.
+    g = gen(130 + M + split)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
+    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split)
+    copied = run(int4.launch, x, w, tile)
+    assert_close(copied, int4.reference_linear(x, w))
+    real = int4.slice_order
+    int4.slice_order = lambda *a: pytest.fail("X_SPLIT made the slice-order copy")
+    try:
+        split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
+    finally:
+        int4.slice_order = real
+    assert torch.equal(split_x, copied)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False),

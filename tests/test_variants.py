@@ -295,6 +295,18 @@ def test_prezeroed_counters_hand_out_each_slice_once_while_capturing(variants, m
     assert pre(cuda, 1) == "shipped" and pre.fallbacks == 1 and calls == [4, 1]
 
 
+def test_the_int4_x_split_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(64, 256)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.common.tile(
+        "slices" if problem.bucket == 1 else "join", 16, 32, 128, 2, 4, 2))
+    rows = variants.study_int4_x_split(["tiny"], [1, 16], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert [(r["format"], r["M"], r["variant"]) for r in cases] == [
+        (f, 1, v) for f in ("int4-gptq", "int4-awq") for v in ("slice-order copy", "X_SPLIT")]
+    assert [r["tile"].get("X_SPLIT", 0) for r in cases] == [0, 1, 0, 1]
+
+
 def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
     # The fixup studies read the shipped cache's tiles through the autotune store and keys,
     # whatever kernel source the entries were tuned for; any other field must match.
