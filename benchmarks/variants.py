@@ -37,6 +37,10 @@ product, 1-18% slower than the prologue and the product on all four shapes, file
 results/variants-nvidia-h200-2026-11-30-run16-fp8-one-row.json; commit e0d5ce4:
 fp8-program-quant, every program quantizing x's rows into xq itself before its TMA product,
 slower at M = 1-16, results/variants-nvidia-h200-2026-11-30-run16-fp8-program-quant.json), and
+run 19 (commit c9c10be: the int4-x-split study's third case, PDL: the slice-order copy by a Triton
+kernel whose programmatic dependent the slices product is, prefetching its weight rows first; 1.4-2.7
+us slower on qkv, o and gate_up at M=1, even on down, file
+results/variants-nvidia-h200-2026-11-30-run19-int4-x-split-pdl.json; the tile field was removed), and
 run 17 (commit 0fa8b14: swap-sk, bf16 and fp8 at M = 1-64 on the transposed product walked
 stream-K over all 132 multiprocessors, 3-30% slower than the shipped tiles at M = 1, 16 and
 64, faster at M = 32 on 4 of 8 points only where run 16's 32-row tiles were at fault, file
