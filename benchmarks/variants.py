@@ -537,9 +537,8 @@ def study_capture_counters(shapes, ms, log):
 def study_int4_x_split(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 on the shipped cache's slices tiles: x through the slice-order
     copy (a second launch; as shipped) against X_SPLIT (x as stored, each step's block split into
-    its slices in registers: no copy, more instructions per step) and against PDL (the copy by a
-    Triton kernel, the product its programmatic dependent, prefetching its weight rows to L2 while
-    it waits). Points whose shipped tile is not a slices tile are skipped."""
+    its slices in registers: no copy, more instructions per step). Points whose shipped tile is not
+    a slices tile are skipped."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-x-split", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
@@ -547,8 +546,7 @@ def study_int4_x_split(shapes, ms, log):
             tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
             if tile is None or tile["path"] != "slices":
                 continue
-            _run_cases(rows, log, t, x, [("slice-order copy", tile), ("X_SPLIT", dict(tile, X_SPLIT=1)),
-                                         ("PDL", dict(tile, PDL=1))], ws[fmt],
+            _run_cases(rows, log, t, x, [("slice-order copy", tile), ("X_SPLIT", dict(tile, X_SPLIT=1))], ws[fmt],
                        base, study="int4-x-split", format=fmt, shape=sh, M=M)
     return rows
 

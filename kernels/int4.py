@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from vsr.kernels import common
 from vsr.kernels.template import Problem
@@ -312,8 +311,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, WAIT: tl.constexpr = False,
-                        PREFETCH: tl.constexpr = 0):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -332,16 +330,9 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices).
-    WAIT (tile field PDL, sm_90+): launched as the programmatic dependent of the copy
-    (_slice_order_kernel), it asks the L2 for the first PREFETCH 128-byte lines of its weight rows,
-    then waits for the copy before it reads anything."""
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
-    if WAIT:
-        if PREFETCH > 0:
-            common.prefetch_weight_rows(q_ptr, K8, tl.min(offs_n, axis=0), kw_lo, N, K8, BLOCK_N, PREFETCH, 32)
-        common.wait_for_producer(WAIT)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
@@ -370,23 +361,6 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
-
-
-@triton.jit
-def _slice_order_kernel(x_ptr, xs_ptr, K, KP, stride_xm, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
-                        RELEASE: tl.constexpr):
-    """slice_order in one launch of its own (the slices path with PDL): xs[row, c] = x[row, k] where,
-    in each BLOCK_K block, column c = j·BK/8 + w holds k = 8·w + j; zero past K (KP: xs's width, whole
-    blocks). RELEASE: the product, launched as this grid's programmatic dependent, may start now."""
-    if RELEASE:
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    W8: tl.constexpr = BLOCK_K // 8
-    r = c % BLOCK_K
-    k = c - r + 8 * (r % W8) + r // W8
-    v = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0)
-    tl.store(xs_ptr + row * KP + c, v, mask=c < KP)
 
 
 @triton.jit
@@ -602,17 +576,13 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
         x_split = bool(tile.get("X_SPLIT", 0))
-        # PDL (where the device has it; X_SPLIT makes no copy to follow): the copy in a Triton
-        # kernel that releases the product at once, the product its programmatic dependent.
-        pdl = bool(tile.get("PDL", 0)) and dev.pdl and not x_split
-        xs = x if x_split else slice_order_triton(x, bk, release=True) if pdl else slice_order(x, bk)
+        xs = x if x_split else slice_order(x, bk)
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
             xs, w.packed, w.scale, zp, y, ws, cnt, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, WAIT=pdl, PREFETCH=PDL_PREFETCH_LINES if pdl else 0, launch_pdl=pdl,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
@@ -651,24 +621,6 @@ def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
     if K % bk:
         x = torch.nn.functional.pad(x, (0, bk - K % bk))
     return x.reshape(M, x.shape[1] // bk, bk // 8, 8).transpose(2, 3).reshape(M, x.shape[1])
-
-
-def slice_order_triton(x: torch.Tensor, bk: int, release: bool = False) -> torch.Tensor:
-    """slice_order's result from one Triton launch (_slice_order_kernel); `release` (where
-    common.pdl_supported): the next launch may be its programmatic dependent."""
-    M, K = x.shape
-    KP = common.cdiv(K, bk) * bk
-    xs = torch.empty((M, KP), dtype=x.dtype, device=x.device)
-    block = min(1024, common.next_pow2(KP))
-    _slice_order_kernel[(M, common.cdiv(KP, block))](x, xs, K, KP, x.stride(0), BLOCK_K=bk, BLOCK=block,
-                                                     RELEASE=release, num_warps=4)
-    return xs
-
-
-# 128-byte lines of each weight row the slices product asks of the L2 before it waits for the copy
-# of x, when launched as the copy's programmatic dependent (fp8's number for its product:
-# fp8.PDL_PREFETCH_LINES, H200 run 15).
-PDL_PREFETCH_LINES = 4
 
 
 def dequantize_transient(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
@@ -810,9 +762,6 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins.
     if p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
-        # And with the copy of x in a Triton kernel whose programmatic dependent the product is
-        # (tile field PDL; applied where the device has it).
-        out.append(dict(out[0], PDL=1))
     return out
 
 

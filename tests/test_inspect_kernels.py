@@ -114,26 +114,6 @@ for on in (True, False):
 
 
 @NEEDS_CUDA_BINARIES
-def test_int4_slices_programmatic_dependent_launch_compiles_for_sm90(tmp_path):
-    # The slices path's PDL form (tile field PDL), built for sm_90: the copy of x releases its
-    # dependents; the product prefetches its weight rows to L2, then waits; without it, neither.
-    stdout = compile_script(tmp_path, """
-from vsr.kernels import int4
-fn, types, consts, warps, stages, _ = ik.cases()["int4-slices-ptx-16x64"]
-for on in (True, False):
-    k = ik.compile_cuda(fn, types, dict(consts, WAIT=on, PREFETCH=4 if on else 0), warps, stages)
-    copy = ik.compile_cuda(int4._slice_order_kernel, dict(x_ptr="*bf16", xs_ptr="*bf16", K="i32", KP="i32",
-                           stride_xm="i32"), dict(BLOCK_K=128, BLOCK=1024, RELEASE=on), 4, 1)
-    print("slices", on, k.asm["ptx"].count("griddepcontrol.wait"), k.asm["ptx"].count("prefetch.global.L2"))
-    print("copy", on, copy.asm["ptx"].count("griddepcontrol.launch_dependents"))
-""")
-    got = {tuple(line.split()[:2]): [int(n) for n in line.split()[2:]] for line in stdout.splitlines()}
-    # 64 rows x 4 lines over 128 threads: 2 prefetches per thread.
-    assert got[("slices", "True")] == [1, 2] and got[("slices", "False")] == [0, 0], got
-    assert got[("copy", "True")] == [1] and got[("copy", "False")] == [0], got
-
-
-@NEEDS_CUDA_BINARIES
 def test_nvfp4_kernels_compile_for_hopper_and_blackwell(tmp_path):
     # The interpreter runs what the compiler refuses: nvfp4's prologue once read a plain Python
     # global (a NaN-keeping clamp's flag) that only a constexpr may be, and failed on the H200

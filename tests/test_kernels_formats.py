@@ -774,34 +774,6 @@ def test_int4_slice_order_is_a_permutation_within_blocks():
         assert torch.equal(xs[:, col], x[:, k] if k < 300 else torch.zeros(2)), col
 
 
-@pytest.mark.parametrize("M,Kx,bk", [(1, 300, 128), (3, 256, 128), (2, 1000, 256)])
-def test_int4_slice_order_kernel_is_slice_order(M, Kx, bk):
-    # The Triton copy (the slices path's PDL form) gives slice_order's bytes, zero padding included.
-    x = torch.randn(M, Kx, generator=gen(140 + Kx)).half().to(DEV) + 3.0     # no zeros of its own
-    assert torch.equal(int4.slice_order_triton(x, bk), int4.slice_order(x, bk))
-
-
-@pytest.mark.parametrize("M,split", [(1, 2), (16, 1)])
-def test_int4_slices_pdl_gives_the_same_bytes(M, split):
-    # PDL: the copy of x by the Triton kernel, the product its programmatic dependent (sm_90+; on
-    # other devices the field is ignored): the same bytes as the plain launch, and on a device with
-    # PDL no torch copy made.
-    g = gen(150 + M)
-    w = int4_weight(g, 128, False, False, True, torch.float16, Kx=300)
-    x = torch.randn(M, 300, generator=g).half().to(DEV)
-    tile = dict(SLICES, SPLIT_K=split)
-    plain = run(int4.launch, x, w, tile)
-    assert_close(plain, int4.reference_linear(x, w))
-    real = int4.slice_order
-    if common.pdl_supported(x.device):
-        int4.slice_order = lambda *a: pytest.fail("the PDL tile made the torch copy")
-    try:
-        pdl = run(int4.launch, x, w, dict(tile, PDL=1))
-    finally:
-        int4.slice_order = real
-    assert torch.equal(pdl, plain)
-
-
 def test_int4_tiled_path_and_group_128():
     g = gen(7)
     w = int4_weight(g, 128, False, False, bias=True)

@@ -122,8 +122,6 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             assert ("join" in {c["path"] for c in space}) == (16 <= b <= 256), "join: buckets 16-256"
             xs = [c for c in space if c.get("X_SPLIT")]
             assert len(xs) == (b <= 16) and all(c["path"] == "slices" for c in xs), "X_SPLIT: buckets 1-16"
-            pdl = [c for c in space if c.get("PDL")]
-            assert len(pdl) == (b <= 16) and all(c["path"] == "slices" for c in pdl), "PDL: buckets 1-16"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
             assert not any(c["path"] == "join" for c in t.search_space(p32)), "join takes half-precision x"
             assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else

@@ -303,8 +303,8 @@ def test_the_int4_x_split_study_checks_every_case(variants, monkeypatch, on_a_ti
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     assert [(r["format"], r["M"], r["variant"]) for r in cases] == [
-        (f, 1, v) for f in ("int4-gptq", "int4-awq") for v in ("slice-order copy", "X_SPLIT", "PDL")]
-    assert [(r["tile"].get("X_SPLIT", 0), r["tile"].get("PDL", 0)) for r in cases] == [(0, 0), (1, 0), (0, 1)] * 2
+        (f, 1, v) for f in ("int4-gptq", "int4-awq") for v in ("slice-order copy", "X_SPLIT")]
+    assert [r["tile"].get("X_SPLIT", 0) for r in cases] == [0, 1, 0, 1]
 
 
 def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
