@@ -106,8 +106,8 @@ def kernel_source_hash(template) -> str:
     changes the key, so a changed kernel never reuses old tiles. Memoised per template, not per
     module: two templates of one module may have other deps (templates are frozen dataclasses,
     hashed by their fields, so two that share a name never share a hash). Each module counts
-    once: those the template's own hash covers (a KernelTemplate's: its module, common.py and
-    its deps) are not added again."""
+    once: those the template's own hash covers (a KernelTemplate's: its module, common.py,
+    gemm.py, gemm_tiles.py and its deps) are not added again."""
     covered = {m.__name__ for m in template.modules} | {"vsr.kernels.template"}
     deps = sorted({m.__name__ for m in vars(template.module).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")

@@ -39,7 +39,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import code_commit, result_path  # noqa: E402
 
-from vsr.kernels import common, fp8, int4  # noqa: E402
+from vsr.kernels import fp8, gemm, int4  # noqa: E402
 
 BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 
@@ -57,7 +57,7 @@ def cases() -> dict[str, tuple]:
     out = {
         "int4-gemv": (int4._int4_gemv_kernel, _INT4, dict(_GPTQ, HAS_BIAS=False, BLOCK_N=8, W8=128, SPLIT_K=1), 2, 2,
                       "int4 M=1 GEMV, qkv's tuned tile (8 rows x 128 words per step)"),
-        "fp8-gemv": (common.gemv_kernel, dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", y_ptr="*bf16", rs_ptr="*bf16",
+        "fp8-gemv": (gemm.gemv_kernel, dict(x_ptr="*fp8e4nv", w_ptr="*fp8e4nv", y_ptr="*bf16", rs_ptr="*bf16",
                                               cs_ptr="*bf16", bias_ptr="*bf16", N="i32", K="i32", stride_wn="i32"),
                      dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, EVEN_K=True, BLOCK_N=8, BLOCK_K=512, WAIT=False),
                      4, 3,
@@ -102,21 +102,21 @@ def cases() -> dict[str, tuple]:
     flags = dict(HAS_BIAS=False, HAS_RS=False, HAS_CS=False, HAS_ALPHA=False, BLOCK_K=64, GROUP_M=8)
     scalars = dict(y_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16",
                    alpha_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", NUM_PROGRAMS="i32")
-    out["tma-sk-128x256"] = (common.tma_streamk_kernel,
+    out["tma-sk-128x256"] = (gemm.tma_streamk_kernel,
                              dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
                              dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False, FIXUP=False,
                                   ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
     out["tma-sk-128x256-fixup"] = (
-        common.tma_streamk_kernel, out["tma-sk-128x256"][1], dict(out["tma-sk-128x256"][2], FIXUP=True), 8, 4,
+        gemm.tma_streamk_kernel, out["tma-sk-128x256"][1], dict(out["tma-sk-128x256"][2], FIXUP=True), 8, 4,
         "the same, each leftover tile's partials added by its last program to finish (FIXUP)")
     out["tma-swap-16x128-fixup"] = (
-        common.tma_swap_kernel, dict(scalars, a_desc="tensordesc<fp8e4nv[16,256]>", b_desc="tensordesc<fp8e4nv[128,256]>",
+        gemm.tma_swap_kernel, dict(scalars, a_desc="tensordesc<fp8e4nv[16,256]>", b_desc="tensordesc<fp8e4nv[128,256]>",
                                      b_ptr="*fp8e4nv", stride_bn="i32", K_SPLIT="i32"),
         dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, SPLIT_K=2,
              GROUP_M=8, WAIT=True, PREFETCH=4, LINE_COLS=128, FIXUP=True), 4, 4,
         "fp8's transposed product for few rows, 16x128x256, two K splits added in the kernel (FIXUP)")
-    out["streamk-reduce-64x128"] = (common.streamk_reduce_kernel, scalars,
+    out["streamk-reduce-64x128"] = (gemm.streamk_reduce_kernel, scalars,
                                     dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16, WAIT=False), 4, 1,
                                     "stream-K's reduction of the leftover tiles' partials, bf16 64x128")
     return out

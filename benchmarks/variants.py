@@ -72,7 +72,7 @@ from vsr.autotune.device_id import current_device_identity  # noqa: E402
 from vsr.autotune.keys import make_key  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
 from vsr.autotune.store import open_store, write_atomic  # noqa: E402
-from vsr.kernels import common, fp8, int4, registry  # noqa: E402
+from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, registry  # noqa: E402
 
 
 def _timed(row, launch, x, tile, ws, ref, base):
@@ -129,11 +129,11 @@ def _int4_x_tiles(p):
     """The int4-x study's slices tiles for the Problem p."""
     b, N, K = p.bucket, p.N, p.K
     if b <= 16:
-        return [common.tile("slices", 16, bn, 128, common._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st)
+        return [gemm_tiles.tile("slices", 16, bn, 128, gemm_tiles._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st)
                 for bn, warps, st, wv in SMALL_TILES]
     tiles = int4._slices_tiles(p)[:4]
     if b >= 128:
-        tiles += [common.tile("slices", 128, bn, 128, common._split_for(b, N, K, 128, bn, 128, 16, waves=wv), warps, 3)
+        tiles += [gemm_tiles.tile("slices", 128, bn, 128, gemm_tiles._split_for(b, N, K, 128, bn, 128, 16, waves=wv), warps, 3)
                   for bn, warps, wv in ((128, 8, 2), (64, 4, 4))]
     return tiles
 
@@ -177,8 +177,8 @@ def _join_study(study, shapes, ms, log, join_tiles):
         default = t.default_tile(t.problem(ws[0], b, x.dtype))
         cases = [("default tile", default)]
         for bm, bn, warps, st, wv, max_split in join_tiles(b, default):
-            split = common._split_for(b, N, K, bm, bn, 128, max_split, waves=wv)
-            jt = common.tile("join", bm, bn, 128, split, warps, st)
+            split = gemm_tiles._split_for(b, N, K, bm, bn, 128, max_split, waves=wv)
+            jt = gemm_tiles.tile("join", bm, bn, 128, split, warps, st)
             if jt not in [c[1] for c in cases]:
                 cases.append(("join", jt))
         _run_cases(rows, log, t, x, cases, ws, base, study=study, format="int4-gptq", shape=sh, M=M)
@@ -258,8 +258,8 @@ def study_streamk(shapes, ms, log):
             cases = [("default tile", default)]
             if (fmt, sh, M) in tuned and tuned[(fmt, sh, M)] != default:
                 cases.append(("tuned tile (run 12)", tuned[(fmt, sh, M)]))
-            sk = [common.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
-            cases += [("stream-K", c) for c in sk if common.smem_bytes(c, kbytes, kbytes) <= common.SMEM_LIMIT]
+            sk = [gemm_tiles.tile("tma-sk", bm, bn, kb // kbytes, 1, w, st) for bm, bn, kb, w, st in SK_TILES]
+            cases += [("stream-K", c) for c in sk if gemm_tiles.smem_bytes(c, kbytes, kbytes) <= gemm_tiles.SMEM_LIMIT]
             _run_cases(rows, log, t, x, cases, wf, base, study="streamk", format=fmt, shape=sh, M=M)
     return rows
 
@@ -365,7 +365,7 @@ def study_fp8_prologue(shapes, ms, log):
 def study_sk_reduce_pdl(shapes, ms, log):
     """bf16 and fp8 at M = 512-2048 on the shipped cache's tile (the template's default where the
     cache lacks the key): with the stream-K reduction launched as the product's programmatic
-    dependent (common.STREAMK_REDUCE_PDL, the default since run 17) and launched as usual. Run 17
+    dependent (gemm.STREAMK_REDUCE_PDL, the default since run 17) and launched as usual. Run 17
     measured the switch only on few-row stream-K tiles (+0.6 us at the median), not on the
     "tma-sk" tiles these buckets run. A tile of another path runs the same either way and is
     skipped."""
@@ -378,13 +378,13 @@ def study_sk_reduce_pdl(shapes, ms, log):
             if tile["path"] != "tma-sk":
                 continue
             ids = dict(study="sk-reduce-pdl", format=fmt, shape=sh, M=M)
-            shipped = common.STREAMK_REDUCE_PDL
+            shipped = gemm.STREAMK_REDUCE_PDL
             try:
                 for name, on in (("reduction a dependent", True), ("reduction launched as usual", False)):
-                    common.STREAMK_REDUCE_PDL = on
+                    gemm.STREAMK_REDUCE_PDL = on
                     _run_cases(rows, log, t, x, [(name, tile)], wf, base, **ids)
             finally:
-                common.STREAMK_REDUCE_PDL = shipped
+                gemm.STREAMK_REDUCE_PDL = shipped
     return rows
 
 
@@ -435,12 +435,12 @@ def study_fixup(shapes, ms, log):
             if fmt in ("bf16", "fp8") and M <= 16:
                 for split in FIXUP_SWAP["splits"]:
                     for st in FIXUP_SWAP["stages"]:
-                        c = common.swap_tile(FIXUP_SWAP["kbytes"] // kb, FIXUP_SWAP["rows"], st, split=split)
+                        c = gemm_tiles.swap_tile(FIXUP_SWAP["kbytes"] // kb, FIXUP_SWAP["rows"], st, split=split)
                         cases.append((f"swap split {split}, fixup", dict(c, FIXUP=1)))
             if fmt in ("bf16", "fp8") and M == 256:
                 for bn in (128, 256):
-                    c = common.tile("tma-sk", 128, bn, 128 // kb, 1, 8, 3 if bn == 256 and kb == 2 else 4)
-                    if common.smem_bytes(c, kb, kb) <= common.SMEM_LIMIT:
+                    c = gemm_tiles.tile("tma-sk", 128, bn, 128 // kb, 1, 8, 3 if bn == 256 and kb == 2 else 4)
+                    if gemm_tiles.smem_bytes(c, kb, kb) <= gemm_tiles.SMEM_LIMIT:
                         cases += [(f"sk 128x{bn}, reduction kernel", c), (f"sk 128x{bn}, fixup", dict(c, FIXUP=1))]
             if fmt.startswith("int4") and M in (16, 64) and tile.get("SPLIT_K", 1) > 1:
                 for split in sorted({tile["SPLIT_K"] * 2, max(2, tile["SPLIT_K"] // 2)} - {tile["SPLIT_K"]}):
@@ -462,7 +462,7 @@ def study_int4_fixup_tiles(shapes, ms, log):
         for bn in INT4_FIXUP_TILES["rows"]:
             for st in INT4_FIXUP_TILES["stages"]:
                 for split in INT4_FIXUP_TILES["splits"]:
-                    c = common.tile("join", min(64, max(16, M)), bn, 128, split, 4, st)
+                    c = gemm_tiles.tile("join", min(64, max(16, M)), bn, 128, split, 4, st)
                     if split > 1:
                         c["FIXUP"] = 1
                     if c != shipped:

@@ -1,6 +1,6 @@
 """Dense (bf16 / fp16 / fp32) linear: the weight layout and the pure-torch reference.
 
-Below the reference: the Triton template "dense", whose kernels live in common.py, shared
+Below the reference: the Triton template "dense", whose kernels live in gemm.py, shared
 with fp8's: a CUDA-core GEMV for one row; for small row buckets the transposed TMA product
 ("tma-swap") and split-K tiles; tiled paths for large ones (TMA descriptors where the row
 strides allow, stream-K for buckets 512-2048, persistent from bucket 4096; pointer loads
@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from vsr.kernels import common
+from vsr.kernels import common, gemm, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -61,12 +61,12 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
     assert w.weight.stride(1) == 1, "W must be K-contiguous"
     y = common.output(x, w.N, out)
     path = tile.get("path")
-    if path in common.TMA_PATHS:
-        common.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)
+    if path in gemm.TMA_PATHS:
+        gemm.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w)
     elif path == "gemv":
-        common.launch_gemv(x, w.weight, y, tile, bias=w.bias)
+        gemm.launch_gemv(x, w.weight, y, tile, bias=w.bias)
     else:
-        common.launch_tiled(x, w.weight, y, tile, bias=w.bias)
+        gemm.launch_tiled(x, w.weight, y, tile, bias=w.bias)
     return y
 
 
@@ -81,14 +81,14 @@ def _bytes(dt: torch.dtype) -> int:
 
 def default_tile(p: Problem) -> dict:
     b = _bytes(p.act_dtype)
-    return common.default_gemm_tile(p.bucket, p.N, p.K, b, b)
+    return gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, b, b)
 
 
 def search_space(p: Problem) -> list[dict]:
     b = _bytes(p.act_dtype)
-    space = common.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
     if p.bucket == 1:  # one row: the CUDA-core GEMV (fp8's M=1 winner) beside the split-K tiles
-        space = space[:1] + common.gemv_tiles(p.K, b) + space[1:]
+        space = space[:1] + gemm_tiles.gemv_tiles(p.K, b) + space[1:]
     return space
 
 

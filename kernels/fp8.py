@@ -6,7 +6,7 @@ Below the reference: the Triton template "fp8_w8a8": a prologue kernel quantizes
 row of x exactly as quantize_activation does (same roundings: the division in x's
 dtype, then e4m3 round-to-nearest-even), then an fp8 product with fp32 accumulation
 applies row scale × channel scale and the bias in its epilogue: a CUDA-core GEMV for one
-row, else common.py's tensor-core kernels (shared with the dense template).
+row, else gemm.py's tensor-core kernels (shared with the dense template).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from vsr.kernels import common
+from vsr.kernels import common, gemm, gemm_tiles
 from vsr.kernels.template import Problem
 
 FP8_MAX = 448.0
@@ -301,15 +301,15 @@ def tile_prologue(tile: dict, K: int) -> tuple[ProloguePlan, bool]:
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
                    wait: bool = False, prefetch: int = 0) -> None:
     """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's
-    path; `wait`, `prefetch`: launched as the prologue's programmatic dependent (common.launch_tma)."""
+    path; `wait`, `prefetch`: launched as the prologue's programmatic dependent (gemm.launch_tma)."""
     path = tile.get("path")
-    if path in common.TMA_PATHS:
-        common.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait,
+    if path in gemm.TMA_PATHS:
+        gemm.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait,
                           prefetch=prefetch)
     elif path == "gemv":
-        common.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
+        gemm.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
     else:
-        common.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
+        gemm.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
 
 
 def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
@@ -323,19 +323,19 @@ def default_tile(p: Problem) -> dict:
 
 
 def _default_product_tile(p: Problem) -> dict:
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
+    t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket == 1 and t["path"] != "tma-swap":
         # H200 (run 5): 8 rows x 512 columns per step, 3 stages, beat the split-K tile on every
         # shape. (Run 10: the transposed TMA product beat it on 3 of 4 where the strides allow.)
-        return common.gemv_tiles(p.K, 1)[0]
+        return gemm_tiles.gemv_tiles(p.K, 1)[0]
     if p.bucket <= 16 and t["path"] == "splitk":  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
-        t["SPLIT_K"] = common._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16, waves=8)
+        t["SPLIT_K"] = gemm_tiles._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16, waves=8)
     return t
 
 
 def search_space(p: Problem) -> list[dict]:
-    """The product tiles (common.gemm_space; the GEMV at one row), each with the bucket's prologue
+    """The product tiles (gemm_tiles.gemm_space; the GEMV at one row), each with the bucket's prologue
     knobs, default first; then the default with other prologue knobs (_prologue_variants).
     Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
     among the paths, each share spread over its path's tiles from the first to the last, so
@@ -344,9 +344,9 @@ def search_space(p: Problem) -> list[dict]:
     longer ones, while product tiles keep the other picks; right after the default they would
     take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
     base = _default_product_tile(p)
-    space = common.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
     if p.bucket == 1:
-        gemv = [t for t in common.gemv_tiles(p.K, 1) if t != base]
+        gemv = [t for t in gemm_tiles.gemv_tiles(p.K, 1) if t != base]
         space = space[:1] + gemv[:1] + space[1:12] + gemv[1:] + space[12:36]
     knobs = prologue_defaults(p.bucket)
     return [dict(t, **knobs) for t in space] + _prologue_variants(p, dict(base, **knobs))

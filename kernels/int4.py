@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common
+from vsr.kernels import common, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -668,7 +668,7 @@ def _gemv_tiles(p: Problem) -> list[dict]:
         bk = min(bk, _gemv_block_k(p.K) * (2 if bk > 1024 else 1))
         for s in (1, 2, 4):
             if s == 1 or p.K // s >= bk:
-                out.append(common.tile("gemv", 1, bn, bk, s, warps, 2))
+                out.append(gemm_tiles.tile("gemv", 1, bn, bk, s, warps, 2))
     return out
 
 
@@ -690,13 +690,13 @@ def default_tile(p: Problem) -> dict:
         split = 1
         while common.cdiv(p.N, 8) * split < 4 * 132 and p.K // (split * 2) >= 2 * bk:
             split *= 2
-        return common.tile("gemv", 1, 8, bk, split, 4, 2)
+        return gemm_tiles.tile("gemv", 1, 8, bk, split, 4, 2)
     if p.bucket >= 256:
         # Large M: a transient dense copy multiplied on the tensor cores beats unpacking inside
         # the main loop (H200, qkv, M=4096: 0.67x cuBLAS against 0.22x); the dense tile is the
         # dense template's own default for the bucket (TMA where the strides allow).
         b = _dense_bytes(p)
-        t = common.default_gemm_tile(p.bucket, p.N, p.K, b, b)
+        t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, b, b)
         return dict(t, path=_DEQUANT_PATH[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
         # fp32 x (IEEE products), buckets 2..128: the transposed product won most of the MiniLM
@@ -704,15 +704,15 @@ def default_tile(p: Problem) -> dict:
         # median 4.8x (up to 37x) as long. (The cache shipped after run 15: 32 of these 42 keys
         # swap, 8 slices, 2 split-K.)
         small = p.bucket <= 16
-        return common.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)
+        return gemm_tiles.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)
     # Buckets 2..128: split-K over tensor-core tiles (measured 2x faster than the tiled
     # form at M=64; the dense and fp8 templates go tiled from bucket 32).
     bk = max(b for b in bks if b <= 128) if any(b <= 128 for b in bks) else bks[0]
     bm = 16 if p.bucket <= 16 else 32 if p.bucket == 32 else 64
     bn = 64 if p.bucket <= 16 else 128
-    split = common._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16 if p.bucket <= 16 else 4,
+    split = gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16 if p.bucket <= 16 else 4,
                               waves=8 if p.bucket <= 16 else 2)
-    return common.tile("splitk", bm, bn, bk, split, 4, 4)
+    return gemm_tiles.tile("splitk", bm, bn, bk, split, 4, 4)
 
 
 _DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant"}
@@ -750,7 +750,7 @@ def _slices_tiles(p: Problem) -> list[dict]:
                                      (128, 4, 4, 4)):
         if warps == 2 and p.bucket > 16:
             continue
-        t = common.tile("slices", bm, bn, 128, common._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
+        t = gemm_tiles.tile("slices", bm, bn, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
                         warps, stages)
         if t not in out:
             out.append(t)
@@ -779,7 +779,7 @@ def _join_tiles(p: Problem) -> list[dict]:
     compile and the tuner skips it."""
     if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
-    wide = [common.tile("join", 128, 128, 128, common._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
+    wide = [gemm_tiles.tile("join", 128, 128, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
                         8, 3)] if p.bucket >= 128 else []
     if p.bucket == 256:
         return wide
@@ -796,7 +796,7 @@ def _join_tiles(p: Problem) -> list[dict]:
     # 33.8 us, o 33.3 -> 30.5, down 58.4 -> 55.7), the same split slower.
     out = []
     for stages, waves, fixup in ((3, 8, 0), (3, 4, 1), (3, 8, 1), (4, 4, 0), (3, 2, 1)):
-        t = common.tile("join", bm, 64, 128, common._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
+        t = gemm_tiles.tile("join", bm, 64, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
                         4, stages)
         if fixup and t["SPLIT_K"] > 1:
             t["FIXUP"] = 1
@@ -811,8 +811,8 @@ def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
     strided pick always takes the second tile of the space, so that one is this first tile."""
     bk_opts = [b for b in bks if b in (64, 128)] or [max(b for b in bks if b <= 128)]
     bm0 = min(64, max(16, p.bucket))
-    first = common.tile("swap", bm0, 128, bk_opts[-1],
-                        common._split_for(p.bucket, p.N, p.K, bm0, 128, bk_opts[-1], 16, waves=4), 4, 3)
+    first = gemm_tiles.tile("swap", bm0, 128, bk_opts[-1],
+                        gemm_tiles._split_for(p.bucket, p.N, p.K, bm0, 128, bk_opts[-1], 16, waves=4), 4, 3)
     out = [first]
     for bm in (16, 32, 64):
         if bm > max(16, p.bucket):
@@ -820,7 +820,7 @@ def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
         for bn in (64, 128):
             for bk in bk_opts:
                 for split in (1, 2, 4, 8):
-                    t = common.tile("swap", bm, bn, bk, split, 4, 3)
+                    t = gemm_tiles.tile("swap", bm, bn, bk, split, 4, 3)
                     if p.K // split >= bk and t not in out:
                         out.append(t)
     return out
@@ -837,13 +837,13 @@ def _interleave(a: list, b: list) -> list:
 def search_space(p: Problem) -> list[dict]:
     bks = _bk_choices(p.param("group", 128))
     d = default_tile(p)
-    mma = common.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
+    mma = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
     slices = _slices_tiles(p) if p.bucket <= 128 and _slices_ok(p) else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
         b = _dense_bytes(p)
-        rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in common.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
+        rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
                 if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # in-loop unpacking: 0.22x against 0.67x (run 3)
     else:
         rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))

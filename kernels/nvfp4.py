@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common
+from vsr.kernels import common, gemm_tiles
 from vsr.kernels.fp8 import e4m3_rne
 from vsr.kernels.template import Problem
 
@@ -403,7 +403,7 @@ def _bks(K: int) -> tuple[int, ...]:
 
 def default_tile(p: Problem) -> dict:
     a16 = p.param("act") == "none"
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, tma=False)
+    t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, tma=False)
     bks = [b for b in _bks(p.K) if b <= t["BLOCK_K"]] or [32]
     t["BLOCK_K"] = max(bks)
     return t
@@ -411,18 +411,18 @@ def default_tile(p: Problem) -> dict:
 
 def search_space(p: Problem) -> list[dict]:
     a16 = p.param("act") == "none"
-    return common.gemm_space(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, default_tile(p), bk_choices=_bks(p.K),
+    return gemm_tiles.gemm_space(p.bucket, p.N, p.K, 4 if a16 else 2, 0.5625, default_tile(p), bk_choices=_bks(p.K),
                              tma=False)
 
 
 def default_tile_w4a4(p: Problem) -> dict:
-    t = common.default_gemm_tile(p.bucket, p.N, p.K, 0.5625, 0.5625, tma=False)
+    t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, 0.5625, 0.5625, tma=False)
     t["BLOCK_K"] = max(b for b in (64, 128, 256) if p.K % b == 0) if p.K % 64 == 0 else 32
     return t
 
 
 def search_space_w4a4(p: Problem) -> list[dict]:
-    return common.gemm_space(p.bucket, p.N, p.K, 0.5625, 0.5625, default_tile_w4a4(p),
+    return gemm_tiles.gemm_space(p.bucket, p.N, p.K, 0.5625, 0.5625, default_tile_w4a4(p),
                              bk_choices=tuple(b for b in (64, 128, 256) if p.K % b == 0), tma=False)
 
 

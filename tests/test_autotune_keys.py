@@ -37,6 +37,10 @@ def test_source_hash_covers_shared_kernel_modules():
     assert any(m is common for m in vars(t.module).values())
     assert common in t.modules and len(set(t.modules)) == len(t.modules)
     assert kernel_source_hash(t) == t.source_hash
+    # The shared products (gemm.py, gemm_tiles.py) are in every template's hash: int4 reaches them
+    # only through dense (its dequant path), nvfp4 through fp8.
+    from vsr.kernels import gemm, gemm_tiles
+    assert all({gemm, gemm_tiles} <= set(x.modules) for x in TEMPLATES.values())
     plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,
                      launch=t.launch, reference=t.reference, problem=t.problem)
     assert kernel_source_hash(plain) != plain.source_hash

@@ -85,17 +85,17 @@ def test_fp8_programmatic_dependent_launch_compiles_for_sm90(tmp_path):
     # PDL forms: compiled here for sm_90, the prologue releases its dependents, and the products
     # prefetch their weight rows to L2 before waiting; without the flags neither instruction is there.
     stdout = compile_script(tmp_path, """
-from vsr.kernels import common
+from vsr.kernels import gemm
 scales = dict(y_ptr="*bf16", bias_ptr="*bf16", rs_ptr="*bf16", cs_ptr="*bf16", M="i32", N="i32", K="i32",
               stride_ym="i32", b_ptr="*fp8e4nv", stride_bn="i32")
 flags = dict(HAS_BIAS=False, HAS_RS=True, HAS_CS=True, IEEE=False, BLOCK_N=128, GROUP_M=8, LINE_COLS=128)
 for on in (True, False):
-    swap = ik.compile_cuda(common.tma_swap_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[16, 256]>",
+    swap = ik.compile_cuda(gemm.tma_swap_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[16, 256]>",
                            b_desc="tensordesc<fp8e4nv[128, 256]>", ws_ptr="*fp32", cnt_ptr="*i32",
                            K_SPLIT="i32"),
                            dict(flags, BLOCK_M=16, BLOCK_K=256, SPLIT_K=1, WAIT=on, PREFETCH=4 if on else 0,
                                 FIXUP=False), 4, 4)
-    tile = ik.compile_cuda(common.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
+    tile = ik.compile_cuda(gemm.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
                            b_desc="tensordesc<fp8e4nv[128, 256]>", alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
                            dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, PERSISTENT=False, WAIT=on,
                                 PREFETCH=4 if on else 0), 4, 4)

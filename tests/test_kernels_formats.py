@@ -18,7 +18,7 @@ import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES, candidates
-from vsr.kernels import common, dense, fp8, int4, nvfp4
+from vsr.kernels import common, dense, fp8, gemm, int4, nvfp4
 from vsr.kernels.template import Problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -160,7 +160,7 @@ def test_dense_tma_swap_path(dtype, M, split, bias, bm):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dense_persistent_tma_tile(dtype, monkeypatch):
     # 4 output tiles (2 x 2) on 3 programs: one program walks two.
-    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     g = gen(32)
     w = dense.DenseWeight(torch.randn(N, K, generator=g).to(dtype), torch.randn(N, generator=g).to(dtype)).to(DEV)
     x = torch.randn(40, K, generator=g).to(dtype).to(DEV)
@@ -182,7 +182,7 @@ def test_dense_streamk_tma_tile(dtype, programs, M, Kx, bias, monkeypatch):
     # programs, most of which get none; 40 rows on 2: whole waves only, no reduction; 20 rows on
     # 64: one row block, whose 20 rows take two of the reduction's 16-row programs (the second
     # holding 4 live rows).
-    monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: programs)
     g = gen(33)
     w = dense.DenseWeight(torch.randn(N, Kx, generator=g).to(dtype),
                           torch.randn(N, generator=g).to(dtype) if bias else None).to(DEV)
@@ -279,7 +279,7 @@ def test_fp8_gemv_path(Kx, bias):
 
 def test_fp8_tiled_and_tma_paths(monkeypatch):
     # 4 tiles of 32x32 at M=40: 3 "multiprocessors" leave one to stream-K's shared K steps.
-    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     g = gen(6)
     w = fp8_weight(g, torch.float16, True)
     x = torch.randn(40, K, generator=g).half().to(DEV)
@@ -475,12 +475,12 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
     # The one gate of the weight-row prefetch (fp8.launch passes its `prefetch` through): the TMA
     # kernel gets PREFETCH only when launched as a programmatic dependent (recorded, not run).
     calls = []
-    monkeypatch.setattr(common, "tma_gemm_kernel", KernelSpy(calls))
+    monkeypatch.setattr(gemm, "tma_gemm_kernel", KernelSpy(calls))
     w = fp8_weight(gen(98), torch.float16, False)
     xq = fp8.e4m3_rne(torch.randn(8, K, generator=gen(99))).to(DEV)
     y = torch.empty(8, N, dtype=torch.float16, device=DEV)
     for wait in (False, True):
-        common.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
+        gemm.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
     assert [(kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]) for _, _, kw in calls] == [(False, 0, False),
                                                                                     (True, 4, True)]
 
@@ -490,12 +490,12 @@ def test_streamk_reduction_is_a_dependent_only_with_units_and_the_device(monkeyp
     # as programmatic dependents), only where the device has PDL and tiles are left over for the
     # reduction, and the switch is on; with STREAMK_REDUCE_PDL off (the default since run 18,
     # where the dependent form measured 2.4% slower at the median), never. Recorded, not run.
-    assert common.STREAMK_REDUCE_PDL is False
-    monkeypatch.setattr(common, "STREAMK_REDUCE_PDL", True)
+    assert gemm.STREAMK_REDUCE_PDL is False
+    monkeypatch.setattr(gemm, "STREAMK_REDUCE_PDL", True)
     calls = []
-    monkeypatch.setattr(common, "tma_streamk_kernel", KernelSpy(calls, "product"))
-    monkeypatch.setattr(common, "streamk_reduce_kernel", KernelSpy(calls, "reduce"))
-    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(gemm, "tma_streamk_kernel", KernelSpy(calls, "product"))
+    monkeypatch.setattr(gemm, "streamk_reduce_kernel", KernelSpy(calls, "reduce"))
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     w = fp8_weight(gen(97), torch.float16, False)
     real = common.device_features(torch.device(DEV))
     tile = dict(TMA, path="tma-sk", BLOCK_K=128)   # 32x32 tiles: N=37 makes 2 column blocks
@@ -504,11 +504,11 @@ def test_streamk_reduction_is_a_dependent_only_with_units_and_the_device(monkeyp
         for M in (40, 20):   # 4 tiles on 3 programs: 1 left over; 20 rows: 2 tiles, both left over
             xq = fp8.e4m3_rne(torch.randn(M, K, generator=gen(M))).to(DEV)
             y = torch.empty(M, N, dtype=torch.float16, device=DEV)
-            common.launch_tma(xq, w.weight, y, tile, owner=w)
+            gemm.launch_tma(xq, w.weight, y, tile, owner=w)
         xq = fp8.e4m3_rne(torch.randn(70, K, generator=gen(70))).to(DEV)   # 6 tiles on 3: none left over
-        common.launch_tma(xq, w.weight, torch.empty(70, N, dtype=torch.float16, device=DEV), tile, owner=w)
-    monkeypatch.setattr(common, "STREAMK_REDUCE_PDL", False)
-    common.launch_tma(fp8.e4m3_rne(torch.randn(40, K, generator=gen(1))).to(DEV), w.weight,
+        gemm.launch_tma(xq, w.weight, torch.empty(70, N, dtype=torch.float16, device=DEV), tile, owner=w)
+    monkeypatch.setattr(gemm, "STREAMK_REDUCE_PDL", False)
+    gemm.launch_tma(fp8.e4m3_rne(torch.randn(40, K, generator=gen(1))).to(DEV), w.weight,
                       torch.empty(40, N, dtype=torch.float16, device=DEV), tile, owner=w)
     seen = [(name, grid, kw["RELEASE" if name == "product" else "WAIT"], kw["launch_pdl"]) for name, grid, kw in calls]
     assert seen == [("product", (3,), False, False), ("reduce", (1, 2), False, False),
@@ -783,7 +783,7 @@ def test_int4_tiled_path_and_group_128():
 
 def test_int4_dequant_path_for_large_buckets(monkeypatch):
     # (dequant-sk: 4 tiles of 32x32 on 3 "multiprocessors", one of them shared out by K steps)
-    monkeypatch.setattr(common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     g = gen(13)
     for sym in (True, False):
         w = int4_weight(g, 64, sym, True, bias=True)
@@ -965,14 +965,14 @@ def _fixup_cases():
 def _spy_on_reductions(monkeypatch) -> list:
     """The names of the reduction kernels launched from now on (split-K's and stream-K's)."""
     launched = []
-    for kern in ("splitk_reduce_kernel", "streamk_reduce_kernel"):
-        real = getattr(common, kern)
+    for module, kern in ((common, "splitk_reduce_kernel"), (gemm, "streamk_reduce_kernel")):
+        real = getattr(module, kern)
 
         class Spy:
             def __getitem__(self, grid, real=real, kern=kern):
                 launched.append(kern)
                 return real[grid]
-        monkeypatch.setattr(common, kern, Spy())
+        monkeypatch.setattr(module, kern, Spy())
     return launched
 
 
@@ -983,7 +983,7 @@ def test_in_kernel_fixup_gives_the_reductions_bytes(case, monkeypatch):
     # kernel launched; and every tile counter is back at zero for the next launch.
     name, launch, reference, x, w, tile, programs = _fixup_cases()[case]
     if programs is not None:
-        monkeypatch.setattr(common, "multiprocessors", lambda device: programs)
+        monkeypatch.setattr(gemm, "multiprocessors", lambda device: programs)
     launched = _spy_on_reductions(monkeypatch)
     common._COUNTERS.clear()
     fixed = run(launch, x, w, dict(tile, FIXUP=1))
@@ -1069,7 +1069,7 @@ def test_captured_fixup_launches_replay_with_their_own_counters(monkeypatch):
     eager, graphs, outs = [], [], []
     for name, launch, reference, x, w, tile, programs in cases:
         if programs is not None:   # stream-K: fewer programs than tiles, so some are shared
-            monkeypatch.setattr(common, "multiprocessors", lambda device, p=programs: p)
+            monkeypatch.setattr(gemm, "multiprocessors", lambda device, p=programs: p)
         tile = dict(tile, FIXUP=1)
         eager.append(launch(x, w, tile))           # also makes the capture pool
         torch.cuda.synchronize()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vsr.autotune.buckets import ROW_BUCKETS
-from vsr.kernels import common, dense, fp8, int4, nvfp4, registry
+from vsr.kernels import common, dense, fp8, gemm_tiles, int4, nvfp4, registry
 from vsr.kernels.template import Template, source_hash
 
 KERNELS = Path(registry.__file__).resolve().parent
@@ -104,7 +104,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         for c in space:
             common.check_tile(c)
             assert (c["BLOCK_M"] >= 16 or c["path"] == "gemv") and c["BLOCK_K"] >= 32
-            assert common.smem_bytes(c, *ab) <= common.SMEM_LIMIT
+            assert gemm_tiles.smem_bytes(c, *ab) <= gemm_tiles.SMEM_LIMIT
             if fmt == "int4" and c["path"] in ("splitk", "tiled"):
                 assert 128 % c["BLOCK_K"] == 0, "a tensor-core tile lies inside one group"
         # Small buckets take the split-K path (int4: the GEMV at one row), large ones a tiled path:
@@ -146,7 +146,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             assert d["path"] == "tma-swap" and d["BLOCK_M"] == 32
             assert any(c["BLOCK_M"] == 64 and c["path"] == "tiled" for c in space)
             if fmt == "dense":
-                assert common.default_gemm_tile(b, w.N, w.K, 4, 4)["BLOCK_M"] == 64
+                assert gemm_tiles.default_gemm_tile(b, w.N, w.K, 4, 4)["BLOCK_M"] == 64
 
 
 def test_split_plan_covers_k_in_whole_tiles():

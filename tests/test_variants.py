@@ -144,30 +144,30 @@ def test_the_sk_reduce_pdl_study_checks_both_launches(variants, monkeypatch, on_
     # reference, and the switch is back on after. The cache's tile is a small stream-K one
     # (10 tiles of 32x32 on 3 programs, one left over), for the interpreter's sake.
     on_a_tiny_shape(160, 256)
-    monkeypatch.setattr(variants.common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(variants.gemm, "multiprocessors", lambda device: 3)
 
     class Resolver:
         def __init__(self, *args):
             pass
 
         def tile(self, template, problem):
-            return variants.common.tile("tma-sk", 32, 32, 64, 1, 4, 2)
+            return variants.gemm_tiles.tile("tma-sk", 32, 32, 64, 1, 4, 2)
     monkeypatch.setattr(variants, "TileResolver", Resolver)
     # The switch as each launch saw it: the study sets it per case and puts the caller's back.
-    flags, launch_tma = [], variants.common.launch_tma
+    flags, launch_tma = [], variants.gemm.launch_tma
 
     def recording_launch_tma(*args, **kw):
-        flags.append(variants.common.STREAMK_REDUCE_PDL)
+        flags.append(variants.gemm.STREAMK_REDUCE_PDL)
         return launch_tma(*args, **kw)
-    monkeypatch.setattr(variants.common, "launch_tma", recording_launch_tma)
-    monkeypatch.setattr(variants.common, "STREAMK_REDUCE_PDL", False)
+    monkeypatch.setattr(variants.gemm, "launch_tma", recording_launch_tma)
+    monkeypatch.setattr(variants.gemm, "STREAMK_REDUCE_PDL", False)
     rows = variants.study_sk_reduce_pdl(["tiny"], [40], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r.get("error"), r.get("rel_err")) for r in cases]
     assert sorted((r["format"], r["variant"]) for r in cases) == [
         (f, v) for f in ("bf16", "fp8") for v in ("reduction a dependent", "reduction launched as usual")]
     assert all(r["tile"]["path"] == "tma-sk" for r in cases)
-    assert variants.common.STREAMK_REDUCE_PDL is False, "the caller's setting comes back"
+    assert variants.gemm.STREAMK_REDUCE_PDL is False, "the caller's setting comes back"
     # Every launch of a case (its check, then one per weight copy timed) saw that case's setting:
     # the dependent form, then as usual, for bf16, then for fp8.
     runs = [f for i, f in enumerate(flags) if i == 0 or f != flags[i - 1]]
@@ -197,15 +197,15 @@ def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shap
     # transposed-product splits at M <= 16 and int4's other splits, all checked against the
     # reference. The shipped tiles are small ones, for the interpreter's sake.
     on_a_tiny_shape(64, 256)
-    monkeypatch.setattr(variants.common, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(variants.gemm, "multiprocessors", lambda device: 3)
     monkeypatch.setattr(variants, "FIXUP_SWAP", dict(rows=32, kbytes=64, stages=(2, 3), splits=(2,)))
 
     def shipped(template, problem):
         if template.name == "int4_w4a16":
-            return variants.common.tile("swap", 16, 32, 64, 2, 4, 2)
+            return variants.gemm_tiles.tile("swap", 16, 32, 64, 2, 4, 2)
         if problem.bucket <= 16:
-            return variants.common.swap_tile(64, 32, 2, split=2)
-        return variants.common.tile("tma-sk", 32, 32, 64, 1, 4, 2)
+            return variants.gemm_tiles.swap_tile(64, 32, 2, split=2)
+        return variants.gemm_tiles.tile("tma-sk", 32, 32, 64, 1, 4, 2)
     monkeypatch.setattr(variants, "_shipped_tile", shipped)
     rows = variants.study_fixup(["tiny"], [16, 40], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
@@ -225,7 +225,7 @@ def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shap
 def test_the_int4_fixup_tiles_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
     on_a_tiny_shape(64, 256)
     monkeypatch.setattr(variants, "INT4_FIXUP_TILES", dict(rows=(32,), stages=(2,), splits=(1, 2)))
-    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.common.tile(
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.gemm_tiles.tile(
         "join", 16, 32, 128, 2, 4, 2))
     rows = variants.study_int4_fixup_tiles(["tiny"], [16], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
@@ -252,8 +252,8 @@ def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_
 
     def shipped(template, problem):
         if template.name == "int4_w4a16" and problem.bucket == 16:
-            return variants.common.tile("join", 16, 32, 128, 2, 4, 2) | {"FIXUP": 1}
-        return variants.common.tile("join", 16, 32, 128, 2, 4, 2) if template.name == "int4_w4a16" else None
+            return variants.gemm_tiles.tile("join", 16, 32, 128, 2, 4, 2) | {"FIXUP": 1}
+        return variants.gemm_tiles.tile("join", 16, 32, 128, 2, 4, 2) if template.name == "int4_w4a16" else None
     monkeypatch.setattr(variants, "_shipped_tile", shipped)
     # Two output tiles a launch (16 rows; 64 columns, 32 a tile): room for every weight copy but the last.
     copies = len(variants._weights("int4-gptq", 64, 256, DEV))
@@ -297,7 +297,7 @@ def test_prezeroed_counters_hand_out_each_slice_once_while_capturing(variants, m
 
 def test_the_int4_x_split_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
     on_a_tiny_shape(64, 256)
-    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.common.tile(
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: variants.gemm_tiles.tile(
         "slices" if problem.bucket == 1 else "join", 16, 32, 128, 2, 4, 2))
     rows = variants.study_int4_x_split(["tiny"], [1, 16], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
@@ -320,7 +320,7 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
     t = registry.TEMPLATES["dense"]
     p = Problem(N=64, K=256, bucket=16, act_dtype=torch.float16, params=(("wdtype", "float16"),))
     key = make_key(t, p, current_device_identity(torch.device(DEV)))
-    tile = variants.common.tile("tma-swap", 16, 32, 64, 2, 4, 3)
+    tile = variants.gemm_tiles.tile("tma-swap", 16, 32, 64, 2, 4, 3)
     path = tmp_path / "cache.json"
     store = open_store(path)
     store.put(Entry(dataclasses.replace(key, source_hash="0" * 16), tile))

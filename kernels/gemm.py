@@ -1,0 +1,469 @@
+"""The product kernels of the dense and fp8 templates, which differ only in their operands' dtype
+and the scales of the epilogue: pointer-load tiles and split-K; TMA tiles, one per program,
+persistent or stream-K; the transposed TMA product for few rows; the one-row GEMV; and their
+launchers. What every template shares (the epilogue, the swizzle, the split-K reduction and its
+fixup) is in common.py; the tile spaces are in gemm_tiles.py.
+
+Stream-K: one program per multiprocessor walks whole waves of tiles, and the K steps of the
+tiles left over for a last, partial wave are shared out evenly; their partial tiles go to a
+workspace slot per (program with units, tile it touches: at most two) and are added in program
+order, by streamk_reduce_kernel or, with FIXUP, by the tile's last program to finish.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from vsr.kernels import common, gemm_tiles
+
+
+@triton.jit
+def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
+                      K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                      IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr,
+                      FIXUP: tl.constexpr):
+    """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
+    (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
+    split-K path (partial sums to the workspace) of both templates."""
+    common.wait_for_producer(WAIT)
+    pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = b_ptr + rn[None, :] * stride_bn + offs_k[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
+
+@triton.jit
+def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
+    """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products, in fp32: A·Bᵀ [BM, BN], or with
+    SWAP the transposed B·Aᵀ [BN, BM] (tma_swap_kernel: the weight tile on the MMA's wide side)."""
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([off_n, k0])
+        if SWAP:
+            lhs, rhs = b, a.T
+        else:
+            lhs, rhs = a, b.T
+        if IEEE:
+            acc = tl.dot(lhs, rhs, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(lhs, rhs, acc)
+    return acc
+
+@triton.jit
+def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+              HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = common.epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
+               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr):
+    """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
+    order, each whole (_tma_tile): tma_gemm_kernel's PERSISTENT form, and tma_streamk_kernel's
+    whole waves."""
+    for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+
+@triton.jit
+def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
+                    NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                    HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr,
+                    PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
+    """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
+    through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
+    zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
+    cuBLAS at M=64 on qkv, 0.80x -> 0.96x at M=4096, against the same tiles' pointer loads.)
+    PERSISTENT: NUM_PROGRAMS programs (one per multiprocessor) walk the output tiles in the
+    swizzled order, so one tile's epilogue overlaps the next tile's loads (Triton's
+    persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
+    cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
+    one program, in the same order: the output does not depend on NUM_PROGRAMS.
+    PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait."""
+    if PERSISTENT:
+        common.wait_for_producer(WAIT)
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        if PREFETCH > 0:
+            common.prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+        common.wait_for_producer(WAIT)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+
+@triton.jit
+def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A stream-K launch's division of the work: (tiles in whole waves, K steps per tile, units), a
+    unit being one (leftover tile, K step) pair; the num_tiles % NUM_PROGRAMS leftover tiles follow
+    the whole waves' in the swizzled order."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    sk_tiles = num_tiles % NUM_PROGRAMS
+    iters = tl.cdiv(K, BLOCK_K)
+    return num_tiles - sk_tiles, iters, sk_tiles * iters
+
+@triton.jit
+def _streamk_run(p, units, NUM_PROGRAMS):
+    """Program p's run of units, [lo, hi): the P = NUM_PROGRAMS runs split the units evenly, in
+    order; a run may be empty (fewer units than programs)."""
+    return p * units // NUM_PROGRAMS, (p + 1) * units // NUM_PROGRAMS
+
+@triton.jit
+def _streamk_slot(p, u_lo):
+    """Program p's workspace slot pair (its run starting at unit u_lo), numbering only the programs
+    whose runs are not empty: p itself when every run holds a unit (units >= programs), else u_lo
+    (each run then holds at most one unit, and the non-empty runs start at distinct units 0, 1, ...: u_lo
+    <= p). So the workspace takes min(programs, units) pairs (launch_tma)."""
+    return tl.minimum(p, u_lo)
+
+@triton.jit
+def _streamk_overlap(u_lo, u_hi, s, iters):
+    """[lo, hi): the units of the run [u_lo, u_hi) that lie in leftover tile s (empty when lo >= hi)."""
+    return tl.maximum(u_lo, s * iters), tl.minimum(u_hi, (s + 1) * iters)
+
+@triton.jit
+def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
+    """[first, last]: the programs whose runs (_streamk_run) may hold units of leftover tile s.
+    The program holding unit u is the last p whose run starts at or before u; programs between
+    first and last may hold none."""
+    first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
+    last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
+    return first, last
+
+@triton.jit
+def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym, NUM_PROGRAMS,
+                  dp_tiles, iters, units, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                  HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                  ROWS: tl.constexpr):
+    """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
+    shared the tile, in program order (the workspace read from L2, `.cg`: see last_to_finish)."""
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
+    pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = r0 + tl.arange(0, ROWS)
+    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for p in range(first, last + 1):
+        u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
+        if lo < hi:   # p's run covers part of tile s
+            j = s - u_lo // iters
+            acc += tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs,
+                           mask=live, other=0.0, cache_modifier=".cg")
+    offs_m = pid_m * BLOCK_M + rows
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    common.store_or_stash(acc, y_ptr, ws_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr,
+                   alpha_ptr, 1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, False)
+
+@triton.jit
+def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
+    """How many programs hold units of leftover tile s: one per unit when there are fewer units
+    than programs (each run holds at most one); else every run is non-empty and contiguous, so
+    each program from the tile's first to its last holds some."""
+    first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
+    return tl.where(units < NUM_PROGRAMS, iters, last - first + 1)
+
+@triton.jit
+def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
+                       stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                       HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr,
+                       FIXUP: tl.constexpr, ROWS: tl.constexpr):
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
+    walk whole tiles as the persistent kernel does, as many as fill whole waves; the
+    num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
+    wave, are cut into their K steps and the steps shared out evenly, each program taking a
+    contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
+    its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1),
+    and each tile's partials are added in program order: with FIXUP here, by the last of the tile's
+    programs to finish (last_to_finish), ROWS rows at a time; without, by streamk_reduce_kernel,
+    launched after this grid. So the output depends on (M, N, K, tile, NUM_PROGRAMS) only: the same
+    device and tile give the same bytes, FIXUP or not.
+    (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
+    132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
+    With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
+    transposed product of tma_swap_kernel walked stream-K so that all 132 multiprocessors stream
+    the 80 weight tiles of qkv, o and down: 3-30% slower than the shipped tiles at M = 1, 16 and
+    64; at M = 32 it beat run 16's 32-row tiles on 4 of 8 points, which were the tiles at fault.)
+    RELEASE: the reduction, launched as this grid's programmatic dependent, may start now (it
+    waits for this grid's end before reading the workspace)."""
+    common.wait_for_producer(WAIT)
+    if RELEASE:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
+    slot = _streamk_slot(pid, u_lo)
+    rows = tl.arange(0, BLOCK_M)[:, None]
+    offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    for j in range(2):
+        s = u_lo // iters + j
+        lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
+        if lo < hi:
+            pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
+                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                     mask=rows < M - pid_m * BLOCK_M)
+            if FIXUP:
+                if common.last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
+                    for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
+                        _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym,
+                                      NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
+                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+
+@triton.jit
+def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
+                          HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                          HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
+    """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x
+    cdiv(rows below M, ROWS)): _streamk_rows. WAIT: launched as the product's programmatic
+    dependent (wait_for_producer)."""
+    common.wait_for_producer(WAIT)
+    dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
+    _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
+                  M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
+                  BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+
+@triton.jit
+def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
+                    K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
+                    LINE_COLS: tl.constexpr, FIXUP: tl.constexpr):
+    """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
+    fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
+    side (16 columns, or 32 at bucket 32), instead of padding x's rows up to 64; the copy engine
+    streams the weight through a deep pipeline with no address arithmetic (the memory-bound
+    regime of M <= 32: the tuner's pick on every 27B-class key at buckets 1-32 in run 17; at
+    M=64 the plain TMA tile was faster, run 10).
+    Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
+    order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split.
+    PREFETCH (with WAIT): prefetch_weight_rows before the wait."""
+    pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * K_SPLIT
+    if PREFETCH > 0:
+        common.prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, k_lo, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+    common.wait_for_producer(WAIT)
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+                      True)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
+
+@triton.jit
+def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
+                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
+    """One row on the CUDA cores: y[n] = epilogue(Σ_k x[k]·w[n, k]), operands widened to fp32 (exact
+    products, fp32 sums), W [N, K] K-contiguous in any dtype (bf16/fp16/fp32 for the dense template,
+    e4m3 for fp8's, with its row and column scales). (H200, run 5, fp8: 1.19-1.62x cuBLAS at M=1
+    against 1.02-1.47x for the split-K tensor-core tile, which also needs a second, reducing launch.)"""
+    common.wait_for_producer(WAIT)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = (offs_n % N).to(tl.int64)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            wv = tl.load(w_ptr + rn[:, None] * stride_wn + offs_k[None, :])
+            xv = tl.load(x_ptr + offs_k)
+        else:
+            wv = tl.load(w_ptr + rn[:, None] * stride_wn + offs_k[None, :], mask=offs_k[None, :] < K, other=0.0)
+            xv = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0)
+        acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
+    yv = tl.sum(acc, axis=1)[None, :]
+    zero = tl.zeros((1,), dtype=tl.int32)
+    yv = common.epilogue(yv, zero, offs_n, 1, N, bias_ptr, rs_ptr, cs_ptr, bias_ptr, HAS_BIAS, HAS_RS, HAS_CS, False)
+    tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
+
+def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
+    """y[1, N] = epilogue(x[1, K] · wᵀ) through gemv_kernel; x contiguous. `wait`: see launch_tma."""
+    assert x.shape[0] == 1, f"the gemv path takes one row, got M={x.shape[0]}"
+    N, K = w.shape
+    bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
+    d = y
+    gemv_kernel[(common.cdiv(N, bn),)](x, w, y, d if rs is None else rs, d if cs is None else cs,
+                                d if bias is None else bias, N, K, w.stride(0),
+                                HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, launch_pdl=wait,
+                                num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+
+def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
+    """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on
+    the object (the weight outlives its calls; a descriptor costs host time on every build)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    cache = owner.__dict__.setdefault("_tma_descriptors", {})
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
+    d = cache.get(key)
+    if d is None:
+        assert t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0, \
+            "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
+        d = cache[key] = TensorDescriptor.from_tensor(t, list(block))
+    return d
+
+def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
+               prefetch: int = 0) -> None:
+    """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
+    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
+    16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
+    is aligned), so the tile's path never depends on where the caller's tensor happens to start.
+    `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
+    where pdl_supported): the product is launched as a programmatic dependent of the kernel
+    before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
+    stream-K one too (as the product's programmatic dependent, where the device has it, only if
+    STREAMK_REDUCE_PDL: off since run 18);
+    a tile with FIXUP launches neither, its product adding the partials itself (last_to_finish).
+    `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
+    of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    M, K = a.shape
+    N = b.shape[0]
+    if not gemm_tiles.tma_aligned(K, a.element_size(), b.element_size()):
+        raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
+    if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
+        return
+    line = dict(PREFETCH=prefetch if wait else 0, LINE_COLS=max(1, 128 // b.element_size()))
+    if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
+        a = a.clone(memory_format=torch.contiguous_format)
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = weight_descriptor(owner if owner is not None else _Transient(), b, [bn, bk])
+    d = y
+    if tile.get("path") == "tma-swap":
+        k_split, split = common.split_plan(K, tile)
+        ws = common.workspace(split, y)
+        programs = common.cdiv(M, bm) * common.cdiv(N, bn)
+        fixup = common.split_fixup(tile, split)
+        tma_swap_kernel[(programs, split)](
+            a_desc, b_desc, b, b.stride(0), y, ws, common.fixup_counters(fixup, y.device, programs, ws),
+            d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+            M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+            IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, launch_pdl=wait,
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        if split > 1 and not fixup:
+            common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+        return
+    tiles = common.cdiv(M, bm) * common.cdiv(N, bn)
+    flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+                 HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
+    scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
+              d if alpha is None else alpha)
+    if tile.get("path") == "tma-sk":
+        # One program per multiprocessor (H200 run 14, the streamk-occupancy study of commit 533c776:
+        # two or three, for 64-row tiles of one warpgroup, did not help).
+        programs = multiprocessors(a.device)
+        sk_tiles = tiles % programs
+        # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);
+        # one fp32 element, unused, when every tile lies in a whole wave (fp32 as the workspace is, so
+        # that case compiles no second form of the kernel).
+        units = sk_tiles * common.cdiv(K, bk)
+        ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
+        fixup = bool(units) and bool(tile.get("FIXUP", 0))
+        release = bool(units) and not fixup and STREAMK_REDUCE_PDL and common.device_features(a.device).pdl
+        rows = min(bm, STREAMK_REDUCE_ROWS)
+        tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
+                                        *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
+                                        **flags, WAIT=wait, RELEASE=release, FIXUP=fixup, ROWS=rows,
+                                        launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+        if units and not fixup:
+            streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, WAIT=release,
+                launch_pdl=release, num_warps=4)
+        return
+    persistent = bool(tile.get("PERSISTENT", 0))
+    programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
+                                 programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags,
+                                 PERSISTENT=persistent, WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (a persistent grid's size); 4 on the CPU (interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+# The paths launch_tma runs: one output tile per program (or persistent), the transposed product
+# for few rows, and stream-K.
+TMA_PATHS = ("tma", "tma-swap", "tma-sk")
+
+# Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
+STREAMK_REDUCE_ROWS = 16
+# The stream-K reduction launched as the product's programmatic dependent where the device has
+# it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study,
+# on its retired few-row stream-K tiles at M = 1-64: the same tile with the reduction launched
+# as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. On the shipped "tma-sk"
+# tiles of M = 512-2048 (variants.py --study sk-reduce-pdl, run 17 item 8) no consistent effect:
+# median +0.06%, single points -7% to +10% either way within one run, as large-M noise goes.
+# Run 18, three samples of the same study: slower as a dependent on 14 of the 15 shipped keys,
+# median +2.4%. So off.)
+STREAMK_REDUCE_PDL = False
+
+class _Transient:
+    """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""
+
+def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
+    """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
+    fixed-order reduction (a second kernel, or with FIXUP the product's own, last_to_finish).
+    a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
+    M, K = a.shape
+    N = b.shape[0]
+    k_split, split = common.split_plan(K, tile)
+    ws = common.workspace(split, y)
+    d = y
+    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
+    fixup = common.split_fixup(tile, split)
+    tiled_gemm_kernel[grid](a, b, y, ws, common.fixup_counters(fixup, y.device, grid[0], ws), d if bias is None else bias, d if rs is None else rs,
+                            d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
+                            HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
+                            IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
+                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
+                            WAIT=wait, FIXUP=fixup, launch_pdl=wait, num_warps=tile["num_warps"],
+                            num_stages=tile["num_stages"])
+    if split > 1 and not fixup:
+        common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)

@@ -1,0 +1,177 @@
+"""Tile spaces and default tiles of the dense and fp8 templates' products (gemm.py), which int4
+and nvfp4 build on too: the fields of a tile, the split that fills the multiprocessors, the
+shared memory a tile's pipeline needs, and the candidates per row bucket.
+"""
+from __future__ import annotations
+
+from vsr.kernels import common
+
+
+# Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
+# pipelined operand tiles need more are pruned from the search space.
+SMEM_LIMIT = 232448
+
+def gemv_tiles(K: int, elem_bytes: float) -> list[dict]:
+    """GEMV candidates around fp8's run-5 winner (8 rows x 512 bytes of each per step, 4 warps,
+    3 stages), the same bytes per step for wider weights; the first is the default."""
+    kmax = max(32, common.next_pow2(K))
+    out = []
+    for bn, nbytes, warps, stages in ((8, 512, 4, 3), (8, 512, 4, 1), (4, 1024, 4, 3), (8, 1024, 4, 3),
+                                      (16, 512, 4, 3), (16, 256, 4, 3), (8, 512, 8, 3)):
+        t = tile("gemv", 1, bn, min(max(32, int(nbytes / elem_bytes)), kmax), 1, warps, stages)
+        if t not in out:
+            out.append(t)
+    return out
+
+def tma_aligned(K: int, *elem_bytes: float) -> bool:
+    """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
+    return all((K * b) % 16 == 0 for b in elem_bytes)
+
+def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = 132,
+               waves: int = 2) -> int:
+    """Split K until the grid holds `waves` programs per multiprocessor (deterministic in the shape).
+    Small-M calls are memory-bound: more programs keep more loads in flight."""
+    programs = common.cdiv(N, bn) * common.cdiv(bucket, bm)
+    split = 1
+    while programs * split < waves * sms and split < max_split and K // (split * 2) >= 2 * bk:
+        split *= 2
+    return split
+
+def tile(path, bm, bn, bk, split, warps, stages, group_m=8) -> dict:
+    return {"path": path, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split,
+            "GROUP_M": group_m, "num_warps": warps, "num_stages": stages}
+
+def swap_tile(bk: int, bn: int, stages: int, split: int = 1, bm: int = 16) -> dict:
+    """A "tma-swap" tile: bm rows of x (16 up to bucket 16, 32 at bucket 32) against bn weight rows,
+    bk columns per step."""
+    return tile("tma-swap", bm, bn, bk, split, 4, stages)
+
+def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
+    """tma-swap candidates for buckets <= 32 (bm rows of x): one split with deep pipelines first
+    (run 10's winners), then 2-way splits (the longest layers). gemm_space drops those too deep for
+    shared memory (32 rows of x take more of it)."""
+    out = []
+    for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8), (256, 128, 4), (512, 128, 3), (256, 64, 6),
+                               (512, 64, 4), (128, 128, 8), (512, 64, 6)):
+        out.append(swap_tile(int(kbytes / b_bytes), bn, stages, bm=bm))
+    for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8)):
+        bk = int(kbytes / b_bytes)
+        if K // 2 >= 4 * bk:
+            out.append(swap_tile(bk, bn, stages, split=2, bm=bm))
+    return out
+
+# Row buckets from which TMA tiles are also tried in their persistent form (run 9: a loss at
+# M=256, mixed at 1024, a gain at 4096).
+PERSISTENT_FROM = 1024
+# Row buckets from which TMA tiles are also tried stream-K (run 14: at M=256 it won only on
+# gate_up, 0.72x -> 0.81x; from M=512 on most shapes).
+STREAMK_FROM = 256
+
+def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
+    """The deterministic tile of a row bucket: for buckets <= 16 the transposed TMA product
+    (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
+    TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
+    stream-K for buckets 512-2048, persistent from bucket 4096. Depends only on (bucket, N, K,
+    operand sizes). Tiles for buckets 64-256 are the H200 run-5 winners, bucket 32's TMA tile bucket 64's
+    (run 17), those of 512-2048 run 14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
+    wide = a_bytes <= 2 and b_bytes <= 2
+    swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
+    if bucket <= 16 and swap:
+        # H200, run 10 (variants.py small-m): the transposed TMA product, one split, 6 stages of
+        # 256 bytes of K, took fp8 at M=16 from 1.07-1.52x cuBLAS to 1.31-1.63x and bf16 from
+        # 0.80-0.96x to 1.00-1.04x on the four 27B shapes; splitting K only lost (the reduction's
+        # launch, and each split's pipeline filling anew).
+        return swap_tile(int(256 / b_bytes), 128, 6)
+    if bucket == 32 and swap:
+        # H200, run 17: after bucket 32's space took the transposed product on 32 rows, the tuner
+        # picked it on every 27B-class fp8 and dense key, 64 weight rows and 8 stages on most.
+        return swap_tile(int(256 / b_bytes), 64, 8, bm=32)
+    if bucket <= 16:
+        bk = 128 if wide else 64
+        return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16, waves=8), 4, 4)
+    kx = 2 if a_bytes <= 1 else 1 if a_bytes <= 2 else 0.5   # fp32 operands: half the K step
+    if not (tma and tma_aligned(K, a_bytes, b_bytes)):
+        bm = 32 if bucket == 32 else 64 if bucket <= 256 else 128
+        return tile("tiled", bm, 128, int(64 * kx), 1, 4 if bm <= 64 else 8, 3)
+    if bucket <= 128:
+        # Few row blocks: narrow the columns until the grid has about half a wave of programs. 64
+        # rows at bucket 32 too: the H200 cache of run 16, whose bucket-32 space held only 32-row
+        # tiles, took longer at bucket 32 than at bucket 64 on 11 keys with bf16 x (fp8 down 43.0 us against
+        # 29.7 for twice the rows, on 64x64 TMA tiles): a 32-row tile wastes its multiprocessor
+        # on this memory-bound product, and the TMA copy zero-fills the rows past M for free.
+        bm = 64
+        bn = 128 if common.cdiv(N, 128) >= 66 else 64
+        return tile("tma", bm, bn, int(128 * kx), 1, 4, 4 if bn == 128 else 6)
+    if bucket <= 256:
+        return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
+    if bucket <= 2048:
+        # Stream-K over 128-row tiles (H200, run 14, variants.py --study streamk): bf16 geomean
+        # over the four 27B shapes at M=512 0.67x -> 0.80x cuBLAS (128x128x64, 4 stages, as here;
+        # 128x128x128 at 3 stages the same), M=1024 0.84x -> 0.90x and M=2048 0.89x -> 0.92x
+        # (128x256x64, 4 stages) against the plain 64x128 / 128x128 tiles.
+        return tile("tma-sk", 128, 128 if bucket <= 512 else 256, int(64 * kx), 1, 8, 4)
+    # The largest buckets walk their tiles persistently (H200, run 9: bf16 M=4096 0.88x -> 1.05x).
+    return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
+
+def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
+    return int(t["num_stages"] * (t["BLOCK_M"] * t["BLOCK_K"] * a_bytes + t["BLOCK_K"] * t["BLOCK_N"] * b_bytes))
+
+def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
+               bk_choices=None, tma: bool = True) -> list[dict]:
+    """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32
+    take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`)
+    and pointer loads."""
+    bks = bk_choices or (64, 128, 256)
+    cands = [default]
+    if bucket <= 16:
+        if tma and tma_aligned(K, a_bytes, b_bytes):
+            cands += swap_space(K, b_bytes)
+        for bn in (32, 64, 128):
+            for bk in bks:
+                for split in (1, 2, 4, 8, 16):
+                    if K // split < bk:
+                        continue
+                    cands.append(tile("splitk", 16, bn, bk, split, 4, 4))
+    else:
+        paths = ("tma", "tiled") if tma and tma_aligned(K, a_bytes, b_bytes) else ("tiled",)
+        if bucket <= 128:
+            shapes = [(bm, bn, bk, 4, st) for bm in (32, 64) for bn in (64, 128) for bk in bks[-2:] for st in (4, 6)]
+            if bucket == 32 and "tma" in paths and a_bytes <= 2:
+                # The transposed product on 32 rows of x (buckets <= 16 take it on 16).
+                cands += swap_space(K, b_bytes, bm=32)[:6]
+        else:
+            shapes = [(bm, bn, bk, w, st) for bm in (64, 128) for bn in (128, 256) for bk in bks[:2]
+                      for w in (4, 8) for st in (3, 4) if not (bm == 128 and bn == 256 and w == 4)]
+        for path in paths:
+            for bm, bn, bk, w, st in shapes:
+                cands.append(tile(path, bm, bn, bk, 1, w, st))
+        # The large TMA tiles (128 rows, 8 warps): the ones whose stream-K and persistent forms
+        # are tried (run 14: the 64-row stream-K ones lost everywhere; run 10: persistence paid there).
+        large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
+        if bucket >= STREAMK_FROM and "tma" in paths:
+            cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
+        if bucket >= PERSISTENT_FROM and "tma" in paths:
+            # The persistent forms, and the default's other form second (a short sweep's strided
+            # pick always sees it).
+            other = dict(default, PERSISTENT=0 if default.get("PERSISTENT") else 1)
+            if default["path"] == "tma":
+                cands.insert(1, {k: v for k, v in other.items() if v or k != "PERSISTENT"})
+            cands += [dict(tile("tma", bm, bn, bk, 1, w, st), PERSISTENT=1) for bm, bn, bk, w, st in large]
+        if bucket <= 128:  # split-K over tensor-core tiles stays a candidate for mid buckets
+            for bm in (16, 32, 64):
+                if bm <= bucket:
+                    for split in (2, 4):
+                        if K // split >= bks[0]:
+                            cands.append(tile("splitk", bm, 128, bks[0], split, 4, 4))
+    out, seen = [], set()
+    for c in cands:
+        key = tuple(sorted(c.items()))
+        if key in seen or smem_bytes(c, a_bytes, b_bytes) > SMEM_LIMIT:
+            continue
+        if c is not default and bk_choices is not None and c["BLOCK_K"] not in bk_choices:
+            continue
+        seen.add(key)
+        out.append(c)
+    if not out or out[0] != default:
+        raise AssertionError(f"the default tile {default} does not fit the search space's limits")
+    return out
