@@ -178,3 +178,28 @@ def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(tmp_path):
     r = CliRunner().invoke(main, ["coverage", "27b", "--autotune-cache", str(tmp_path / "c.db"), "--device", "cuda"])
     assert r.exit_code == 2
     assert "no CUDA device" in r.output and "Traceback" not in r.output
+
+
+def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path):
+    # caches/retune.sh (how caches/nvidia-h200.json is rebuilt): each stage's commands, in order,
+    # every one of them accepted by vsr-tune's option parser (a renamed option fails here).
+    import shlex
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "caches" / "retune.sh"
+    db = str(tmp_path / "h200.db")
+
+    def stage(name):
+        p = subprocess.run(["bash", str(script), name, db], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return [shlex.split(line) for line in p.stdout.splitlines()]
+    big, small = stage("27b"), stage("minilm")
+    assert [c[0] for c in big] == ["27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
+    assert big[2][1] == big[0][2] and big[1][2] == big[2][3] == db   # the 16-candidate store imported under DB
+    assert "--max-candidates" in big[1] and big[1][big[1].index("--max-candidates") + 1] == "20"
+    for cmd in big + small:
+        assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
+    bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
+    assert bad.returncode == 2 and "unknown stage" in bad.stderr

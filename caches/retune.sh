@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Rebuild caches/nvidia-h200.json the way runs 13-19 did (benchmarks/NOTES.md), on the device the
+# file is for, in two stages of under ten minutes each (the device tool's limit per command):
+#
+#   caches/retune.sh 27b DB      the 27B-class keys at 16 candidates into a scratch store, then
+#                                their int4 keys again at 20 into DB, the first imported under them
+#                                (DB's own entries kept: int4 at 16 lost 9% at M=64, run 14)
+#   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
+#                                DB exported to caches/nvidia-h200.json (OUT to write elsewhere)
+#
+# VSR_TUNE: the vsr-tune command (default vsr-tune). The tuner writes each key as it is tuned, so a
+# stage cut short keeps what it finished; run it again and it resumes.
+set -euo pipefail
+
+stage=${1:?usage: caches/retune.sh 27b|minilm DB}
+db=${2:?usage: caches/retune.sh 27b|minilm DB}
+tune=${VSR_TUNE:-vsr-tune}
+out=${OUT_JSON:-caches/nvidia-h200.json}
+
+case "$stage" in
+  27b)
+    scratch="$db.27b-16"
+    $tune 27b --autotune-cache "$scratch" --max-candidates 16
+    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20
+    $tune import "$scratch" --autotune-cache "$db"
+    ;;
+  minilm)
+    $tune minilm --autotune-cache "$db" --max-candidates 4 \
+      --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+    $tune export --autotune-cache "$db" --out "$out"
+    ;;
+  *)
+    echo "caches/retune.sh: unknown stage '$stage' (27b or minilm)" >&2
+    exit 2
+    ;;
+esac
