@@ -8,7 +8,8 @@
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT to write elsewhere)
 #
-# VSR_TUNE: the vsr-tune command (default vsr-tune). The tuner writes each key as it is tuned, so a
+# VSR_TUNE: the vsr-tune command (default vsr-tune; "python -m vsr.cli.tune" where the sources are
+# on PYTHONPATH but not installed, as on the device tool). The tuner writes each key as it is tuned, so a
 # stage cut short keeps what it finished; run it again and it resumes.
 set -euo pipefail
 

@@ -465,3 +465,7 @@ def coverage_cmd(target, cache, buckets, formats, act_dtype, device, as_json):
         click.echo(f"{n_have} of {len(rows)} keys recorded for {resolver.identity.name}")
         for r in doc["missing"]:
             click.echo(f"  missing: {r['layer']} {r['template']} N={r['N']} K={r['K']} bucket={r['bucket']}")
+
+
+if __name__ == "__main__":   # python -m vsr.cli.tune, where the vsr-tune entry point is not installed
+    main()
