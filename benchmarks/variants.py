@@ -365,7 +365,7 @@ def study_fp8_prologue(shapes, ms, log):
 def study_sk_reduce_pdl(shapes, ms, log):
     """bf16 and fp8 at M = 512-2048 on the shipped cache's tile (the template's default where the
     cache lacks the key): with the stream-K reduction launched as the product's programmatic
-    dependent (gemm.STREAMK_REDUCE_PDL, the default since run 17) and launched as usual. Run 17
+    dependent (gemm.STREAMK_REDUCE_PDL: on in runs 17-18, off since run 19) and launched as usual. Run 17
     measured the switch only on few-row stream-K tiles (+0.6 us at the median), not on the
     "tma-sk" tiles these buckets run. A tile of another path runs the same either way and is
     skipped."""
@@ -389,9 +389,10 @@ def study_sk_reduce_pdl(shapes, ms, log):
 
 
 @functools.cache
-def _shipped_store():
-    """The shipped cache (common_bench.SHIPPED_CACHE) as the autotune store reads it, read once."""
-    return open_store(SHIPPED_CACHE, create=False)
+def _shipped_tiles() -> dict:
+    """The shipped cache (common_bench.SHIPPED_CACHE) as the autotune store reads it, read once:
+    key without its source hash -> tile."""
+    return {dataclasses.replace(e.key, source_hash=""): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
 
 
 def _shipped_tile(t, p):
@@ -399,11 +400,12 @@ def _shipped_tile(t, p):
     was tuned for (the fixup studies ran on kernels newer than the cache): the entry whose key is
     this device's key for (t, p) but for its source hash; None if it has no such key."""
     want = make_key(t, p, current_device_identity(torch.device(DEV)))
-    for e in _shipped_store().entries():
-        if dataclasses.replace(e.key, source_hash=want.source_hash) == want:
-            return dict(e.tile)
-    return None
+    tile = _shipped_tiles().get(dataclasses.replace(want, source_hash=""))
+    return None if tile is None else dict(tile)
 
+
+# The formats (and templates) of the fixup studies' shipped tiles.
+FIXUP_FORMATS = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
 
 # Extra split-K tiles of the fixup study: for bf16 and fp8 at M <= 16, the transposed product on
 # 128 weight rows (256 bytes of K per step, 4 or 6 stages) split 2, 3 and 4 ways (40-272 weight
@@ -418,9 +420,8 @@ def study_fixup(shapes, ms, log):
     M <= 16, transposed-product tiles split 2-4 ways with the fixup (tiles the reduction's cost kept
     out of the cache), and at M=256 the 128-row stream-K tiles both ways."""
     rows = []
-    fmts = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
-    for sh, N, K, M, x, ws, base in _points("fixup", tuple(f for f, _ in fmts[1:]), shapes, ms, rows, log):
-        for fmt, key in fmts:
+    for sh, N, K, M, x, ws, base in _points("fixup", tuple(f for f, _ in FIXUP_FORMATS[1:]), shapes, ms, rows, log):
+        for fmt, key in FIXUP_FORMATS:
             t = registry.TEMPLATES[key]
             wf = ws[fmt]
             tile = _shipped_tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
@@ -512,15 +513,15 @@ def study_capture_counters(shapes, ms, log):
     ...-capture-counters-pool.json on next-retune, whose first variant was still called
     "counters zeroed in the graph")."""
     rows = []
-    fmts = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
     shipped_counters = common.tile_counters
-    for sh, N, K, M, x, ws, base in _points("capture-counters", tuple(f for f, _ in fmts[1:]), shapes, ms, rows, log):
-        for fmt, key in fmts:
+    for sh, N, K, M, x, ws, base in _points("capture-counters", tuple(f for f, _ in FIXUP_FORMATS[1:]), shapes, ms,
+                                            rows, log):
+        for fmt, key in FIXUP_FORMATS:
             t = registry.TEMPLATES[key]
             wf = ws[fmt]
             tile = _shipped_tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
             if tile is None or not common.split_fixup(tile, common.split_plan(K, tile)[1]):
-                continue   # (stream-K fixup tiles would pass here too: none is shipped)
+                continue   # (a stream-K tile's fixup needs no K split, so one would be skipped: none ships)
             ids = dict(study="capture-counters", format=fmt, shape=sh, M=M)
             _run_cases(rows, log, t, x, [("fixup, tile_counters as it is", tile),
                                          ("reduction kernel", dict(tile, FIXUP=0))], wf, base, **ids)

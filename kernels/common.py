@@ -220,9 +220,8 @@ class DeviceFeatures:
 def device_features(device: torch.device) -> DeviceFeatures:
     """The DeviceFeatures of `device`, built once per device (an index-less "cuda" is the current
     device, as torch reads it, resolved before the memo)."""
-    if device.type == "cuda" and device.index is None:
-        device = torch.device(device.type, torch.cuda.current_device())
-    return _device_features(device)
+    return _device_features(_indexed(device))
+
 
 @functools.cache
 def _device_features(device: torch.device) -> DeviceFeatures:

@@ -462,13 +462,17 @@ def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
 
 class KernelSpy:
     """Stands in for a @triton.jit kernel: each launch, kernel[grid](*args, **kw), is appended to
-    `calls` as (name, grid, kw), not run."""
+    `calls` as (name, grid, kw), and not run, or run by `real` when given."""
 
-    def __init__(self, calls: list, name: str = ""):
-        self.calls, self.name = calls, name
+    def __init__(self, calls: list, name: str = "", real=None):
+        self.calls, self.name, self.real = calls, name, real
 
     def __getitem__(self, grid):
-        return lambda *args, **kw: self.calls.append((self.name, grid, kw))
+        def launch(*args, **kw):
+            self.calls.append((self.name, grid, kw))
+            if self.real is not None:
+                return self.real[grid](*args, **kw)
+        return launch
 
 
 def test_launch_tma_prefetches_only_with_wait(monkeypatch):
@@ -963,17 +967,12 @@ def _fixup_cases():
 
 
 def _spy_on_reductions(monkeypatch) -> list:
-    """The names of the reduction kernels launched from now on (split-K's and stream-K's)."""
-    launched = []
+    """The reduction kernels (split-K's and stream-K's) launched from now on, run and recorded as
+    KernelSpy records them."""
+    calls = []
     for module, kern in ((common, "splitk_reduce_kernel"), (gemm, "streamk_reduce_kernel")):
-        real = getattr(module, kern)
-
-        class Spy:
-            def __getitem__(self, grid, real=real, kern=kern):
-                launched.append(kern)
-                return real[grid]
-        monkeypatch.setattr(module, kern, Spy())
-    return launched
+        monkeypatch.setattr(module, kern, KernelSpy(calls, kern, real=getattr(module, kern)))
+    return calls
 
 
 @pytest.mark.parametrize("case", range(11))

@@ -327,9 +327,9 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
     store.put(Entry(dataclasses.replace(key, source_hash="0" * 16, N=128), dict(tile, BLOCK_N=64)))
     store.close()
     monkeypatch.setattr(variants, "SHIPPED_CACHE", path)
-    variants._shipped_store.cache_clear()
+    variants._shipped_tiles.cache_clear()
     try:
         assert variants._shipped_tile(t, p) == tile
         assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
     finally:
-        variants._shipped_store.cache_clear()
+        variants._shipped_tiles.cache_clear()
