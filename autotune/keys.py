@@ -14,7 +14,7 @@ import hashlib
 import json
 import sys
 import types
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -74,6 +74,12 @@ class CacheKey:
             d = hashlib.sha256(self.canonical().encode()).hexdigest()[:24]
             object.__setattr__(self, "_digest", d)
         return d
+
+    def lineage(self) -> "CacheKey":
+        """This key less what a re-tune changes under it (the kernels' source hash, the Triton
+        version): the same device, template, format, shape and bucket. An entry tuned for older
+        kernels matches the current key's lineage."""
+        return replace(self, source_hash="", triton="")
 
     @property
     def identity(self) -> DeviceIdentity:

@@ -182,10 +182,11 @@ class TileResolver:
                 lock.release()
 
     def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None,
-             max_candidates: int | None = None) -> tuple[dict, bool]:
+             max_candidates: int | None = None, incumbents: list | None = None) -> tuple[dict, bool]:
         """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). The sweep
         tries the template's whole search space, or `max_candidates` of it (tuner.candidates: the
-        default tile and a pick over the rest, shared among its paths where n allows)."""
+        default tile and a pick over the rest, shared among its paths where n allows) plus the
+        `incumbents` the space still holds (tuner.with_incumbents)."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:
@@ -194,8 +195,10 @@ class TileResolver:
                 self._memo[d] = tile
                 return dict(tile), False
             n = len(self.tuned)
-            tiles = (None if max_candidates is None
-                     else tuner.candidates(template.search_space(problem), max_candidates))
+            tiles = None
+            if max_candidates is not None:
+                space = template.search_space(problem)
+                tiles = tuner.with_incumbents(tuner.candidates(space, max_candidates), space, incumbents or [])
             tile = self._tune(template, problem, key, weight, x, deadline, progress, tiles)
             self._memo[d] = tile
             return dict(tile), len(self.tuned) > n

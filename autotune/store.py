@@ -426,3 +426,20 @@ def merge(dst: Store, src: Store, *, prefer_incoming: bool = False) -> dict[str,
                 dst.put(e, replace=True)
                 report["replaced"] += 1
     return report
+
+
+def incumbent_tiles(paths: Iterable[str | Path]) -> dict[Any, list[dict]]:
+    """The tiles each key has in the cache files `paths` (.json or .db, read only), by key lineage
+    (CacheKey.lineage: whatever kernel source and Triton they were tuned for), in the order of
+    `paths`, each tile once: what vsr-tune --incumbents adds to a key's candidates."""
+    out: dict[Any, list[dict]] = {}
+    for p in paths:
+        st = open_store(p, create=False)
+        try:
+            for e in st.entries():
+                tiles = out.setdefault(e.key.lineage(), [])
+                if all(_dumps(t) != _dumps(e.tile) for t in tiles):
+                    tiles.append(dict(e.tile))
+        finally:
+            st.close()
+    return out

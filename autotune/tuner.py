@@ -121,6 +121,23 @@ def candidates(space: list, n: int | None) -> list:
     return [space[0]] + _spread(rest, n - 1)
 
 
+def with_incumbents(tiles: list, space: list, incumbents: list) -> list:
+    """`tiles` (a pick from `space`) plus each incumbent tile that `space` still holds and the pick
+    left out, in the given order after the pick (so ties still go to the pick's earlier tiles).
+    Incumbents are the tiles that won this key before (vsr-tune --incumbents): with them a re-tune
+    at max-candidates n cannot lose a tile it already had, which a pick of 20 of 75 did (run 20:
+    int4 gate_up at M=1, 59.6 -> 62.9 us, when X_SPLIT tiles moved the pick)."""
+    out = list(tiles)
+    have = {tile_json(t) for t in out}
+    held = {tile_json(t) for t in space}
+    for t in incumbents:
+        tj = tile_json(t)
+        if tj in held and tj not in have:
+            have.add(tj)
+            out.append(dict(t))
+    return out
+
+
 def tile_json(tile: dict) -> str:
     return json.dumps(tile, sort_keys=True, separators=(",", ":"))
 

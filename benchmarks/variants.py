@@ -391,8 +391,8 @@ def study_sk_reduce_pdl(shapes, ms, log):
 @functools.cache
 def _shipped_tiles() -> dict:
     """The shipped cache (common_bench.SHIPPED_CACHE) as the autotune store reads it, read once:
-    key without its source hash -> tile."""
-    return {dataclasses.replace(e.key, source_hash=""): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
+    key lineage (CacheKey.lineage: less its source hash and Triton) -> tile."""
+    return {e.key.lineage(): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
 
 
 def _shipped_tile(t, p):
@@ -400,7 +400,7 @@ def _shipped_tile(t, p):
     was tuned for (the fixup studies ran on kernels newer than the cache): the entry whose key is
     this device's key for (t, p) but for its source hash; None if it has no such key."""
     want = make_key(t, p, current_device_identity(torch.device(DEV)))
-    tile = _shipped_tiles().get(dataclasses.replace(want, source_hash=""))
+    tile = _shipped_tiles().get(want.lineage())
     return None if tile is None else dict(tile)
 
 

@@ -8,6 +8,10 @@
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT to write elsewhere)
 #
+# Both stages pass vsr-tune --incumbents the file they rebuild (OUT_JSON, default
+# caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
+# tile a key had joins that key's candidate pick, so a re-tune cannot lose it (run 20).
+#
 # VSR_TUNE: the vsr-tune command (default vsr-tune; "python -m vsr.cli.tune" where the sources are
 # on PYTHONPATH but not installed, as on the device tool). The tuner writes each key as it is tuned, so a
 # stage cut short keeps what it finished; run it again and it resumes.
@@ -17,16 +21,20 @@ stage=${1:?usage: caches/retune.sh 27b|minilm DB}
 db=${2:?usage: caches/retune.sh 27b|minilm DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-caches/nvidia-h200.json}
+inc=()
+for f in ${INCUMBENTS-$out}; do
+  if [ -e "$f" ]; then inc+=(--incumbents "$f"); fi
+done
 
 case "$stage" in
   27b)
     scratch="$db.27b-16"
-    $tune 27b --autotune-cache "$scratch" --max-candidates 16
-    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20
+    $tune 27b --autotune-cache "$scratch" --max-candidates 16 ${inc[@]+"${inc[@]}"}
+    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
     $tune import "$scratch" --autotune-cache "$db"
     ;;
   minilm)
-    $tune minilm --autotune-cache "$db" --max-candidates 4 \
+    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
       --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
     $tune export --autotune-cache "$db" --out "$out"
     ;;

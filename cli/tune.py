@@ -1,7 +1,7 @@
 """vsr-tune: pre-record tiles into the shared autotune cache, and inspect / ship / check it.
 
     vsr-tune PACKAGE-or-SHAPES --autotune-cache PATH [--buckets 1,16|all] [--formats ...]
-             [--jobs N] [--time-budget S] [--json]
+             [--jobs N] [--time-budget S] [--max-candidates N [--incumbents CACHE ...]] [--json]
     vsr-tune ls|show KEY|export|import SRC|merge SRC|verify|coverage PACKAGE --autotune-cache PATH
 
 SHAPES is "27b", "minilm" or "NxK[,NxK]" (with --formats); a PACKAGE is a built-in name or a
@@ -22,7 +22,7 @@ from click_default_group import DefaultGroup
 from vsr.autotune.buckets import parse_buckets
 from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.keys import CacheKey
-from vsr.autotune.store import CacheError, export_json, merge, open_store
+from vsr.autotune.store import CacheError, export_json, incumbent_tiles, merge, open_store
 from vsr.runtime.errors import VsrError
 
 
@@ -176,9 +176,14 @@ def _fail(msg: str) -> None:
               help="Try at most N tiles of each search space: the default tile, then a pick over the "
                    "rest that gives each kernel path its share when N is large enough (see "
                    "vsr.autotune.tuner.candidates), else an even spread, its last tile included.")
+@click.option("--incumbents", "incumbents_from", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A cache file (.json or .db; repeatable) whose tile for a key, tuned for any kernel "
+                   "source or Triton, joins that key's --max-candidates pick when the search space "
+                   "still holds it: a re-tune then cannot lose a tile it already had.")
 @device_option
 @json_option
-def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, device, as_json):
+def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, incumbents_from,
+             device, as_json):
     """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
     from vsr.autotune.resolver import TileResolver
 
@@ -194,6 +199,7 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         if resolver.problem:  # e.g. the file holds another device's tiles: ours are added beside them
             click.echo(f"vsr-tune: note: {resolver.problem}", err=True)
         work = build_jobs(target, formats, dev, resolver.identity, bks, act_dtype)
+        incumbents = incumbent_tiles(incumbents_from)
     except (VsrError, CacheError, ValueError) as e:
         _fail(str(e))
     report = {"cache": str(cache), "target": target, "device": resolver.identity.name,
@@ -216,7 +222,8 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
                        f"{time.monotonic() - k0:5.1f}s{left}", err=True, nl=False)
         try:
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
-                                         progress=progress, max_candidates=max_candidates)
+                                         progress=progress, max_candidates=max_candidates,
+                                         incumbents=incumbents.get(key.lineage()))
         except (CacheError, ValueError, RuntimeError) as e:
             report["failed"].append({"key": key.short(), "error": str(e)})
             click.echo(f"\n[{i}/{len(work)}] {key.short()}: FAILED: {e}", err=True)

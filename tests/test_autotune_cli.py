@@ -1,5 +1,6 @@
 """vsr-tune on CPU (the Triton interpreter, fp16/fp32 so tl.dot is exact): tune a shape spec and a
 package, ls/show/export/import/merge/verify/coverage, resumability, --json everywhere."""
+import functools
 import json
 
 import pytest
@@ -180,6 +181,38 @@ def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(tmp_path):
     assert "no CUDA device" in r.output and "Traceback" not in r.output
 
 
+def test_incumbents_join_a_retune_from_a_cache_of_older_kernels(tuned, tmp_path):
+    # A cache tuned for other kernels (source hash and Triton changed) names a tile the one-tile
+    # pick leaves out: with --incumbents it is timed beside the default, without it it is not.
+    from vsr.kernels import registry
+    from vsr.kernels.template import Problem
+    d, _ = tuned
+    space = registry.TEMPLATES["dense"].search_space(Problem(40, 64, 1, torch.float16, (("wdtype", "float16"),)))
+    run("export", "--autotune-cache", d / "c.db", "--out", tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    target = [e for e in doc["entries"] if (e["key"]["N"], e["key"]["K"], e["key"]["bucket"],
+                                            e["key"]["act_dtype"]) == (40, 64, 1, "float16")]
+    assert len(target) == 1 and len(space) > 2
+    target[0]["key"].update(source_hash="0" * 16, triton="0.0.1")
+    target[0]["tile"] = space[-1]
+    for e in doc["entries"]:
+        e.pop("digest")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    one = ["40x64", "--formats", "fp16", "--buckets", "1", "--max-candidates", "1"]
+
+    def tried(db, *extra):
+        run(*one, "--autotune-cache", db, *extra)
+        (row,) = json.loads(run("ls", "--autotune-cache", db, "--json").stdout)
+        shown = json.loads(run("show", row["digest"], "--autotune-cache", db, "--json").stdout)
+        return [c["tile"] for c in shown["candidates"]]
+    assert tried(tmp_path / "plain.db") == [space[0]]
+    key = functools.partial(json.dumps, sort_keys=True)
+    assert sorted(map(key, tried(tmp_path / "inc.db", "--incumbents", tmp_path / "old.json"))) == \
+        sorted(map(key, [space[0], space[-1]]))
+    assert run(*one, "--autotune-cache", tmp_path / "x.db", "--incumbents", tmp_path / "none.json",
+               ok=False).exit_code == 2
+
+
 def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path):
     # caches/retune.sh (how caches/nvidia-h200.json is rebuilt): each stage's commands, in order,
     # every one of them accepted by vsr-tune's option parser (a renamed option fails here).
@@ -189,12 +222,20 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     script = Path(__file__).resolve().parent.parent / "caches" / "retune.sh"
     db = str(tmp_path / "h200.db")
 
-    def stage(name):
+    shipped = tmp_path / "shipped.json"     # the file the rebuild replaces: its tiles are incumbents
+    shipped.write_text("{}")
+
+    def stage(name, **env):
         p = subprocess.run(["bash", str(script), name, db], capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
+                           env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo", "OUT_JSON": str(shipped), **env},
+                           timeout=60)
         assert p.returncode == 0, p.stderr
         return [shlex.split(line) for line in p.stdout.splitlines()]
+    for cmd in stage("27b", INCUMBENTS="") + stage("minilm", INCUMBENTS=str(tmp_path / "absent.json")):
+        assert "--incumbents" not in cmd
     big, small = stage("27b"), stage("minilm")
+    for cmd in big[:2] + small[:1]:
+        assert cmd[cmd.index("--incumbents") + 1] == str(shipped)
     assert [c[0] for c in big] == ["27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
     assert big[2][1] == big[0][2] and big[1][2] == big[2][3] == db   # the 16-candidate store imported under DB
     assert "--max-candidates" in big[1] and big[1][big[1].index("--max-candidates") + 1] == "20"

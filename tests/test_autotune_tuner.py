@@ -140,6 +140,17 @@ def test_candidates_keep_the_default_and_spread_over_the_space():
             assert [space.index(t) for t in pick] == sorted(space.index(t) for t in pick)
 
 
+def test_incumbents_join_the_pick_only_from_the_space_and_once():
+    from vsr.autotune.tuner import candidates, with_incumbents
+    space = [{"path": "s", "i": i} for i in range(30)]
+    pick = candidates(space, 4)
+    missed = next(t for t in space if t not in pick)
+    gone = {"path": "s", "i": 99}                   # no longer in the search space: never timed
+    out = with_incumbents(pick, space, [pick[1], missed, gone, dict(missed)])
+    assert out[:4] == pick and out[4:] == [missed] and len(out) == 5
+    assert with_incumbents(pick, space, []) == pick and with_incumbents(space, space, [missed]) == space
+
+
 def test_candidates_share_the_pick_among_paths():
     # The stratified pick: with n - 1 >= 2 x the paths after the default, every path is seen (an
     # even spread over this space at n=7 would miss the short path "j"), its first and last tile
