@@ -179,7 +179,8 @@ def _fail(msg: str) -> None:
 @click.option("--incumbents", "incumbents_from", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="A cache file (.json or .db; repeatable) whose tile for a key, tuned for any kernel "
                    "source or Triton, joins that key's --max-candidates pick when the search space "
-                   "still holds it: a re-tune then cannot lose a tile it already had.")
+                   "still holds it: a re-tune then cannot lose a tile it already had (without "
+                   "--max-candidates the whole space is tried anyway).")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, incumbents_from,
