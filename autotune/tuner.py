@@ -81,7 +81,11 @@ def _spread(items: list, k: int) -> list:
 
 
 def _path(tile) -> Any:
-    return tile.get("path") if isinstance(tile, dict) else None
+    """The group a tile's share of the pick comes from: its path, and wide TMA tiles (BLOCK_N2) on
+    their own, since they are a kernel form of their own that few tiles of the path stand for."""
+    if not isinstance(tile, dict):
+        return None
+    return (tile.get("path"), "wide") if tile.get("BLOCK_N2") else tile.get("path")
 
 
 def candidates(space: list, n: int | None) -> list:
@@ -171,6 +175,8 @@ def prune_reason(tile: dict, weight, x: torch.Tensor, smem_limit: int | None) ->
     block sizes can be judged; anything else is left to the compiler (a failure is a rejection)."""
     bm = _get(tile, "BLOCK_M", "BM")
     bn = _get(tile, "BLOCK_N", "BN")
+    if isinstance(bn, int):
+        bn += int(tile.get("BLOCK_N2", 0))   # a wide tile's second block of weight rows
     bk = _get(tile, "BLOCK_K", "BK")
     warps = _get(tile, "num_warps", "warps", default=4)
     stages = _get(tile, "num_stages", "stages", default=1)

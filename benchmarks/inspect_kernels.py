@@ -107,6 +107,12 @@ def cases() -> dict[str, tuple]:
                              dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False, FIXUP=False,
                                   ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
+    wide = dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[128,64]>",
+                b2_desc="tensordesc<bf16[32,64]>", b_ptr="*bf16", stride_bn="i32")
+    out["tma-wide-128x160"] = (gemm.tma_gemm_kernel, {k: v for k, v in wide.items() if k not in ("ws_ptr", "cnt_ptr")},
+                               dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=128, BLOCK_N2=32, PERSISTENT=False,
+                                    WAIT=False, PREFETCH=0, LINE_COLS=64), 8, 4,
+                               "wide TMA tile, bf16 128x(128+32)x64: one wave of 128 programs on qkv at M = 256")
     out["tma-sk-128x256-fixup"] = (
         gemm.tma_streamk_kernel, out["tma-sk-128x256"][1], dict(out["tma-sk-128x256"][2], FIXUP=True), 8, 4,
         "the same, each leftover tile's partials added by its last program to finish (FIXUP)")

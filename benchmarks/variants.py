@@ -552,6 +552,22 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
+def study_wide(shapes, ms, log):
+    """bf16 at M = 256-512: the shipped cache's tile against every wide TMA tile of the space
+    (gemm_tiles.wide_tiles: BLOCK_N + BLOCK_N2 weight rows, widths no power of two gives, so that
+    a layer's tiles make about one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and 176-wide
+    tiles at M = 256)."""
+    rows = []
+    t = registry.TEMPLATES["dense"]
+    for sh, N, K, M, x, ws, base in _points("wide", (), shapes, ms, rows, log):
+        wb = ws["bf16"]
+        shipped = _shipped_tile(t, t.problem(wb[0], bucket_for(M), x.dtype))
+        cases = [("shipped", shipped)] if shipped is not None else []
+        cases += [(f"wide {tl['BLOCK_N']}+{tl['BLOCK_N2']} s{tl['num_stages']}", tl) for tl in gemm_tiles.wide_tiles(64)]
+        _run_cases(rows, log, t, x, cases, wb, base, study="wide", format="bf16", shape=sh, M=M)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -561,7 +577,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fixup": (study_fixup, "1,16,64,256,1024"),
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),
-           "int4-x-split": (study_int4_x_split, "1,16")}
+           "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512")}
 
 
 # Seconds between rewrites of the results file while a study runs.

@@ -359,6 +359,9 @@ def check_tile(t: dict) -> None:
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"):
         if k not in t:
             raise ValueError(f"tile {t} lacks {k}")
+    if t.get("BLOCK_N2") and not str(t.get("path", "")).endswith("tma"):
+        # Only the TMA tile kernel has a second block of weight rows; any other would drop it.
+        raise ValueError(f"tile {t}: BLOCK_N2 (a wide tile) needs a TMA tile path")
 
 @triton.jit
 def abs_bits(v):

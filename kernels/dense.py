@@ -86,7 +86,7 @@ def default_tile(p: Problem) -> dict:
 
 def search_space(p: Problem) -> list[dict]:
     b = _bytes(p.act_dtype)
-    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p), wide=True)
     if p.bucket == 1:  # one row: the CUDA-core GEMV (fp8's M=1 winner) beside the split-K tiles
         space = space[:1] + gemm_tiles.gemv_tiles(p.K, b) + space[1:]
     return space

@@ -75,18 +75,54 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
     return acc
 
 @triton.jit
-def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-              HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """The epilogue of an output tile's fp32 sums and their masked store."""
     acc = common.epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+@triton.jit
+def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+              HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+    _store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
+                bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+
+@triton.jit
+def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
+                   stride_ym, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+                   HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths
+    no power of two gives, which Triton's blocks must be), as two products that share each
+    step's activation tile, each with its own accumulator. The width is chosen so that a
+    layer's tiles make about one wave of the machine: cuBLAS's BF16 kernels at M = 256 take
+    168-, 80- and 176-wide weight tiles for 122-132 programs (H200 run 20, peer_kernels.py),
+    where vsr's power-of-two tiles make 2.4 waves of 64x128 or 1.2 of 128x128."""
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * (BLOCK_N + BLOCK_N2)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        b = b_desc.load([off_n, k0])
+        b2 = b2_desc.load([off_n + BLOCK_N, k0])
+        if IEEE:
+            acc = tl.dot(a, b.T, acc, input_precision="ieee")
+            acc2 = tl.dot(a, b2.T, acc2, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b.T, acc)
+            acc2 = tl.dot(a, b2.T, acc2)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    _store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
+                stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    _store_tile(acc2, offs_m, off_n + BLOCK_N + tl.arange(0, BLOCK_N2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
+                alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
@@ -102,11 +138,11 @@ def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first
                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 @triton.jit
-def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym,
-                    NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
+def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
+                    stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                     HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, WAIT: tl.constexpr,
-                    PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
+                    BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr,
+                    WAIT: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
     through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
     zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
@@ -116,19 +152,29 @@ def tma_gemm_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, c
     persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
     cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
     one program, in the same order: the output does not depend on NUM_PROGRAMS.
-    PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait."""
+    PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait.
+    BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide
+    (_tma_wide_tile), b2_desc the weight's descriptor of BLOCK_N2-row blocks."""
     if PERSISTENT:
         common.wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
                    stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
-        pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N + BLOCK_N2, GROUP_M)
         if PREFETCH > 0:
-            common.prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+            off_n = pid_n * (BLOCK_N + BLOCK_N2)
+            common.prefetch_weight_rows(b_ptr, stride_bn, off_n, 0, N, K, BLOCK_N, PREFETCH, LINE_COLS)
+            if BLOCK_N2 > 0:
+                common.prefetch_weight_rows(b_ptr, stride_bn, off_n + BLOCK_N, 0, N, K, BLOCK_N2, PREFETCH, LINE_COLS)
         common.wait_for_producer(WAIT)
-        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+        if BLOCK_N2 > 0:
+            _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N,
+                           K, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_N2,
+                           BLOCK_K)
+        else:
+            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
 
 @triton.jit
 def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -370,9 +416,12 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     line = dict(PREFETCH=prefetch if wait else 0, LINE_COLS=max(1, 128 // b.element_size()))
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
-    bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    bm, bn, bk, bn2 = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile.get("BLOCK_N2", 0)
+    if bn2 and (tile.get("path") != "tma" or tile.get("PERSISTENT")):
+        raise ValueError(f"tile {tile}: BLOCK_N2 (a wide tile) is a field of one-tile-per-program \"tma\" tiles only")
+    owner = owner if owner is not None else _Transient()
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = weight_descriptor(owner if owner is not None else _Transient(), b, [bn, bk])
+    b_desc = weight_descriptor(owner, b, [bn, bk])
     d = y
     if tile.get("path") == "tma-swap":
         k_split, split = common.split_plan(K, tile)
@@ -417,9 +466,12 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
                 launch_pdl=release, num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
+    if bn2:
+        tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
-    tma_gemm_kernel[(programs,)](a_desc, b_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
-                                 programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags,
+    b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
+    tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
+                                 programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags, BLOCK_N2=bn2,
                                  PERSISTENT=persistent, WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache

@@ -114,13 +114,26 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
 
 def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
-    return int(t["num_stages"] * (t["BLOCK_M"] * t["BLOCK_K"] * a_bytes + t["BLOCK_K"] * t["BLOCK_N"] * b_bytes))
+    bn = t["BLOCK_N"] + t.get("BLOCK_N2", 0)
+    return int(t["num_stages"] * (t["BLOCK_M"] * t["BLOCK_K"] * a_bytes + t["BLOCK_K"] * bn * b_bytes))
+
+# Wide TMA tiles (gemm._tma_wide_tile: BLOCK_N + BLOCK_N2 weight rows, 160, 80, 192 or 96), offered
+# at these row buckets: on the 27B shapes at M = 256, 160-wide tiles make 128 programs on qkv and
+# 80-wide ones 128 on o and down (one wave of 132 multiprocessors), as cuBLAS's 168- and 80-wide
+# tiles do (H200 run 20, peer_kernels.py), and twice that at M = 512.
+WIDE_BUCKETS = (256, 512)
+WIDE_SPLITS = ((128, 32), (64, 16), (128, 64), (64, 32))
+
+def wide_tiles(bk: int) -> list[dict]:
+    """The wide TMA tiles of a bucket in WIDE_BUCKETS: 128 rows of x on 8 warps, 3 and 4 stages."""
+    return [dict(tile("tma", 128, bn, bk, 1, 8, st), BLOCK_N2=bn2) for bn, bn2 in WIDE_SPLITS for st in (3, 4)]
 
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
-               bk_choices=None, tma: bool = True) -> list[dict]:
+               bk_choices=None, tma: bool = True, wide: bool = False) -> list[dict]:
     """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32
     take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`)
-    and pointer loads."""
+    and pointer loads; with `wide` (templates whose launcher is gemm.launch_tma), buckets in
+    WIDE_BUCKETS also the wide TMA tiles."""
     bks = bk_choices or (64, 128, 256)
     cands = [default]
     if bucket <= 16:
@@ -150,6 +163,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
+        if wide and bucket in WIDE_BUCKETS and "tma" in paths:
+            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)))   # 128 bytes of K per step, as the default
         if bucket >= PERSISTENT_FROM and "tma" in paths:
             # The persistent forms, and the default's other form second (a short sweep's strided
             # pick always sees it).

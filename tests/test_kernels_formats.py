@@ -122,6 +122,40 @@ def test_dense_tma_path_with_a_misaligned_activation_view(dtype):
     assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_wide_tma_tiles_cover_every_output(dtype, bias, monkeypatch):
+    # Wide tiles (BLOCK_N2: BLOCK_N + BLOCK_N2 weight rows per program, two products): N = 77 makes
+    # a second tile whose second block lies wholly past N (zero-filled, never stored) and rows
+    # 20 two row blocks; every output written (poisoned) by a grid of wide tiles (the spy).
+    calls = []
+    monkeypatch.setattr(gemm, "tma_gemm_kernel", KernelSpy(calls, real=gemm.tma_gemm_kernel))
+    g = gen(160)
+    w = dense.DenseWeight(torch.randn(77, K, generator=g).to(dtype),
+                          torch.randn(77, generator=g).to(dtype) if bias else None).to(DEV)
+    x = torch.randn(20, K, generator=g).to(dtype).to(DEV)
+    for bn, bn2 in ((32, 16), (16, 32)):
+        tile = dict(TMA, BLOCK_M=16, BLOCK_N=bn, BLOCK_N2=bn2, BLOCK_K=32 if dtype == torch.float32 else 64)
+        assert_close(run(dense.launch, x, w, tile), dense.reference_linear(x, w))
+        assert calls[-1][1] == (2 * 2,) and calls[-1][2]["BLOCK_N2"] == bn2   # 2 row blocks x 2 of 48 rows
+
+
+def test_wide_tiles_only_where_the_kernel_has_them():
+    g = gen(161)
+    w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
+    x = torch.randn(5, K, generator=g).half().to(DEV)
+    for tile in (dict(TILED, BLOCK_N2=16), dict(TMA, path="tma-sk", BLOCK_N2=16),
+                 dict(TMA, path="tma-swap", BLOCK_N2=16), dict(TMA, BLOCK_N2=16, PERSISTENT=1)):
+        with pytest.raises(ValueError, match="BLOCK_N2"):
+            dense.launch(x, w, tile)
+    # The dense space offers them at buckets 256 and 512 only, as one-tile-per-program TMA tiles.
+    for bucket in (128, 256, 512, 1024):
+        space = dense.search_space(dense.problem(w, bucket, torch.bfloat16))
+        wide = [t for t in space if t.get("BLOCK_N2")]
+        assert bool(wide) == (bucket in (256, 512))
+        assert all(t["path"] == "tma" and not t.get("PERSISTENT") for t in wide)
+
+
 def test_weight_descriptor_is_built_once_per_weight_and_tile():
     g = gen(23)
     w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)

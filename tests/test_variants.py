@@ -333,3 +333,13 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
         assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
     finally:
         variants._shipped_tiles.cache_clear()
+
+
+def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(200, 128)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: template.default_tile(problem))
+    rows = variants.study_wide(["tiny"], [256], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert [r["variant"] for r in cases][:3] == ["shipped", "wide 128+32 s3", "wide 128+32 s4"]
+    assert len(cases) == 1 + len(variants.gemm_tiles.wide_tiles(64)) and all(r["tile"].get("BLOCK_N2") for r in cases[1:])
