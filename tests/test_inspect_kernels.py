@@ -96,9 +96,10 @@ for on in (True, False):
                            dict(flags, BLOCK_M=16, BLOCK_K=256, SPLIT_K=1, WAIT=on, PREFETCH=4 if on else 0,
                                 FIXUP=False), 4, 4)
     tile = ik.compile_cuda(gemm.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
-                           b_desc="tensordesc<fp8e4nv[128, 256]>", alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
-                           dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, PERSISTENT=False, WAIT=on,
-                                PREFETCH=4 if on else 0), 4, 4)
+                           b_desc="tensordesc<fp8e4nv[128, 256]>", b2_desc="tensordesc<fp8e4nv[128, 256]>",
+                           alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
+                           dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, BLOCK_N2=0, PERSISTENT=False,
+                                WAIT=on, PREFETCH=4 if on else 0), 4, 4)
     fn, types, consts, warps, stages, _ = ik.cases()["fp8-prologue-5120"]
     quant = ik.compile_cuda(fn, types, dict(consts, RELEASE=on), warps, stages)
     for name, k in (("swap", swap), ("tile", tile)):
