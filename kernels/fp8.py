@@ -340,11 +340,12 @@ def search_space(p: Problem) -> list[dict]:
     Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
     among the paths, each share spread over its path's tiles from the first to the last, so
     the last variant, the last tile of the default's path, is timed by any sweep giving that
-    path two or more picks (16 candidates give fp8's three paths five each) and the others by
+    path two or more picks (16 candidates give fp8's three paths five each; at buckets 256-512
+    the wide TMA tiles are a fourth group, and each gets three or four) and the others by
     longer ones, while product tiles keep the other picks; right after the default they would
     take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
     base = _default_product_tile(p)
-    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256), wide=True)
     if p.bucket == 1:
         gemv = [t for t in gemm_tiles.gemv_tiles(p.K, 1) if t != base]
         space = space[:1] + gemv[:1] + space[1:12] + gemv[1:] + space[12:36]

@@ -132,8 +132,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                bk_choices=None, tma: bool = True, wide: bool = False) -> list[dict]:
     """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32
     take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`)
-    and pointer loads; with `wide` (templates whose launcher is gemm.launch_tma), buckets in
-    WIDE_BUCKETS also the wide TMA tiles."""
+    and pointer loads; with `wide` (the templates whose TMA tiles reach gemm.launch_tma: dense,
+    fp8, and int4's transient dense product), buckets in WIDE_BUCKETS also the wide TMA tiles."""
     bks = bk_choices or (64, 128, 256)
     cands = [default]
     if bucket <= 16:

@@ -140,6 +140,24 @@ def test_dense_wide_tma_tiles_cover_every_output(dtype, bias, monkeypatch):
         assert calls[-1][1] == (2 * 2,) and calls[-1][2]["BLOCK_N2"] == bn2   # 2 row blocks x 2 of 48 rows
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "int4 dequant-tma"])
+def test_fp8_and_int4_dequant_wide_tiles_cover_every_output(fmt, monkeypatch):
+    # The other templates whose TMA tiles reach launch_tma take the wide form too (fp8's product
+    # with its scales, int4's transient dense copy); N = 37 ends inside the second block.
+    calls = []
+    monkeypatch.setattr(gemm, "tma_gemm_kernel", KernelSpy(calls, real=gemm.tma_gemm_kernel))
+    g = gen(162)
+    x = torch.randn(20, K, generator=g).half().to(DEV)
+    if fmt == "fp8":
+        w, launch, ref = fp8_weight(g, torch.float16, True), fp8.launch, fp8.reference_linear
+        tile = dict(TMA, BLOCK_M=16, BLOCK_N=32, BLOCK_N2=16, BLOCK_K=128)
+    else:
+        w, launch, ref = int4_weight(g, 64, False, False, True), int4.launch, int4.reference_linear
+        tile = dict(TMA, path="dequant-tma", BLOCK_M=16, BLOCK_N=32, BLOCK_N2=16, BLOCK_K=64)
+    assert_close(run(launch, x, w, tile), ref(x, w))
+    assert calls[-1][1] == (2,) and calls[-1][2]["BLOCK_N2"] == 16
+
+
 def test_wide_tiles_only_where_the_kernel_has_them():
     g = gen(161)
     w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
@@ -148,12 +166,15 @@ def test_wide_tiles_only_where_the_kernel_has_them():
                  dict(TMA, path="tma-swap", BLOCK_N2=16), dict(TMA, BLOCK_N2=16, PERSISTENT=1)):
         with pytest.raises(ValueError, match="BLOCK_N2"):
             dense.launch(x, w, tile)
-    # The dense space offers them at buckets 256 and 512 only, as one-tile-per-program TMA tiles.
-    for bucket in (128, 256, 512, 1024):
-        space = dense.search_space(dense.problem(w, bucket, torch.bfloat16))
-        wide = [t for t in space if t.get("BLOCK_N2")]
-        assert bool(wide) == (bucket in (256, 512))
-        assert all(t["path"] == "tma" and not t.get("PERSISTENT") for t in wide)
+    # The dense, fp8 and int4 spaces offer them at buckets 256 and 512 only, as one-tile-per-program
+    # TMA tiles (int4's for its transient dense copy).
+    spaces = {"dense": (dense, w), "fp8": (fp8, fp8_weight(g, torch.bfloat16, False)),
+              "int4": (int4, int4_weight(g, 128, True, False, False, torch.bfloat16))}
+    for name, (mod, wt) in spaces.items():
+        for bucket in (128, 256, 512, 1024):
+            wide = [t for t in mod.search_space(mod.problem(wt, bucket, torch.bfloat16)) if t.get("BLOCK_N2")]
+            assert bool(wide) == (bucket in (256, 512)), (name, bucket)
+            assert all(t["path"] in ("tma", "dequant-tma") and not t.get("PERSISTENT") for t in wide)
 
 
 def test_weight_descriptor_is_built_once_per_weight_and_tile():
