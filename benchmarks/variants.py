@@ -553,18 +553,20 @@ def study_int4_x_split(shapes, ms, log):
 
 
 def study_wide(shapes, ms, log):
-    """bf16 at M = 256-512: the shipped cache's tile against every wide TMA tile of the space
-    (gemm_tiles.wide_tiles: BLOCK_N + BLOCK_N2 weight rows, widths no power of two gives, so that
-    a layer's tiles make about one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and 176-wide
-    tiles at M = 256)."""
+    """bf16 and fp8 at M = 256-512: the shipped cache's tile against every wide TMA tile of the
+    space (gemm_tiles.wide_tiles: BLOCK_N + BLOCK_N2 weight rows, widths no power of two gives, so
+    that a layer's tiles make about one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and
+    176-wide tiles at M = 256). fp8's wide tiles keep the shipped tile's prologue knobs."""
     rows = []
-    t = registry.TEMPLATES["dense"]
-    for sh, N, K, M, x, ws, base in _points("wide", (), shapes, ms, rows, log):
-        wb = ws["bf16"]
-        shipped = _shipped_tile(t, t.problem(wb[0], bucket_for(M), x.dtype))
-        cases = [("shipped", shipped)] if shipped is not None else []
-        cases += [(f"wide {tl['BLOCK_N']}+{tl['BLOCK_N2']} s{tl['num_stages']}", tl) for tl in gemm_tiles.wide_tiles(64)]
-        _run_cases(rows, log, t, x, cases, wb, base, study="wide", format="bf16", shape=sh, M=M)
+    for sh, N, K, M, x, ws, base in _points("wide", ("fp8",), shapes, ms, rows, log):
+        for fmt, key, bk in (("bf16", "dense", 64), ("fp8", "fp8_w8a8", 128)):
+            t = registry.TEMPLATES[key]
+            shipped = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
+            knobs = {k: v for k, v in (shipped or {}).items() if k in ("PRO_WARPS", "PDL")}
+            cases = [("shipped", shipped)] if shipped is not None else []
+            cases += [(f"wide {w['BLOCK_N']}+{w['BLOCK_N2']} s{w['num_stages']}", dict(w, **knobs))
+                      for w in gemm_tiles.wide_tiles(bk)]
+            _run_cases(rows, log, t, x, cases, ws[fmt], base, study="wide", format=fmt, shape=sh, M=M)
     return rows
 
 

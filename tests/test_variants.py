@@ -336,10 +336,17 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
 
 
 def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
-    on_a_tiny_shape(200, 128)
+    on_a_tiny_shape(96, 128)
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: template.default_tile(problem))
-    rows = variants.study_wide(["tiny"], [256], lambda r: None)
+    # Two wide tiles and one weight copy: the interpreter takes ~1 s a launch at bucket 256.
+    every, copies = variants.gemm_tiles.wide_tiles, variants.weight_copies
+    monkeypatch.setattr(variants.gemm_tiles, "wide_tiles", lambda bk: every(bk)[:2])
+    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
+    rows = variants.study_wide(["tiny"], [129], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    n = 3
+    assert [r["format"] for r in cases] == ["bf16"] * n + ["fp8"] * n
     assert [r["variant"] for r in cases][:3] == ["shipped", "wide 128+32 s3", "wide 128+32 s4"]
-    assert len(cases) == 1 + len(variants.gemm_tiles.wide_tiles(64)) and all(r["tile"].get("BLOCK_N2") for r in cases[1:])
+    assert all(r["tile"].get("BLOCK_N2") for r in cases[1:n] + cases[n + 1:])
+    assert cases[n + 1]["tile"]["BLOCK_K"] == 128 and cases[n + 1]["tile"].get("PDL") == cases[n]["tile"].get("PDL")
