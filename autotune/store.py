@@ -428,11 +428,12 @@ def merge(dst: Store, src: Store, *, prefer_incoming: bool = False) -> dict[str,
     return report
 
 
-def incumbent_tiles(paths: Iterable[str | Path]) -> dict[Any, list[dict]]:
+def incumbent_tiles(paths: Iterable[str | Path]) -> dict[CacheKey, list[dict]]:
     """The tiles each key has in the cache files `paths` (.json or .db, read only), by key lineage
-    (CacheKey.lineage: whatever kernel source and Triton they were tuned for), in the order of
-    `paths`, each tile once: what vsr-tune --incumbents adds to a key's candidates."""
-    out: dict[Any, list[dict]] = {}
+    (CacheKey.lineage: whatever kernel source and Triton they were tuned for): a key's list holds
+    the first file's tile first, each tile once. What vsr-tune --incumbents adds to a key's
+    candidates."""
+    out: dict[CacheKey, list[dict]] = {}
     for p in paths:
         st = open_store(p, create=False)
         try:

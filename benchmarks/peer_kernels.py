@@ -7,7 +7,9 @@ quantized outside the profiled calls) and vsr's bf16 and fp8 products on the shi
 each called a few times under torch.profiler. Every CUDA kernel launched is reported with its grid,
 block, registers, shared memory and device microseconds per call, and for cuBLAS's kernels the
 tile and cluster their names spell (`..._tilesize128x256x64_cluster2x1x1_...` or nvjet's
-`nvjet_..._128x256_64x4_2x1_...`). It times nothing for the ratios (bench_gemm.py does): it says
+`nvjet_..._128x256_64x4_2x1_...`). Those are in cuBLAS's own column-major terms: for `x @ w.t()`
+"tile" [a, b] is a weight rows (N) by b rows of x (M), as the grid shows (qkv, M = 256: a 168x128
+tile on a grid of 2 x 61, 61 x 168 ~ N = 10240). It times nothing for the ratios (bench_gemm.py does): it says
 what the peer does where vsr is slower (bf16 at M = 256-1024, NOTES "Next kernel session" item 4).
 """
 from __future__ import annotations
@@ -25,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, result_path  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
-from vsr.autotune.resolver import TileResolver  # noqa: E402
+from vsr.autotune.device_id import current_device_identity  # noqa: E402
+from vsr.autotune.keys import make_key  # noqa: E402
+from vsr.autotune.store import open_store  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
 
@@ -96,7 +100,10 @@ def main() -> int:
         print("peer_kernels.py needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    resolver = TileResolver(SHIPPED_CACHE, "error", dev)
+    # The shipped tiles by key lineage (CacheKey.lineage): whatever kernel source they were tuned
+    # for, so a branch whose kernels stale the cache still profiles the tiles users run.
+    shipped = {e.key.lineage(): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
+    ident = current_device_identity(dev)
     out = Path(a.out) if a.out else result_path("peer-kernels", torch.cuda.get_device_name(dev))
     doc = {"benchmark": "peer-kernels", "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "commit": code_commit(), "tile_cache": str(SHIPPED_CACHE.name), "rows": []}
@@ -114,10 +121,12 @@ def main() -> int:
             tiles = {}
             for fmt, w in (("bf16", wb), ("fp8", w8)):
                 t = registry.template_for(w, x.dtype)
-                tile = tiles[f"vsr-{fmt}"] = resolver.tile(t, t.problem(w, bucket_for(M), x.dtype))
+                tile = tiles[f"vsr-{fmt}"] = shipped.get(make_key(t, t.problem(w, bucket_for(M), x.dtype), ident).lineage())
                 provs[f"vsr-{fmt}"] = lambda t=t, w=w, tile=tile: t.launch(x, w, tile)
             for name, fn in provs.items():
                 try:
+                    if name in tiles and tiles[name] is None:
+                        raise LookupError(f"{SHIPPED_CACHE.name} has no tile for this key")
                     ks = profile(fn)
                     err = None
                 except Exception as e:   # one provider failing leaves the others' rows

@@ -6,7 +6,7 @@
 #                                their int4 keys again at 20 into DB, the first imported under them
 #                                (DB's own entries kept: int4 at 16 lost 9% at M=64, run 14)
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
-#                                DB exported to caches/nvidia-h200.json (OUT to write elsewhere)
+#                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
 #
 # Both stages pass vsr-tune --incumbents the file they rebuild (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
@@ -21,9 +21,17 @@ stage=${1:?usage: caches/retune.sh 27b|minilm DB}
 db=${2:?usage: caches/retune.sh 27b|minilm DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-caches/nvidia-h200.json}
+# Split on blanks only (no glob). OUT_JSON missing is a first build: no incumbents; a file that
+# INCUMBENTS names and that is missing is a mistake.
+read -r -a names <<< "${INCUMBENTS-$out}"
 inc=()
-for f in ${INCUMBENTS-$out}; do
-  if [ -e "$f" ]; then inc+=(--incumbents "$f"); fi
+for f in ${names[@]+"${names[@]}"}; do
+  if [ -e "$f" ]; then
+    inc+=(--incumbents "$f")
+  elif [ -n "${INCUMBENTS+set}" ]; then
+    echo "caches/retune.sh: INCUMBENTS names '$f', which does not exist" >&2
+    exit 2
+  fi
 done
 
 case "$stage" in

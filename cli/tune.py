@@ -173,9 +173,10 @@ def _fail(msg: str) -> None:
 @click.option("--jobs", default=None, type=int, help="Threads compiling candidates in parallel.")
 @click.option("--time-budget", default=None, type=float, help="Seconds; no new key starts after it (resume later).")
 @click.option("--max-candidates", default=None, type=click.IntRange(min=1),
-              help="Try at most N tiles of each search space: the default tile, then a pick over the "
+              help="Try N tiles of each search space: the default tile, then a pick over the "
                    "rest that gives each kernel path its share when N is large enough (see "
-                   "vsr.autotune.tuner.candidates), else an even spread, its last tile included.")
+                   "vsr.autotune.tuner.candidates), else an even spread, its last tile included; "
+                   "plus the --incumbents the pick left out.")
 @click.option("--incumbents", "incumbents_from", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="A cache file (.json or .db; repeatable) whose tile for a key, tuned for any kernel "
                    "source or Triton, joins that key's --max-candidates pick when the search space "
@@ -190,8 +191,12 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
 
     t0 = time.monotonic()
     dev = _device(device)
+    if incumbents_from and max_candidates is None:
+        click.echo("vsr-tune: note: --incumbents matters only with --max-candidates (the whole search space "
+                   "is tried without it)", err=True)
     try:
         bks = parse_buckets(buckets)
+        incumbents = incumbent_tiles(incumbents_from)   # before the cache is opened: a bad file creates nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # said once below, as a vsr-tune message
             resolver = TileResolver(cache, "tune", dev, jobs=jobs)
@@ -200,7 +205,6 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         if resolver.problem:  # e.g. the file holds another device's tiles: ours are added beside them
             click.echo(f"vsr-tune: note: {resolver.problem}", err=True)
         work = build_jobs(target, formats, dev, resolver.identity, bks, act_dtype)
-        incumbents = incumbent_tiles(incumbents_from)
     except (VsrError, CacheError, ValueError) as e:
         _fail(str(e))
     report = {"cache": str(cache), "target": target, "device": resolver.identity.name,

@@ -211,6 +211,12 @@ def test_incumbents_join_a_retune_from_a_cache_of_older_kernels(tuned, tmp_path)
         sorted(map(key, [space[0], space[-1]]))
     assert run(*one, "--autotune-cache", tmp_path / "x.db", "--incumbents", tmp_path / "none.json",
                ok=False).exit_code == 2
+    (tmp_path / "bad.json").write_text("{not json")
+    res = run(*one, "--autotune-cache", tmp_path / "x.db", "--incumbents", tmp_path / "bad.json", ok=False)
+    assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "x.db").exists()
+    res = run("40x64", "--formats", "fp16", "--buckets", "1", "--autotune-cache", tmp_path / "y.db",
+              "--incumbents", tmp_path / "old.json")
+    assert "--incumbents matters only with --max-candidates" in res.output
 
 
 def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path):
@@ -231,8 +237,11 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
                            timeout=60)
         assert p.returncode == 0, p.stderr
         return [shlex.split(line) for line in p.stdout.splitlines()]
-    for cmd in stage("27b", INCUMBENTS="") + stage("minilm", INCUMBENTS=str(tmp_path / "absent.json")):
+    for cmd in stage("27b", INCUMBENTS="") + stage("minilm", OUT_JSON=str(tmp_path / "first-build.json")):
         assert "--incumbents" not in cmd
+    typo = subprocess.run(["bash", str(script), "27b", db], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo", "INCUMBENTS": str(tmp_path / "absent.json")})
+    assert typo.returncode == 2 and "does not exist" in typo.stderr and not typo.stdout
     big, small = stage("27b"), stage("minilm")
     for cmd in big[:2] + small[:1]:
         assert cmd[cmd.index("--incumbents") + 1] == str(shipped)
