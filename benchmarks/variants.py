@@ -632,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if "ratio_vs_cublas" in r:
             t = r["tile"]
-            shape = (f"{t['path']} {t['BLOCK_M']}x{t['BLOCK_N']}x{t['BLOCK_K']} split {t['SPLIT_K']} "
+            wide = f"+{t['BLOCK_N2']}" if t and t.get("BLOCK_N2") else ""
+            shape = (f"{t['path']} {t['BLOCK_M']}x{t['BLOCK_N']}{wide}x{t['BLOCK_K']} split {t['SPLIT_K']} "
                      f"s{t['num_stages']}{' P' if t.get('PERSISTENT') else ''}" if t else "")
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")

@@ -354,14 +354,19 @@ def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
         M, N, y.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
         HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
-def check_tile(t: dict) -> None:
-    """A tile from a cache file is data: refuse one missing a field, naming it."""
+# The paths whose tiles may be wide (BLOCK_N2: gemm.tma_gemm_kernel's one-tile-per-program form,
+# directly or on int4's transient dense copy); any other kernel would drop the second block.
+WIDE_PATHS = ("tma", "dequant-tma")
+
+def check_tile(t: dict, wide: bool = False) -> None:
+    """A tile from a cache file is data: refuse one missing a field, naming it, and a wide one
+    (BLOCK_N2) unless `wide` (the template runs them) and its path has them."""
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"):
         if k not in t:
             raise ValueError(f"tile {t} lacks {k}")
-    if t.get("BLOCK_N2") and not str(t.get("path", "")).endswith("tma"):
-        # Only the TMA tile kernel has a second block of weight rows; any other would drop it.
-        raise ValueError(f"tile {t}: BLOCK_N2 (a wide tile) needs a TMA tile path")
+    if t.get("BLOCK_N2") and not (wide and t.get("path") in WIDE_PATHS and not t.get("PERSISTENT")):
+        raise ValueError(f"tile {t}: BLOCK_N2 (a wide tile) is a field of one-tile-per-program "
+                         f"{' or '.join(WIDE_PATHS)} tiles of the dense, fp8 and int4 templates only")
 
 @triton.jit
 def abs_bits(v):

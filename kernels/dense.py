@@ -55,7 +55,7 @@ def reference_linear(x: torch.Tensor, w: DenseWeight) -> torch.Tensor:
 
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given)."""
-    common.check_tile(tile)
+    common.check_tile(tile, wide=True)
     x = common.check_activation(x, w.K, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
     assert w.weight.stride(1) == 1, "W must be K-contiguous"

@@ -235,7 +235,7 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     from the tile (tile_prologue; PDL only where the device has it); `plan`, `pdl` and `prefetch`
     (the prologue plan, programmatic dependent launch, prefetched lines per weight row) override
     the tile and PDL_PREFETCH_LINES; the variant studies time them."""
-    common.check_tile(tile)
+    common.check_tile(tile, wide=True)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)

@@ -155,6 +155,7 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
     PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait.
     BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide
     (_tma_wide_tile), b2_desc the weight's descriptor of BLOCK_N2-row blocks."""
+    tl.static_assert(not (PERSISTENT and BLOCK_N2 > 0), "wide tiles (BLOCK_N2) are one tile per program")
     if PERSISTENT:
         common.wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -417,8 +418,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
     bm, bn, bk, bn2 = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile.get("BLOCK_N2", 0)
-    if bn2 and (tile.get("path") != "tma" or tile.get("PERSISTENT")):
-        raise ValueError(f"tile {tile}: BLOCK_N2 (a wide tile) is a field of one-tile-per-program \"tma\" tiles only")
+    common.check_tile(tile, wide=True)   # the templates check too; this launcher is also called directly
     owner = owner if owner is not None else _Transient()
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = weight_descriptor(owner, b, [bn, bk])

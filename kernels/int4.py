@@ -528,7 +528,7 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
 def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
     explicit float32 run, multiplied in IEEE fp32)."""
-    common.check_tile(tile)
+    common.check_tile(tile, wide=True)
     x = common.check_activation(x, w.K, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \

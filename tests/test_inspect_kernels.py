@@ -100,9 +100,14 @@ for on in (True, False):
                            alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
                            dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, BLOCK_N2=0, PERSISTENT=False,
                                 WAIT=on, PREFETCH=4 if on else 0), 4, 4)
+    wide = ik.compile_cuda(gemm.tma_gemm_kernel, dict(scales, a_desc="tensordesc<fp8e4nv[64, 256]>",
+                           b_desc="tensordesc<fp8e4nv[128, 256]>", b2_desc="tensordesc<fp8e4nv[32, 256]>",
+                           alpha_ptr="*fp32", NUM_PROGRAMS="i32"),
+                           dict(flags, HAS_ALPHA=False, BLOCK_M=64, BLOCK_K=256, BLOCK_N2=32, PERSISTENT=False,
+                                WAIT=on, PREFETCH=4 if on else 0), 4, 4)
     fn, types, consts, warps, stages, _ = ik.cases()["fp8-prologue-5120"]
     quant = ik.compile_cuda(fn, types, dict(consts, RELEASE=on), warps, stages)
-    for name, k in (("swap", swap), ("tile", tile)):
+    for name, k in (("swap", swap), ("tile", tile), ("wide", wide)):
         ptx = k.asm["ptx"]
         print(name, on, ptx.count("griddepcontrol.wait"), ptx.count("prefetch.global.L2"))
     print("quant", on, quant.asm["ptx"].count("griddepcontrol.launch_dependents"))
@@ -111,6 +116,8 @@ for on in (True, False):
     # 128 rows x 4 lines over 128 threads: 4 prefetches per thread.
     assert got[("swap", "True")] == [1, 4] and got[("tile", "True")] == [1, 4], got
     assert got[("swap", "False")] == [0, 0] and got[("tile", "False")] == [0, 0], got
+    # A wide tile (128 + 32 rows) prefetches its second block's rows too: one more per thread.
+    assert got[("wide", "True")] == [1, 5] and got[("wide", "False")] == [0, 0], got
     assert got[("quant", "True")] == [1] and got[("quant", "False")] == [0], got
 
 
