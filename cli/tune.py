@@ -209,6 +209,9 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         _fail(str(e))
     report = {"cache": str(cache), "target": target, "device": resolver.identity.name,
               "keys": len(work), "tuned": [], "recorded_before": 0, "skipped": [], "failed": []}
+    if incumbents_from:   # how many keys the files had a tile for (none: the wrong device or shapes?)
+        report["keys_with_incumbents"] = sum(resolver.key(j["template"], j["problem"]).lineage() in incumbents
+                                             for j in work)
     deadline = None if time_budget is None else t0 + time_budget
     tuned_s: list[float] = []
     tty = sys.stderr.isatty()
@@ -245,8 +248,10 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
     if as_json:
         _echo_json(report)
     else:
+        inc = (f", {report['keys_with_incumbents']} of {len(work)} keys with incumbents"
+               if "keys_with_incumbents" in report else "")
         click.echo(f"{len(report['tuned'])} keys tuned, {report['recorded_before']} already recorded, "
-                   f"{len(report['skipped'])} skipped (time budget), {len(report['failed'])} failed, "
+                   f"{len(report['skipped'])} skipped (time budget), {len(report['failed'])} failed{inc}, "
                    f"in {report['seconds']:.1f} s -> {cache}")
     sys.exit(1 if report["failed"] else 0)
 

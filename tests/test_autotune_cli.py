@@ -201,7 +201,8 @@ def test_incumbents_join_a_retune_from_a_cache_of_older_kernels(tuned, tmp_path)
     one = ["40x64", "--formats", "fp16", "--buckets", "1", "--max-candidates", "1"]
 
     def tried(db, *extra):
-        run(*one, "--autotune-cache", db, *extra)
+        rep = json.loads(run(*one, "--autotune-cache", db, *extra, "--json").stdout)
+        assert rep.get("keys_with_incumbents") == (1 if extra else None)
         (row,) = json.loads(run("ls", "--autotune-cache", db, "--json").stdout)
         shown = json.loads(run("show", row["digest"], "--autotune-cache", db, "--json").stdout)
         return [c["tile"] for c in shown["candidates"]]
