@@ -553,7 +553,7 @@ def study_int4_x_split(shapes, ms, log):
 
 
 def study_wide(shapes, ms, log):
-    """bf16 and fp8 at M = 256-512: the shipped cache's tile against every wide TMA tile of the
+    """bf16 and fp8 at M = 256-1024: the shipped cache's tile against every wide TMA tile of the
     space (gemm_tiles.wide_tiles: BLOCK_N + BLOCK_N2 weight rows, widths no power of two gives, so
     that a layer's tiles make about one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and
     176-wide tiles at M = 256). fp8's wide tiles keep the shipped tile's prologue knobs."""
@@ -565,7 +565,7 @@ def study_wide(shapes, ms, log):
             knobs = {k: v for k, v in (shipped or {}).items() if k in ("PRO_WARPS", "PDL")}
             cases = [("shipped", shipped)] if shipped is not None else []
             cases += [(f"wide {w['BLOCK_N']}+{w['BLOCK_N2']} s{w['num_stages']}", dict(w, **knobs))
-                      for w in gemm_tiles.wide_tiles(bk)]
+                      for w in gemm_tiles.wide_tiles(bk, bucket_for(M))]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, study="wide", format=fmt, shape=sh, M=M)
     return rows
 
@@ -579,7 +579,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fixup": (study_fixup, "1,16,64,256,1024"),
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),
-           "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512")}
+           "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.

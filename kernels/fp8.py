@@ -340,7 +340,7 @@ def search_space(p: Problem) -> list[dict]:
     Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
     among the paths, each share spread over its path's tiles from the first to the last, so
     the last variant, the last tile of the default's path, is timed by any sweep giving that
-    path two or more picks (16 candidates give fp8's three paths five each; at buckets 256-512
+    path two or more picks (16 candidates give fp8's three paths five each; at buckets 256-1024
     the wide TMA tiles are a fourth group, and each gets three or four) and the others by
     longer ones, while product tiles keep the other picks; right after the default they would
     take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""

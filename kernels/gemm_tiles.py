@@ -117,16 +117,20 @@ def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
     bn = t["BLOCK_N"] + t.get("BLOCK_N2", 0)
     return int(t["num_stages"] * (t["BLOCK_M"] * t["BLOCK_K"] * a_bytes + t["BLOCK_K"] * bn * b_bytes))
 
-# Wide TMA tiles (gemm._tma_wide_tile: BLOCK_N + BLOCK_N2 weight rows, 160, 80, 192 or 96), offered
-# at these row buckets: on the 27B shapes at M = 256, 160-wide tiles make 128 programs on qkv and
-# 80-wide ones 128 on o and down (one wave of 132 multiprocessors), as cuBLAS's 168- and 80-wide
-# tiles do (H200 run 20, peer_kernels.py), and twice that at M = 512.
-WIDE_BUCKETS = (256, 512)
-WIDE_SPLITS = ((128, 32), (64, 16), (128, 64), (64, 32))
+# Wide TMA tiles (gemm._tma_wide_tile: BLOCK_N + BLOCK_N2 weight rows) by row bucket, as
+# (BLOCK_N, BLOCK_N2) pairs. On the 27B shapes at M = 256, 160-wide tiles make 128 programs on qkv
+# and 80-wide ones 128 on o and down (one wave of 132 multiprocessors), as cuBLAS's 168- and
+# 80-wide tiles do, and twice that at M = 512; at M = 1024 cuBLAS takes 320-wide tiles on every
+# shape (o and down: 128 programs) (H200 run 20, peer_kernels.py). 128 x 320 on 8 warps compiles
+# to 253 registers, no spills (sm_90, Triton 3.9).
+WIDE_SPLITS = {256: ((128, 32), (64, 16), (128, 64), (64, 32)),
+               512: ((128, 32), (64, 16), (128, 64), (64, 32)),
+               1024: ((256, 64),)}
+WIDE_BUCKETS = tuple(WIDE_SPLITS)
 
-def wide_tiles(bk: int) -> list[dict]:
+def wide_tiles(bk: int, bucket: int = 256) -> list[dict]:
     """The wide TMA tiles of a bucket in WIDE_BUCKETS: 128 rows of x on 8 warps, 3 and 4 stages."""
-    return [dict(tile("tma", 128, bn, bk, 1, 8, st), BLOCK_N2=bn2) for bn, bn2 in WIDE_SPLITS for st in (3, 4)]
+    return [dict(tile("tma", 128, bn, bk, 1, 8, st), BLOCK_N2=bn2) for bn, bn2 in WIDE_SPLITS[bucket] for st in (3, 4)]
 
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
                bk_choices=None, tma: bool = True, wide: bool = False) -> list[dict]:
@@ -164,7 +168,7 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
         if wide and bucket in WIDE_BUCKETS and "tma" in paths:
-            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)))   # the default's K step (256 B for fp32)
+            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)), bucket)   # the default's K step (256 B for fp32)
         if bucket >= PERSISTENT_FROM and "tma" in paths:
             # The persistent forms, and the default's other form second (a short sweep's strided
             # pick always sees it).

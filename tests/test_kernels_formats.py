@@ -166,14 +166,14 @@ def test_wide_tiles_only_where_the_kernel_has_them():
                  dict(TMA, path="tma-swap", BLOCK_N2=16), dict(TMA, BLOCK_N2=16, PERSISTENT=1)):
         with pytest.raises(ValueError, match="BLOCK_N2"):
             dense.launch(x, w, tile)
-    # The dense, fp8 and int4 spaces offer them at buckets 256 and 512 only, as one-tile-per-program
+    # The dense, fp8 and int4 spaces offer them at buckets 256-1024 only, as one-tile-per-program
     # TMA tiles (int4's for its transient dense copy).
     spaces = {"dense": (dense, w), "fp8": (fp8, fp8_weight(g, torch.bfloat16, False)),
               "int4": (int4, int4_weight(g, 128, True, False, False, torch.bfloat16))}
     for name, (mod, wt) in spaces.items():
-        for bucket in (128, 256, 512, 1024):
+        for bucket in (128, 256, 512, 1024, 2048):
             wide = [t for t in mod.search_space(mod.problem(wt, bucket, torch.bfloat16)) if t.get("BLOCK_N2")]
-            assert bool(wide) == (bucket in (256, 512)), (name, bucket)
+            assert bool(wide) == (bucket in (256, 512, 1024)), (name, bucket)
             assert all(t["path"] in ("tma", "dequant-tma") and not t.get("PERSISTENT") for t in wide)
 
 

@@ -340,7 +340,7 @@ def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: template.default_tile(problem))
     # Two wide tiles and one weight copy: the interpreter takes ~1 s a launch at bucket 256.
     every, copies = variants.gemm_tiles.wide_tiles, variants.weight_copies
-    monkeypatch.setattr(variants.gemm_tiles, "wide_tiles", lambda bk: every(bk)[:2])
+    monkeypatch.setattr(variants.gemm_tiles, "wide_tiles", lambda bk, bucket: every(bk, bucket)[:2])
     monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
     rows = variants.study_wide(["tiny"], [129], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
