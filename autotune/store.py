@@ -430,17 +430,15 @@ def merge(dst: Store, src: Store, *, prefer_incoming: bool = False) -> dict[str,
 
 def incumbent_tiles(paths: Iterable[str | Path]) -> dict[CacheKey, list[dict]]:
     """The tiles each key has in the cache files `paths` (.json or .db, read only), by key lineage
-    (CacheKey.lineage: whatever kernel source and Triton they were tuned for): a key's list holds
-    the first file's tile first, each tile once. What vsr-tune --incumbents adds to a key's
-    candidates."""
+    (CacheKey.lineage: whatever kernel source and Triton they were tuned for), the first file's
+    tile first: what vsr-tune --incumbents adds to a key's candidates (tuner.with_incumbents
+    drops repeats and tiles the search space no longer holds)."""
     out: dict[CacheKey, list[dict]] = {}
     for p in paths:
         st = open_store(p, create=False)
         try:
             for e in st.entries():
-                tiles = out.setdefault(e.key.lineage(), [])
-                if all(_dumps(t) != _dumps(e.tile) for t in tiles):
-                    tiles.append(dict(e.tile))
+                out.setdefault(e.key.lineage(), []).append(dict(e.tile))
         finally:
             st.close()
     return out

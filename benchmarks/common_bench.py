@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import os
 import subprocess
@@ -11,6 +12,9 @@ from pathlib import Path
 import torch
 
 from vsr.autotune import shapes, synth, tuner
+from vsr.autotune.device_id import current_device_identity
+from vsr.autotune.keys import make_key
+from vsr.autotune.store import incumbent_tiles
 from vsr.autotune.tuner import TOLERANCES as TOL
 
 # The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
@@ -56,6 +60,23 @@ def code_commit() -> str:
         return "unknown"
     dirty = status.returncode != 0 or bool(status.stdout.strip())
     return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+@functools.cache
+def _tiles_by_lineage(cache: Path) -> dict:
+    """A cache file's tiles by key lineage (vsr-tune --incumbents' index of a file), read once;
+    none when the file does not exist (a checkout without a shipped cache for this device)."""
+    return incumbent_tiles([cache]) if cache.exists() else {}
+
+
+def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE) -> dict | None:
+    """The tile `cache` (default the shipped one) holds for template's Problem on `device`, whatever
+    kernel source or Triton it was tuned for (a branch's kernels stale the cache, and studies and
+    profiles of a branch still want the tiles users run): every other key field must match; None
+    if it has no such key."""
+    want = make_key(template, problem, current_device_identity(torch.device(device)))
+    tiles = _tiles_by_lineage(Path(cache)).get(want.lineage())
+    return dict(tiles[0]) if tiles else None
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):

@@ -24,12 +24,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, result_path  # noqa: E402
+from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, result_path, shipped_tile  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
-from vsr.autotune.device_id import current_device_identity  # noqa: E402
-from vsr.autotune.keys import make_key  # noqa: E402
-from vsr.autotune.store import open_store  # noqa: E402
+from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
 
@@ -100,10 +98,6 @@ def main() -> int:
         print("peer_kernels.py needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    # The shipped tiles by key lineage (CacheKey.lineage): whatever kernel source they were tuned
-    # for, so a branch whose kernels stale the cache still profiles the tiles users run.
-    shipped = {e.key.lineage(): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
-    ident = current_device_identity(dev)
     out = Path(a.out) if a.out else result_path("peer-kernels", torch.cuda.get_device_name(dev))
     doc = {"benchmark": "peer-kernels", "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "commit": code_commit(), "tile_cache": str(SHIPPED_CACHE.name), "rows": []}
@@ -121,7 +115,8 @@ def main() -> int:
             tiles = {}
             for fmt, w in (("bf16", wb), ("fp8", w8)):
                 t = registry.template_for(w, x.dtype)
-                tile = tiles[f"vsr-{fmt}"] = shipped.get(make_key(t, t.problem(w, bucket_for(M), x.dtype), ident).lineage())
+                # The shipped tile whatever kernel source it was tuned for (a branch stales the cache).
+                tile = tiles[f"vsr-{fmt}"] = shipped_tile(t, t.problem(w, bucket_for(M), x.dtype), dev)
                 provs[f"vsr-{fmt}"] = lambda t=t, w=w, tile=tile: t.launch(x, w, tile)
             for name, fn in provs.items():
                 try:
@@ -138,8 +133,7 @@ def main() -> int:
                 main_k = max(ks, key=lambda k: k["us_per_call"]) if ks else None
                 print(f"{sh:8s} M={M:<5d} {name:12s} " + (f"{main_k['us_per_call']:8.1f} us  grid={main_k['grid']} "
                       f"tile={main_k['tile'] or ''} {main_k['name'][:90]}" if main_k else f"ERROR {err}"), flush=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc, indent=1))   # after every M: a cut-short run keeps its rows
+            write_atomic(out, json.dumps(doc, indent=1))   # after every M: a cut-short run keeps its rows
     print(f"wrote {out}")
     return 0
 

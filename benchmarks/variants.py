@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -65,13 +64,11 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, weight_copies  # noqa: E402
+from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, shipped_tile,  # noqa: E402
+                          weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
-from vsr.autotune.device_id import current_device_identity  # noqa: E402
-from vsr.autotune.keys import make_key  # noqa: E402
-from vsr.autotune.resolver import TileResolver  # noqa: E402
-from vsr.autotune.store import open_store, write_atomic  # noqa: E402
+from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, registry  # noqa: E402
 
 
@@ -312,7 +309,6 @@ def study_fp8_prologue(shapes, ms, log):
     and chunked passes. fp8 rows: the whole call on the shipped tile: run 14's
     prologue then the product, the new prologue then the product, the same launched as
     programmatic dependents (PDL, sm_90+), and the product alone on a prequantized x."""
-    resolver = TileResolver(SHIPPED_CACHE, "default", torch.device(DEV))
     pdl = common.pdl_supported(torch.device(DEV))
     t = registry.TEMPLATES["fp8_w8a8"]
     rows = []
@@ -342,7 +338,8 @@ def study_fp8_prologue(shapes, ms, log):
                 row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)
             log(row)
-        tile = resolver.tile(t, t.problem(w8[0], bucket_for(M), x.dtype))
+        p = t.problem(w8[0], bucket_for(M), x.dtype)
+        tile = _shipped_tile(t, p) or t.default_tile(p)
         xq, xs = fp8.quantize_activation_triton(x)
         cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
                  ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
@@ -369,12 +366,12 @@ def study_sk_reduce_pdl(shapes, ms, log):
     measured the switch only on few-row stream-K tiles (+0.6 us at the median), not on the
     "tma-sk" tiles these buckets run. A tile of another path runs the same either way and is
     skipped."""
-    resolver = TileResolver(SHIPPED_CACHE, "default", torch.device(DEV))
     rows = []
     for sh, N, K, M, x, ws, base in _points("sk-reduce-pdl", ("fp8",), shapes, ms, rows, log):
         for fmt, key, wf in (("bf16", "dense", ws["bf16"]), ("fp8", "fp8_w8a8", ws["fp8"])):
             t = registry.TEMPLATES[key]
-            tile = resolver.tile(t, t.problem(wf[0], bucket_for(M), x.dtype))
+            p = t.problem(wf[0], bucket_for(M), x.dtype)
+            tile = _shipped_tile(t, p) or t.default_tile(p)
             if tile["path"] != "tma-sk":
                 continue
             ids = dict(study="sk-reduce-pdl", format=fmt, shape=sh, M=M)
@@ -388,20 +385,10 @@ def study_sk_reduce_pdl(shapes, ms, log):
     return rows
 
 
-@functools.cache
-def _shipped_tiles() -> dict:
-    """The shipped cache (common_bench.SHIPPED_CACHE) as the autotune store reads it, read once:
-    key lineage (CacheKey.lineage: less its source hash and Triton) -> tile."""
-    return {e.key.lineage(): e.tile for e in open_store(SHIPPED_CACHE, create=False).entries()}
-
-
 def _shipped_tile(t, p):
     """The shipped cache's tile for template t's Problem p on this device, whatever kernel source it
-    was tuned for (the fixup studies ran on kernels newer than the cache): the entry whose key is
-    this device's key for (t, p) but for its source hash; None if it has no such key."""
-    want = make_key(t, p, current_device_identity(torch.device(DEV)))
-    tile = _shipped_tiles().get(want.lineage())
-    return None if tile is None else dict(tile)
+    was tuned for (the fixup studies ran on kernels newer than the cache); None if it has none."""
+    return shipped_tile(t, p, DEV, SHIPPED_CACHE)
 
 
 # The formats (and templates) of the fixup studies' shipped tiles.

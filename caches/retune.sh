@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Rebuild caches/nvidia-h200.json the way runs 13-19 did (benchmarks/NOTES.md), on the device the
+# Rebuild caches/nvidia-h200.json the way runs 13-20 did (benchmarks/NOTES.md), on the device the
 # file is for, in two stages of under ten minutes each (the device tool's limit per command):
 #
-#   caches/retune.sh 27b DB      the 27B-class keys at 16 candidates into a scratch store, then
-#                                their int4 keys again at 20 into DB, the first imported under them
-#                                (DB's own entries kept: int4 at 16 lost 9% at M=64, run 14)
+#   caches/retune.sh 27b DB      the 27B-class bf16 and fp8 keys at 16 candidates into a scratch
+#                                store, their int4 keys at 20 into DB (int4 at 16 lost 9% at M=64,
+#                                run 14), the first imported into DB
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
 #
@@ -37,7 +37,7 @@ done
 case "$stage" in
   27b)
     scratch="$db.27b-16"
-    $tune 27b --autotune-cache "$scratch" --max-candidates 16 ${inc[@]+"${inc[@]}"}
+    $tune 27b --autotune-cache "$scratch" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}
     $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
     $tune import "$scratch" --autotune-cache "$db"
     ;;

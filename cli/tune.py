@@ -207,16 +207,15 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         work = build_jobs(target, formats, dev, resolver.identity, bks, act_dtype)
     except (VsrError, CacheError, ValueError) as e:
         _fail(str(e))
+    keys = [resolver.key(j["template"], j["problem"]) for j in work]
     report = {"cache": str(cache), "target": target, "device": resolver.identity.name,
               "keys": len(work), "tuned": [], "recorded_before": 0, "skipped": [], "failed": []}
     if incumbents_from:   # how many keys the files had a tile for (none: the wrong device or shapes?)
-        report["keys_with_incumbents"] = sum(resolver.key(j["template"], j["problem"]).lineage() in incumbents
-                                             for j in work)
+        report["keys_with_incumbents"] = sum(k.lineage() in incumbents for k in keys)
     deadline = None if time_budget is None else t0 + time_budget
     tuned_s: list[float] = []
     tty = sys.stderr.isatty()
-    for i, job in enumerate(work, 1):
-        key = resolver.key(job["template"], job["problem"])
+    for i, (job, key) in enumerate(zip(work, keys, strict=True), 1):
         if deadline is not None and time.monotonic() > deadline:
             report["skipped"].append(key.short())
             continue

@@ -403,7 +403,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
     before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
     stream-K one too (as the product's programmatic dependent, where the device has it, only if
-    STREAMK_REDUCE_PDL: off since run 18);
+    STREAMK_REDUCE_PDL: off since run 19);
     a tile with FIXUP launches neither, its product adding the partials itself (last_to_finish).
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""

@@ -249,6 +249,9 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert [c[0] for c in big] == ["27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
     assert big[2][1] == big[0][2] and big[1][2] == big[2][3] == db   # the 16-candidate store imported under DB
     assert "--max-candidates" in big[1] and big[1][big[1].index("--max-candidates") + 1] == "20"
+    # int4 is tuned once, at 20 (tuning it at 16 too would only be thrown away by the import)
+    assert big[0][big[0].index("--formats") + 1] == "bf16,fp8"
+    assert big[1][big[1].index("--formats") + 1] == "int4-gptq,int4-awq"
     for cmd in big + small:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,

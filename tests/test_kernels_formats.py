@@ -756,7 +756,7 @@ def test_int4_slices_path_uneven_k(dtype):
 @pytest.mark.parametrize("dtype,M,split,Kx,symmetric,act_order", [
     (torch.float16, 1, 1, K, True, False), pytest.param(torch.bfloat16, 5, 2, K, False, True, marks=BF16_ON_GPU.marks), (torch.float16, 70, 2, K, False, False),
     (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False)])
-def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order):
+def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order, monkeypatch):
     # X_SPLIT: x as stored, each step's block split into its eight slices in registers, instead of
     # the slice-order copy: the same operands in the same order, so the same bytes (a slice taken
     # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block.
@@ -766,12 +766,8 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
     tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split)
     copied = run(int4.launch, x, w, tile)
     assert_close(copied, int4.reference_linear(x, w))
-    real = int4.slice_order
-    int4.slice_order = lambda *a: pytest.fail("X_SPLIT made the slice-order copy")
-    try:
-        split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
-    finally:
-        int4.slice_order = real
+    monkeypatch.setattr(int4, "slice_order", lambda *a: pytest.fail("X_SPLIT made the slice-order copy"))
+    split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
     assert torch.equal(split_x, copied)
 
 
@@ -1039,7 +1035,7 @@ def test_in_kernel_fixup_gives_the_reductions_bytes(case, monkeypatch):
     if programs is not None:
         monkeypatch.setattr(gemm, "multiprocessors", lambda device: programs)
     launched = _spy_on_reductions(monkeypatch)
-    common._COUNTERS.clear()
+    monkeypatch.setattr(common, "_COUNTERS", {})
     fixed = run(launch, x, w, dict(tile, FIXUP=1))
     assert launched == [] and common._COUNTERS, f"{name}: the fixup did not run"
     assert_close(fixed, reference(x, w))

@@ -34,7 +34,9 @@ def test_no_atomic_touches_a_value_in_any_kernel_module():
     # fixed order. The one place an atomic may appear is common.last_to_finish, the in-kernel
     # fixup's ticket, which counts arrivals on an int32 counter and resets it: no value passes
     # through it, so the bytes do not depend on the order of arrival.
-    offenders = [p.name for p in KERNELS.glob("*.py") if p.name != "common.py" and "atomic" in p.read_text()]
+    # (Triton's atomics, and PTX's atom./red. in inline assembly; a comment may say "atomic".)
+    offenders = [p.name for p in KERNELS.glob("*.py")
+                 if p.name != "common.py" and re.search(r"tl\.atomic_|\batom\.|\bred\.", p.read_text())]
     assert offenders == [], f"atomics in {offenders}"
     assert re.findall(r"tl\.atomic_\w+\(([^,]+),", (KERNELS / "common.py").read_text()) == ["cnt_ptr", "cnt_ptr"]
     src = (KERNELS / "common.py").read_text()

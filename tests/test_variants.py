@@ -146,13 +146,8 @@ def test_the_sk_reduce_pdl_study_checks_both_launches(variants, monkeypatch, on_
     on_a_tiny_shape(160, 256)
     monkeypatch.setattr(variants.gemm, "multiprocessors", lambda device: 3)
 
-    class Resolver:
-        def __init__(self, *args):
-            pass
-
-        def tile(self, template, problem):
-            return variants.gemm_tiles.tile("tma-sk", 32, 32, 64, 1, 4, 2)
-    monkeypatch.setattr(variants, "TileResolver", Resolver)
+    monkeypatch.setattr(variants, "_shipped_tile",
+                        lambda template, problem: variants.gemm_tiles.tile("tma-sk", 32, 32, 64, 1, 4, 2))
     # The switch as each launch saw it: the study sets it per case and puts the caller's back.
     flags, launch_tma = [], variants.gemm.launch_tma
 
@@ -326,13 +321,9 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
     store.put(Entry(dataclasses.replace(key, source_hash="0" * 16), tile))
     store.put(Entry(dataclasses.replace(key, source_hash="0" * 16, N=128), dict(tile, BLOCK_N=64)))
     store.close()
-    monkeypatch.setattr(variants, "SHIPPED_CACHE", path)
-    variants._shipped_tiles.cache_clear()
-    try:
-        assert variants._shipped_tile(t, p) == tile
-        assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
-    finally:
-        variants._shipped_tiles.cache_clear()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", path)   # a fresh path: read anew (cached by path)
+    assert variants._shipped_tile(t, p) == tile
+    assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
 
 
 def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
