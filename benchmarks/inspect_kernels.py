@@ -104,7 +104,7 @@ def cases() -> dict[str, tuple]:
                    alpha_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", NUM_PROGRAMS="i32")
     out["tma-sk-128x256"] = (gemm.tma_streamk_kernel,
                              dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
-                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, RELEASE=False, FIXUP=False,
+                             dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, FIXUP=False,
                                   ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
     wide = dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[128,64]>",
@@ -123,7 +123,7 @@ def cases() -> dict[str, tuple]:
              GROUP_M=8, WAIT=True, PREFETCH=4, LINE_COLS=128, FIXUP=True), 4, 4,
         "fp8's transposed product for few rows, 16x128x256, two K splits added in the kernel (FIXUP)")
     out["streamk-reduce-64x128"] = (gemm.streamk_reduce_kernel, scalars,
-                                    dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16, WAIT=False), 4, 1,
+                                    dict(flags, BLOCK_M=64, BLOCK_N=128, ROWS=16), 4, 1,
                                     "stream-K's reduction of the leftover tiles' partials, bf16 64x128")
     return out
 

@@ -1,8 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   sk-reduce-pdl,fixup,int4-fixup-tiles,capture-counters,
-                                   int4-x-split]
+                                   fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -44,7 +43,10 @@ results/variants-nvidia-h200-2026-11-30-run19-int4-x-split-pdl.json; the tile fi
 run 17 (commit 0fa8b14: swap-sk, bf16 and fp8 at M = 1-64 on the transposed product walked
 stream-K over all 132 multiprocessors, 3-30% slower than the shipped tiles at M = 1, 16 and
 64, faster at M = 32 on 4 of 8 points only where run 16's 32-row tiles were at fault, file
-results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json).
+results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json), and runs 17-18 (sk-reduce-pdl, in
+git history before run 20's review: the stream-K reduction launched as the product's programmatic
+dependent, slower on 14 of the 15 shipped keys, median +2.4%, files
+results/variants-nvidia-h200-2026-11-30-run18-sk-reduce-pdl-{1,2,3}.json; the form was removed).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -261,10 +263,10 @@ def study_streamk(shapes, ms, log):
     return rows
 
 
-# The fp8-prologue and sk-reduce-pdl studies' product tiles are the shipped cache's
+# The fp8-prologue study's product tiles are the shipped cache's
 # (common_bench.SHIPPED_CACHE), as users run them (runs 15 and 16 took run 14's benchmark tiles
 # instead, while the branch they measured changed the cache's keys); a key the cache lacks for
-# this device takes the template's default tile, with a warning.
+# this device takes the template's default tile.
 
 
 def _run14_prologue_plan(M: int, K: int) -> fp8.ProloguePlan:
@@ -356,32 +358,6 @@ def study_fp8_prologue(shapes, ms, log):
                               tile=tile), launch, x, tile, w8, ref, base)
             rows.append(row)
             log(row)
-    return rows
-
-
-def study_sk_reduce_pdl(shapes, ms, log):
-    """bf16 and fp8 at M = 512-2048 on the shipped cache's tile (the template's default where the
-    cache lacks the key): with the stream-K reduction launched as the product's programmatic
-    dependent (gemm.STREAMK_REDUCE_PDL: on in runs 17-18, off since run 19) and launched as usual. Run 17
-    measured the switch only on few-row stream-K tiles (+0.6 us at the median), not on the
-    "tma-sk" tiles these buckets run. A tile of another path runs the same either way and is
-    skipped."""
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("sk-reduce-pdl", ("fp8",), shapes, ms, rows, log):
-        for fmt, key, wf in (("bf16", "dense", ws["bf16"]), ("fp8", "fp8_w8a8", ws["fp8"])):
-            t = registry.TEMPLATES[key]
-            p = t.problem(wf[0], bucket_for(M), x.dtype)
-            tile = _shipped_tile(t, p) or t.default_tile(p)
-            if tile["path"] != "tma-sk":
-                continue
-            ids = dict(study="sk-reduce-pdl", format=fmt, shape=sh, M=M)
-            shipped = gemm.STREAMK_REDUCE_PDL
-            try:
-                for name, on in (("reduction a dependent", True), ("reduction launched as usual", False)):
-                    gemm.STREAMK_REDUCE_PDL = on
-                    _run_cases(rows, log, t, x, [(name, tile)], wf, base, **ids)
-            finally:
-                gemm.STREAMK_REDUCE_PDL = shipped
     return rows
 
 
@@ -562,7 +538,6 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
            "streamk": (study_streamk, "256,512,1024,2048"),
            "fp8-prologue": (study_fp8_prologue, "1,16,64,256,1024,4096"),
-           "sk-reduce-pdl": (study_sk_reduce_pdl, "512,1024,2048"),
            "fixup": (study_fixup, "1,16,64,256,1024"),
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),

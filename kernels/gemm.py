@@ -16,7 +16,6 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from vsr.kernels import common, gemm_tiles
 
@@ -252,8 +251,8 @@ def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
 def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
                        stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr,
-                       FIXUP: tl.constexpr, ROWS: tl.constexpr):
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
+                       ROWS: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
@@ -270,11 +269,10 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     transposed product of tma_swap_kernel walked stream-K so that all 132 multiprocessors stream
     the 80 weight tiles of qkv, o and down: 3-30% slower than the shipped tiles at M = 1, 16 and
     64; at M = 32 it beat run 16's 32-row tiles on 4 of 8 points, which were the tiles at fault.)
-    RELEASE: the reduction, launched as this grid's programmatic dependent, may start now (it
-    waits for this grid's end before reading the workspace)."""
+    The reduction is launched as usual, not as this grid's programmatic dependent: that form was
+    slower on 14 of the 15 shipped "tma-sk" keys (H200 run 18, variants.py --study sk-reduce-pdl,
+    median +2.4%; the study and the form are in git history before run 20's review)."""
     common.wait_for_producer(WAIT)
-    if RELEASE:
-        gdc_launch_dependents()
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
@@ -303,11 +301,9 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
 def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, WAIT: tl.constexpr):
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
     """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x
-    cdiv(rows below M, ROWS)): _streamk_rows. WAIT: launched as the product's programmatic
-    dependent (wait_for_producer)."""
-    common.wait_for_producer(WAIT)
+    cdiv(rows below M, ROWS)): _streamk_rows."""
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
                   M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
@@ -401,10 +397,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     is aligned), so the tile's path never depends on where the caller's tensor happens to start.
     `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
     where pdl_supported): the product is launched as a programmatic dependent of the kernel
-    before it, which made `a` (wait_for_producer). The split-K reduction launches as usual; the
-    stream-K one too (as the product's programmatic dependent, where the device has it, only if
-    STREAMK_REDUCE_PDL: off since run 19);
-    a tile with FIXUP launches neither, its product adding the partials itself (last_to_finish).
+    before it, which made `a` (wait_for_producer). The split-K and stream-K reductions launch as
+    usual; a tile with FIXUP launches neither, its product adding the partials itself
+    (last_to_finish).
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -438,7 +433,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         if split > 1 and not fixup:
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
         return
-    tiles = common.cdiv(M, bm) * common.cdiv(N, bn)
+    tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
     flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
@@ -454,20 +449,16 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         units = sk_tiles * common.cdiv(K, bk)
         ws = torch.empty(max(1, min(programs, units) * 2 * bm * bn), dtype=torch.float32, device=y.device)
         fixup = bool(units) and bool(tile.get("FIXUP", 0))
-        release = bool(units) and not fixup and STREAMK_REDUCE_PDL and common.device_features(a.device).pdl
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
-                                        **flags, WAIT=wait, RELEASE=release, FIXUP=fixup, ROWS=rows,
+                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
-                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, WAIT=release,
-                launch_pdl=release, num_warps=4)
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
-    if bn2:
-        tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
     b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
@@ -485,15 +476,7 @@ TMA_PATHS = ("tma", "tma-swap", "tma-sk")
 
 # Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
 STREAMK_REDUCE_ROWS = 16
-# The stream-K reduction launched as the product's programmatic dependent where the device has
-# it (sm_90+): its launch and setup overlap the product's end. (H200 run 17, the swap-sk study,
-# on its retired few-row stream-K tiles at M = 1-64: the same tile with the reduction launched
-# as usual took -0.5 to +1.1 us more, +0.6 us at the median of 32 points. On the shipped "tma-sk"
-# tiles of M = 512-2048 (variants.py --study sk-reduce-pdl, run 17 item 8) no consistent effect:
-# median +0.06%, single points -7% to +10% either way within one run, as large-M noise goes.
-# Run 18, three samples of the same study: slower as a dependent on 14 of the 15 shipped keys,
-# median +2.4%. So off.)
-STREAMK_REDUCE_PDL = False
+
 
 class _Transient:
     """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""

@@ -687,9 +687,7 @@ def default_tile(p: Problem) -> dict:
         # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
         # 1.2-1.35x cuBLAS on the 27B shapes, against 0.54-0.93x for the split-K tile.
         bk = _gemv_block_k(p.K)
-        split = 1
-        while common.cdiv(p.N, 8) * split < 4 * 132 and p.K // (split * 2) >= 2 * bk:
-            split *= 2
+        split = gemm_tiles._split_for(1, p.N, p.K, 1, 8, bk, max_split=1 << 30, waves=4)
         return gemm_tiles.tile("gemv", 1, 8, bk, split, 4, 2)
     if p.bucket >= 256:
         # Large M: a transient dense copy multiplied on the tensor cores beats unpacking inside

@@ -139,36 +139,6 @@ def test_the_streamk_study_checks_every_case(variants, monkeypatch, on_a_tiny_sh
     assert len([r for r in cases if r["variant"] == "stream-K"]) == 2 * len(variants.SK_TILES)
 
 
-def test_the_sk_reduce_pdl_study_checks_both_launches(variants, monkeypatch, on_a_tiny_shape):
-    # The sk-reduce-pdl study on a tiny shape: both forms of each format run, match the
-    # reference, and the switch is back on after. The cache's tile is a small stream-K one
-    # (10 tiles of 32x32 on 3 programs, one left over), for the interpreter's sake.
-    on_a_tiny_shape(160, 256)
-    monkeypatch.setattr(variants.gemm, "multiprocessors", lambda device: 3)
-
-    monkeypatch.setattr(variants, "_shipped_tile",
-                        lambda template, problem: variants.gemm_tiles.tile("tma-sk", 32, 32, 64, 1, 4, 2))
-    # The switch as each launch saw it: the study sets it per case and puts the caller's back.
-    flags, launch_tma = [], variants.gemm.launch_tma
-
-    def recording_launch_tma(*args, **kw):
-        flags.append(variants.gemm.STREAMK_REDUCE_PDL)
-        return launch_tma(*args, **kw)
-    monkeypatch.setattr(variants.gemm, "launch_tma", recording_launch_tma)
-    monkeypatch.setattr(variants.gemm, "STREAMK_REDUCE_PDL", False)
-    rows = variants.study_sk_reduce_pdl(["tiny"], [40], lambda r: None)
-    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
-    assert all("error" not in r and r["ok"] for r in cases), [(r.get("error"), r.get("rel_err")) for r in cases]
-    assert sorted((r["format"], r["variant"]) for r in cases) == [
-        (f, v) for f in ("bf16", "fp8") for v in ("reduction a dependent", "reduction launched as usual")]
-    assert all(r["tile"]["path"] == "tma-sk" for r in cases)
-    assert variants.gemm.STREAMK_REDUCE_PDL is False, "the caller's setting comes back"
-    # Every launch of a case (its check, then one per weight copy timed) saw that case's setting:
-    # the dependent form, then as usual, for bf16, then for fp8.
-    runs = [f for i, f in enumerate(flags) if i == 0 or f != flags[i - 1]]
-    assert runs == [True, False, True, False] and len(flags) >= 8, flags
-
-
 def test_the_fp8_prologue_study_checks_every_case(variants, on_a_tiny_shape):
     # The fp8-prologue study on a tiny shape (K = 304: two register blocks, 256 + 64, 16 lanes of
     # the second masked): every prologue plan gives the reference quantization's bits, every
