@@ -1,7 +1,7 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide]
+                                   fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -515,22 +515,41 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
-def study_wide(shapes, ms, log):
-    """bf16 and fp8 at M = 256-1024: the shipped cache's tile against every wide TMA tile of the
-    space (gemm_tiles.wide_tiles: BLOCK_N + BLOCK_N2 weight rows, widths no power of two gives, so
-    that a layer's tiles make about one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and
-    176-wide tiles at M = 256). fp8's wide tiles keep the shipped tile's prologue knobs."""
+def _wide_study(study, shapes, ms, log, wide_tiles):
+    """bf16 and fp8: the shipped cache's tile against wide_tiles(bk, bucket) (wide TMA tiles:
+    BLOCK_N + BLOCK_N2 weight rows). fp8's wide tiles keep the shipped tile's prologue knobs."""
     rows = []
-    for sh, N, K, M, x, ws, base in _points("wide", ("fp8",), shapes, ms, rows, log):
+    for sh, N, K, M, x, ws, base in _points(study, ("fp8",), shapes, ms, rows, log):
         for fmt, key, bk in (("bf16", "dense", 64), ("fp8", "fp8_w8a8", 128)):
             t = registry.TEMPLATES[key]
             shipped = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
             knobs = {k: v for k, v in (shipped or {}).items() if k in ("PRO_WARPS", "PDL")}
             cases = [("shipped", shipped)] if shipped is not None else []
-            cases += [(f"wide {w['BLOCK_N']}+{w['BLOCK_N2']} s{w['num_stages']}", dict(w, **knobs))
-                      for w in gemm_tiles.wide_tiles(bk, bucket_for(M))]
-            _run_cases(rows, log, t, x, cases, ws[fmt], base, study="wide", format=fmt, shape=sh, M=M)
+            cases += [(f"wide {w['BLOCK_M']}x{w['BLOCK_N']}+{w['BLOCK_N2']} w{w['num_warps']} s{w['num_stages']}",
+                       dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
+            _run_cases(rows, log, t, x, cases, ws[fmt], base, study=study, format=fmt, shape=sh, M=M)
     return rows
+
+
+def study_wide(shapes, ms, log):
+    """bf16 and fp8 at M = 256-1024: the shipped cache's tile against every wide TMA tile of the
+    space (gemm_tiles.wide_tiles: widths no power of two gives, so that a layer's tiles make about
+    one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and 176-wide tiles at M = 256)."""
+    return _wide_study("wide", shapes, ms, log, gemm_tiles.wide_tiles)
+
+
+# Wide tiles of 64 rows of x on one warpgroup (BLOCK_N, BLOCK_N2, stages), for the wide-64 study.
+WIDE_64 = ((128, 32, 3), (128, 32, 4), (64, 16, 3), (64, 16, 4), (64, 32, 3), (128, 64, 3))
+
+
+def study_wide_64(shapes, ms, log):
+    """Wide TMA tiles of 64 rows of x on 4 warps (none in the space) at M = 256-512. Run 21's wide
+    tiles (128 rows, 8 warps, one program per multiprocessor) did not beat the shipped 64 x 128
+    tiles at bf16 M=256, which run two programs per multiprocessor: 320 programs on qkv, 160 on o
+    and down, for 264 places. 64 x 160 tiles make 256 programs on qkv, 64 x 80 tiles 256 on o and
+    down: every program of the layer resident at once, none waiting for a second round."""
+    return _wide_study("wide-64", shapes, ms, log, lambda bk, bucket: [
+        dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_64])
 
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
@@ -541,7 +560,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fixup": (study_fixup, "1,16,64,256,1024"),
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),
-           "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024")}
+           "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
+           "wide-64": (study_wide_64, "256,512")}
 
 
 # Seconds between rewrites of the results file while a study runs.

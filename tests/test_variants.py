@@ -308,6 +308,20 @@ def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     n = 3
     assert [r["format"] for r in cases] == ["bf16"] * n + ["fp8"] * n
-    assert [r["variant"] for r in cases][:3] == ["shipped", "wide 128+32 s3", "wide 128+32 s4"]
+    assert [r["variant"] for r in cases][:3] == ["shipped", "wide 128x128+32 w8 s3", "wide 128x128+32 w8 s4"]
     assert all(r["tile"].get("BLOCK_N2") for r in cases[1:n] + cases[n + 1:])
     assert cases[n + 1]["tile"]["BLOCK_K"] == 128 and cases[n + 1]["tile"].get("PDL") == cases[n]["tile"].get("PDL")
+
+
+def test_the_wide_64_study_runs_64_row_wide_tiles_on_one_warpgroup(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(96, 128)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
+    monkeypatch.setattr(variants, "WIDE_64", variants.WIDE_64[2:4])   # 64 + 16, 3 and 4 stages
+    copies = variants.weight_copies
+    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
+    rows = variants.study_wide_64(["tiny"], [129], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert [r["variant"] for r in cases] == ["wide 64x64+16 w4 s3", "wide 64x64+16 w4 s4"] * 2
+    assert all(r["study"] == "wide-64" and r["tile"]["BLOCK_M"] == 64 and r["tile"]["num_warps"] == 4
+               and r["tile"]["BLOCK_N2"] == 16 for r in cases)
