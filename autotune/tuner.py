@@ -82,10 +82,11 @@ def _spread(items: list, k: int) -> list:
 
 def _path(tile) -> Any:
     """The group a tile's share of the pick comes from: its path, and wide TMA tiles (BLOCK_N2) on
-    their own, since they are a kernel form of their own that few tiles of the path stand for."""
+    their own, since they are a kernel form of their own that few tiles of the path stand for, in
+    one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21)."""
     if not isinstance(tile, dict):
         return None
-    return (tile.get("path"), "wide") if tile.get("BLOCK_N2") else tile.get("path")
+    return (tile.get("path"), "wide", tile.get("BLOCK_M")) if tile.get("BLOCK_N2") else tile.get("path")
 
 
 def candidates(space: list, n: int | None) -> list:

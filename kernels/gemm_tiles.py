@@ -118,22 +118,23 @@ def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
     return int(t["num_stages"] * (t["BLOCK_M"] * t["BLOCK_K"] * a_bytes + t["BLOCK_K"] * bn * b_bytes))
 
 # Wide TMA tiles (gemm._tma_wide_tile: BLOCK_N + BLOCK_N2 weight rows) by row bucket, as
-# (BLOCK_N, BLOCK_N2, stages). On the 27B shapes at M = 256, 160-wide tiles make 128 programs on
-# qkv and 80-wide ones 128 on o and down (one wave of 132 multiprocessors), as cuBLAS's 168- and
-# 80-wide tiles do, and twice that at M = 512; at M = 1024 cuBLAS takes 320-wide tiles on every
-# shape (o and down: 128 programs) (H200 run 20, peer_kernels.py). 128 x 320 on 8 warps compiles
-# to 253 registers, no spills (sm_90, Triton 3.9). The list keeps the tiles that won somewhere in
-# run 21's study (variants.py --study wide, bf16 and fp8 at M = 256-1024) and beat the shipped
-# tile by more than 5% (64 + 16 and 64 + 32 never did), so all of them fit the tuner's pick (a
-# share of three at 16 candidates); which of 3 and 4 stages wins on 128 + 32 varies by shape.
-WIDE_SPLITS = {256: ((128, 32, 3), (128, 32, 4), (128, 64, 4)),
-               512: ((128, 32, 3), (128, 32, 4), (128, 64, 4)),
-               1024: ((256, 64, 3), (256, 64, 4))}
+# (BLOCK_M, BLOCK_N, BLOCK_N2, warps, stages). Powers of two do not give the widths that make a
+# layer's programs fit the H200 at once: at M = 256, 64 x 160 tiles make 256 programs on qkv and
+# 64 x 80 tiles 256 on o and down, two per multiprocessor (264 places), where the plain 64 x 128
+# tiles make 320 and 160 (run 21, variants.py --study wide-64: qkv bf16 48.7 -> 43.6 us, fp8 32.3
+# -> 27.8; o fp8 at M=512 53.9 -> 39.6). cuBLAS runs one program per multiprocessor instead (168-
+# and 80-wide tiles at M = 256, 320-wide at 1024; run 20, peer_kernels.py); the 128-row tiles
+# here are that form (128 x 320 on 8 warps: 253 registers, no spills, sm_90). Each bucket keeps
+# the tiles that won somewhere in run 21's studies (--study wide, wide-64) or its re-tune.
+WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
+                     (64, 128, 32, 4, 4), (64, 64, 16, 4, 4), (64, 128, 64, 4, 3)),
+               512: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3), (64, 128, 32, 4, 4)),
+               1024: ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4))}
 WIDE_BUCKETS = tuple(WIDE_SPLITS)
 
 def wide_tiles(bk: int, bucket: int = 256) -> list[dict]:
-    """The wide TMA tiles of a bucket in WIDE_BUCKETS: 128 rows of x on 8 warps."""
-    return [dict(tile("tma", 128, bn, bk, 1, 8, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_SPLITS[bucket]]
+    """The wide TMA tiles of a bucket in WIDE_BUCKETS."""
+    return [dict(tile("tma", bm, bn, bk, 1, warps, st), BLOCK_N2=bn2) for bm, bn, bn2, warps, st in WIDE_SPLITS[bucket]]
 
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
                bk_choices=None, tma: bool = True, wide: bool = False) -> list[dict]:
