@@ -1,7 +1,8 @@
 """Variant studies: candidate kernel designs timed beside the shipped template, in one run.
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
-                                   fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64]
+                                   fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
+                                   wide-few]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -515,12 +516,13 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
-def _wide_study(study, shapes, ms, log, wide_tiles):
+def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128)):
     """bf16 and fp8: the shipped cache's tile against wide_tiles(bk, bucket) (wide TMA tiles:
-    BLOCK_N + BLOCK_N2 weight rows). fp8's wide tiles keep the shipped tile's prologue knobs."""
+    BLOCK_N + BLOCK_N2 weight rows; bk from bks, bf16's then fp8's). fp8's wide tiles keep the
+    shipped tile's prologue knobs."""
     rows = []
     for sh, N, K, M, x, ws, base in _points(study, ("fp8",), shapes, ms, rows, log):
-        for fmt, key, bk in (("bf16", "dense", 64), ("fp8", "fp8_w8a8", 128)):
+        for (fmt, key), bk in zip((("bf16", "dense"), ("fp8", "fp8_w8a8")), bks):
             t = registry.TEMPLATES[key]
             shipped = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
             knobs = {k: v for k, v in (shipped or {}).items() if k in ("PRO_WARPS", "PDL")}
@@ -552,6 +554,23 @@ def study_wide_64(shapes, ms, log):
         dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_64])
 
 
+# Wide tiles of the wide-few study (BLOCK_N, BLOCK_N2, stages), 64 rows on 4 warps, the K step of
+# the shipped TMA tiles at M=64 (128 for bf16, 256 for fp8); those over SMEM_LIMIT left out.
+WIDE_FEW = ((64, 16, 4), (64, 16, 6), (128, 32, 3), (128, 32, 4))
+SMEM_LIMIT = 232448   # bytes of shared memory one block may take on the H100 / H200 (227 KiB)
+
+
+def study_wide_few(shapes, ms, log):
+    """Wide TMA tiles at M = 16-64, where the shipped tiles leave multiprocessors idle on qkv: 64 x
+    128 (bf16 and fp8 at M=64) and the transposed 128-row tiles (M=16) make 80 programs for 132
+    multiprocessors, and fp8 qkv is 1.47x cuBLAS at M=64 (target 1.6x; run 21). 64 x 80 tiles make
+    128 programs on qkv; 64 x 160 keeps 80 for comparison (wider tiles on o and down: fewer)."""
+    return _wide_study("wide-few", shapes, ms, log, lambda bk, bucket: [
+        t for t in (dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_FEW)
+        if gemm_tiles.smem_bytes(t, 256 // bk, 256 // bk) <= SMEM_LIMIT],   # K steps of 256 bytes: 2-byte or 1-byte elements
+        bks=(128, 256))
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -561,7 +580,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
-           "wide-64": (study_wide_64, "256,512")}
+           "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64")}
 
 
 # Seconds between rewrites of the results file while a study runs.

@@ -325,3 +325,18 @@ def test_the_wide_64_study_runs_64_row_wide_tiles_on_one_warpgroup(variants, mon
     assert [r["variant"] for r in cases] == ["wide 64x64+16 w4 s3", "wide 64x64+16 w4 s4"] * 2
     assert all(r["study"] == "wide-64" and r["tile"]["BLOCK_M"] == 64 and r["tile"]["num_warps"] == 4
                and r["tile"]["BLOCK_N2"] == 16 for r in cases)
+
+
+def test_the_wide_few_study_takes_the_m64_k_steps_and_leaves_out_what_does_not_fit(variants, monkeypatch,
+                                                                                   on_a_tiny_shape):
+    on_a_tiny_shape(96, 256)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
+    monkeypatch.setattr(variants, "WIDE_FEW", ((64, 16, 4), (128, 32, 4)))
+    monkeypatch.setattr(variants, "SMEM_LIMIT", 200_000)   # 64 x 160 at 4 stages takes 229376 bytes
+    copies = variants.weight_copies
+    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
+    rows = variants.study_wide_few(["tiny"], [16], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert [r["variant"] for r in cases] == ["wide 64x64+16 w4 s4"] * 2
+    assert [(r["format"], r["tile"]["BLOCK_K"]) for r in cases] == [("bf16", 128), ("fp8", 256)]
