@@ -18,7 +18,7 @@ import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES, candidates
-from vsr.kernels import common, dense, fp8, gemm, int4, nvfp4
+from vsr.kernels import common, dense, fp8, gemm, gemm_tiles, int4, nvfp4
 from vsr.kernels.template import Problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1160,3 +1160,18 @@ def test_int4_gemv_refuses_the_fixup():
     with pytest.raises(ValueError, match="no in-kernel fixup"):
         int4.launch(x, w, tile)
     assert_close(run(int4.launch, x, w, dict(tile, FIXUP=0)), int4.reference_linear(x, w))
+
+
+
+@pytest.mark.parametrize("bucket", gemm_tiles.WIDE_BUCKETS)
+def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
+    # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
+    # BLOCK_M (tuner._path), so none of the few the space keeps (those that won in run 21's studies)
+    # goes untimed on the 27B-class shapes.
+    for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
+        for t in (dense, fp8):
+            space = t.search_space(Problem(N=N, K=K, bucket=bucket, act_dtype=torch.bfloat16, params=()))
+            wide = [c for c in space if c.get("BLOCK_N2")]
+            assert len(wide) == len(gemm_tiles.WIDE_SPLITS[bucket]), (t.__name__, N, K, bucket)
+            pick = candidates(space, 16)
+            assert all(c in pick for c in wide), (t.__name__, N, K, bucket)
