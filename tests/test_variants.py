@@ -272,9 +272,10 @@ def test_the_int4_x_split_study_checks_every_case(variants, monkeypatch, on_a_ti
     assert [r["tile"].get("X_SPLIT", 0) for r in cases] == [0, 1, 0, 1]
 
 
-def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
-    # The fixup studies read the shipped cache's tiles through the autotune store and keys,
-    # whatever kernel source the entries were tuned for; any other field must match.
+def test_shipped_tile_takes_the_exact_key_else_one_of_another_source_or_triton(variants, monkeypatch, tmp_path):
+    # The studies read the shipped cache's tiles through the autotune store and keys: the exact
+    # key's tile where the cache has it, else one tuned for another kernel source or Triton (its
+    # lineage); any other field must match.
     import dataclasses
     from vsr.autotune.device_id import current_device_identity
     from vsr.autotune.keys import make_key
@@ -294,6 +295,21 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
     monkeypatch.setattr(variants, "SHIPPED_CACHE", path)   # a fresh path: read anew (cached by path)
     assert variants._shipped_tile(t, p) == tile
     assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
+    # Another Triton's tile counts too, and the exact key's wins over both (the first by key order without it).
+    exact = dict(tile, num_stages=4)
+    path = tmp_path / "cache2.json"
+    store = open_store(path)
+    store.put(Entry(dataclasses.replace(key, source_hash="0" * 16), tile))
+    store.put(Entry(dataclasses.replace(key, triton="0.0.1"), dict(tile, num_warps=8)))
+    store.close()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", path)
+    assert variants._shipped_tile(t, p) == tile
+    store = open_store(path)
+    store.put(Entry(key, exact))
+    store.close()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", tmp_path / "cache3.json")
+    path.rename(tmp_path / "cache3.json")
+    assert variants._shipped_tile(t, p) == exact
 
 
 def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
