@@ -16,6 +16,7 @@ from vsr.autotune.device_id import current_device_identity
 from vsr.autotune.keys import make_key
 from vsr.autotune.store import open_store
 from vsr.autotune.tuner import TOLERANCES as TOL
+from vsr.kernels import fp8 as fp8mod
 
 # The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
 SHAPES = {name: (N, K) for name, N, K in shapes.SHAPES_27B}
@@ -86,6 +87,24 @@ def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE) -> dict
     entries = _entries_by_lineage(Path(cache)).get(want.lineage(), [])
     exact = [e for e in entries if e.key == want]
     return dict((exact or entries)[0].tile) if entries else None
+
+
+def scaled_mm_weight_scale(w8) -> torch.Tensor:
+    """An fp8 weight's per-channel scales as `_scaled_mm` takes them (fp32, [1, N]); made once,
+    outside the timed calls."""
+    return w8.weight_scale.float()[None, :].contiguous()
+
+
+def torch_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp8 reference's own torch-op activation quantization (per-token amax, division in x's
+    dtype), its scales in fp32 for `_scaled_mm`."""
+    q, s = fp8mod.quantize_activation(x)
+    return q, s.float()
+
+
+def scaled_mm(xq: torch.Tensor, sa: torch.Tensor, w8, sb: torch.Tensor) -> torch.Tensor:
+    """The `_scaled_mm` FP8 peer: row-wise scales, fast accumulation, bf16 out (BENCHMARKS.md)."""
+    return torch._scaled_mm(xq, w8.weight.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):
