@@ -27,7 +27,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms, graph_ms,  # noqa: E402
-                          result_path, weight_copies)
+                          result_path, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
@@ -115,12 +115,7 @@ def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
     wds = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
     # FP8 _scaled_mm with row-wise scales
     w8s = weight_copies("fp8", N, K, dev) if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
-    sb = [w.weight_scale.float()[None, :].contiguous() for w in w8s]
-
-    def torch_quant(x):
-        # The reference's own torch-op quantization (per-token amax, division in x's dtype).
-        q, s = fp8mod.quantize_activation(x)
-        return q, s.float()
+    sb = [scaled_mm_weight_scale(w) for w in w8s]
 
     # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
     wis = weight_copies("int4-gptq", N, K, dev) if {"tinygemm", "gemlite"} & set(peers) else []
@@ -155,14 +150,11 @@ def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
             ref8 = fp8mod.reference_linear(x, w8)
             if "scaled_mm" in peers:
                 xq, sa = torch_quant(x)   # quantized once, outside the timed calls
-                y = torch._scaled_mm(xq, w8.weight.t(), sa, sb[0], out_dtype=torch.bfloat16, use_fast_accum=True)
-                provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: torch._scaled_mm(
-                    xq, w.weight.t(), sa, s, out_dtype=torch.bfloat16, use_fast_accum=True) for w, s in zip(w8s, sb)],
-                    check(y, ref8), w8.nbytes()))
+                provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(w8s, sb)],
+                    check(scaled_mm(xq, sa, w8, sb[0]), ref8), w8.nbytes()))
 
             def sq(w, s):
-                q, a = torch_quant(x)
-                return torch._scaled_mm(q, w.weight.t(), a, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+                return scaled_mm(*torch_quant(x), w, s)
             if "scaled_mm+quant" in peers:
                 provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)],
                               check(sq(w8, sb[0]), ref8), w8.nbytes()))

@@ -14,8 +14,9 @@ import torch
 from vsr.autotune import shapes, synth, tuner
 from vsr.autotune.device_id import current_device_identity
 from vsr.autotune.keys import make_key
-from vsr.autotune.store import incumbent_tiles
+from vsr.autotune.store import open_store
 from vsr.autotune.tuner import TOLERANCES as TOL
+from vsr.kernels import fp8 as fp8mod
 
 # The 27B-class shapes of BENCHMARKS.md, as vsr-tune knows them: name -> (N, K).
 SHAPES = {name: (N, K) for name, N, K in shapes.SHAPES_27B}
@@ -63,20 +64,47 @@ def code_commit() -> str:
 
 
 @functools.cache
-def _tiles_by_lineage(cache: Path) -> dict:
-    """A cache file's tiles by key lineage (vsr-tune --incumbents' index of a file), read once;
-    none when the file does not exist (a checkout without a shipped cache for this device)."""
-    return incumbent_tiles([cache]) if cache.exists() else {}
+def _entries_by_lineage(cache: Path) -> dict:
+    """A cache file's entries by key lineage (CacheKey.lineage), read once; none when the file does
+    not exist (a checkout without a shipped cache for this device)."""
+    out: dict = {}
+    if cache.exists():
+        st = open_store(cache, create=False)
+        try:
+            for e in st.entries():
+                out.setdefault(e.key.lineage(), []).append(e)
+        finally:
+            st.close()
+    return out
 
 
 def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE) -> dict | None:
-    """The tile `cache` (default the shipped one) holds for template's Problem on `device`, whatever
-    kernel source or Triton it was tuned for (a branch's kernels stale the cache, and studies and
-    profiles of a branch still want the tiles users run): every other key field must match; None
-    if it has no such key."""
+    """The tile `cache` (default the shipped one) holds for template's Problem on `device`: its
+    exact key's, else that of a key tuned for another kernel source or Triton (a branch's kernels
+    stale the cache, and studies and profiles of a branch still want the tiles users run), every
+    other key field matching; None if it has neither."""
     want = make_key(template, problem, current_device_identity(torch.device(device)))
-    tiles = _tiles_by_lineage(Path(cache)).get(want.lineage())
-    return dict(tiles[0]) if tiles else None
+    entries = _entries_by_lineage(Path(cache)).get(want.lineage(), [])
+    exact = [e for e in entries if e.key == want]
+    return dict((exact or entries)[0].tile) if entries else None
+
+
+def scaled_mm_weight_scale(w8) -> torch.Tensor:
+    """An fp8 weight's per-channel scales as `_scaled_mm` takes them (fp32, [1, N]); made once,
+    outside the timed calls."""
+    return w8.weight_scale.float()[None, :].contiguous()
+
+
+def torch_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp8 reference's own torch-op activation quantization (per-token amax, division in x's
+    dtype), its scales in fp32 for `_scaled_mm`."""
+    q, s = fp8mod.quantize_activation(x)
+    return q, s.float()
+
+
+def scaled_mm(xq: torch.Tensor, sa: torch.Tensor, w8, sb: torch.Tensor) -> torch.Tensor:
+    """The `_scaled_mm` FP8 peer: row-wise scales, fast accumulation, bf16 out (BENCHMARKS.md)."""
+    return torch._scaled_mm(xq, w8.weight.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):

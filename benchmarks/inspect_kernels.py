@@ -107,9 +107,10 @@ def cases() -> dict[str, tuple]:
                              dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, FIXUP=False,
                                   ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
-    wide = dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[128,64]>",
+    wide = {k: v for k, v in scalars.items() if k not in ("ws_ptr", "cnt_ptr")}   # tma_gemm_kernel has no workspace
+    wide.update(a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[128,64]>",
                 b2_desc="tensordesc<bf16[32,64]>", b_ptr="*bf16", stride_bn="i32")
-    out["tma-wide-128x160"] = (gemm.tma_gemm_kernel, {k: v for k, v in wide.items() if k not in ("ws_ptr", "cnt_ptr")},
+    out["tma-wide-128x160"] = (gemm.tma_gemm_kernel, wide,
                                dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=128, BLOCK_N2=32, PERSISTENT=False,
                                     WAIT=False, PREFETCH=0, LINE_COLS=64), 8, 4,
                                "wide TMA tile, bf16 128x(128+32)x64: one wave of 128 programs on qkv at M = 256")

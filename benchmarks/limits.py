@@ -31,7 +31,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, copy_TBps, graph_ms,  # noqa: E402
-                          result_path, weight_copies)
+                          result_path, scaled_mm, scaled_mm_weight_scale, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
@@ -125,8 +125,7 @@ def main() -> int:
             prod = [lambda w=w: fp8.launch_product(xq, xs, w, y, tile8) for w in w8]
             # fp32 scales made outside the timed calls (as bench_gemm's peers): _scaled_mm alone.
             sa = xs.float()[:, None]
-            scaled = [lambda w=w, sb=w.weight_scale.float()[None, :].contiguous(): torch._scaled_mm(
-                xq, w.weight.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True) for w in w8]
+            scaled = [lambda w=w, sb=scaled_mm_weight_scale(w): scaled_mm(xq, sa, w, sb) for w in w8]
             ref8 = t8.reference(x, w8[0])
             prod[0]()
             r["fp8_parts_checked"] = check(y, ref8)[0] and check(scaled[0](), ref8)[0]

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, result_path, shipped_tile  # noqa: E402
+from common_bench import (SHAPES, SHIPPED_CACHE, code_commit, make_weight, result_path, scaled_mm,  # noqa: E402
+                          scaled_mm_weight_scale, shipped_tile, torch_quant)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
 
 _CUTLASS = re.compile(r"tilesize(\d+)x(\d+)x(\d+)")
@@ -100,18 +100,15 @@ def main() -> int:
     dev = torch.device("cuda")
     out = Path(a.out) if a.out else result_path("peer-kernels", torch.cuda.get_device_name(dev))
     doc = {"benchmark": "peer-kernels", "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-           "commit": code_commit(), "tile_cache": str(SHIPPED_CACHE.name), "rows": []}
+           "commit": code_commit(), "tile_cache": SHIPPED_CACHE.name, "rows": []}
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
         wb, w8 = make_weight("bf16", N, K, dev), make_weight("fp8", N, K, dev)
-        sb = w8.weight_scale.float()[None, :].contiguous()
+        sb = scaled_mm_weight_scale(w8)
         for M in map(int, a.ms.split(",")):
             x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-            q, s = fp8mod.quantize_activation(x)
-            s = s.float()
-            provs = {"cublas-bf16": lambda: x @ wb.weight.t(),
-                     "scaled_mm": lambda: torch._scaled_mm(q, w8.weight.t(), s, sb, out_dtype=torch.bfloat16,
-                                                           use_fast_accum=True)}
+            q, s = torch_quant(x)
+            provs = {"cublas-bf16": lambda: x @ wb.weight.t(), "scaled_mm": lambda: scaled_mm(q, s, w8, sb)}
             tiles = {}
             for fmt, w in (("bf16", wb), ("fp8", w8)):
                 t = registry.template_for(w, x.dtype)
@@ -119,13 +116,14 @@ def main() -> int:
                 tile = tiles[f"vsr-{fmt}"] = shipped_tile(t, t.problem(w, bucket_for(M), x.dtype), dev)
                 provs[f"vsr-{fmt}"] = lambda t=t, w=w, tile=tile: t.launch(x, w, tile)
             for name, fn in provs.items():
-                try:
-                    if name in tiles and tiles[name] is None:
-                        raise LookupError(f"{SHIPPED_CACHE.name} has no tile for this key")
-                    ks = profile(fn)
-                    err = None
-                except Exception as e:   # one provider failing leaves the others' rows
-                    ks, err = [], f"{type(e).__name__}: {e}"
+                ks, err = [], None
+                if name in tiles and tiles[name] is None:
+                    err = f"{SHIPPED_CACHE.name} has no tile for this key"
+                else:
+                    try:
+                        ks = profile(fn)
+                    except Exception as e:   # one provider failing leaves the others' rows
+                        err = f"{type(e).__name__}: {e}"
                 row = {"shape": sh, "N": N, "K": K, "M": M, "provider": name, "kernels": ks, "error": err}
                 if name in tiles:
                     row["vsr_tile"] = tiles[name]

@@ -44,10 +44,11 @@ results/variants-nvidia-h200-2026-11-30-run19-int4-x-split-pdl.json; the tile fi
 run 17 (commit 0fa8b14: swap-sk, bf16 and fp8 at M = 1-64 on the transposed product walked
 stream-K over all 132 multiprocessors, 3-30% slower than the shipped tiles at M = 1, 16 and
 64, faster at M = 32 on 4 of 8 points only where run 16's 32-row tiles were at fault, file
-results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json), and runs 17-18 (sk-reduce-pdl, in
-git history before run 20's review: the stream-K reduction launched as the product's programmatic
-dependent, slower on 14 of the 15 shipped keys, median +2.4%, files
-results/variants-nvidia-h200-2026-11-30-run18-sk-reduce-pdl-{1,2,3}.json; the form was removed).
+results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json), and runs 17-18 (commit 78c8cad:
+sk-reduce-pdl, the stream-K reduction launched as the product's programmatic dependent, slower
+on 14 of the 15 shipped keys, median +2.4%, files
+results/variants-nvidia-h200-2026-11-30-run17-sk-reduce-pdl.json and
+...-run18-sk-reduce-pdl-{1,2,3}.json; the form was removed in 2829e8f).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -72,7 +73,7 @@ from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, gr
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, registry  # noqa: E402
+from vsr.kernels import common, fp8, gemm_tiles, int4, registry  # noqa: E402
 
 
 def _timed(row, launch, x, tile, ws, ref, base):
@@ -525,7 +526,9 @@ def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128)):
         for (fmt, key), bk in zip((("bf16", "dense"), ("fp8", "fp8_w8a8")), bks):
             t = registry.TEMPLATES[key]
             shipped = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
-            knobs = {k: v for k, v in (shipped or {}).items() if k in ("PRO_WARPS", "PDL")}
+            # fp8's prologue knobs: the shipped tile's, else the bucket's defaults (fp8 only)
+            knobs = ({k: v for k, v in shipped.items() if k in ("PRO_WARPS", "PDL")} if shipped
+                     else fp8.prologue_defaults(bucket_for(M)) if fmt == "fp8" else {})
             cases = [("shipped", shipped)] if shipped is not None else []
             cases += [(f"wide {w['BLOCK_M']}x{w['BLOCK_N']}+{w['BLOCK_N2']} w{w['num_warps']} s{w['num_stages']}",
                        dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
@@ -537,7 +540,13 @@ def study_wide(shapes, ms, log):
     """bf16 and fp8 at M = 256-1024: the shipped cache's tile against every wide TMA tile of the
     space (gemm_tiles.wide_tiles: widths no power of two gives, so that a layer's tiles make about
     one wave; run 20's peer_kernels.py: cuBLAS's 168-, 80- and 176-wide tiles at M = 256)."""
-    return _wide_study("wide", shapes, ms, log, gemm_tiles.wide_tiles)
+    return _wide_study("wide", shapes, ms, log,   # (rows whose bucket has no wide tiles: the shipped tile only)
+                       lambda bk, b: gemm_tiles.wide_tiles(bk, b) if b in gemm_tiles.WIDE_SPLITS else [])
+
+
+def _wide_64(bk: int, splits) -> list[dict]:
+    """Wide TMA tiles of 64 rows of x on one warpgroup: one per (BLOCK_N, BLOCK_N2, stages)."""
+    return [dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in splits]
 
 
 # Wide tiles of 64 rows of x on one warpgroup (BLOCK_N, BLOCK_N2, stages), for the wide-64 study.
@@ -550,24 +559,21 @@ def study_wide_64(shapes, ms, log):
     tiles at bf16 M=256, which run two programs per multiprocessor: 320 programs on qkv, 160 on o
     and down, for 264 places. 64 x 160 tiles make 256 programs on qkv, 64 x 80 tiles 256 on o and
     down: every program of the layer resident at once, none waiting for a second round."""
-    return _wide_study("wide-64", shapes, ms, log, lambda bk, bucket: [
-        dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_64])
+    return _wide_study("wide-64", shapes, ms, log, lambda bk, bucket: _wide_64(bk, WIDE_64))
 
 
 # Wide tiles of the wide-few study (BLOCK_N, BLOCK_N2, stages), 64 rows on 4 warps, the K step of
-# the shipped TMA tiles at M=64 (128 for bf16, 256 for fp8); those over SMEM_LIMIT left out.
+# the shipped TMA tiles at M=64 (128 for bf16, 256 for fp8); those over gemm_tiles.SMEM_LIMIT left out.
 WIDE_FEW = ((64, 16, 4), (64, 16, 6), (128, 32, 3), (128, 32, 4))
-SMEM_LIMIT = 232448   # bytes of shared memory one block may take on the H100 / H200 (227 KiB)
 
 
 def study_wide_few(shapes, ms, log):
     """Wide TMA tiles at M = 16-64, where the shipped tiles leave multiprocessors idle on qkv: 64 x
     128 (bf16 and fp8 at M=64) and the transposed 128-row tiles (M=16) make 80 programs for 132
     multiprocessors, and fp8 qkv is 1.47x cuBLAS at M=64 (target 1.6x; run 21). 64 x 80 tiles make
-    128 programs on qkv; 64 x 160 keeps 80 for comparison (wider tiles on o and down: fewer)."""
-    return _wide_study("wide-few", shapes, ms, log, lambda bk, bucket: [
-        t for t in (dict(gemm_tiles.tile("tma", 64, bn, bk, 1, 4, st), BLOCK_N2=bn2) for bn, bn2, st in WIDE_FEW)
-        if gemm_tiles.smem_bytes(t, 256 // bk, 256 // bk) <= SMEM_LIMIT],   # K steps of 256 bytes: 2-byte or 1-byte elements
+    128 programs on qkv; 64 x 160 makes 64, for comparison (o and down: half as many)."""
+    return _wide_study("wide-few", shapes, ms, log, lambda bk, bucket: [   # K steps of 256 bytes: 2- or 1-byte elements
+        t for t in _wide_64(bk, WIDE_FEW) if gemm_tiles.smem_bytes(t, 256 // bk, 256 // bk) <= gemm_tiles.SMEM_LIMIT],
         bks=(128, 256))
 
 

@@ -20,10 +20,14 @@ set -euo pipefail
 stage=${1:?usage: caches/retune.sh 27b|minilm DB}
 db=${2:?usage: caches/retune.sh 27b|minilm DB}
 tune=${VSR_TUNE:-vsr-tune}
-out=${OUT_JSON:-caches/nvidia-h200.json}
-# Split on blanks only (no glob). OUT_JSON missing is a first build: no incumbents; a file that
-# INCUMBENTS names and that is missing is a mistake.
-read -r -a names <<< "${INCUMBENTS-$out}"
+out=${OUT_JSON:-$(dirname "$0")/nvidia-h200.json}   # beside this script, wherever it is run from
+# OUT_JSON missing is a first build: no incumbents; a file that INCUMBENTS names (split on blanks,
+# no glob) and that is missing is a mistake.
+if [ -n "${INCUMBENTS+set}" ]; then
+  read -r -a names <<< "$INCUMBENTS"
+else
+  names=("$out")
+fi
 inc=()
 for f in ${names[@]+"${names[@]}"}; do
   if [ -e "$f" ]; then
@@ -36,7 +40,7 @@ done
 
 case "$stage" in
   27b)
-    scratch="$db.27b-16"
+    scratch="${db%.db}.27b-16.db"   # a .db name: ignored by git, as DB is
     $tune 27b --autotune-cache "$scratch" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}
     $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
     $tune import "$scratch" --autotune-cache "$db"

@@ -210,12 +210,13 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
     keys = [resolver.key(j["template"], j["problem"]) for j in work]
     report = {"cache": str(cache), "target": target, "device": resolver.identity.name,
               "keys": len(work), "tuned": [], "recorded_before": 0, "skipped": [], "failed": []}
+    key_incumbents = [incumbents.get(k.lineage()) for k in keys]
     if incumbents_from:   # how many keys the files had a tile for (none: the wrong device or shapes?)
-        report["keys_with_incumbents"] = sum(k.lineage() in incumbents for k in keys)
+        report["keys_with_incumbents"] = sum(inc is not None for inc in key_incumbents)
     deadline = None if time_budget is None else t0 + time_budget
     tuned_s: list[float] = []
     tty = sys.stderr.isatty()
-    for i, (job, key) in enumerate(zip(work, keys, strict=True), 1):
+    for i, (job, key, key_inc) in enumerate(zip(work, keys, key_incumbents, strict=True), 1):
         if deadline is not None and time.monotonic() > deadline:
             report["skipped"].append(key.short())
             continue
@@ -230,7 +231,7 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         try:
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
                                          progress=progress, max_candidates=max_candidates,
-                                         incumbents=incumbents.get(key.lineage()))
+                                         incumbents=key_inc)
         except (CacheError, ValueError, RuntimeError) as e:
             report["failed"].append({"key": key.short(), "error": str(e)})
             click.echo(f"\n[{i}/{len(work)}] {key.short()}: FAILED: {e}", err=True)

@@ -183,7 +183,7 @@ def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str)
 
 class MatrixWeight:
     """The N / K of a weight stored whole as `weight` [N, K] (the dense and fp8 formats, whose
-    products run on this module's kernels): a mixin for their dataclasses, adding no fields.
+    products run on gemm.py's kernels): a mixin for their dataclasses, adding no fields.
     (int4's and nvfp4's weights derive their shapes otherwise: K a field, or packed halves.)"""
 
     @property

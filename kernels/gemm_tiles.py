@@ -172,7 +172,7 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
         if wide and bucket in WIDE_BUCKETS and "tma" in paths:
-            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)), bucket)   # the default's K step (256 B for fp32)
+            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)), bucket)   # 64 elements (128 for fp8): fp32's wide tiles too, not its default's 32
         if bucket >= PERSISTENT_FROM and "tma" in paths:
             # The persistent forms, and the default's other form second (a short sweep's strided
             # pick always sees it).

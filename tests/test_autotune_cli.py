@@ -257,3 +257,17 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
+    assert big[0][2] == str(tmp_path / "h200.27b-16.db")   # the scratch store's name ends in .db (ignored)
+    spaced = tmp_path / "shipped cache.json"              # OUT_JSON is one path, blanks and all
+    spaced.write_text("{}")
+    quoting = tmp_path / "quoting-echo"                  # echo with each argument shell-quoted
+    quoting.write_text('#!/bin/bash\nprintf "%q " "$@"; echo\n')
+    quoting.chmod(0o755)
+    cmd = stage("minilm", OUT_JSON=str(spaced), VSR_TUNE=str(quoting))
+    assert cmd[0][cmd[0].index("--incumbents") + 1] == str(spaced) and cmd[1][-1] == str(spaced)
+    # Without OUT_JSON, the file rebuilt (and the incumbents) is the one beside the script, from any directory.
+    p = subprocess.run(["bash", str(script), "minilm", db], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"})
+    default = [shlex.split(line) for line in p.stdout.splitlines()]
+    assert p.returncode == 0 and Path(default[1][-1]).resolve() == script.parent / "nvidia-h200.json"
+    assert Path(default[0][default[0].index("--incumbents") + 1]).resolve() == script.parent / "nvidia-h200.json"

@@ -185,3 +185,18 @@ for name in ("tma-sk-128x256", "tma-sk-128x256-fixup", "tma-swap-16x128-fixup"):
 """).split()
     assert got == ["tma-sk-128x256", "0", "0", "0", "tma-sk-128x256-fixup", "1", "1", "1",
                    "tma-swap-16x128-fixup", "1", "1", "1"], got
+
+
+@NEEDS_CUDA_BINARIES
+def test_wide_tma_tile_compiles_to_two_wgmma_widths_on_sm90(tmp_path):
+    # inspect_kernels.py's wide case (128 x (128 + 32) bf16, 8 warps): both products on wgmma
+    # (n128 and n32, one accumulator each), no spills (no local memory, no stack).
+    got = compile_script(tmp_path, """
+import re
+fn, types, consts, warps, stages, _ = ik.cases()["tma-wide-128x160"]
+k = ik.compile_cuda(fn, types, consts, warps, stages)
+a = ik.analyse(k)
+print(" ".join(sorted(set(re.findall(r"wgmma.mma_async.sync.aligned.m64(n\\d+)k16", k.asm["ptx"])))),
+      a["local_bytes"], a["stack_bytes"])
+""").split()
+    assert got == ["n128", "n32", "0", "0"], got

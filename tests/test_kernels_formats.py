@@ -546,25 +546,24 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
 
 def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkeypatch):
     # The reduction kernel runs once per leftover tile (x row chunks), only when tiles are left
-    # over for it, and never as the product's programmatic dependent, whatever the device has
-    # (that form lost, H200 run 18). Recorded, not run.
+    # over for it, and never as the product's programmatic dependent (that form lost, H200 run
+    # 18), even where the product is one itself (wait: after fp8's prologue). Recorded, not run.
     calls = []
     monkeypatch.setattr(gemm, "tma_streamk_kernel", KernelSpy(calls, "product"))
     monkeypatch.setattr(gemm, "streamk_reduce_kernel", KernelSpy(calls, "reduce"))
     monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     w = fp8_weight(gen(97), torch.float16, False)
-    real = common.device_features(torch.device(DEV))
     tile = dict(TMA, path="tma-sk", BLOCK_K=128)   # 32x32 tiles: N=37 makes 2 column blocks
-    for pdl in (False, True):
-        monkeypatch.setattr(common, "device_features", lambda device, pdl=pdl: dataclasses.replace(real, pdl=pdl))
+    for wait in (False, True):   # the product as a dependent itself (after fp8's prologue) or not
         for M in (40, 20, 70):   # 4 tiles on 3 programs: 1 left over; 2 tiles, both; 6 tiles, none
             xq = fp8.e4m3_rne(torch.randn(M, K, generator=gen(M))).to(DEV)
-            gemm.launch_tma(xq, w.weight, torch.empty(M, N, dtype=torch.float16, device=DEV), tile, owner=w)
-    seen = [(name, grid, kw.get("launch_pdl", False)) for name, grid, kw in calls]
-    assert seen == 2 * [("product", (3,), False), ("reduce", (1, 2), False),
-                        ("product", (3,), False), ("reduce", (2, 2), False),
-                        ("product", (3,), False)], seen
-    assert all("WAIT" not in kw and "RELEASE" not in kw for name, _, kw in calls if name == "reduce")
+            gemm.launch_tma(xq, w.weight, torch.empty(M, N, dtype=torch.float16, device=DEV), tile, owner=w, wait=wait)
+    seen = [(name, grid, kw.get("launch_pdl"), kw.get("WAIT")) for name, grid, kw in calls]
+    assert seen == [step for wait in (False, True) for step in (
+        ("product", (3,), wait, wait), ("reduce", (1, 2), None, None),
+        ("product", (3,), wait, wait), ("reduce", (2, 2), None, None),
+        ("product", (3,), wait, wait))], seen
+    assert all("RELEASE" not in kw for name, _, kw in calls if name == "reduce")
 
 
 def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():

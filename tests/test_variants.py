@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from vsr.kernels import gemm
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -18,12 +20,15 @@ def variants(bench_script):
 
 @pytest.fixture
 def on_a_tiny_shape(variants, monkeypatch, run_each_once):
-    """setup(N, K, timed=None): the studies on this machine's device, fp16 x (the interpreter's bf16
+    """setup(N, K, timed=None, copies=None): the studies on this machine's device, fp16 x (the interpreter's bf16
     tl.dot is wrong, so bf16 outputs could not be checked), one shape "tiny" [N, K], timing
     replaced by running each call once (run_each_once; `timed` collects how many calls each
     timing got)."""
-    def setup(N, K, timed=None):
+    def setup(N, K, timed=None, copies=None):
         monkeypatch.setattr(variants, "DEV", DEV)
+        if copies:   # time over the first `copies` weight copies only (the interpreter is slow)
+            every = variants.weight_copies
+            monkeypatch.setattr(variants, "weight_copies", lambda *a: every(*a)[:copies])
         monkeypatch.setattr(variants, "ACT", torch.float16)
         monkeypatch.setattr(variants, "SHAPES", {"tiny": (N, K)})
         monkeypatch.setattr(variants, "graph_ms", run_each_once(1.0, timed))
@@ -162,7 +167,7 @@ def test_the_fixup_study_checks_every_case(variants, monkeypatch, on_a_tiny_shap
     # transposed-product splits at M <= 16 and int4's other splits, all checked against the
     # reference. The shipped tiles are small ones, for the interpreter's sake.
     on_a_tiny_shape(64, 256)
-    monkeypatch.setattr(variants.gemm, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     monkeypatch.setattr(variants, "FIXUP_SWAP", dict(rows=32, kbytes=64, stages=(2, 3), splits=(2,)))
 
     def shipped(template, problem):
@@ -272,9 +277,10 @@ def test_the_int4_x_split_study_checks_every_case(variants, monkeypatch, on_a_ti
     assert [r["tile"].get("X_SPLIT", 0) for r in cases] == [0, 1, 0, 1]
 
 
-def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monkeypatch, tmp_path):
-    # The fixup studies read the shipped cache's tiles through the autotune store and keys,
-    # whatever kernel source the entries were tuned for; any other field must match.
+def test_shipped_tile_takes_the_exact_key_else_one_of_another_source_or_triton(variants, monkeypatch, tmp_path):
+    # The studies read the shipped cache's tiles through the autotune store and keys: the exact
+    # key's tile where the cache has it, else one tuned for another kernel source or Triton (its
+    # lineage); any other field must match.
     import dataclasses
     from vsr.autotune.device_id import current_device_identity
     from vsr.autotune.keys import make_key
@@ -294,17 +300,34 @@ def test_shipped_tile_matches_every_key_field_but_the_source_hash(variants, monk
     monkeypatch.setattr(variants, "SHIPPED_CACHE", path)   # a fresh path: read anew (cached by path)
     assert variants._shipped_tile(t, p) == tile
     assert variants._shipped_tile(t, dataclasses.replace(p, bucket=32)) is None
+    # Another Triton's tile counts too, and the exact key's wins over both (the first by key order without it).
+    exact = dict(tile, num_stages=4)
+    path = tmp_path / "cache2.json"
+    store = open_store(path)
+    store.put(Entry(dataclasses.replace(key, source_hash="0" * 16), tile))
+    store.put(Entry(dataclasses.replace(key, triton="0.0.1"), dict(tile, num_warps=8)))
+    store.close()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", path)
+    assert variants._shipped_tile(t, p) == tile
+    store = open_store(path)
+    store.put(Entry(key, exact))
+    store.close()
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", tmp_path / "cache3.json")
+    path.rename(tmp_path / "cache3.json")
+    assert variants._shipped_tile(t, p) == exact
 
 
 def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape):
-    on_a_tiny_shape(96, 128)
+    on_a_tiny_shape(96, 128, copies=1)
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: template.default_tile(problem))
     # Two wide tiles and one weight copy: the interpreter takes ~1 s a launch at bucket 256.
-    every, copies = variants.gemm_tiles.wide_tiles, variants.weight_copies
+    every = variants.gemm_tiles.wide_tiles
     monkeypatch.setattr(variants.gemm_tiles, "wide_tiles", lambda bk, bucket: every(bk, bucket)[:2])
-    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
-    rows = variants.study_wide(["tiny"], [129], lambda r: None)
-    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    rows = variants.study_wide(["tiny"], [129, 3], lambda r: None)
+    # M=3's bucket has no wide tiles: its rows are the shipped tile's alone.
+    assert [(r["format"], r["variant"]) for r in rows if r["M"] == 3 and r["variant"] != "cublas-bf16"] == [
+        ("bf16", "shipped"), ("fp8", "shipped")]
+    cases = [r for r in rows if r["variant"] != "cublas-bf16" and r["M"] == 129]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     n = 3
     assert [r["format"] for r in cases] == ["bf16"] * n + ["fp8"] * n
@@ -314,11 +337,9 @@ def test_the_wide_study_checks_every_case(variants, monkeypatch, on_a_tiny_shape
 
 
 def test_the_wide_64_study_runs_64_row_wide_tiles_on_one_warpgroup(variants, monkeypatch, on_a_tiny_shape):
-    on_a_tiny_shape(96, 128)
+    on_a_tiny_shape(96, 128, copies=1)
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
     monkeypatch.setattr(variants, "WIDE_64", variants.WIDE_64[2:4])   # 64 + 16, 3 and 4 stages
-    copies = variants.weight_copies
-    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
     rows = variants.study_wide_64(["tiny"], [129], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
@@ -329,14 +350,15 @@ def test_the_wide_64_study_runs_64_row_wide_tiles_on_one_warpgroup(variants, mon
 
 def test_the_wide_few_study_takes_the_m64_k_steps_and_leaves_out_what_does_not_fit(variants, monkeypatch,
                                                                                    on_a_tiny_shape):
-    on_a_tiny_shape(96, 256)
+    on_a_tiny_shape(96, 256, copies=1)
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
     monkeypatch.setattr(variants, "WIDE_FEW", ((64, 16, 4), (128, 32, 4)))
-    monkeypatch.setattr(variants, "SMEM_LIMIT", 200_000)   # 64 x 160 at 4 stages takes 229376 bytes
-    copies = variants.weight_copies
-    monkeypatch.setattr(variants, "weight_copies", lambda *a: copies(*a)[:1])
+    monkeypatch.setattr(variants.gemm_tiles, "SMEM_LIMIT", 200_000)   # 64 x 160 at 4 stages takes 229376 bytes
     rows = variants.study_wide_few(["tiny"], [16], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
     assert [r["variant"] for r in cases] == ["wide 64x64+16 w4 s4"] * 2
     assert [(r["format"], r["tile"]["BLOCK_K"]) for r in cases] == [("bf16", 128), ("fp8", 256)]
+    # Without a shipped tile, fp8's wide tiles take the bucket's prologue knobs (PDL at bucket 16).
+    assert {k: cases[1]["tile"][k] for k in ("PRO_WARPS", "PDL")} == variants.fp8.prologue_defaults(16) == {
+        "PRO_WARPS": 0, "PDL": 1}
