@@ -100,21 +100,27 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
     """One split: apply the epilogue and write y. Several: write the fp32 partial sum to the
     workspace [SPLIT_K, M, N]; with FIXUP the tile's last split to finish adds them up here
     (last_to_finish), without it splitk_reduce_kernel does, launched after this grid."""
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT_K == 1:
-        acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                       HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-        ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + idx, acc, mask=mask)
         if FIXUP:
             if last_to_finish(cnt_ptr + tl.program_id(0), SPLIT_K):
-                acc = epilogue(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, M, N, bias_ptr,
-                               rs_ptr, cs_ptr, alpha_ptr, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-                tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-                         acc.to(y_ptr.dtype.element_ty), mask=mask)
+                store_tile(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, y_ptr, bias_ptr, rs_ptr,
+                           cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+
+@triton.jit
+def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """The epilogue of an output tile's fp32 sums and their masked store to y."""
+    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
 def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
@@ -155,10 +161,8 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    acc = epilogue(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr,
-                   alpha_ptr, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=mask)
+    store_tile(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr,
+               alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 # Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr functions
 # from Triton 3.5 on, a few microseconds of wrapper per host call (seen in the H200 profile
@@ -354,19 +358,17 @@ def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
         M, N, y.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
         HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
-# The paths whose tiles may be wide (BLOCK_N2: gemm.tma_gemm_kernel's one-tile-per-program form,
-# directly or on int4's transient dense copy); any other kernel would drop the second block.
-WIDE_PATHS = ("tma", "dequant-tma")
-
-def check_tile(t: dict, wide: bool = False) -> None:
+def check_tile(t: dict, wide_paths: tuple = ()) -> None:
     """A tile from a cache file is data: refuse one missing a field, naming it, and a wide one
-    (BLOCK_N2) unless `wide` (the template runs them) and its path has them."""
+    (BLOCK_N2) unless its path is one of the template's `wide_paths` (whose kernel computes the
+    second block: gemm.tma_gemm_kernel, one tile per program) and it is not persistent; any other
+    kernel would drop the second block."""
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"):
         if k not in t:
             raise ValueError(f"tile {t} lacks {k}")
-    if t.get("BLOCK_N2") and not (wide and t.get("path") in WIDE_PATHS and not t.get("PERSISTENT")):
+    if t.get("BLOCK_N2") and (t.get("path") not in wide_paths or t.get("PERSISTENT")):
         raise ValueError(f"tile {t}: BLOCK_N2 (a wide tile) is a field of one-tile-per-program "
-                         f"{' or '.join(WIDE_PATHS)} tiles of the dense, fp8 and int4 templates only")
+                         f"{' or '.join(wide_paths) or 'no'} tiles of this template")
 
 @triton.jit
 def abs_bits(v):

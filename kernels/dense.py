@@ -53,9 +53,13 @@ def reference_linear(x: torch.Tensor, w: DenseWeight) -> torch.Tensor:
 # Triton template "dense"
 
 
+# This template's paths whose tiles may be wide (BLOCK_N2: gemm.tma_gemm_kernel's second block).
+WIDE_PATHS = ("tma",)
+
+
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given)."""
-    common.check_tile(tile, wide=True)
+    common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
     assert w.weight.stride(1) == 1, "W must be K-contiguous"
@@ -86,7 +90,7 @@ def default_tile(p: Problem) -> dict:
 
 def search_space(p: Problem) -> list[dict]:
     b = _bytes(p.act_dtype)
-    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p), wide=True)
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
     if p.bucket == 1:  # one row: the CUDA-core GEMV (fp8's M=1 winner) beside the split-K tiles
         space = space[:1] + gemm_tiles.gemv_tiles(p.K, b) + space[1:]
     return space

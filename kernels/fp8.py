@@ -229,13 +229,17 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     return xq, s
 
 
+# This template's paths whose tiles may be wide (BLOCK_N2: gemm.tma_gemm_kernel's second block).
+WIDE_PATHS = ("tma",)
+
+
 def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, *,
            plan: ProloguePlan | None = None, pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
     """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come
     from the tile (tile_prologue; PDL only where the device has it); `plan`, `pdl` and `prefetch`
     (the prologue plan, programmatic dependent launch, prefetched lines per weight row) override
     the tile and PDL_PREFETCH_LINES; the variant studies time them."""
-    common.check_tile(tile, wide=True)
+    common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
@@ -345,7 +349,7 @@ def search_space(p: Problem) -> list[dict]:
     longer ones, while product tiles keep the other picks; right after the default they would
     take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
     base = _default_product_tile(p)
-    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256), wide=True)
+    space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
     if p.bucket == 1:
         gemv = [t for t in gemm_tiles.gemv_tiles(p.K, 1) if t != base]
         space = space[:1] + gemv[:1] + space[1:12] + gemv[1:] + space[12:36]

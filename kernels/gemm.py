@@ -21,6 +21,15 @@ from vsr.kernels import common, gemm_tiles
 
 
 @triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """acc + a·b in fp32: fp32 operands multiplied in IEEE precision with IEEE (an explicit
+    --dtype float32 stays exact), not tf32."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+@triton.jit
 def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
                       K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                       IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -44,10 +53,7 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
         else:
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _dot(a, b, acc, IEEE)
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                    bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
 
@@ -64,24 +70,10 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
         a = a_desc.load([off_m, k0])
         b = b_desc.load([off_n, k0])
         if SWAP:
-            lhs, rhs = b, a.T
+            acc = _dot(b, a.T, acc, IEEE)
         else:
-            lhs, rhs = a, b.T
-        if IEEE:
-            acc = tl.dot(lhs, rhs, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(lhs, rhs, acc)
+            acc = _dot(a, b.T, acc, IEEE)
     return acc
-
-@triton.jit
-def _store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
-    """The epilogue of an output tile's fp32 sums and their masked store."""
-    acc = common.epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
@@ -89,8 +81,8 @@ def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
     acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
-    _store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
-                bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
+                      bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
@@ -111,17 +103,13 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
         a = a_desc.load([off_m, k0])
         b = b_desc.load([off_n, k0])
         b2 = b2_desc.load([off_n + BLOCK_N, k0])
-        if IEEE:
-            acc = tl.dot(a, b.T, acc, input_precision="ieee")
-            acc2 = tl.dot(a, b2.T, acc2, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b.T, acc)
-            acc2 = tl.dot(a, b2.T, acc2)
+        acc = _dot(a, b.T, acc, IEEE)
+        acc2 = _dot(a, b2.T, acc2, IEEE)
     offs_m = off_m + tl.arange(0, BLOCK_M)
-    _store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
-                stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-    _store_tile(acc2, offs_m, off_n + BLOCK_N + tl.arange(0, BLOCK_N2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
-                alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
+                      stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    common.store_tile(acc2, offs_m, off_n + BLOCK_N + tl.arange(0, BLOCK_N2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
+                      alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
@@ -236,8 +224,8 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
                            mask=live, other=0.0, cache_modifier=".cg")
     offs_m = pid_m * BLOCK_M + rows
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    common.store_or_stash(acc, y_ptr, ws_ptr, ws_ptr, s, offs_m, offs_n, M, N, stride_ym, bias_ptr, rs_ptr, cs_ptr,
-                   alpha_ptr, 1, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, False)
+    common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
@@ -413,7 +401,6 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
         a = a.clone(memory_format=torch.contiguous_format)
     bm, bn, bk, bn2 = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile.get("BLOCK_N2", 0)
-    common.check_tile(tile, wide=True)   # the templates check too; this launcher is also called directly
     owner = owner if owner is not None else _Transient()
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = weight_descriptor(owner, b, [bn, bk])

@@ -67,6 +67,10 @@ PERSISTENT_FROM = 1024
 # gate_up, 0.72x -> 0.81x; from M=512 on most shapes).
 STREAMK_FROM = 256
 
+def k_step(a_bytes: float) -> int:
+    """The tiled paths' default BLOCK_K: 64 elements, 128 for 1-byte operands, 32 for fp32 ones."""
+    return 128 if a_bytes <= 1 else 64 if a_bytes <= 2 else 32
+
 def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
     """The deterministic tile of a row bucket: for buckets <= 16 the transposed TMA product
     (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
@@ -89,7 +93,7 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
     if bucket <= 16:
         bk = 128 if wide else 64
         return tile("splitk", 16, 64, bk, _split_for(bucket, N, K, 16, 64, bk, 16, waves=8), 4, 4)
-    kx = 2 if a_bytes <= 1 else 1 if a_bytes <= 2 else 0.5   # fp32 operands: half the K step
+    kx = k_step(a_bytes) / 64
     if not (tma and tma_aligned(K, a_bytes, b_bytes)):
         bm = 32 if bucket == 32 else 64 if bucket <= 256 else 128
         return tile("tiled", bm, 128, int(64 * kx), 1, 4 if bm <= 64 else 8, 3)
@@ -130,18 +134,17 @@ WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
                      (64, 128, 32, 4, 4), (64, 64, 16, 4, 4), (64, 128, 64, 4, 3)),
                512: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3), (64, 128, 32, 4, 4)),
                1024: ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4))}
-WIDE_BUCKETS = tuple(WIDE_SPLITS)
 
-def wide_tiles(bk: int, bucket: int = 256) -> list[dict]:
-    """The wide TMA tiles of a bucket in WIDE_BUCKETS."""
+def wide_tiles(bk: int, bucket: int) -> list[dict]:
+    """The wide TMA tiles of a bucket in WIDE_SPLITS."""
     return [dict(tile("tma", bm, bn, bk, 1, warps, st), BLOCK_N2=bn2) for bm, bn, bn2, warps, st in WIDE_SPLITS[bucket]]
 
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
-               bk_choices=None, tma: bool = True, wide: bool = False) -> list[dict]:
+               bk_choices=None, tma: bool = True) -> list[dict]:
     """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32
-    take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`)
-    and pointer loads; with `wide` (the templates whose TMA tiles reach gemm.launch_tma: dense,
-    fp8, and int4's transient dense product), buckets in WIDE_BUCKETS also the wide TMA tiles."""
+    take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`:
+    the templates whose TMA tiles reach gemm.launch_tma, dense, fp8 and int4's transient dense
+    product) and pointer loads; buckets in WIDE_SPLITS, with TMA, also the wide TMA tiles."""
     bks = bk_choices or (64, 128, 256)
     cands = [default]
     if bucket <= 16:
@@ -171,8 +174,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
-        if wide and bucket in WIDE_BUCKETS and "tma" in paths:
-            cands += wide_tiles(int(64 * (2 if a_bytes <= 1 else 1)), bucket)   # 64 elements (128 for fp8): fp32's wide tiles too, not its default's 32
+        if bucket in WIDE_SPLITS and "tma" in paths:
+            cands += wide_tiles(k_step(a_bytes), bucket)
         if bucket >= PERSISTENT_FROM and "tma" in paths:
             # The persistent forms, and the default's other form second (a short sweep's strided
             # pick always sees it).

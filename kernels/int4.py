@@ -525,10 +525,14 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
              mask=nmask[:, None] & (offs_k[None, :] < K))
 
 
+# This template's paths whose tiles may be wide (BLOCK_N2): the transient dense product's.
+WIDE_PATHS = ("dequant-tma",)
+
+
 def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
     explicit float32 run, multiplied in IEEE fp32)."""
-    common.check_tile(tile, wide=True)
+    common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
     assert w.zero_point is None or (w.zero_point.dtype == torch.int32 and w.zero_point.is_contiguous()), \
@@ -841,7 +845,7 @@ def search_space(p: Problem) -> list[dict]:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
         b = _dense_bytes(p)
-        rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d, wide=True)[1:]
+        rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
                 if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # in-loop unpacking: 0.22x against 0.67x (run 3)
     else:
         rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))

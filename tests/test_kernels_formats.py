@@ -163,9 +163,13 @@ def test_wide_tiles_only_where_the_kernel_has_them():
     w = dense.DenseWeight(torch.randn(N, K, generator=g).half()).to(DEV)
     x = torch.randn(5, K, generator=g).half().to(DEV)
     for tile in (dict(TILED, BLOCK_N2=16), dict(TMA, path="tma-sk", BLOCK_N2=16),
-                 dict(TMA, path="tma-swap", BLOCK_N2=16), dict(TMA, BLOCK_N2=16, PERSISTENT=1)):
+                 dict(TMA, path="tma-swap", BLOCK_N2=16), dict(TMA, BLOCK_N2=16, PERSISTENT=1),
+                 dict(TMA, path="dequant-tma", BLOCK_N2=16)):   # int4's wide path, not dense's
         with pytest.raises(ValueError, match="BLOCK_N2"):
             dense.launch(x, w, tile)
+    # int4's wide tiles are its transient dense product's ("dequant-tma"): a "tma" one is refused.
+    with pytest.raises(ValueError, match="BLOCK_N2"):
+        int4.launch(x, int4_weight(g, 128, True, False, False, torch.float16), dict(TMA, BLOCK_N2=16))
     # The dense, fp8 and int4 spaces offer them at buckets 256-1024 only, as one-tile-per-program
     # TMA tiles (int4's for its transient dense copy).
     spaces = {"dense": (dense, w), "fp8": (fp8, fp8_weight(g, torch.bfloat16, False)),
@@ -1162,7 +1166,7 @@ def test_int4_gemv_refuses_the_fixup():
 
 
 
-@pytest.mark.parametrize("bucket", gemm_tiles.WIDE_BUCKETS)
+@pytest.mark.parametrize("bucket", tuple(gemm_tiles.WIDE_SPLITS))
 def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
     # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
     # BLOCK_M (tuner._path), so none of the few the space keeps (those that won in run 21's studies)

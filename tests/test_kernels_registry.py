@@ -104,7 +104,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
         keys = [tuple(sorted(c.items())) for c in space]
         assert len(set(keys)) == len(keys), "no duplicate candidates"
         for c in space:
-            common.check_tile(c, wide=fmt in ("dense", "fp8", "int4"))   # nvfp4's spaces hold no wide tiles
+            common.check_tile(c, getattr(t.module, "WIDE_PATHS", ()))   # nvfp4's spaces hold no wide tiles
             assert (c["BLOCK_M"] >= 16 or c["path"] == "gemv") and c["BLOCK_K"] >= 32
             assert gemm_tiles.smem_bytes(c, *ab) <= gemm_tiles.SMEM_LIMIT
             if fmt == "int4" and c["path"] in ("splitk", "tiled"):
