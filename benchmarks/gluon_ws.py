@@ -1,0 +1,183 @@
+"""Study (not shipped): how much of cuBLAS's lead at M = 256-1024 warp specialisation buys on Hopper.
+
+    python benchmarks/gluon_ws.py [--shapes qkv,o,gate_up,down] [--ms 256,1024] [--out FILE]
+
+Where vsr's bf16 products trail cuBLAS (M = 256: 0.74-0.80x on o, gate_up and down, run 22),
+cuBLAS runs warp-specialised kernels: per program one warpgroup issues the TMA loads and two
+compute, on a ring of shared-memory stages guarded by mbarriers (run 21's peer_kernels JSON: three
+warpgroups, 5-8 stages). Plain Triton does not give that form on sm_90 (Triton 3.9's
+`tl.range(warp_specialize=True)` compiles to the same PTX as without; NOTES run 22 item 5).
+Gluon, Triton's explicit-layout dialect, does: `gl.warp_specialize` with a one-warp loader
+partition and the default partition computing with `warpgroup_mma`. This file is that kernel
+(bf16, y = a · bᵀ, one output tile per program, no epilogue beyond the cast), timed beside cuBLAS
+and vsr's shipped tile on the 27B-class shapes, every output checked against torch first.
+
+It is a measurement, not a template: it runs only on sm_90 with Gluon (Triton 3.6-3.9; the TMA
+load's name changed from `async_copy_global_to_shared` to `async_load` in between).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import L2_BYTES, SHAPES, check, code_commit, graph_ms, shipped_tile  # noqa: E402
+
+from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.store import write_atomic  # noqa: E402
+from vsr.kernels import dense  # noqa: E402
+
+# Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 async_load (the old name raises).
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, a_s, b_s, ready, empty, off_m, off_n, k_tiles, STAGES: gl.constexpr):
+    """The worker partition (one warp): stage s takes K step i once the consumers released its
+    previous use (a fresh barrier passes a wait on parity 1)."""
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    for i in range(k_tiles):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        _tma_load(a_desc, [off_m, i * BK], ready.index(s), a_s.index(s))
+        _tma_load(b_desc, [off_n, i * BK], ready.index(s), b_s.index(s))
+
+
+@gluon.jit
+def _mma(a_s, b_s, ready, empty, k_tiles, STAGES: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+         LAYOUT: gl.constexpr):
+    """The default partition (num_warps warps): wgmma on each stage as it lands, one group in flight;
+    a stage is released once the wgmma that read it has completed."""
+    acc = gl.zeros((BM, BN), dtype=gl.float32, layout=LAYOUT)
+    for i in range(k_tiles):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(a_s.index(s), b_s.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)   # step i-1's wgmma is done
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc
+
+
+def _instr_n(bm: int, bn: int, warps: int) -> int:
+    """The widest wgmma n (a multiple of 8 dividing BN) that the warps' tiling allows."""
+    n_reps = triton.cdiv(warps, triton.cdiv(bm, 16))
+    n = 256
+    while n > max(bn // n_reps, 8) or bn % n:
+        n -= 8
+    return n
+
+
+@gluon.jit
+def ws_gemm_kernel(a_desc, b_desc, y_ptr, M, N, K, stride_ym, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
+                   INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, INSTR_N, 16])
+    pid = gl.program_id(0)
+    n_m = gl.cdiv(M, BM)
+    off_m = (pid % n_m) * BM
+    off_n = (pid // n_m) * BN
+    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    k_tiles = gl.cdiv(K, BK)
+    acc = gl.warp_specialize([(_mma, (a_s, b_s, ready, empty, k_tiles, STAGES, BM, BN, layout)),
+                              (_loader, (a_desc, b_desc, a_s, b_s, ready, empty, off_m, off_n, k_tiles, STAGES))],
+                             [1], [LOADER_REGS])
+    rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x · wᵀ (bf16) on ws_gemm_kernel with cfg's BM, BN, BK, stages, warps (the consumers')."""
+    M, K = x.shape
+    N = w.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if y is None else y
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
+    b_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    ws_gemm_kernel[grid](a_desc, b_desc, y, M, N, K, y.stride(0), STAGES=cfg["stages"],
+                         LOADER_REGS=cfg.get("loader_regs", 40), INSTR_N=_instr_n(bm, bn, cfg["warps"]),
+                         num_warps=cfg["warps"])
+    return y
+
+
+# (BM, BN, BK, stages, consumer warps): cuBLAS's 128-row tiles on two computing warpgroups, and
+# vsr's shipped 64 x 128 form on one.
+CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w in (
+    (128, 128, 64, 4, 8), (128, 128, 64, 6, 8), (128, 256, 64, 3, 8), (128, 256, 64, 4, 8),
+    (64, 128, 64, 4, 4), (64, 128, 64, 6, 4), (64, 256, 64, 4, 4))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down")
+    ap.add_argument("--ms", default="256,1024")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    rows, t0 = [], time.time()
+    out = Path(a.out) if a.out else None
+    for sh in a.shapes.split(","):
+        N, K = SHAPES[sh]
+        gen = torch.Generator(device=dev).manual_seed(0)
+        ws = [torch.randn((N, K), device=dev, dtype=torch.bfloat16, generator=gen) / K ** 0.5
+              for _ in range(max(2, 2 * L2_BYTES // (N * K * 2) + 1))]   # copies past the L2
+        for M in map(int, a.ms.split(",")):
+            x = torch.randn((M, K), device=dev, dtype=torch.bfloat16, generator=gen)
+            ref = (x.float() @ ws[0].float().t()).to(torch.bfloat16)
+            base = graph_ms([lambda w=w: x @ w.t() for w in ws])
+            rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
+            tile = shipped_tile(dense, dense.problem(dense.DenseWeight(ws[0]), bucket_for(M), x.dtype), dev)
+            cases = [("vsr shipped", tile, lambda x, w, y=None, t=tile: dense.launch(x, dense.DenseWeight(w), t, out=y))]
+            cases += [(f"ws {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
+                       lambda x, w, y=None, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
+            for name, cfg, fn in cases:
+                row = dict(shape=sh, M=M, variant=name, tile=cfg)
+                try:
+                    y = torch.full_like(ref, float("nan"))   # an element never written fails
+                    fn(x, ws[0], y)
+                    torch.cuda.synchronize()
+                    row["ok"], row["rel_err"] = check(y, ref)
+                    if row["ok"]:
+                        row["ms"] = graph_ms([lambda w=w: fn(x, w) for w in ws])
+                        row["ratio_vs_cublas"] = base / row["ms"]
+                except Exception as e:   # a config that does not compile or run is a finding
+                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:400]}"
+                rows.append(row)
+                print(f"{sh:8} {M:5} {name:32} {row.get('ms', float('nan')) * 1e3:8.1f} us "
+                      f"{row.get('ratio_vs_cublas', 0):5.2f}x  {'ok' if row['ok'] else row.get('error', 'WRONG')[:120]}",
+                      flush=True)
+            if out:
+                write_atomic(out, json.dumps(dict(benchmark="gluon-ws", commit=code_commit(),
+                                                  device=torch.cuda.get_device_name(), triton=triton.__version__,
+                                                  torch=torch.__version__, seconds=time.time() - t0, rows=rows),
+                                             indent=1))
+    return 0 if all(r.get("ok", True) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
