@@ -36,7 +36,7 @@ from common_bench import L2_BYTES, SHAPES, check, code_commit, graph_ms, shipped
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import dense  # noqa: E402
+from vsr.kernels import dense, registry  # noqa: E402
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 async_load (the old name raises).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             ref = (x.float() @ ws[0].float().t()).to(torch.bfloat16)
             base = graph_ms([lambda w=w: x @ w.t() for w in ws])
             rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
-            tile = shipped_tile(dense, dense.problem(dense.DenseWeight(ws[0]), bucket_for(M), x.dtype), dev)
-            cases = [("vsr shipped", tile, lambda x, w, y=None, t=tile: dense.launch(x, dense.DenseWeight(w), t, out=y))]
+            t = registry.TEMPLATES["dense"]
+            tile = shipped_tile(t, t.problem(dense.DenseWeight(ws[0]), bucket_for(M), x.dtype), dev)
+            cases = [("vsr shipped", tile, lambda x, w, y=None, tile=tile: t.launch(x, dense.DenseWeight(w), tile, out=y))]
             cases += [(f"ws {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
                        lambda x, w, y=None, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
             for name, cfg, fn in cases:
