@@ -39,6 +39,8 @@ from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import dense, registry  # noqa: E402
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 async_load (the old name raises).
+# (An alias, not a constexpr branch: Triton 3.6's dependency hash resolves every attribute in the
+# source, a pruned branch's too.)
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 
@@ -56,10 +58,11 @@ def _loader(a_desc, b_desc, a_s, b_s, ready, empty, off_m, off_n, k_tiles, STAGE
 
 
 @gluon.jit
-def _mma(a_s, b_s, ready, empty, k_tiles, STAGES: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-         LAYOUT: gl.constexpr):
+def _mma(a_s, b_s, ready, empty, k_tiles, y_ptr, M, N, stride_ym, off_m, off_n, STAGES: gl.constexpr,
+         BM: gl.constexpr, BN: gl.constexpr, LAYOUT: gl.constexpr):
     """The default partition (num_warps warps): wgmma on each stage as it lands, one group in flight;
-    a stage is released once the wgmma that read it has completed."""
+    a stage is released once the wgmma that read it has completed; then the store (here, not after
+    the partitions: Triton 3.6 fails on a default partition that returns a tensor)."""
     acc = gl.zeros((BM, BN), dtype=gl.float32, layout=LAYOUT)
     for i in range(k_tiles):
         s = i % STAGES
@@ -68,7 +71,10 @@ def _mma(a_s, b_s, ready, empty, k_tiles, STAGES: gl.constexpr, BM: gl.constexpr
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)   # step i-1's wgmma is done
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    return acc
+    rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, LAYOUT))
+    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, LAYOUT))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _instr_n(bm: int, bn: int, warps: int) -> int:
@@ -101,13 +107,10 @@ def ws_gemm_kernel(a_desc, b_desc, y_ptr, M, N, K, stride_ym, STAGES: gl.constex
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     k_tiles = gl.cdiv(K, BK)
-    acc = gl.warp_specialize([(_mma, (a_s, b_s, ready, empty, k_tiles, STAGES, BM, BN, layout)),
-                              (_loader, (a_desc, b_desc, a_s, b_s, ready, empty, off_m, off_n, k_tiles, STAGES))],
-                             [1], [LOADER_REGS])
-    rm = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    gl.warp_specialize([(_mma, (a_s, b_s, ready, empty, k_tiles, y_ptr, M, N, stride_ym, off_m, off_n, STAGES, BM, BN,
+                                layout)),
+                        (_loader, (a_desc, b_desc, a_s, b_s, ready, empty, off_m, off_n, k_tiles, STAGES))],
+                       [1], [LOADER_REGS])
 
 
 def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,7 +131,8 @@ def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None 
 # (BM, BN, BK, stages, consumer warps): cuBLAS's 128-row tiles on two computing warpgroups, and
 # vsr's shipped 64 x 128 form on one.
 CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w in (
-    (128, 128, 64, 4, 8), (128, 128, 64, 6, 8), (128, 256, 64, 3, 8), (128, 256, 64, 4, 8),
+    (128, 128, 64, 4, 8), (128, 128, 64, 6, 8), (128, 128, 64, 7, 8), (128, 128, 128, 3, 8),
+    (128, 64, 64, 8, 8), (128, 256, 64, 3, 8), (128, 256, 64, 4, 8),
     (64, 128, 64, 4, 4), (64, 128, 64, 6, 4), (64, 256, 64, 4, 4))]
 
 
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                         row["ms"] = graph_ms([lambda w=w: fn(x, w) for w in ws])
                         row["ratio_vs_cublas"] = base / row["ms"]
                 except Exception as e:   # a config that does not compile or run is a finding
-                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:400]}"
+                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-1500:]}"
                 rows.append(row)
                 print(f"{sh:8} {M:5} {name:32} {row.get('ms', float('nan')) * 1e3:8.1f} us "
                       f"{row.get('ratio_vs_cublas', 0):5.2f}x  {'ok' if row['ok'] else row.get('error', 'WRONG')[:120]}",
