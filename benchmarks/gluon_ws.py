@@ -128,6 +128,22 @@ def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None 
     return y
 
 
+def compile_sm90(cfg: dict):
+    """ws_gemm_kernel compiled for sm_90 without a GPU (the CPU tests inspect its PTX)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    lay_a = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
+    lay_b = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16)
+    sig = dict(a_desc=f"tensordesc<bf16[{bm}, {bk}],{lay_a!r}>", b_desc=f"tensordesc<bf16[{bn}, {bk}],{lay_b!r}>",
+               y_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", STAGES="constexpr",
+               LOADER_REGS="constexpr", INSTR_N="constexpr", num_warps="constexpr")
+    consts = {(7,): cfg["stages"], (8,): cfg.get("loader_regs", 40), (9,): _instr_n(bm, bn, cfg["warps"]),
+              (10,): cfg["warps"]}
+    return triton.compile(GluonASTSource(ws_gemm_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg["warps"]})
+
+
 # (BM, BN, BK, stages, consumer warps): cuBLAS's 128-row tiles on two computing warpgroups, and
 # vsr's shipped 64 x 128 form on one.
 CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w in (
