@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
@@ -128,19 +129,144 @@ def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None 
     return y
 
 
-def compile_sm90(cfg: dict):
-    """ws_gemm_kernel compiled for sm_90 without a GPU (the CPU tests inspect its PTX)."""
+@gluon.jit
+def _sk_loader(a_desc, b_desc, a_s, b_s, ready, empty, start, end, k_tiles, n_m, STAGES: gl.constexpr):
+    """Stream-K loader: the program's share [start, end) of all (tile, K step) iterations, in order."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    for g in range(start, end):
+        i = g - start
+        s = i % STAGES
+        t = g // k_tiles
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        _tma_load(a_desc, [(t % n_m) * BM, (g % k_tiles) * BK], ready.index(s), a_s.index(s))
+        _tma_load(b_desc, [(t // n_m) * BN, (g % k_tiles) * BK], ready.index(s), b_s.index(s))
+
+
+@gluon.jit
+def _sk_mma(a_s, b_s, ready, empty, start, end, k_tiles, n_m, y_ptr, ws_ptr, M, N, stride_ym, STAGES: gl.constexpr,
+            BM: gl.constexpr, BN: gl.constexpr, LAYOUT: gl.constexpr):
+    """Stream-K consumer: one accumulator per tile segment of the share; a whole tile is stored to y,
+    a part of one (the share's first or last segment) as fp32 to the program's workspace slot 0 or 1."""
+    rm0 = gl.arange(0, BM, layout=gl.SliceLayout(1, LAYOUT))
+    rn0 = gl.arange(0, BN, layout=gl.SliceLayout(0, LAYOUT))
+    pid = gl.program_id(0)
+    g = start
+    while g < end:
+        t = g // k_tiles
+        ka = g % k_tiles
+        kb = gl.minimum(k_tiles, ka + (end - g))
+        acc = gl.zeros((BM, BN), dtype=gl.float32, layout=LAYOUT)
+        for k in range(ka, kb):
+            i = g - start + (k - ka)
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(a_s.index(s), b_s.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if (ka == 0) & (kb == k_tiles):
+            rm = (t % n_m) * BM + rm0
+            rn = (t // n_m) * BN + rn0
+            mask = (rm[:, None] < M) & (rn[None, :] < N)
+            gl.store(y_ptr + rm[:, None].to(gl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                     mask=mask)
+        else:
+            slot = (pid * 2 + (g != start).to(gl.int32)).to(gl.int64)
+            gl.store(ws_ptr + (slot * BM + rm0[:, None]) * BN + rn0[None, :], acc)
+        g += kb - ka
+
+
+@gluon.jit
+def ws_sk_gemm_kernel(a_desc, b_desc, y_ptr, ws_ptr, M, N, K, stride_ym, per, STAGES: gl.constexpr,
+                      LOADER_REGS: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, INSTR_N, 16])
+    n_m = gl.cdiv(M, BM)
+    k_tiles = gl.cdiv(K, BK)
+    total = n_m * gl.cdiv(N, BN) * k_tiles
+    start = gl.program_id(0) * per
+    end = gl.minimum(start + per, total)
+    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize([(_sk_mma, (a_s, b_s, ready, empty, start, end, k_tiles, n_m, y_ptr, ws_ptr, M, N, stride_ym,
+                                   STAGES, BM, BN, layout)),
+                        (_sk_loader, (a_desc, b_desc, a_s, b_s, ready, empty, start, end, k_tiles, n_m, STAGES))],
+                       [1], [LOADER_REGS])
+
+
+@triton.jit
+def sk_reduce_kernel(ws_ptr, y_ptr, M, N, stride_ym, k_tiles, per, BM: tl.constexpr, BN: tl.constexpr):
+    """Tile t's parts, added in program order (deterministic): program p's slot 0 when t is where
+    p's share starts, else its slot 1. Tiles that one program did whole are skipped (stored)."""
+    t = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    first = (t * k_tiles) // per
+    last = ((t + 1) * k_tiles - 1) // per
+    if first != last:   # (first * per <= t * k_tiles always: one share holds the tile whole)
+        rm0 = tl.arange(0, BM)
+        rn0 = tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for p in range(first, last + 1):
+            slot = (p * 2 + ((p * per) // k_tiles != t).to(tl.int32)).to(tl.int64)
+            acc += tl.load(ws_ptr + (slot * BM + rm0[:, None]) * BN + rn0[None, :])
+        rm = (t % n_m) * BM + rm0
+        rn = (t // n_m) * BN + rn0
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def ws_sk_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None = None,
+               programs: int | None = None) -> torch.Tensor:
+    """y = x · wᵀ (bf16): ws_sk_gemm_kernel over `programs` (default: the multiprocessors) equal
+    shares of the (tile, K step) iterations, then sk_reduce_kernel for the tiles split between shares."""
+    M, K = x.shape
+    N = w.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device) if y is None else y
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    k_tiles = triton.cdiv(K, bk)
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    p = programs or torch.cuda.get_device_properties(x.device).multi_processor_count
+    per = triton.cdiv(tiles * k_tiles, p)
+    p = triton.cdiv(tiles * k_tiles, per)
+    ws = torch.empty((p * 2 * bm * bn,), dtype=torch.float32, device=x.device)
+    a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
+    b_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
+    ws_sk_gemm_kernel[(p,)](a_desc, b_desc, y, ws, M, N, K, y.stride(0), per, STAGES=cfg["stages"],
+                            LOADER_REGS=cfg.get("loader_regs", 40), INSTR_N=_instr_n(bm, bn, cfg["warps"]),
+                            num_warps=cfg["warps"])
+    sk_reduce_kernel[(tiles,)](ws, y, M, N, y.stride(0), k_tiles, per, BM=bm, BN=bn, num_warps=8)
+    return y
+
+
+def compile_sm90(cfg: dict, stream_k: bool = False):
+    """ws_gemm_kernel (or ws_sk_gemm_kernel) compiled for sm_90 without a GPU (the CPU tests
+    inspect its PTX)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
     lay_a = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
     lay_b = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16)
     sig = dict(a_desc=f"tensordesc<bf16[{bm}, {bk}],{lay_a!r}>", b_desc=f"tensordesc<bf16[{bn}, {bk}],{lay_b!r}>",
-               y_ptr="*bf16", M="i32", N="i32", K="i32", stride_ym="i32", STAGES="constexpr",
-               LOADER_REGS="constexpr", INSTR_N="constexpr", num_warps="constexpr")
-    consts = {(7,): cfg["stages"], (8,): cfg.get("loader_regs", 40), (9,): _instr_n(bm, bn, cfg["warps"]),
-              (10,): cfg["warps"]}
-    return triton.compile(GluonASTSource(ws_gemm_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+               y_ptr="*bf16", **(dict(ws_ptr="*fp32") if stream_k else {}), M="i32", N="i32", K="i32",
+               stride_ym="i32", **(dict(per="i32") if stream_k else {}))
+    n = len(sig)
+    sig.update(STAGES="constexpr", LOADER_REGS="constexpr", INSTR_N="constexpr", num_warps="constexpr")
+    consts = {(n,): cfg["stages"], (n + 1,): cfg.get("loader_regs", 40), (n + 2,): _instr_n(bm, bn, cfg["warps"]),
+              (n + 3,): cfg["warps"]}
+    fn = ws_sk_gemm_kernel if stream_k else ws_gemm_kernel
+    return triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": cfg["warps"]})
 
 
@@ -150,6 +276,11 @@ CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w i
     (128, 128, 64, 4, 8), (128, 128, 64, 6, 8), (128, 128, 64, 7, 8), (128, 128, 128, 3, 8),
     (128, 64, 64, 8, 8), (128, 256, 64, 3, 8), (128, 256, 64, 4, 8),
     (64, 128, 64, 4, 4), (64, 128, 64, 6, 4), (64, 256, 64, 4, 4))]
+
+
+# The stream-K form's tiles (same fields).
+SK_CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w in (
+    (128, 128, 64, 6, 8), (128, 128, 64, 7, 8), (128, 256, 64, 4, 8), (64, 128, 64, 6, 4))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             cases = [("vsr shipped", tile, lambda x, w, y=None, tile=tile: t.launch(x, dense.DenseWeight(w), tile, out=y))]
             cases += [(f"ws {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
                        lambda x, w, y=None, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
+            cases += [(f"ws-sk {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
+                       lambda x, w, y=None, c=c: ws_sk_gemm(x, w, c, y)) for c in SK_CONFIGS]
             for name, cfg, fn in cases:
                 row = dict(shape=sh, M=M, variant=name, tile=cfg)
                 try:
