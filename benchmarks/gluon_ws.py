@@ -131,18 +131,27 @@ def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None 
 
 @gluon.jit
 def _sk_loader(a_desc, b_desc, a_s, b_s, ready, empty, start, end, k_tiles, n_m, STAGES: gl.constexpr):
-    """Stream-K loader: the program's share [start, end) of all (tile, K step) iterations, in order."""
+    """Stream-K loader: the program's share [start, end) of all (tile, K step) iterations, in order,
+    walked a tile segment at a time like the consumer (one division per segment, not per step: a
+    single warp that divides per step is slower than the wgmma it feeds)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    for g in range(start, end):
-        i = g - start
-        s = i % STAGES
+    g = start
+    while g < end:
         t = g // k_tiles
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-        _tma_load(a_desc, [(t % n_m) * BM, (g % k_tiles) * BK], ready.index(s), a_s.index(s))
-        _tma_load(b_desc, [(t // n_m) * BN, (g % k_tiles) * BK], ready.index(s), b_s.index(s))
+        ka = g % k_tiles
+        kb = gl.minimum(k_tiles, ka + (end - g))
+        off_m = (t % n_m) * BM
+        off_n = (t // n_m) * BN
+        for k in range(ka, kb):
+            i = g - start + (k - ka)
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            _tma_load(a_desc, [off_m, k * BK], ready.index(s), a_s.index(s))
+            _tma_load(b_desc, [off_n, k * BK], ready.index(s), b_s.index(s))
+        g += kb - ka
 
 
 @gluon.jit
