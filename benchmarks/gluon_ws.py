@@ -88,6 +88,21 @@ def _instr_n(bm: int, bn: int, warps: int) -> int:
 
 
 @gluon.jit
+def _ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The stages of x and weight tiles and their barriers: `ready` (the loads landed) and
+    `empty` (the wgmma that read the stage completed), one arrival each."""
+    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    return a_s, b_s, ready, empty
+
+
+@gluon.jit
 def ws_gemm_kernel(a_desc, b_desc, y_ptr, M, N, K, stride_ym, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
                    INSTR_N: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -99,14 +114,7 @@ def ws_gemm_kernel(a_desc, b_desc, y_ptr, M, N, K, stride_ym, STAGES: gl.constex
     n_m = gl.cdiv(M, BM)
     off_m = (pid % n_m) * BM
     off_n = (pid // n_m) * BN
-    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-    b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    a_s, b_s, ready, empty = _ring(a_desc, b_desc, STAGES)
     k_tiles = gl.cdiv(K, BK)
     gl.warp_specialize([(_mma, (a_s, b_s, ready, empty, k_tiles, y_ptr, M, N, stride_ym, off_m, off_n, STAGES, BM, BN,
                                 layout)),
@@ -201,14 +209,7 @@ def ws_sk_gemm_kernel(a_desc, b_desc, y_ptr, ws_ptr, M, N, K, stride_ym, per, ST
     total = n_m * gl.cdiv(N, BN) * k_tiles
     start = gl.program_id(0) * per
     end = gl.minimum(start + per, total)
-    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-    b_s = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    a_s, b_s, ready, empty = _ring(a_desc, b_desc, STAGES)
     gl.warp_specialize([(_sk_mma, (a_s, b_s, ready, empty, start, end, k_tiles, n_m, y_ptr, ws_ptr, M, N, stride_ym,
                                    STAGES, BM, BN, layout)),
                         (_sk_loader, (a_desc, b_desc, a_s, b_s, ready, empty, start, end, k_tiles, n_m, STAGES))],
