@@ -1,6 +1,6 @@
 """Study (not shipped): how much of cuBLAS's lead at M = 256-1024 warp specialisation buys on Hopper.
 
-    python benchmarks/gluon_ws.py [--shapes qkv,o,gate_up,down] [--ms 256,1024] [--out FILE]
+    python benchmarks/gluon_ws.py [--shapes qkv,o,gate_up,down] [--ms 256,512,1024] [--out FILE]
 
 Where vsr's bf16 products trail cuBLAS (M = 256: 0.74-0.80x on o, gate_up and down, run 22),
 cuBLAS runs warp-specialised kernels: per program one warpgroup issues the TMA loads and two
@@ -9,11 +9,15 @@ warpgroups, 5-8 stages). Plain Triton does not give that form on sm_90 (Triton 3
 `tl.range(warp_specialize=True)` compiles to the same PTX as without; NOTES run 22 item 5).
 Gluon, Triton's explicit-layout dialect, does: `gl.warp_specialize` with a one-warp loader
 partition and the default partition computing with `warpgroup_mma`. This file is that kernel
-(bf16, y = a · bᵀ, one output tile per program, no epilogue beyond the cast), timed beside cuBLAS
-and vsr's shipped tile on the 27B-class shapes, every output checked against torch first.
+(bf16, y = a · bᵀ, no epilogue beyond the cast) in two forms, one output tile per program
+(ws_gemm) and stream-K (ws_sk_gemm: equal shares of all (tile, K step) iterations, the split
+tiles' parts added in program order by a second kernel), timed beside cuBLAS and vsr's shipped
+tile on the 27B-class shapes, every output checked against torch first (NaN-filled outputs and
+workspace, so an element never written fails).
 
-It is a measurement, not a template: it runs only on sm_90 with Gluon (Triton 3.6-3.9; the TMA
-load's name changed from `async_copy_global_to_shared` to `async_load` in between).
+It is a measurement, not a template: it runs only on sm_90 with Gluon (run on the H200's Triton
+3.6, compiled here with 3.9; the TMA load's name changed from `async_copy_global_to_shared` to
+`async_load` in between).
 """
 from __future__ import annotations
 
@@ -140,8 +144,8 @@ def ws_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None 
 @gluon.jit
 def _sk_loader(a_desc, b_desc, a_s, b_s, ready, empty, start, end, k_tiles, n_m, STAGES: gl.constexpr):
     """Stream-K loader: the program's share [start, end) of all (tile, K step) iterations, in order,
-    walked a tile segment at a time like the consumer (one division per segment, not per step: a
-    single warp that divides per step is slower than the wgmma it feeds)."""
+    walked a tile segment at a time like the consumer (one division per segment; dividing per step
+    instead timed the same, run 22)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
@@ -238,9 +242,11 @@ def sk_reduce_kernel(ws_ptr, y_ptr, M, N, stride_ym, k_tiles, per, BM: tl.conste
 
 
 def ws_sk_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | None = None,
-               programs: int | None = None) -> torch.Tensor:
+               programs: int | None = None, poison: bool = False) -> torch.Tensor:
     """y = x · wᵀ (bf16): ws_sk_gemm_kernel over `programs` (default: the multiprocessors) equal
-    shares of the (tile, K step) iterations, then sk_reduce_kernel for the tiles split between shares."""
+    shares of the (tile, K step) iterations, then sk_reduce_kernel for the tiles split between
+    shares. `poison` fills the workspace with NaN first (the check; a slot never written then
+    fails instead of reading an earlier call's parts)."""
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty((M, N), dtype=x.dtype, device=x.device) if y is None else y
@@ -251,6 +257,8 @@ def ws_sk_gemm(x: torch.Tensor, w: torch.Tensor, cfg: dict, y: torch.Tensor | No
     per = triton.cdiv(tiles * k_tiles, p)
     p = triton.cdiv(tiles * k_tiles, per)
     ws = torch.empty((p * 2 * bm * bn,), dtype=torch.float32, device=x.device)
+    if poison:
+        ws.fill_(float("nan"))
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16))
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.bfloat16))
     ws_sk_gemm_kernel[(p,)](a_desc, b_desc, y, ws, M, N, K, y.stride(0), per, STAGES=cfg["stages"],
@@ -299,7 +307,7 @@ SK_CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
-    ap.add_argument("--ms", default="256,1024")
+    ap.add_argument("--ms", default="256,512,1024")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -308,29 +316,30 @@ def main(argv: list[str] | None = None) -> int:
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
         gen = torch.Generator(device=dev).manual_seed(0)
-        ws = [torch.randn((N, K), device=dev, dtype=torch.bfloat16, generator=gen) / K ** 0.5
-              for _ in range(max(2, 2 * L2_BYTES // (N * K * 2) + 1))]   # copies past the L2
+        weights = [torch.randn((N, K), device=dev, dtype=torch.bfloat16, generator=gen) / K ** 0.5
+                   for _ in range(max(2, 2 * L2_BYTES // (N * K * 2) + 1))]   # copies past the L2
         for M in map(int, a.ms.split(",")):
             x = torch.randn((M, K), device=dev, dtype=torch.bfloat16, generator=gen)
-            ref = (x.float() @ ws[0].float().t()).to(torch.bfloat16)
-            base = graph_ms([lambda w=w: x @ w.t() for w in ws])
+            ref = (x.float() @ weights[0].float().t()).to(torch.bfloat16)
+            base = graph_ms([lambda w=w: x @ w.t() for w in weights])
             rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
             t = registry.TEMPLATES["dense"]
-            tile = shipped_tile(t, t.problem(dense.DenseWeight(ws[0]), bucket_for(M), x.dtype), dev)
-            cases = [("vsr shipped", tile, lambda x, w, y=None, tile=tile: t.launch(x, dense.DenseWeight(w), tile, out=y))]
+            tile = shipped_tile(t, t.problem(dense.DenseWeight(weights[0]), bucket_for(M), x.dtype), dev)
+            cases = [("vsr shipped", tile,
+                      lambda x, w, y=None, check=False, tile=tile: t.launch(x, dense.DenseWeight(w), tile, out=y))]
             cases += [(f"ws {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
-                       lambda x, w, y=None, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
+                       lambda x, w, y=None, check=False, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
             cases += [(f"ws-sk {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
-                       lambda x, w, y=None, c=c: ws_sk_gemm(x, w, c, y)) for c in SK_CONFIGS]
+                       lambda x, w, y=None, check=False, c=c: ws_sk_gemm(x, w, c, y, poison=check)) for c in SK_CONFIGS]
             for name, cfg, fn in cases:
                 row = dict(shape=sh, M=M, variant=name, tile=cfg)
                 try:
                     y = torch.full_like(ref, float("nan"))   # an element never written fails
-                    fn(x, ws[0], y)
+                    fn(x, weights[0], y, check=True)
                     torch.cuda.synchronize()
                     row["ok"], row["rel_err"] = check(y, ref)
                     if row["ok"]:
-                        row["ms"] = graph_ms([lambda w=w: fn(x, w) for w in ws])
+                        row["ms"] = graph_ms([lambda w=w: fn(x, w) for w in weights])
                         row["ratio_vs_cublas"] = base / row["ms"]
                 except Exception as e:   # a config that does not compile or run is a finding
                     row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-1500:]}"

@@ -203,14 +203,16 @@ print(" ".join(sorted(set(re.findall(r"wgmma.mma_async.sync.aligned.m64(n\\d+)k1
 
 
 @NEEDS_CUDA_BINARIES
-def test_gluon_ws_study_kernel_is_warp_specialised_on_sm90(tmp_path):
-    # benchmarks/gluon_ws.py (run 22's study): a loader partition and wgmma consumers, with the
-    # registers moved between them (setmaxnreg), TMA loads and mbarrier waits: what plain Triton's
-    # tl.range(warp_specialize=True) does not give on sm_90.
+@pytest.mark.parametrize("stream_k", [False, True])
+def test_gluon_ws_study_kernel_is_warp_specialised_on_sm90(tmp_path, stream_k):
+    # benchmarks/gluon_ws.py (run 22's study), both forms: a loader partition and wgmma consumers,
+    # with the registers moved between them (setmaxnreg), TMA loads and mbarrier waits: what plain
+    # Triton's tl.range(warp_specialize=True) does not give on sm_90.
+    pytest.importorskip("triton.experimental.gluon._runtime", reason="this Triton has no Gluon")
     got = compile_script(tmp_path, f"""
 sys.path.insert(0, {str(BENCH)!r})
 import re, gluon_ws
-k = gluon_ws.compile_sm90(dict(BM=128, BN=128, BK=64, stages=6, warps=8))
+k = gluon_ws.compile_sm90(dict(BM=128, BN=128, BK=64, stages=6, warps=8), stream_k={stream_k})
 ptx = k.asm["ptx"]
 print(len(re.findall(r"setmaxnreg", ptx)), len(re.findall(r"wgmma.mma_async.sync.aligned.m64n128k16", ptx)),
       len(re.findall(r"cp.async.bulk.tensor", ptx)), len(re.findall(r"mbarrier.try_wait", ptx)))
