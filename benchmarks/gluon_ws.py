@@ -37,11 +37,12 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import L2_BYTES, SHAPES, check, code_commit, graph_ms, shipped_tile  # noqa: E402
+from common_bench import SHAPES, code_commit, shipped_tile, weight_copies  # noqa: E402
+from variants import cublas_baseline, timed_case  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import dense, registry  # noqa: E402
+from vsr.kernels import registry  # noqa: E402
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; 3.9 async_load (the old name raises).
 # (An alias, not a constexpr branch: Triton 3.6's dependency hash resolves every attribute in the
@@ -296,6 +297,7 @@ CONFIGS = [dict(BM=bm, BN=bn, BK=bk, stages=st, warps=w) for bm, bn, bk, st, w i
     (64, 128, 64, 4, 4), (64, 128, 64, 6, 4), (64, 256, 64, 4, 4))]
 
 
+DEV = "cuda"   # (the CPU test of the harness runs it on fakes of the kernels)
 # The stream-K form's tiles (same fields).
 # 256-row tiles: a weight tile's K steps are walked once for all 256 rows (with 128-row tiles at
 # M=256 the two row tiles of one weight tile sit in different shares, at different K steps, and
@@ -310,46 +312,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="256,512,1024")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    dev = torch.device("cuda")
+    dev = torch.device(DEV)
     rows, t0 = [], time.time()
     out = Path(a.out) if a.out else None
+    t = registry.TEMPLATES["dense"]
+
+    def log(r: dict) -> None:
+        print(f"{r['shape']:8} {r['M']:5} {r['variant']:32} {r.get('ms', float('nan')) * 1e3:8.1f} us "
+              f"{r.get('ratio_vs_cublas', 1.0 if 'ok' not in r else 0):5.2f}x  "
+              f"{'ok' if r.get('ok', True) else r.get('error', 'WRONG')[-120:]}", flush=True)
+
+    def ws_case(c: dict, stream_k: bool) -> tuple:
+        # The checked call (into a NaN-filled out) also poisons the stream-K workspace; timed ones do not.
+        launch = ((lambda x, w, tile, out=None: ws_sk_gemm(x, w.weight, tile, out, poison=out is not None))
+                  if stream_k else (lambda x, w, tile, out=None: ws_gemm(x, w.weight, tile, out)))
+        return f"ws{'-sk' if stream_k else ''} {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c, launch
+
     for sh in a.shapes.split(","):
         N, K = SHAPES[sh]
+        weights = weight_copies("bf16", N, K, dev)   # bf16 DenseWeights, copies past the L2
         gen = torch.Generator(device=dev).manual_seed(0)
-        weights = [torch.randn((N, K), device=dev, dtype=torch.bfloat16, generator=gen) / K ** 0.5
-                   for _ in range(max(2, 2 * L2_BYTES // (N * K * 2) + 1))]   # copies past the L2
         for M in map(int, a.ms.split(",")):
             x = torch.randn((M, K), device=dev, dtype=torch.bfloat16, generator=gen)
-            ref = (x.float() @ weights[0].float().t()).to(torch.bfloat16)
-            base = graph_ms([lambda w=w: x @ w.t() for w in weights])
-            rows.append(dict(shape=sh, M=M, variant="cublas-bf16", ms=base))
-            t = registry.TEMPLATES["dense"]
-            tile = shipped_tile(t, t.problem(dense.DenseWeight(weights[0]), bucket_for(M), x.dtype), dev)
-            cases = [("vsr shipped", tile,
-                      lambda x, w, y=None, check=False, tile=tile: t.launch(x, dense.DenseWeight(w), tile, out=y))]
-            cases += [(f"ws {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
-                       lambda x, w, y=None, check=False, c=c: ws_gemm(x, w, c, y)) for c in CONFIGS]
-            cases += [(f"ws-sk {c['BM']}x{c['BN']}x{c['BK']} s{c['stages']} w{c['warps']}+1", c,
-                       lambda x, w, y=None, check=False, c=c: ws_sk_gemm(x, w, c, y, poison=check)) for c in SK_CONFIGS]
-            for name, cfg, fn in cases:
-                row = dict(shape=sh, M=M, variant=name, tile=cfg)
-                try:
-                    y = torch.full_like(ref, float("nan"))   # an element never written fails
-                    fn(x, weights[0], y, check=True)
-                    torch.cuda.synchronize()
-                    row["ok"], row["rel_err"] = check(y, ref)
-                    if row["ok"]:
-                        row["ms"] = graph_ms([lambda w=w: fn(x, w) for w in weights])
-                        row["ratio_vs_cublas"] = base / row["ms"]
-                except Exception as e:   # a config that does not compile or run is a finding
-                    row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-1500:]}"
-                rows.append(row)
-                print(f"{sh:8} {M:5} {name:32} {row.get('ms', float('nan')) * 1e3:8.1f} us "
-                      f"{row.get('ratio_vs_cublas', 0):5.2f}x  {'ok' if row['ok'] else row.get('error', 'WRONG')[:120]}",
-                      flush=True)
+            base = cublas_baseline(rows, log, x, weights, shape=sh, M=M)
+            ref = t.reference(x, weights[0])
+            tile = shipped_tile(t, t.problem(weights[0], bucket_for(M), x.dtype), dev)
+            cases = [("vsr shipped", tile, t.launch)] + [ws_case(c, False) for c in CONFIGS] + \
+                [ws_case(c, True) for c in SK_CONFIGS]
+            for name, cfg, launch in cases:
+                rows.append(timed_case(dict(shape=sh, M=M, variant=name, tile=cfg), launch, x, cfg, weights, ref, base))
+                log(rows[-1])
             if out:
                 write_atomic(out, json.dumps(dict(benchmark="gluon-ws", commit=code_commit(),
-                                                  device=torch.cuda.get_device_name(), triton=triton.__version__,
+                                                  device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
+                                                  triton=triton.__version__,
                                                   torch=torch.__version__, seconds=time.time() - t0, rows=rows),
                                              indent=1))
     return 0 if all(r.get("ok", True) for r in rows) else 1

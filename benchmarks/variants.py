@@ -76,15 +76,16 @@ from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, gemm_tiles, int4, registry  # noqa: E402
 
 
-def _timed(row, launch, x, tile, ws, ref, base):
+def timed_case(row, launch, x, tile, ws, ref, base):
     """Check launch(x, w0, tile) against ref (into a NaN-filled output), then time it over the
-    weight copies (graph replay)."""
+    weight copies (graph replay); a case that fails to compile or run is recorded with the end of
+    its error (where a CompilationError names its cause). Also gluon_ws.py's."""
     try:
         row["ok"], row["rel_err"] = checked_launch(launch, x, ws[0], tile, ref)
         row["ms"] = graph_ms([lambda w=w: launch(x, w, tile) for w in ws])
         row["ratio_vs_cublas"] = base / row["ms"]
     except Exception as e:  # a variant that does not compile is a finding
-        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-600:]}"
     return row
 
 
@@ -102,7 +103,7 @@ def _weights(fmt, N, K, dev):
     return ws
 
 
-def _baseline(rows, log, x, wb, **ids) -> float:
+def cublas_baseline(rows, log, x, wb, **ids) -> float:
     """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies: every ratio's
     denominator, recorded (and logged) as a row of its own."""
     base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
@@ -116,7 +117,7 @@ def _run_cases(rows, log, t, x, cases, ws, base, **ids) -> None:
     and recorded with the ids."""
     ref = t.reference(x, ws[0])
     for name, tile in cases:
-        rows.append(_timed(dict(ids, variant=name, tile=tile), t.launch, x, tile, ws, ref, base))
+        rows.append(timed_case(dict(ids, variant=name, tile=tile), t.launch, x, tile, ws, ref, base))
         log(rows[-1])
 
 
@@ -148,7 +149,7 @@ def _points(study, fmts, shapes, ms, rows, log):
         ws = {f: _weights(f, N, K, dev) for f in ("bf16",) + tuple(fmts)}
         for M in ms:
             x = torch.randn(M, K, device=dev).to(ACT)
-            yield sh, N, K, M, x, ws, _baseline(rows, log, x, ws["bf16"], study=study, shape=sh, M=M)
+            yield sh, N, K, M, x, ws, cublas_baseline(rows, log, x, ws["bf16"], study=study, shape=sh, M=M)
 
 
 def study_int4_x(shapes, ms, log):
@@ -339,7 +340,7 @@ def study_fp8_prologue(shapes, ms, log):
                                  and torch.equal(xs, rs[:, 0]))
                 row["ms"] = graph_ms([lambda p=plan, d=divide: fp8.quantize_activation_triton(x, p, divide=d)])
             except Exception as e:
-                row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:300]}"
+                row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-600:]}"
             rows.append(row)
             log(row)
         p = t.problem(w8[0], bucket_for(M), x.dtype)
@@ -356,7 +357,7 @@ def study_fp8_prologue(shapes, ms, log):
                       lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out)))
         ref = t.reference(x, w8[0])
         for name, launch in cases:
-            row = _timed(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+            row = timed_case(dict(study="fp8-prologue", part="fp8", format="fp8", shape=sh, M=M, variant=name,
                               tile=tile), launch, x, tile, w8, ref, base)
             rows.append(row)
             log(row)

@@ -362,3 +362,52 @@ def test_the_wide_few_study_takes_the_m64_k_steps_and_leaves_out_what_does_not_f
     # Without a shipped tile, fp8's wide tiles take the bucket's prologue knobs (PDL at bucket 16).
     assert {k: cases[1]["tile"][k] for k in ("PRO_WARPS", "PDL")} == variants.fp8.prologue_defaults(16) == {
         "PRO_WARPS": 0, "PDL": 1}
+
+
+def test_the_gluon_ws_harness_checks_every_case_into_poisoned_buffers(bench_script, monkeypatch, run_each_once):
+    # benchmarks/gluon_ws.py's kernels need an sm_90 GPU; its harness runs here on stand-ins:
+    # every case is checked into a NaN-filled output (the stream-K workspace poisoned for that call
+    # only), then timed; a stand-in that leaves one element unwritten fails its row.
+    pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
+    g = bench_script("gluon_ws")
+    variants = sys.modules["variants"]   # gluon_ws checks and times through variants.timed_case
+    monkeypatch.setattr(g, "DEV", "cpu")
+    monkeypatch.setattr(g, "SHAPES", {"tiny": (48, 64)})
+    monkeypatch.setattr(g, "CONFIGS", [dict(BM=64, BN=64, BK=64, stages=2, warps=4)])
+    monkeypatch.setattr(g, "SK_CONFIGS", [dict(BM=64, BN=32, BK=64, stages=2, warps=4)])
+    monkeypatch.setattr(variants, "graph_ms", run_each_once(1.0))
+    monkeypatch.setattr(g, "shipped_tile", lambda *a: {"path": "stand-in"})
+    dense = g.registry.TEMPLATES["dense"]
+    product = lambda x, w: (x.float() @ w.float().t()).to(x.dtype)   # noqa: E731
+    checked_out, poisons = [], []
+
+    def fake_ws(x, w, cfg, out=None):
+        checked_out.append(out is not None and bool(out.isnan().all()))
+        y = product(x, w)
+        if out is not None:
+            out.copy_(y)
+            if cfg["BN"] == 64 and x.shape[0] == 3:   # the plain stand-in at M=3 leaves one element unwritten
+                out[0, 0] = float("nan")
+        return y
+
+    def fake_sk(x, w, cfg, out=None, poison=False):
+        poisons.append(poison)
+        return fake_ws(x, w, cfg, out)
+
+    monkeypatch.setattr(g, "ws_gemm", fake_ws)
+    monkeypatch.setattr(g, "ws_sk_gemm", fake_sk)
+    monkeypatch.setitem(g.registry.TEMPLATES, "dense", type("Stand", (), dict(
+        name=dense.name, problem=staticmethod(dense.problem), reference=staticmethod(dense.reference),
+        launch=staticmethod(lambda x, w, tile, out=None: out.copy_(product(x, w.weight)) if out is not None
+                            else product(x, w.weight))))())
+    rows = []
+    monkeypatch.setattr(g, "write_atomic", lambda path, text: rows.extend(json.loads(text)["rows"]))
+    assert g.main(["--shapes", "tiny", "--ms", "3,20", "--out", "/nonexistent/x.json"]) == 1
+    rows = rows[-8:]   # the last write holds every row: M = 3 and 20, cuBLAS, shipped, ws, ws-sk each
+    assert [r["variant"].split()[0] for r in rows] == ["cublas-bf16", "vsr", "ws", "ws-sk"] * 2
+    assert [r.get("ok") for r in rows if r["variant"] != "cublas-bf16"] == [True, False, True, True, True, True]
+    assert all(r["ms"] == 1.0 for r in rows if r.get("ok"))
+    copies = len(g.weight_copies("bf16", 48, 64, "cpu"))   # each timed call cycles through them all
+    once = [True] + [False] * copies   # checked into NaN (poisoned), then timed (not)
+    assert checked_out == once * 4
+    assert poisons == once * 2
