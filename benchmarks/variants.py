@@ -2,7 +2,7 @@
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
                                    fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
-                                   wide-few]
+                                   wide-few,sk-256]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -518,10 +518,14 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
-def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128)):
+def _wide_name(w: dict) -> str:
+    return f"wide {w['BLOCK_M']}x{w['BLOCK_N']}+{w['BLOCK_N2']} w{w['num_warps']} s{w['num_stages']}"
+
+
+def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128), name=_wide_name):
     """bf16 and fp8: the shipped cache's tile against wide_tiles(bk, bucket) (wide TMA tiles:
-    BLOCK_N + BLOCK_N2 weight rows; bk from bks, bf16's then fp8's). fp8's wide tiles keep the
-    shipped tile's prologue knobs."""
+    BLOCK_N + BLOCK_N2 weight rows, or other candidate tiles with their own `name`; bk from bks,
+    bf16's then fp8's). fp8's candidates keep the shipped tile's prologue knobs."""
     rows = []
     for sh, N, K, M, x, ws, base in _points(study, ("fp8",), shapes, ms, rows, log):
         for (fmt, key), bk in zip((("bf16", "dense"), ("fp8", "fp8_w8a8")), bks):
@@ -531,8 +535,7 @@ def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128)):
             knobs = ({k: v for k, v in shipped.items() if k in ("PRO_WARPS", "PDL")} if shipped
                      else fp8.prologue_defaults(bucket_for(M)) if fmt == "fp8" else {})
             cases = [("shipped", shipped)] if shipped is not None else []
-            cases += [(f"wide {w['BLOCK_M']}x{w['BLOCK_N']}+{w['BLOCK_N2']} w{w['num_warps']} s{w['num_stages']}",
-                       dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
+            cases += [(name(w), dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, study=study, format=fmt, shape=sh, M=M)
     return rows
 
@@ -578,6 +581,24 @@ def study_wide_few(shapes, ms, log):
         bks=(128, 256))
 
 
+# Tiles of 256 rows of x for the sk-256 study: (path, BLOCK_N, warps, stages, FIXUP).
+SK_256 = (("tma-sk", 128, 8, 3, 0), ("tma-sk", 128, 8, 4, 0), ("tma-sk", 128, 8, 4, 1), ("tma-sk", 64, 8, 4, 0),
+          ("tma-sk", 64, 4, 4, 0), ("tma", 128, 8, 4, 0))
+
+
+def study_sk_256(shapes, ms, log):
+    """bf16 and fp8 at M = 256-512: stream-K over tiles of 256 rows of x. At M=256 the shipped
+    64 x 128 tiles fetch each weight tile four times and each step's operands move 24 KB into a
+    multiprocessor for 1 MFLOP; a 256 x 128 tile fetches the weight once and moves 48 KB for 4
+    MFLOP, but o and down then make 40 tiles for 132 multiprocessors, which stream-K shares out
+    by K step (the Gluon stream-K form of run 22 paid for its parts in a second kernel; here the
+    shipped fixup adds them, or its reduction kernel). The plain 256 x 128 tile is timed too."""
+    return _wide_study("sk-256", shapes, ms, log, lambda bk, bucket: [
+        dict(gemm_tiles.tile(path, 256, bn, bk, 1, w, st), FIXUP=fx) for path, bn, w, st, fx in SK_256],
+        name=lambda t: (f"{t['path']} 256x{t['BLOCK_N']} w{t['num_warps']} s{t['num_stages']}"
+                        f"{' fixup' if t['FIXUP'] else ''}"))
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -587,7 +608,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-fixup-tiles": (study_int4_fixup_tiles, "16,64"),
            "capture-counters": (study_capture_counters, "1,16,64"),
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
-           "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64")}
+           "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
+           "sk-256": (study_sk_256, "256,512")}
 
 
 # Seconds between rewrites of the results file while a study runs.

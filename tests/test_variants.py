@@ -411,3 +411,17 @@ def test_the_gluon_ws_harness_checks_every_case_into_poisoned_buffers(bench_scri
     once = [True] + [False] * copies   # checked into NaN (poisoned), then timed (not)
     assert checked_out == once * 4
     assert poisons == once * 2
+
+
+def test_the_sk_256_study_walks_256_row_tiles_stream_k(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(96, 128, copies=1)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
+    # 300 rows: two 256-row blocks (the second 44 rows live), each of the shared tiles' parts
+    # added by the reduction kernel and by the fixup; and the plain 256-row tile.
+    monkeypatch.setattr(variants, "SK_256", (("tma-sk", 64, 8, 3, 0), ("tma-sk", 64, 8, 3, 1), ("tma", 64, 8, 3, 0)))
+    rows = variants.study_sk_256(["tiny"], [300], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all("error" not in r and r["ok"] for r in cases), [(r["variant"], r.get("error")) for r in cases]
+    assert [r["variant"] for r in cases] == ["tma-sk 256x64 w8 s3", "tma-sk 256x64 w8 s3 fixup", "tma 256x64 w8 s3"] * 2
+    assert [r["tile"]["BLOCK_K"] for r in cases] == [64] * 3 + [128] * 3
+    assert all(r["study"] == "sk-256" and r["tile"]["BLOCK_M"] == 256 for r in cases)

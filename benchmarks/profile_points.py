@@ -1,0 +1,82 @@
+"""Hardware counters of a few products, to say what limits them: run under Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel \\
+        --section SpeedOfLight --metrics METRICS -o REPORT \\
+        python benchmarks/profile_points.py [--points o:256,down:256] [--tiles FILE] [--gluon]
+    ncu --import REPORT.ncu-rep --csv --page raw > counters.csv
+
+Each case of each point runs once outside the profiled range (compilation, autotune lookup),
+then once inside it, in an NVTX range named "<shape>:<M> <case>" (with --print-nvtx-rename
+kernel, the report names each kernel by its range). Cases: cuBLAS bf16 (`x @ w.t()`), vsr's
+shipped tile (the H200 cache; the template's default tile where it holds none), the tiles of
+--tiles (a JSON list of {"name": ..., "tile": {...}}, dense template), and with --gluon the
+warp-specialised Gluon study kernel (gluon_ws.py) on its best 128 x 128 form of run 22.
+Every output is checked against the dense reference before its range is profiled.
+Nsight Compute flushes the caches before each replayed pass, so each kernel starts with its
+weight in memory, not in L2, as the benchmarks' weight copies arrange.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import SHAPES, make_weight, shipped_tile  # noqa: E402
+
+from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.kernels import registry  # noqa: E402
+
+# The Gluon study's best one-tile-per-program form at M=256 on o and down (run 22).
+GLUON_TILE = dict(BM=128, BN=128, BK=64, stages=7, warps=8)
+
+
+def cases(t, x, w, extra: list[dict], gluon: bool) -> list[tuple[str, object]]:
+    """(name, zero-argument call returning y) for each case of one point."""
+    p = t.problem(w, bucket_for(x.shape[0]), x.dtype)
+    tile = shipped_tile(t, p, x.device) or t.default_tile(p)
+    out = [("cublas", lambda: x @ w.weight.t()), ("vsr shipped", lambda: t.launch(x, w, tile))]
+    out += [(e["name"], lambda e=e: t.launch(x, w, e["tile"])) for e in extra]
+    if gluon:
+        import gluon_ws
+        out.append(("gluon ws 128x128 s7", lambda: gluon_ws.ws_gemm(x, w.weight, GLUON_TILE)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default="o:256,down:256", help="shape:M, comma-separated")
+    ap.add_argument("--tiles", default=None, help="JSON file: a list of {name, tile} (dense template)")
+    ap.add_argument("--gluon", action="store_true", help="also the Gluon warp-specialised study kernel")
+    a = ap.parse_args(argv)
+    extra = json.loads(Path(a.tiles).read_text()) if a.tiles else []
+    t = registry.TEMPLATES["dense"]
+    dev = torch.device("cuda")
+    bad = 0
+    for point in a.points.split(","):
+        sh, m = point.split(":")
+        N, K = SHAPES[sh]
+        w = make_weight("bf16", N, K, dev, seed=0)
+        x = torch.randn(int(m), K, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
+        ref = t.reference(x, w).float()
+        for name, call in cases(t, x, w, extra, a.gluon):
+            y = call()
+            torch.cuda.synchronize()
+            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
+            ok = err < 1e-2
+            bad += not ok
+            print(f"{point:10} {name:28} rel_err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+            torch.cuda.profiler.start()
+            torch.cuda.nvtx.range_push(f"{point} {name}")
+            call()
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
