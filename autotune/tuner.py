@@ -83,10 +83,15 @@ def _spread(items: list, k: int) -> list:
 def _path(tile) -> Any:
     """The group a tile's share of the pick comes from: its path, and wide TMA tiles (BLOCK_N2) on
     their own, since they are a kernel form of their own that few tiles of the path stand for, in
-    one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21)."""
+    one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21);
+    stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile)."""
     if not isinstance(tile, dict):
         return None
-    return (tile.get("path"), "wide", tile.get("BLOCK_M")) if tile.get("BLOCK_N2") else tile.get("path")
+    if tile.get("BLOCK_N2"):
+        return tile.get("path"), "wide", tile.get("BLOCK_M")
+    if tile.get("path") == "tma-sk" and tile.get("BLOCK_M", 0) >= 256:
+        return "tma-sk", "tall"   # (gemm_tiles.TALL_SK_256: few, after the space's many 128-row ones)
+    return tile.get("path")
 
 
 def candidates(space: list, n: int | None) -> list:

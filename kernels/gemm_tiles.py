@@ -135,6 +135,13 @@ WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
                512: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3), (64, 128, 32, 4, 4)),
                1024: ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4))}
 
+# Stream-K tiles of 256 rows of x at bucket 256, as (BLOCK_N, warps, stages): one tile holds all
+# the rows, so each weight tile is fetched once, and the K steps of the 40-136 tiles of the 27B
+# shapes are shared out over every multiprocessor (H200 run 23, variants.py --study sk-256: bf16
+# down at M=256 98.6 -> 87.3 us and gate_up 155.1 -> 148.9 against the shipped tiles; o and qkv
+# slower; at M=512 slower everywhere).
+TALL_SK_256 = ((128, 8, 4), (128, 8, 3), (64, 4, 4))
+
 def wide_tiles(bk: int, bucket: int) -> list[dict]:
     """The wide TMA tiles of a bucket in WIDE_SPLITS."""
     return [dict(tile("tma", bm, bn, bk, 1, warps, st), BLOCK_N2=bn2) for bm, bn, bn2, warps, st in WIDE_SPLITS[bucket]]
@@ -174,6 +181,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
+        if bucket == 256 and "tma" in paths:
+            cands += [tile("tma-sk", 256, bn, k_step(a_bytes), 1, w, st) for bn, w, st in TALL_SK_256]
         if bucket in WIDE_SPLITS and "tma" in paths:
             cands += wide_tiles(k_step(a_bytes), bucket)
         if bucket >= PERSISTENT_FROM and "tma" in paths:

@@ -176,3 +176,15 @@ def test_candidates_share_the_pick_among_paths():
             paths = {t["path"] for t in sp[1:]}
             if len(paths) > 1 and n - 1 >= 2 * len(paths) and len(sp) > n:
                 assert {sp[i]["path"] for i in pick[1:]} == paths, (sp, n, pick)
+
+
+def test_tall_stream_k_tiles_get_a_share_of_the_pick_of_their_own():
+    # Bucket 256's dense space: the 256-row stream-K tiles (3, after eight 128-row ones) are a group
+    # of their own, so a 16-tile pick sees their first and last, not at most one of the path's spread.
+    from vsr.autotune.tuner import candidates
+    from vsr.kernels import gemm_tiles
+    d = gemm_tiles.default_gemm_tile(256, 5120, 17408, 2, 2)
+    pick = candidates(gemm_tiles.gemm_space(256, 5120, 17408, 2, 2, d), 16)
+    tall = [(t["BLOCK_N"], t["num_warps"], t["num_stages"]) for t in pick if t["path"] == "tma-sk" and t["BLOCK_M"] == 256]
+    assert tall == [gemm_tiles.TALL_SK_256[0], gemm_tiles.TALL_SK_256[-1]]
+    assert any(t["path"] == "tma-sk" and t["BLOCK_M"] == 128 for t in pick)

@@ -134,7 +134,11 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                                  "tma-sk" if 512 <= b <= 2048 else "tma")
             if tma and b >= 256:
                 sk = [c for c in space if c["path"] == "tma-sk"]
-                assert sk and all(c["BLOCK_M"] == 128 and c["num_warps"] == 8 for c in sk), "stream-K: 128-row tiles"
+                tall = [(c["BLOCK_N"], c["num_warps"], c["num_stages"]) for c in sk if c["BLOCK_M"] == 256]
+                assert tall == (list(gemm_tiles.TALL_SK_256) if b == 256 else []), "256-row stream-K: bucket 256"
+                assert sk and all(c["BLOCK_M"] == 128 and c["num_warps"] == 8 for c in sk if c["BLOCK_M"] != 256), \
+                    "stream-K: 128-row tiles on 8 warps"
+                assert all(c["BLOCK_K"] == gemm_tiles.k_step(ab[0]) for c in sk if c["BLOCK_M"] == 256)
             if b <= 16 and tma:
                 assert any(c["path"] == "splitk" for c in space), "the split-K tiles stay candidates"
             if b == 1 and fmt in ("dense", "fp8"):
