@@ -101,7 +101,7 @@ def candidates(space: list, n: int | None) -> list:
     and a faster pointer-load tile went unseen).
 
     When n - 1 >= 2 x the number of paths in the rest (the tiles after the default), the n-1 are
-    shared out round robin among those paths (in order of first appearance), each share spread
+    shared out round robin among those paths (fewest tiles first in each round), each share spread
     over its path: a share of two or more includes the path's first and last tile, a share of
     one its first; a path with fewer tiles than its turn gets them all. An even spread over the
     whole space showed a path with few tiles (int4 "join", 3-5 of 54-82) at most once, or not at
@@ -119,8 +119,14 @@ def candidates(space: list, n: int | None) -> list:
     if len(groups) > 1 and n - 1 >= 2 * len(groups):
         shares = dict.fromkeys(groups, 0)
         left = n - 1
+        # Each round serves the paths with the fewest tiles first (ties: first appearance), so a
+        # form of a few tiles (wide, tall) is seen whole before a long path's next turn (run 23:
+        # in order of appearance, bucket 256's 16-tile pick left out a wide tile once the tall
+        # stream-K tiles came in).
+        order = sorted(groups, key=lambda g: len(groups[g]))
         while left:
-            for g, members in groups.items():
+            for g in order:
+                members = groups[g]
                 if left and shares[g] < len(members):
                     shares[g] += 1
                     left -= 1
