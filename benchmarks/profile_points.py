@@ -6,8 +6,9 @@
     ncu --import REPORT.ncu-rep --csv --page raw > counters.csv
 
 Each case of each point runs once outside the profiled range (compilation, autotune lookup),
-then once inside it, in an NVTX range named "<shape>:<M> <case>" (with --print-nvtx-rename
-kernel, the report names each kernel by its range). Cases: cuBLAS bf16 (`x @ w.t()`), vsr's
+then once inside it, in an NVTX range named "<shape>:<M> <case>". The report lists the kernels
+in launch order, case by case as the script prints them (run 23: ncu 2025.3.1's
+`--print-nvtx-rename kernel` left the kernels' own names in the raw page). Cases: cuBLAS bf16 (`x @ w.t()`), vsr's
 shipped tile (the H200 cache; the template's default tile where it holds none), the tiles of
 --tiles (a JSON list of {"name": ..., "tile": {...}}, dense template), and with --gluon the
 warp-specialised Gluon study kernel (gluon_ws.py) on its best 128 x 128 form of run 22.

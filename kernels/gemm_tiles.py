@@ -136,7 +136,7 @@ WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
                1024: ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4))}
 
 # Stream-K tiles of 256 rows of x at bucket 256, as (BLOCK_N, warps, stages): one tile holds all
-# the rows, so each weight tile is fetched once, and the K steps of the 40-136 tiles of the 27B
+# the rows, so each weight tile is fetched once, and the K steps of the 40-272 tiles of the 27B
 # shapes are shared out over every multiprocessor (H200 run 23, variants.py --study sk-256: bf16
 # down at M=256 98.6 -> 87.3 us against the shipped tile, and gate_up 153.0 -> 148.9 once the
 # reduction loaded four parts at once; o and qkv slower; at M=512 slower everywhere).

@@ -414,10 +414,20 @@ def test_the_gluon_ws_harness_checks_every_case_into_poisoned_buffers(bench_scri
 
 
 def test_the_sk_256_study_walks_256_row_tiles_stream_k(variants, monkeypatch, on_a_tiny_shape):
-    on_a_tiny_shape(96, 128, copies=1)
+    on_a_tiny_shape(96, 256, copies=1)
     monkeypatch.setattr(variants, "_shipped_tile", lambda template, problem: None)
-    # 300 rows: two 256-row blocks (the second 44 rows live), each of the shared tiles' parts
-    # added by the reduction kernel and by the fixup; and the plain 256-row tile.
+    # 300 rows: two 256-row blocks (the second 44 rows live) x two 64-column blocks = 4 tiles on 3
+    # programs: one tile left over, its K steps (4 for fp16, 2 for fp8) shared, its parts added by
+    # the reduction kernel, then by the fixup; and the plain 256-row tile.
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
+    reductions = []
+    kernel = gemm.streamk_reduce_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            reductions.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(gemm, "streamk_reduce_kernel", Spy())
     monkeypatch.setattr(variants, "SK_256", (("tma-sk", 64, 8, 3, 0), ("tma-sk", 64, 8, 3, 1), ("tma", 64, 8, 3, 0)))
     rows = variants.study_sk_256(["tiny"], [300], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
@@ -425,3 +435,6 @@ def test_the_sk_256_study_walks_256_row_tiles_stream_k(variants, monkeypatch, on
     assert [r["variant"] for r in cases] == ["tma-sk 256x64 w8 s3", "tma-sk 256x64 w8 s3 fixup", "tma 256x64 w8 s3"] * 2
     assert [r["tile"]["BLOCK_K"] for r in cases] == [64] * 3 + [128] * 3
     assert all(r["study"] == "sk-256" and r["tile"]["BLOCK_M"] == 256 for r in cases)
+    # The reduction ran for the plain stream-K tiles only (the fixup tiles add their parts themselves):
+    # one leftover tile, rows in 16-row programs (its 256-row block or the 44 live rows).
+    assert reductions and all(g[0] == 1 for g in reductions), reductions
