@@ -2,7 +2,7 @@
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
                                    fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
-                                   wide-few,sk-256]
+                                   wide-few,sk-256,sk-reduce]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -56,6 +56,7 @@ CUDA-graph replays (no host launch time) cycling through weight copies larger th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -73,7 +74,7 @@ from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, gr
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import common, fp8, gemm_tiles, int4, registry  # noqa: E402
+from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, registry  # noqa: E402
 
 
 def timed_case(row, launch, x, tile, ws, ref, base):
@@ -599,6 +600,56 @@ def study_sk_256(shapes, ms, log):
                         f"{' fixup' if t['FIXUP'] else ''}"))
 
 
+# The sk-reduce study's forms of the stream-K reduction: (rows a program adds, warps); None: no
+# reduction at all (the product alone, for its time: the leftover tiles are then never written).
+SK_REDUCE_FORMS = ((16, 4), (8, 4), (32, 4), (32, 8), (64, 8), None)
+
+
+@contextlib.contextmanager
+def _reduce_form(form):
+    """gemm.launch_tma with the stream-K reduction in `form` (see SK_REDUCE_FORMS): its rows per
+    program through gemm.STREAMK_REDUCE_ROWS, its warps through a stand-in for the kernel that
+    launches the real one with them (or, for None, nothing)."""
+    kernel, rows = gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS
+
+    class Launcher:
+        def __getitem__(self, grid):
+            if form is None:
+                return lambda *args, **kwargs: None
+            return lambda *args, **kwargs: kernel[grid](*args, **dict(kwargs, num_warps=form[1]))
+    gemm.streamk_reduce_kernel = Launcher()
+    gemm.STREAMK_REDUCE_ROWS = form[0] if form else rows
+    try:
+        yield
+    finally:
+        gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS = kernel, rows
+
+
+def study_sk_reduce(shapes, ms, log):
+    """bf16 at M = 256 and 1024: stream-K tiles (the 256 x 128 one of bucket 256, the 128 x 256
+    one of buckets 512-2048) with their reduction in several forms, and the product alone. Run
+    23 measured the reduction at 9.4 us on o at M=256 (Nsight Compute) after a 40.6 us product,
+    the gap to cuBLAS there; its 640 programs of 16 rows on 4 warps take 86 registers on the
+    H200's Triton 3.6. Here: fewer, wider programs or more, narrower ones, and without it (the
+    product alone, unchecked: its `ok` is None)."""
+    rows = []
+    t = registry.TEMPLATES["dense"]
+    for sh, N, K, M, x, ws, base in _points("sk-reduce", (), shapes, ms, rows, log):
+        bm, bn = (256, 128) if bucket_for(M) == 256 else (128, 256)
+        tile = gemm_tiles.tile("tma-sk", bm, bn, gemm_tiles.k_step(x.element_size()), 1, 8, 4)
+        ref = t.reference(x, ws["bf16"][0])
+        for form in SK_REDUCE_FORMS:
+            name = f"reduce {form[0]} rows w{form[1]}" if form else "product alone"
+            with _reduce_form(form):
+                row = timed_case(dict(study="sk-reduce", format="bf16", shape=sh, M=M, variant=name, tile=tile),
+                                 t.launch, x, tile, ws["bf16"], ref, base)
+            if form is None and "error" not in row:
+                row["ok"] = None
+            rows.append(row)
+            log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -609,7 +660,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "capture-counters": (study_capture_counters, "1,16,64"),
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
-           "sk-256": (study_sk_256, "256,512")}
+           "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.

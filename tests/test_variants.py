@@ -438,3 +438,27 @@ def test_the_sk_256_study_walks_256_row_tiles_stream_k(variants, monkeypatch, on
     # The reduction ran for the plain stream-K tiles only (the fixup tiles add their parts themselves):
     # one leftover tile, rows in 16-row programs (its 256-row block or the 44 live rows).
     assert reductions and all(g[0] == 1 for g in reductions), reductions
+
+
+def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(96, 256, copies=1)
+    # 3 programs: a leftover tile whose parts the reduction adds (M=200: 256 x 128 tiles, one row
+    # block, 1 tile; M=400: 128 x 256 tiles, 4 row blocks: 4 tiles, 1 left over).
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
+    monkeypatch.setattr(variants, "SK_REDUCE_FORMS", ((16, 4), (8, 4), (64, 8), None))
+    kernel, rows_default = gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS
+    rows = variants.study_sk_reduce(["tiny"], [200, 400], lambda r: None)
+    assert gemm.streamk_reduce_kernel is kernel and gemm.STREAMK_REDUCE_ROWS == rows_default, "put back"
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert [r["variant"] for r in cases] == ["reduce 16 rows w4", "reduce 8 rows w4", "reduce 64 rows w8",
+                                             "product alone"] * 2
+    assert [r["tile"]["BLOCK_M"] for r in cases] == [256] * 4 + [128] * 4
+    assert all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert [r["ok"] for r in cases] == [True, True, True, None] * 2
+    # Without the reduction the output is incomplete: each point's forms above did depend on it.
+    t = variants.registry.TEMPLATES["dense"]
+    w = variants._weights("bf16", 96, 256, DEV)[0]
+    for r in cases[3::4]:
+        x = torch.randn(r["M"], 256, device=DEV).half()
+        with variants._reduce_form(None):
+            assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
