@@ -428,17 +428,23 @@ def merge(dst: Store, src: Store, *, prefer_incoming: bool = False) -> dict[str,
     return report
 
 
-def incumbent_tiles(paths: Iterable[str | Path]) -> dict[CacheKey, list[dict]]:
-    """The tiles each key has in the cache files `paths` (.json or .db, read only), by key lineage
+def entries_by_lineage(paths: Iterable[str | Path]) -> dict[CacheKey, list[Entry]]:
+    """The entries of the cache files `paths` (.json or .db, read only) by key lineage
     (CacheKey.lineage: whatever kernel source and Triton they were tuned for), the first file's
-    tile first: what vsr-tune --incumbents adds to a key's candidates (tuner.with_incumbents
-    drops repeats and tiles the search space no longer holds)."""
-    out: dict[CacheKey, list[dict]] = {}
+    first."""
+    out: dict[CacheKey, list[Entry]] = {}
     for p in paths:
         st = open_store(p, create=False)
         try:
             for e in st.entries():
-                out.setdefault(e.key.lineage(), []).append(dict(e.tile))
+                out.setdefault(e.key.lineage(), []).append(e)
         finally:
             st.close()
     return out
+
+
+def incumbent_tiles(paths: Iterable[str | Path]) -> dict[CacheKey, list[dict]]:
+    """The tiles each key has in the cache files `paths`, by key lineage (entries_by_lineage), the
+    first file's tile first: what vsr-tune --incumbents adds to a key's candidates
+    (tuner.with_incumbents drops repeats and tiles the search space no longer holds)."""
+    return {lineage: [dict(e.tile) for e in entries] for lineage, entries in entries_by_lineage(paths).items()}

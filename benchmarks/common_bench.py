@@ -14,7 +14,7 @@ import torch
 from vsr.autotune import shapes, synth, tuner
 from vsr.autotune.device_id import current_device_identity
 from vsr.autotune.keys import make_key
-from vsr.autotune.store import open_store
+from vsr.autotune.store import entries_by_lineage
 from vsr.autotune.tuner import TOLERANCES as TOL
 from vsr.kernels import fp8 as fp8mod
 
@@ -65,17 +65,9 @@ def code_commit() -> str:
 
 @functools.cache
 def _entries_by_lineage(cache: Path) -> dict:
-    """A cache file's entries by key lineage (CacheKey.lineage), read once; none when the file does
-    not exist (a checkout without a shipped cache for this device)."""
-    out: dict = {}
-    if cache.exists():
-        st = open_store(cache, create=False)
-        try:
-            for e in st.entries():
-                out.setdefault(e.key.lineage(), []).append(e)
-        finally:
-            st.close()
-    return out
+    """A cache file's entries by key lineage (store.entries_by_lineage), read once; none when the
+    file does not exist (a checkout without a shipped cache for this device)."""
+    return entries_by_lineage([cache]) if cache.exists() else {}
 
 
 def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE) -> dict | None:

@@ -1,7 +1,7 @@
 """Hardware counters of a few products, to say what limits them: run under Nsight Compute.
 
-    ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel \\
-        --section SpeedOfLight --metrics METRICS -o REPORT \\
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis -o REPORT \\
         python benchmarks/profile_points.py [--points o:256,down:256] [--tiles FILE] [--gluon]
     ncu --import REPORT.ncu-rep --csv --page raw > counters.csv
 
@@ -12,7 +12,8 @@ in launch order, case by case as the script prints them (run 23: ncu 2025.3.1's
 shipped tile (the H200 cache; the template's default tile where it holds none), the tiles of
 --tiles (a JSON list of {"name": ..., "tile": {...}}, dense template), and with --gluon the
 warp-specialised Gluon study kernel (gluon_ws.py) on its best 128 x 128 form of run 22.
-Every output is checked against the dense reference before its range is profiled.
+Every output is checked against the dense reference (common_bench.check, the benchmarks'
+tolerance) before its range is profiled.
 Nsight Compute flushes the caches before each replayed pass, so each kernel starts with its
 weight in memory, not in L2, as the benchmarks' weight copies arrange.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, make_weight, shipped_tile  # noqa: E402
+from common_bench import SHAPES, check, make_weight, shipped_tile  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
@@ -62,12 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         N, K = SHAPES[sh]
         w = make_weight("bf16", N, K, dev, seed=0)
         x = torch.randn(int(m), K, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
-        ref = t.reference(x, w).float()
+        ref = t.reference(x, w)
         for name, call in cases(t, x, w, extra, a.gluon):
-            y = call()
-            torch.cuda.synchronize()
-            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-            ok = err < 1e-2
+            ok, err = check(call(), ref)
             bad += not ok
             print(f"{point:10} {name:28} rel_err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
             torch.cuda.profiler.start()

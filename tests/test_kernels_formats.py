@@ -1178,3 +1178,7 @@ def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
             assert len(wide) == len(gemm_tiles.WIDE_SPLITS[bucket]), (t.__name__, N, K, bucket)
             pick = candidates(space, 16)
             assert all(c in pick for c in wide), (t.__name__, N, K, bucket)
+            # and bucket 256's stream-K tiles of 256 rows (tuner._path: a group of their own)
+            tall = [c for c in space if c["path"] == "tma-sk" and c["BLOCK_M"] == 256]
+            assert len(tall) == (len(gemm_tiles.TALL_SK_256) if bucket == 256 else 0), (t.__name__, N, K, bucket)
+            assert all(c in pick for c in tall), (t.__name__, N, K, bucket)
