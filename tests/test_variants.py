@@ -462,3 +462,22 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
         x = torch.randn(r["M"], 256, device=DEV).half()
         with variants._reduce_form(None):
             assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
+
+
+def test_the_sk_fixup_study_checks_every_way_of_adding_the_parts(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(96, 256, copies=1)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)   # a leftover tile shared, as above
+    monkeypatch.setattr(variants, "SK_FIXUP_FORMS", (("reduce 16 rows", 0, 16, False),
+                                                     ("reduce 16 rows, hint", 0, 16, True),
+                                                     ("fixup 64 rows, hint", 1, 64, True), None))
+    old = gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS
+    rows = variants.study_sk_fixup(["tiny"], [200, 400], lambda r: None)
+    assert (gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS) == old, "put back"
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    names = ["reduce 16 rows", "reduce 16 rows, hint", "fixup 64 rows, hint", "product alone"]
+    assert [(r["format"], r["variant"]) for r in cases] == [(f, n) for f in ("bf16", "fp8") for n in names] * 2
+    assert [r["tile"]["FIXUP"] for r in cases] == [0, 0, 1, 0] * 4
+    assert [r["tile"]["BLOCK_K"] for r in cases] == ([64] * 4 + [128] * 4) * 2
+    assert [r["tile"]["BLOCK_M"] for r in cases] == [256] * 8 + [128] * 8
+    assert all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert [r["ok"] for r in cases] == [True, True, True, None] * 4
