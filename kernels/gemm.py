@@ -268,7 +268,9 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     and each tile's partials are added in program order: with FIXUP here, by the last of the tile's
     programs to finish (last_to_finish), ROWS rows at a time; without, by streamk_reduce_kernel,
     launched after this grid. So the output depends on (M, N, K, tile, NUM_PROGRAMS) only: the same
-    device and tile give the same bytes, FIXUP or not.
+    device and tile give the same bytes, FIXUP or not. HINTS (STREAMK_PART_HINTS): the parts are
+    stored evict_last (H200 run 24, variants.py --study sk-fixup: the reduction form 1-8% faster on
+    13 of 16 bf16/fp8 points at M = 256 and 1024, e.g. bf16 down at M=256 93.0 -> 88.4 us).
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
     With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
