@@ -2,7 +2,7 @@
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
                                    fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
-                                   wide-few,sk-256,sk-reduce,sk-fixup]
+                                   wide-few,sk-256,sk-reduce,sk-fixup,sk-hint]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -700,6 +700,30 @@ def study_sk_fixup(shapes, ms, log):
     return rows
 
 
+def study_sk_hint(shapes, ms, log, repeats: int = 3):
+    """bf16 and fp8: every point whose shipped tile walks stream-K, its parts stored with and
+    without the evict_last hint (gemm.STREAMK_PART_HINTS), alternately `repeats` times each in
+    one process, so that the hint's effect is not lost in the run-to-run spread of separate
+    benchmark runs (up to 10%, run 23)."""
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("sk-hint", ("fp8",), shapes, ms, rows, log):
+        for fmt, key in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[key]
+            tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
+            if tile is None or tile.get("path") != "tma-sk":
+                continue
+            ref = t.reference(x, ws[fmt][0])
+            for i in range(repeats):
+                for hints in (False, True):
+                    with _part_form(gemm.STREAMK_REDUCE_ROWS, hints):
+                        row = timed_case(dict(study="sk-hint", format=fmt, shape=sh, M=M, repeat=i,
+                                              variant="hint" if hints else "no hint", tile=tile),
+                                         t.launch, x, tile, ws[fmt], ref, base)
+                    rows.append(row)
+                    log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -711,7 +735,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "sk-fixup": (study_sk_fixup, "256,1024")}
+           "sk-fixup": (study_sk_fixup, "256,1024"), "sk-hint": (study_sk_hint, "256,512,1024,2048,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
