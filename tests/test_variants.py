@@ -462,3 +462,41 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
         x = torch.randn(r["M"], 256, device=DEV).half()
         with variants._reduce_form(None):
             assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
+
+
+def test_the_sk_fixup_study_checks_every_way_of_adding_the_parts(variants, monkeypatch, on_a_tiny_shape):
+    on_a_tiny_shape(96, 256, copies=1)
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)   # a leftover tile shared, as above
+    monkeypatch.setattr(variants, "SK_FIXUP_FORMS", (("reduce 16 rows", 0, 16, False),
+                                                     ("reduce 16 rows, hint", 0, 16, True),
+                                                     ("fixup 64 rows, hint", 1, 64, True), None))
+    old = gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS
+    rows = variants.study_sk_fixup(["tiny"], [200, 400], lambda r: None)
+    assert (gemm.streamk_reduce_kernel, gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS) == old, "put back"
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    names = ["reduce 16 rows", "reduce 16 rows, hint", "fixup 64 rows, hint", "product alone"]
+    assert [(r["format"], r["variant"]) for r in cases] == [(f, n) for f in ("bf16", "fp8") for n in names] * 2
+    assert [r["tile"]["FIXUP"] for r in cases] == [0, 0, 1, 0] * 4
+    assert [r["tile"]["BLOCK_K"] for r in cases] == ([64] * 4 + [128] * 4) * 2
+    assert [r["tile"]["BLOCK_M"] for r in cases] == [256] * 8 + [128] * 8
+    assert all("error" not in r for r in cases), [r.get("error") for r in cases]
+    assert [r["ok"] for r in cases] == [True, True, True, None] * 4
+
+
+def test_the_sk_hint_study_times_shipped_stream_k_tiles_with_and_without_the_hint(variants, monkeypatch,
+                                                                                  on_a_tiny_shape):
+    on_a_tiny_shape(96, 256, copies=1)
+    # 300 rows x 96 columns in 128 x 64 tiles: 6 tiles on 4 programs, 2 left over and shared
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 4)
+    sk = variants.gemm_tiles.tile("tma-sk", 128, 64, 64, 1, 4, 3)
+    # bf16's "shipped" tile walks stream-K, fp8's does not (so fp8 is skipped)
+    monkeypatch.setattr(variants, "_shipped_tile", lambda t, p: sk if t.name == "dense" else None)
+    hints = []
+    launch = gemm.launch_tma
+    monkeypatch.setattr(gemm, "launch_tma", lambda *a, **k: (hints.append(gemm.STREAMK_PART_HINTS), launch(*a, **k))[1])
+    rows = variants.study_sk_hint(["tiny"], [300], lambda r: None, repeats=2)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert [(r["format"], r["variant"], r["repeat"]) for r in cases] == [
+        ("bf16", "no hint", 0), ("bf16", "hint", 0), ("bf16", "no hint", 1), ("bf16", "hint", 1)]
+    assert all(r["ok"] and "error" not in r for r in cases), [r.get("error") for r in cases]
+    assert set(hints) == {False, True} and gemm.STREAMK_PART_HINTS is True
