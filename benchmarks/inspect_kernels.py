@@ -105,7 +105,7 @@ def cases() -> dict[str, tuple]:
     out["tma-sk-128x256"] = (gemm.tma_streamk_kernel,
                              dict(scalars, a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[256,64]>"),
                              dict(flags, IEEE=False, BLOCK_M=128, BLOCK_N=256, WAIT=False, FIXUP=False,
-                                  ROWS=16, HINTS=gemm.STREAMK_PART_HINTS), 8, 4,
+                                  ROWS=16), 8, 4,
                              "stream-K TMA product, bf16 128x256x64 (the M = 1024-2048 default)")
     wide = {k: v for k, v in scalars.items() if k not in ("ws_ptr", "cnt_ptr")}   # tma_gemm_kernel has no workspace
     wide.update(a_desc="tensordesc<bf16[128,64]>", b_desc="tensordesc<bf16[128,64]>",

@@ -258,7 +258,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
                        stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
-                       ROWS: tl.constexpr, HINTS: tl.constexpr):
+                       ROWS: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
     walk whole tiles as the persistent kernel does, as many as fill whole waves; the
     num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
@@ -268,9 +268,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     and each tile's partials are added in program order: with FIXUP here, by the last of the tile's
     programs to finish (last_to_finish), ROWS rows at a time; without, by streamk_reduce_kernel,
     launched after this grid. So the output depends on (M, N, K, tile, NUM_PROGRAMS) only: the same
-    device and tile give the same bytes, FIXUP or not. HINTS (STREAMK_PART_HINTS): the parts are
-    stored evict_last (H200 run 24, variants.py --study sk-fixup: the reduction form 1-8% faster on
-    13 of 16 bf16/fp8 points at M = 256 and 1024, e.g. bf16 down at M=256 93.0 -> 88.4 us).
+    device and tile give the same bytes, FIXUP or not.
     (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
     132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
     With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
@@ -296,11 +294,8 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
             pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
                               (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
-            part = ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs
-            if HINTS:   # kept in L2 against the weight streaming past it, until its reader comes
-                tl.store(part, acc, mask=rows < M - pid_m * BLOCK_M, eviction_policy="evict_last")
-            else:
-                tl.store(part, acc, mask=rows < M - pid_m * BLOCK_M)
+            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                     mask=rows < M - pid_m * BLOCK_M)
             if FIXUP:
                 if common.last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
                     for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
@@ -462,7 +457,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
-                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows, HINTS=STREAMK_PART_HINTS,
+                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
                                         launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
@@ -486,11 +481,6 @@ TMA_PATHS = ("tma", "tma-swap", "tma-sk")
 
 # Rows of a stream-K tile that one program of streamk_reduce_kernel adds up (x BLOCK_N fp32).
 STREAMK_REDUCE_ROWS = 16
-
-# The stream-K parts stored with an evict_last hint, so that the weight streaming through L2 after
-# a part is written does not push it out to HBM before it is added. (Their reads keep `.cg`, which
-# PTX does not combine with an eviction hint.)
-STREAMK_PART_HINTS = True
 
 
 class _Transient:

@@ -172,23 +172,6 @@ for name in ("tma-sk-128x256", "streamk-reduce-64x128"):
     assert got == ["tma-sk-128x256", "0", "streamk-reduce-64x128", "0"], got
 
 
-@NEEDS_CUDA_BINARIES
-def test_streamk_parts_are_stored_with_an_evict_last_hint_on_sm90(tmp_path):
-    # gemm.STREAMK_PART_HINTS: the parts' stores carry an L2 evict_last policy (H200 run 24,
-    # variants.py --study sk-fixup); without the hint no store carries a cache policy.
-    got = compile_script(tmp_path, """
-fn, types, consts, warps, stages, _ = ik.cases()["tma-sk-128x256"]
-for hints in (True, False):
-    ptx = ik.compile_cuda(fn, types, dict(consts, HINTS=hints), warps, stages).asm["ptx"]
-    stores = [l for l in ptx.splitlines() if "st.global" in l]
-    print(int("createpolicy.fractional.L2::evict_last" in ptx), sum("L2::cache_hint" in l for l in stores) > 0,
-          sum("L2::cache_hint" not in l for l in stores) > 0)
-""").split()
-    # Hinted: the policy, and stores that use it (not all: the bf16 output's stores have none).
-    # Unhinted: neither.
-    assert got[:2] == ["1", "True"] and got[3:5] == ["0", "False"], got
-
-
 def test_in_kernel_fixup_compiles_to_one_acq_rel_ticket_on_sm90(tmp_path):
     # FIXUP: each tile's ticket is one acquire-release increment at GPU scope (and one reset),
     # the partials read back through L2 (ld.global.cg); without it, no atomic at all.
