@@ -2,7 +2,7 @@
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
                                    fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
-                                   wide-few,sk-256,sk-reduce,sk-fixup,sk-hint]
+                                   wide-few,sk-256,sk-reduce]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -48,7 +48,12 @@ results/variants-nvidia-h200-2026-11-30-run17-swap-sk.json), and runs 17-18 (com
 sk-reduce-pdl, the stream-K reduction launched as the product's programmatic dependent, slower
 on 14 of the 15 shipped keys, median +2.4%, files
 results/variants-nvidia-h200-2026-11-30-run17-sk-reduce-pdl.json and
-...-run18-sk-reduce-pdl-{1,2,3}.json; the form was removed in 2829e8f).
+...-run18-sk-reduce-pdl-{1,2,3}.json; the form was removed in 2829e8f), and run 24 (commit
+26e4432, reached from main through the merge 15d9601: sk-fixup, the stream-K parts added by the
+in-kernel fixup at 16-128 rows a pass and stored with an L2 evict_last hint, and sk-hint, the
+shipped stream-K tiles with and without that hint; files
+results/variants-nvidia-h200-2026-11-30-run24-sk-{fixup,hint}.json: the fixup lost at every width,
+the hint was level at M = 256-1024 and 3-8% slower at M=2048, and was backed out in 8df3207).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
@@ -650,80 +655,6 @@ def study_sk_reduce(shapes, ms, log):
     return rows
 
 
-# The sk-fixup study's forms: (name, FIXUP, rows a program or pass adds, the parts' evict_last
-# hint); None: the product alone.
-SK_FIXUP_FORMS = (("reduce 16 rows", 0, 16, False), ("reduce 16 rows, hint", 0, 16, True),
-                  ("fixup 16 rows", 1, 16, False), ("fixup 32 rows", 1, 32, False),
-                  ("fixup 64 rows", 1, 64, False), ("fixup 128 rows", 1, 128, False),
-                  ("fixup 32 rows, hint", 1, 32, True), ("fixup 64 rows, hint", 1, 64, True), None)
-
-
-@contextlib.contextmanager
-def _part_form(rows, hints):
-    """gemm.launch_tma with the stream-K parts added `rows` at a time (gemm.STREAMK_REDUCE_ROWS:
-    a reduction program's rows, or the fixup's pass) and stored with or without their evict_last
-    hint (gemm.STREAMK_PART_HINTS)."""
-    old = gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS
-    gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS = rows, hints
-    try:
-        yield
-    finally:
-        gemm.STREAMK_REDUCE_ROWS, gemm.STREAMK_PART_HINTS = old
-
-
-def study_sk_fixup(shapes, ms, log):
-    """bf16 and fp8 at M = 256 and 1024: the stream-K tiles (256 x 128 at bucket 256, 128 x 256
-    above) with their parts added by the reduction kernel or in the product (FIXUP) at 16-128
-    rows a pass, their stores with and without an evict_last hint, and the product alone. The
-    sk-reduce study (run 24) found the reduction kernel's form immaterial (8-64 rows, 4 or 8
-    warps: o at M=256 51.3-52.7 us against 41.5 for the product alone); run 23's sk-256 study
-    found the fixup slower still (65.7 us), its last program adding 16 rows of each part a pass,
-    one L2 round trip per pass in series."""
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("sk-fixup", ("fp8",), shapes, ms, rows, log):
-        bm, bn = (256, 128) if bucket_for(M) == 256 else (128, 256)
-        for fmt, key in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
-            t = registry.TEMPLATES[key]
-            knobs = fp8.prologue_defaults(bucket_for(M)) if fmt == "fp8" else {}
-            bk = gemm_tiles.k_step(1 if fmt == "fp8" else x.element_size())
-            ref = t.reference(x, ws[fmt][0])
-            for form in SK_FIXUP_FORMS:
-                name, fixup, nrows, hints = form or ("product alone", 0, 16, True)
-                tile = dict(gemm_tiles.tile("tma-sk", bm, bn, bk, 1, 8, 4), FIXUP=fixup, **knobs)
-                with _part_form(nrows, hints), _reduce_form(None if form is None else (nrows, 4)):
-                    row = timed_case(dict(study="sk-fixup", format=fmt, shape=sh, M=M, variant=name, tile=tile),
-                                     t.launch, x, tile, ws[fmt], ref, base)
-                if form is None and "error" not in row:
-                    row["ok"] = None
-                rows.append(row)
-                log(row)
-    return rows
-
-
-def study_sk_hint(shapes, ms, log, repeats: int = 3):
-    """bf16 and fp8: every point whose shipped tile walks stream-K, its parts stored with and
-    without the evict_last hint (gemm.STREAMK_PART_HINTS), alternately `repeats` times each in
-    one process, so that the hint's effect is not lost in the run-to-run spread of separate
-    benchmark runs (up to 10%, run 23)."""
-    rows = []
-    for sh, N, K, M, x, ws, base in _points("sk-hint", ("fp8",), shapes, ms, rows, log):
-        for fmt, key in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
-            t = registry.TEMPLATES[key]
-            tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
-            if tile is None or tile.get("path") != "tma-sk":
-                continue
-            ref = t.reference(x, ws[fmt][0])
-            for i in range(repeats):
-                for hints in (False, True):
-                    with _part_form(gemm.STREAMK_REDUCE_ROWS, hints):
-                        row = timed_case(dict(study="sk-hint", format=fmt, shape=sh, M=M, repeat=i,
-                                              variant="hint" if hints else "no hint", tile=tile),
-                                         t.launch, x, tile, ws[fmt], ref, base)
-                    rows.append(row)
-                    log(row)
-    return rows
-
-
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -734,8 +665,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "capture-counters": (study_capture_counters, "1,16,64"),
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
-           "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "sk-fixup": (study_sk_fixup, "256,1024"), "sk-hint": (study_sk_hint, "256,512,1024,2048,4096")}
+           "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.
