@@ -1,0 +1,168 @@
+"""Do the templates' default tiles compile for the H200 (sm_90) on this Triton, within its shared
+memory? No GPU needed.
+
+    python benchmarks/sm90_fit.py [--formats bf16,...] [--shapes qkv,...,minilm] [--buckets all] [--out FILE]
+
+A key the shipped cache does not hold runs its template's default tile, and the shipped cache is
+keyed by Triton version: so on any Triton but the device's (3.6) every key starts on its default
+tile. This drives each template's launcher on the CPU as it would run on the H200 (the H200's
+device features and 132 multiprocessors), catches every kernel launch, and compiles that kernel
+with the same arguments, constexprs, warps and stages for GPUTarget("cuda", 90) with Triton's
+bundled ptxas, then reads the shared memory the compiled kernel asks for. A launch that would not
+fit is reported (and the exit status is 1): on the GPU it would raise OutOfResources.
+
+Found by this file (Triton 3.9 here): the 256 x 128 stream-K tile at 4 stages, a bucket-256
+candidate (gemm_tiles.TALL_SK_256) but no default, takes 262,176 bytes on 3.9 (229,408 for the
+128 x 256 default at buckets 512-2048); the tuner records such a candidate as failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import SHAPES, code_commit, make_weight  # noqa: E402
+
+from vsr.autotune import shapes as named_shapes  # noqa: E402
+from vsr.autotune.buckets import parse_buckets  # noqa: E402
+from vsr.kernels import common, gemm, gemm_tiles, registry  # noqa: E402
+
+# The H200 as its launchers see it (common.DeviceFeatures) and its multiprocessors.
+H200 = common.DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)
+H200_SMS = 132
+# The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype.
+FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16,
+           "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16}
+_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv"}
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
+
+
+def _arg_type(v) -> str | None:
+    """The signature type of a runtime argument (None: a constexpr)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if isinstance(v, torch.Tensor):
+        return "*" + _TYPES[v.dtype]
+    if isinstance(v, TensorDescriptor):
+        return f"tensordesc<{_TYPES[v.base.dtype]}[{', '.join(map(str, v.block_shape))}]>"
+    if isinstance(v, bool):
+        return "i1"
+    if isinstance(v, int):
+        return "i32" if -2**31 <= v < 2**31 else "i64"
+    if isinstance(v, float):
+        return "fp32"
+    return None
+
+
+class Recorder:
+    """Stands in for JITFunction.__getitem__: compiles each distinct launch for sm_90, once."""
+
+    def __init__(self):
+        self.compiled: dict[str, dict] = {}
+        self.current: list[str] = []   # the keys the launch being driven compiled
+
+    def launch(self, fn, args, kwargs) -> None:
+        params = fn.params
+        values = dict(zip((p.name for p in params), args))
+        values.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
+        sig, consts = {}, {}
+        for i, p in enumerate(params):
+            v = values[p.name] if p.name in values else p.default
+            t = None if p.is_constexpr else _arg_type(v)
+            if t is None:
+                sig[p.name], consts[(i,)] = "constexpr", v
+            else:
+                sig[p.name] = t
+        opts = {k: kwargs[k] for k in _OPTIONS if k in kwargs}
+        key = json.dumps([fn.__name__, sig, sorted((k[0], repr(v)) for k, v in consts.items()), sorted(opts.items())])
+        if key not in self.compiled:
+            row = {"kernel": fn.__name__, "warps": opts.get("num_warps", 4), "stages": opts.get("num_stages", 3),
+                   "constexprs": {params[k[0]].name: repr(v) for k, v in consts.items()}}
+            try:
+                k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=opts)
+                row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= gemm_tiles.SMEM_LIMIT)
+            except Exception as e:  # a kernel that does not compile for sm_90 is a finding too
+                row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
+            self.compiled[key] = row
+        self.current.append(key)
+
+
+def drive(rec: Recorder, fmts, shape_names, buckets, log) -> list[dict]:
+    """Each (format, shape, bucket)'s default tile launched on the CPU as on the H200."""
+    from triton.runtime.jit import JITFunction
+    patches = [(JITFunction, "__getitem__", lambda fn, grid: lambda *a, **k: rec.launch(fn, a, k)),
+               (common, "device_features", lambda device: H200), (gemm, "multiprocessors", lambda device: H200_SMS)]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    rows = []
+    try:
+        for obj, name, new in patches:
+            setattr(obj, name, new)
+        for fmt in fmts:
+            dtype = FORMATS[fmt]
+            for sh in shape_names:
+                N, K = SHAPES.get(sh) or dict((n, (nn, k)) for n, nn, k in named_shapes.SHAPES_MINILM)[sh]
+                w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt, N, K, "cpu")
+                if fmt in ("fp16", "fp32"):
+                    w = type(w)(w.weight.to(dtype), None)
+                t = registry.template_for(w, dtype, emulate=fmt == "nvfp4-emulated")
+                x = torch.empty(max(buckets), K, dtype=dtype)
+                for b in buckets:
+                    tile = t.default_tile(t.problem(w, b, dtype))
+                    rec.current = []
+                    err = None
+                    try:
+                        t.launch(x[:b], w, tile)
+                    except Exception as e:  # the launcher itself refused: a finding
+                        err = f"{type(e).__name__}: {str(e)[-300:]}"
+                    kernels = [rec.compiled[k] for k in rec.current]
+                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, error=err,
+                               kernels=[dict(kernel=r["kernel"], shared=r["shared"]) for r in kernels],
+                               fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
+                    rows.append(row)
+                    log(row)
+    finally:
+        for obj, name, old in saved:
+            setattr(obj, name, old)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--shapes", default=",".join(list(SHAPES) + [n for n, _, _ in named_shapes.SHAPES_MINILM]))
+    ap.add_argument("--buckets", default="all")
+    ap.add_argument("--out", default=None, help="JSON of every launch and every compiled kernel")
+    a = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        ap.error("unset TRITON_INTERPRET: the kernels must compile, not be interpreted")
+    t0 = time.time()
+    rec = Recorder()
+
+    def log(r: dict) -> None:
+        if not r["fits"]:
+            print(f"DOES NOT FIT: {r['format']} {r['shape']} bucket {r['bucket']} {r['tile']}: "
+                  f"{r['error'] or [(k['kernel'], k['shared']) for k in r['kernels']]}", flush=True)
+    rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log)
+    bad = [r for r in rows if not r["fits"]]
+    most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"])
+    print(f"{len(rows) - len(bad)}/{len(rows)} default-tile launches fit sm_90's {gemm_tiles.SMEM_LIMIT} bytes "
+          f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
+          f"most: {most['kernel']} {most['shared']} bytes)")
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", commit=code_commit(), triton=triton.__version__,
+                                               torch=torch.__version__, rows=rows,
+                                               kernels=list(rec.compiled.values())), indent=1))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
