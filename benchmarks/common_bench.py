@@ -70,12 +70,13 @@ def _entries_by_lineage(cache: Path) -> dict:
     return entries_by_lineage([cache]) if cache.exists() else {}
 
 
-def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE) -> dict | None:
-    """The tile `cache` (default the shipped one) holds for template's Problem on `device`: its
+def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE, identity=None) -> dict | None:
+    """The tile `cache` (default the shipped one) holds for template's Problem on `device` (or on
+    the device `identity` names, a DeviceIdentity, where it is not this machine's): its
     exact key's, else that of a key tuned for another kernel source or Triton (a branch's kernels
     stale the cache, and studies and profiles of a branch still want the tiles users run), every
     other key field matching; None if it has neither."""
-    want = make_key(template, problem, current_device_identity(torch.device(device)))
+    want = make_key(template, problem, identity or current_device_identity(torch.device(device)))
     entries = _entries_by_lineage(Path(cache)).get(want.lineage(), [])
     exact = [e for e in entries if e.key == want]
     return dict((exact or entries)[0].tile) if entries else None

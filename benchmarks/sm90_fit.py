@@ -1,7 +1,8 @@
 """Do the templates' default tiles compile for the H200 (sm_90) on this Triton, within its shared
 memory? No GPU needed.
 
-    python benchmarks/sm90_fit.py [--formats bf16,...] [--shapes qkv,...,minilm] [--buckets all] [--out FILE]
+    python benchmarks/sm90_fit.py [--formats bf16,...] [--shapes qkv,...,minilm-down] [--buckets all]
+                                  [--tiles default|shipped] [--out FILE]
 
 A key the shipped cache does not hold runs its template's default tile, and the shipped cache is
 keyed by Triton version: so on any Triton but the device's (3.6) every key starts on its default
@@ -10,10 +11,15 @@ device features and 132 multiprocessors), catches every kernel launch, and compi
 with the same arguments, constexprs, warps and stages for GPUTarget("cuda", 90) with Triton's
 bundled ptxas, then reads the shared memory the compiled kernel asks for. A launch that would not
 fit is reported (and the exit status is 1): on the GPU it would raise OutOfResources.
+`--tiles shipped` launches the shipped cache's tile of each key instead (tuned on the device's
+Triton; its default where the cache has none): whether those tiles would still fit on this Triton.
 
-Found by this file (Triton 3.9 here): the 256 x 128 stream-K tile at 4 stages, a bucket-256
-candidate (gemm_tiles.TALL_SK_256) but no default, takes 262,176 bytes on 3.9 (229,408 for the
-128 x 256 default at buckets 512-2048); the tuner records such a candidate as failed.
+Run 24, Triton 3.9 here (results/sm90-fit-triton-3.9.0-2026-11-30{,-shipped}.json): all 686
+default-tile launches fit (the most, 229,408 bytes, the 128 x 256 stream-K and persistent tiles);
+of the shipped cache's, tuned on 3.6, one does not: bf16 down at bucket 256, the 256 x 128
+stream-K tile at 4 stages (gemm_tiles.TALL_SK_256), 262,176 bytes on 3.9 though it runs on the
+device's 3.6. A 3.9 user's keys miss the 3.6 cache and start on their defaults, and a tuner on 3.9
+records that candidate as failed (OutOfResources) and takes another.
 """
 from __future__ import annotations
 
@@ -30,21 +36,25 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, code_commit, make_weight  # noqa: E402
+from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, shipped_tile  # noqa: E402
 
 from vsr.autotune import shapes as named_shapes  # noqa: E402
 from vsr.autotune.buckets import parse_buckets  # noqa: E402
+from vsr.autotune.device_id import DeviceIdentity  # noqa: E402
 from vsr.kernels import common, gemm, gemm_tiles, registry  # noqa: E402
 
 # The H200 as its launchers see it (common.DeviceFeatures) and its multiprocessors.
 H200 = common.DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)
 H200_SMS = 132
+H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(9, 0), multiprocessors=H200_SMS)
 # The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype.
 FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16,
            "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16}
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
           torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv"}
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
+# The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
+SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
 
 
 def _arg_type(v) -> str | None:
@@ -96,8 +106,9 @@ class Recorder:
         self.current.append(key)
 
 
-def drive(rec: Recorder, fmts, shape_names, buckets, log) -> list[dict]:
-    """Each (format, shape, bucket)'s default tile launched on the CPU as on the H200."""
+def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False) -> list[dict]:
+    """Each (format, shape, bucket)'s default tile (with `shipped`, the shipped cache's tile where
+    it has one) launched on the CPU as on the H200."""
     from triton.runtime.jit import JITFunction
     patches = [(JITFunction, "__getitem__", lambda fn, grid: lambda *a, **k: rec.launch(fn, a, k)),
                (common, "device_features", lambda device: H200), (gemm, "multiprocessors", lambda device: H200_SMS)]
@@ -109,14 +120,16 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log) -> list[dict]:
         for fmt in fmts:
             dtype = FORMATS[fmt]
             for sh in shape_names:
-                N, K = SHAPES.get(sh) or dict((n, (nn, k)) for n, nn, k in named_shapes.SHAPES_MINILM)[sh]
+                N, K = SHAPE_TABLE[sh]
                 w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt, N, K, "cpu")
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt == "nvfp4-emulated")
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
-                    tile = t.default_tile(t.problem(w, b, dtype))
+                    p = t.problem(w, b, dtype)
+                    tile = shipped_tile(t, p, "cpu", SHIPPED_CACHE, identity=H200_IDENTITY) if shipped else None
+                    source, tile = ("shipped", tile) if tile else ("default", t.default_tile(p))
                     rec.current = []
                     err = None
                     try:
@@ -124,7 +137,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log) -> list[dict]:
                     except Exception as e:  # the launcher itself refused: a finding
                         err = f"{type(e).__name__}: {str(e)[-300:]}"
                     kernels = [rec.compiled[k] for k in rec.current]
-                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, error=err,
+                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, error=err,
                                kernels=[dict(kernel=r["kernel"], shared=r["shared"]) for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
                     rows.append(row)
@@ -138,8 +151,9 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--shapes", default=",".join(list(SHAPES) + [n for n, _, _ in named_shapes.SHAPES_MINILM]))
+    ap.add_argument("--shapes", default=",".join(SHAPE_TABLE), help=f"of {', '.join(SHAPE_TABLE)}")
     ap.add_argument("--buckets", default="all")
+    ap.add_argument("--tiles", choices=("default", "shipped"), default="default")
     ap.add_argument("--out", default=None, help="JSON of every launch and every compiled kernel")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -149,16 +163,17 @@ def main(argv: list[str] | None = None) -> int:
 
     def log(r: dict) -> None:
         if not r["fits"]:
-            print(f"DOES NOT FIT: {r['format']} {r['shape']} bucket {r['bucket']} {r['tile']}: "
+            print(f"DOES NOT FIT: {r['format']} {r['shape']} bucket {r['bucket']} {r['source']} tile {r['tile']}: "
                   f"{r['error'] or [(k['kernel'], k['shared']) for k in r['kernels']]}", flush=True)
-    rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log)
+    rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log, a.tiles == "shipped")
     bad = [r for r in rows if not r["fits"]]
     most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"])
-    print(f"{len(rows) - len(bad)}/{len(rows)} default-tile launches fit sm_90's {gemm_tiles.SMEM_LIMIT} bytes "
+    print(f"{len(rows) - len(bad)}/{len(rows)} {a.tiles}-tile launches fit sm_90's {gemm_tiles.SMEM_LIMIT} bytes "
           f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
           f"most: {most['kernel']} {most['shared']} bytes)")
     if a.out:
-        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", commit=code_commit(), triton=triton.__version__,
+        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", tiles=a.tiles, commit=code_commit(),
+                                               triton=triton.__version__,
                                                torch=torch.__version__, rows=rows,
                                                kernels=list(rec.compiled.values())), indent=1))
     return 1 if bad else 0
