@@ -15,11 +15,11 @@ fit is reported (and the exit status is 1): on the GPU it would raise OutOfResou
 Triton; its default where the cache has none): whether those tiles would still fit on this Triton.
 
 Run 24, Triton 3.9 here (results/sm90-fit-triton-3.9.0-2026-11-30{,-shipped}.json): all 686
-default-tile launches fit (the most, 229,408 bytes, the 128 x 256 stream-K and persistent tiles);
-of the shipped cache's, tuned on 3.6, one does not: bf16 down at bucket 256, the 256 x 128
-stream-K tile at 4 stages (gemm_tiles.TALL_SK_256), 262,176 bytes on 3.9 though it runs on the
-device's 3.6. A 3.9 user's keys miss the 3.6 cache and start on their defaults, and a tuner on 3.9
-records that candidate as failed (OutOfResources) and takes another.
+default-tile launches fit (the most, 229,408 bytes: the 128 x 256 stream-K and persistent tiles
+at 4 stages), and so do all 686 of the shipped cache's tiles. The arguments' specialization
+matters: compiled from a bare signature (as inspect_kernels.compile_cuda does), the shipped 256 x
+128 stream-K tile at 4 stages of bf16 down at bucket 256 asked for 262,176 bytes, on 3.9 and on
+the device's 3.6 alike, though it runs there.
 """
 from __future__ import annotations
 
@@ -50,27 +50,9 @@ H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(
 # The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype.
 FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16,
            "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16}
-_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8", torch.float8_e4m3fn: "fp8e4nv"}
-_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
+TARGET = GPUTarget("cuda", 90, 32)
 # The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
 SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
-
-
-def _arg_type(v) -> str | None:
-    """The signature type of a runtime argument (None: a constexpr)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    if isinstance(v, torch.Tensor):
-        return "*" + _TYPES[v.dtype]
-    if isinstance(v, TensorDescriptor):
-        return f"tensordesc<{_TYPES[v.base.dtype]}[{', '.join(map(str, v.block_shape))}]>"
-    if isinstance(v, bool):
-        return "i1"
-    if isinstance(v, int):
-        return "i32" if -2**31 <= v < 2**31 else "i64"
-    if isinstance(v, float):
-        return "fp32"
-    return None
 
 
 class Recorder:
@@ -81,24 +63,26 @@ class Recorder:
         self.current: list[str] = []   # the keys the launch being driven compiled
 
     def launch(self, fn, args, kwargs) -> None:
-        params = fn.params
-        values = dict(zip((p.name for p in params), args))
-        values.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
-        sig, consts = {}, {}
-        for i, p in enumerate(params):
-            v = values[p.name] if p.name in values else p.default
-            t = None if p.is_constexpr else _arg_type(v)
-            if t is None:
-                sig[p.name], consts[(i,)] = "constexpr", v
-            else:
-                sig[p.name] = t
-        opts = {k: kwargs[k] for k in _OPTIONS if k in kwargs}
-        key = json.dumps([fn.__name__, sig, sorted((k[0], repr(v)) for k, v in consts.items()), sorted(opts.items())])
+        # Triton's own binder and argument packing for the sm_90 target (JITFunction.run's steps
+        # before a compile), so each argument is specialized as a real launch would: integers
+        # divisible by 16 and 16-byte-aligned pointers marked, which changes the compiled kernel
+        # (and its shared memory) against a bare signature.
+        from triton import knobs
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+        backend = make_backend(TARGET)
+        kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
+                      instrumentation_mode=knobs.compilation.instrumentation_mode)
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+        key = repr((fn.__name__, signature, sorted(constexprs.items(), key=repr), sorted(attrs.items(), key=repr),
+                    sorted(options.__dict__.items(), key=repr)))
         if key not in self.compiled:
-            row = {"kernel": fn.__name__, "warps": opts.get("num_warps", 4), "stages": opts.get("num_stages", 3),
-                   "constexprs": {params[k[0]].name: repr(v) for k, v in consts.items()}}
+            row = {"kernel": fn.__name__, "warps": options.num_warps, "stages": options.num_stages,
+                   "constexprs": {fn.params[k[0]].name: repr(v) for k, v in constexprs.items() if len(k) == 1}}
             try:
-                k = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=opts)
+                k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
                 row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= gemm_tiles.SMEM_LIMIT)
             except Exception as e:  # a kernel that does not compile for sm_90 is a finding too
                 row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
