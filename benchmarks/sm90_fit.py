@@ -10,7 +10,10 @@ tile. This drives each template's launcher on the CPU as it would run on the H20
 device features and 132 multiprocessors), catches every kernel launch, and compiles that kernel
 with the same arguments, constexprs, warps and stages for GPUTarget("cuda", 90) with Triton's
 bundled ptxas, then reads the shared memory the compiled kernel asks for. A launch that would not
-fit is reported (and the exit status is 1): on the GPU it would raise OutOfResources.
+fit is reported (and the exit status is 1): on the GPU it would raise OutOfResources. Only shared
+memory is checked (a launch also needs its threads' registers). One constexpr differs from the
+H200's launch: fp8's activation quantization takes RECIPROCAL from x.is_cuda, False here (a
+kernel of no shared memory to speak of).
 `--tiles shipped` launches the shipped cache's tile of each key instead (tuned on the device's
 Triton; its default where the cache has none): whether those tiles would still fit on this Triton.
 
@@ -47,9 +50,12 @@ from vsr.kernels import common, gemm, gemm_tiles, registry  # noqa: E402
 H200 = common.DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)
 H200_SMS = 132
 H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(9, 0), multiprocessors=H200_SMS)
-# The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype.
+# The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype: the
+# dense ones in their own, the quantized ones in bf16 and, as vsr-tune spells it (fmt@fp32), in
+# fp32 (the built-in router is an fp32 model: its quantized siblings run fp32 activations).
 FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16,
-           "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16}
+           "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16,
+           "fp8@fp32": torch.float32, "int4-gptq@fp32": torch.float32, "int4-awq@fp32": torch.float32}
 TARGET = GPUTarget("cuda", 90, 32)
 # The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
 SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
@@ -73,6 +79,8 @@ class Recorder:
         backend = make_backend(TARGET)
         kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
                       instrumentation_mode=knobs.compilation.instrumentation_mode)
+        if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):   # Triton 3.9's run() sets it too
+            kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
         binder = create_function_from_signature(fn.signature, fn.params, backend)
         bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
@@ -105,7 +113,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
             dtype = FORMATS[fmt]
             for sh in shape_names:
                 N, K = SHAPE_TABLE[sh]
-                w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt, N, K, "cpu")
+                w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt.split("@")[0], N, K, "cpu")
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt == "nvfp4-emulated")
@@ -140,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiles", choices=("default", "shipped"), default="default")
     ap.add_argument("--out", default=None, help="JSON of every launch and every compiled kernel")
     a = ap.parse_args(argv)
+    for name, given, known in (("format", a.formats, FORMATS), ("shape", a.shapes, SHAPE_TABLE)):
+        unknown = [v for v in given.split(",") if v not in known]
+        if unknown:
+            ap.error(f"unknown {name} {', '.join(unknown)}: of {', '.join(known)}")
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("unset TRITON_INTERPRET: the kernels must compile, not be interpreted")
     t0 = time.time()
@@ -151,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['error'] or [(k['kernel'], k['shared']) for k in r['kernels']]}", flush=True)
     rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log, a.tiles == "shipped")
     bad = [r for r in rows if not r["fits"]]
-    most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"])
+    most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"], default=None)
     print(f"{len(rows) - len(bad)}/{len(rows)} {a.tiles}-tile launches fit sm_90's {gemm_tiles.SMEM_LIMIT} bytes "
           f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
-          f"most: {most['kernel']} {most['shared']} bytes)")
+          f"most: {most and (most['kernel'], most['shared'])})")
     if a.out:
         Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", tiles=a.tiles, commit=code_commit(),
                                                triton=triton.__version__,

@@ -53,8 +53,8 @@ results/variants-nvidia-h200-2026-11-30-run17-sk-reduce-pdl.json and
 in-kernel fixup at 16-128 rows a pass and stored with an L2 evict_last hint, and sk-hint, the
 shipped stream-K tiles with and without that hint; files
 results/variants-nvidia-h200-2026-11-30-run24-sk-{fixup,hint}.json: the fixup lost at every width,
-the hint was within 2.2% at M = 256-1024 but for one point 4.2% slower, and 2.5-7.6% slower
-on five of six points at M=2048, and was backed out in 8df3207-021a9c7).
+the hint was within 2.2% at M = 256-1024 but for one point 4.2% slower, and 2.5-8.0% slower
+on five of six points at M=2048 (best of three), and was backed out in 8df3207-021a9c7).
 
 Every output is checked against the format's reference before its time counts; times are
 CUDA-graph replays (no host launch time) cycling through weight copies larger than the L2.
