@@ -124,4 +124,15 @@ class QLinear(torch.nn.Module):
             tile = self.tiles.tile(template, template.problem(self.weight, key[0], x2.dtype))
             plan = self._plans[key] = (template, tile)
         template, tile = plan
-        return template.launch(x2.contiguous(), self.weight, tile)
+        from triton.runtime.errors import OutOfResources
+        try:
+            return template.launch(x2.contiguous(), self.weight, tile)
+        except OutOfResources as e:
+            # Which layer, which tile and what to do, rather than Triton's bare resource count: a
+            # tile the autotune cache lacks is the template's default, which on some devices does
+            # not fit (run 24: fp8 with fp32 activations at 513+ rows on Hopper).
+            w = self.weight
+            raise RuntimeError(
+                f"QLinear({w.format}, N={w.N}, K={w.K}) at {x2.shape[0]} rows (bucket {key[0]}, {x2.dtype}): "
+                f"the {template.name} tile {tile} does not fit this GPU ({e}). Record a tile that fits for "
+                f"this device with vsr-tune (or run with --miss-policy tune)") from e
