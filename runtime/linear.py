@@ -134,5 +134,6 @@ class QLinear(torch.nn.Module):
             w = self.weight
             raise RuntimeError(
                 f"QLinear({w.format}, N={w.N}, K={w.K}) at {x2.shape[0]} rows (bucket {key[0]}, {x2.dtype}): "
-                f"the {template.name} tile {tile} does not fit this GPU ({e}). Record a tile that fits for "
-                f"this device with vsr-tune (or run with --miss-policy tune)") from e
+                f"the {template.name} tile {tile} does not fit this GPU ({e}). Record tiles for this device "
+                f"into a new autotune cache with vsr-tune (or, if the cache lacks this key, run with "
+                f"--miss-policy tune)") from e
