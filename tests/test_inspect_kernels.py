@@ -227,15 +227,14 @@ def test_default_tiles_fit_the_h200s_shared_memory_on_this_triton(tmp_path):
     # device's Triton, so on any other every key starts on its default tile); and a launch that
     # would not fit is caught: the limit set one byte below what a launch was measured to take.
     got = compile_script(tmp_path, """
+import dataclasses
 import sm90_fit
-from vsr.kernels import gemm_tiles
-rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "fp8", "int4-gptq"], ["o"], [1, 16, 256, 1024, 8192],
-                      lambda r: None)
+points = (["bf16", "fp8", "int4-gptq"], ["o"], [1, 16, 256, 1024, 8192])
+rows = sm90_fit.drive(sm90_fit.Recorder(), *points, lambda r: None)
 print(sum(r["fits"] for r in rows), len(rows), all(r["kernels"] for r in rows))
 most = max(k["shared"] for r in rows for k in r["kernels"])
-gemm_tiles.SMEM_LIMIT = most - 1
-again = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "fp8", "int4-gptq"], ["o"], [1, 16, 256, 1024, 8192],
-                       lambda r: None)
+smaller = dataclasses.replace(sm90_fit.H200, shared=most - 1)   # the same tiles, a smaller GPU
+again = sm90_fit.drive(sm90_fit.Recorder(smaller), *points, lambda r: None)
 print(sum(not r["fits"] for r in again), sum(any(k["shared"] == most for k in r["kernels"]) for r in rows))
 """).split()
     assert got[:3] == ["15", "15", "True"], got
