@@ -229,14 +229,13 @@ def test_default_tiles_fit_the_h200s_shared_memory_on_this_triton(tmp_path):
     got = compile_script(tmp_path, """
 import sm90_fit
 from vsr.kernels import gemm_tiles
-rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "fp8", "int4-gptq"], ["o"], [1, 16, 256, 1024, 8192],
-                      lambda r: None)
+points = (["bf16", "fp8", "int4-gptq", "fp8@fp32"], ["o"], [1, 16, 256, 1024, 8192])
+rows = sm90_fit.drive(sm90_fit.Recorder(), *points, lambda r: None)
 print(sum(r["fits"] for r in rows), len(rows), all(r["kernels"] for r in rows))
 most = max(k["shared"] for r in rows for k in r["kernels"])
 gemm_tiles.SMEM_LIMIT = most - 1
-again = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "fp8", "int4-gptq"], ["o"], [1, 16, 256, 1024, 8192],
-                       lambda r: None)
+again = sm90_fit.drive(sm90_fit.Recorder(), *points, lambda r: None)
 print(sum(not r["fits"] for r in again), sum(any(k["shared"] == most for k in r["kernels"]) for r in rows))
 """).split()
-    assert got[:3] == ["15", "15", "True"], got
+    assert got[:3] == ["20", "20", "True"], got
     assert got[3] == got[4] and int(got[3]) >= 1, got   # exactly the launches that took the most

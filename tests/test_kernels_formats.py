@@ -283,6 +283,19 @@ def test_fp8_matches_reference(dtype, M, bias):
     assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w), tol)
 
 
+@pytest.mark.parametrize("M", [600, 2100])   # buckets 1024 (stream-K) and 4096 (persistent)
+def test_fp8_with_fp32_activations_at_large_buckets_matches_reference(M):
+    # fp8._fit_fp32_epilogue: the 128 x 256 default tiles of buckets >= 1024 at half the K step
+    # (64 fp8 columns), so that the fp32 output's epilogue fits the shared memory beside them.
+    g = gen(900 + M)
+    w = fp8_weight(g, torch.float32, True)
+    x = (torch.randn(M, K, generator=g) * 3).to(DEV)
+    tile = fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float32))
+    assert (tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]) == (128, 256, 64), tile
+    tol = FP8_GPU_TOL if DEV == "cuda" else None
+    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w), tol)
+
+
 # The interpreter rounds fp32 -> bf16 casts toward zero (Triton 3.9: 200.86 -> 200, not 201), so
 # bf16 bit-exactness is checked where the kernels really run, on the GPU.
 BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
