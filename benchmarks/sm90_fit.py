@@ -55,7 +55,8 @@ H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(
 # fp32 (the built-in router is an fp32 model: its quantized siblings run fp32 activations).
 FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16,
            "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16,
-           "fp8@fp32": torch.float32, "int4-gptq@fp32": torch.float32, "int4-awq@fp32": torch.float32}
+           "fp8@fp32": torch.float32, "int4-gptq@fp32": torch.float32, "int4-awq@fp32": torch.float32,
+           "nvfp4-emulated@fp32": torch.float32}
 TARGET = GPUTarget("cuda", 90, 32)
 # The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
 SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
@@ -116,7 +117,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                 w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt.split("@")[0], N, K, "cpu")
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
-                t = registry.template_for(w, dtype, emulate=fmt == "nvfp4-emulated")
+                t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
                     p = t.problem(w, b, dtype)
