@@ -379,7 +379,7 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
     gemv_kernel[(common.cdiv(N, bn),)](x, w, y, d if rs is None else rs, d if cs is None else cs,
                                 d if bias is None else bias, N, K, w.stride(0),
                                 HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, launch_pdl=wait,
+                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, **common.pdl_option(wait),
                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
@@ -433,7 +433,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, launch_pdl=wait,
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, **common.pdl_option(wait),
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if split > 1 and not fixup:
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
@@ -458,7 +458,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
                                         **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
-                                        launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                        **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
                 ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, num_warps=4)
@@ -468,7 +468,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
                                  programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags, BLOCK_N2=bn2,
-                                 PERSISTENT=persistent, WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                 PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache
 def multiprocessors(device: torch.device) -> int:
@@ -503,7 +503,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            WAIT=wait, FIXUP=fixup, launch_pdl=wait, num_warps=tile["num_warps"],
+                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), num_warps=tile["num_warps"],
                             num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)

@@ -239,3 +239,26 @@ print(sum(not r["fits"] for r in again), sum(any(k["shared"] == most for k in r[
 """).split()
     assert got[:3] == ["20", "20", "True"], got
     assert got[3] == got[4] and int(got[3]) >= 1, got   # exactly the launches that took the most
+
+
+AMD = (Path(os.path.dirname(triton.backends.__file__)) / "amd").exists()
+
+
+@NEEDS_CUDA_BINARIES
+@pytest.mark.skipif(not AMD, reason="this Triton has no AMD backend")
+def test_every_default_launch_compiles_for_an_mi300x(tmp_path):
+    # benchmarks/sm90_fit.py's recorder aimed at gfx942 (an AMD device of the seeds' table, 64 KB
+    # of LDS a block): each default launch passes Triton's HIP argument packing, which refused
+    # the `launch_pdl=False` the launchers used to name on every TMA launch (run 24), compiles and
+    # fits. bf16 reaches every gemm.py path but the GEMV; int4 its dequant paths and slices.
+    got = compile_script(tmp_path, """
+import sm90_fit
+from triton.backends.compiler import GPUTarget
+from vsr.kernels import common, gemm_tiles
+sm90_fit.TARGET = GPUTarget("hip", "gfx942", 64)
+sm90_fit.H200 = common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False)
+gemm_tiles.SMEM_LIMIT = 65536
+rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "int4-gptq"], ["o"], [1, 16, 64, 256, 1024, 8192], lambda r: None)
+print(sum(r["fits"] for r in rows), len(rows), sorted({r["tile"]["path"] for r in rows}))
+""").split(" ", 2)
+    assert got[:2] == ["12", "12"], got

@@ -557,8 +557,9 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
     y = torch.empty(8, N, dtype=torch.float16, device=DEV)
     for wait in (False, True):
         gemm.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
-    assert [(kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]) for _, _, kw in calls] == [(False, 0, False),
-                                                                                    (True, 4, True)]
+    # launch_pdl is named only when set: ROCm's Triton refuses a launch naming it (common.pdl_option)
+    assert [(kw["WAIT"], kw["PREFETCH"], kw.get("launch_pdl", "absent")) for _, _, kw in calls] == [
+        (False, 0, "absent"), (True, 4, True)]
 
 
 def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkeypatch):
@@ -577,9 +578,9 @@ def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkey
             gemm.launch_tma(xq, w.weight, torch.empty(M, N, dtype=torch.float16, device=DEV), tile, owner=w, wait=wait)
     seen = [(name, grid, kw.get("launch_pdl"), kw.get("WAIT")) for name, grid, kw in calls]
     assert seen == [step for wait in (False, True) for step in (
-        ("product", (3,), wait, wait), ("reduce", (1, 2), None, None),
-        ("product", (3,), wait, wait), ("reduce", (2, 2), None, None),
-        ("product", (3,), wait, wait))], seen
+        ("product", (3,), wait or None, wait), ("reduce", (1, 2), None, None),
+        ("product", (3,), wait or None, wait), ("reduce", (2, 2), None, None),
+        ("product", (3,), wait or None, wait))], seen
     assert all("RELEASE" not in kw for name, _, kw in calls if name == "reduce")
 
 
