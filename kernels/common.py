@@ -237,8 +237,8 @@ def pdl_option(wait: bool) -> dict:
     """A product's launch option for programmatic dependent launch (launch_pdl), given only when
     the launch waits: Triton's HIP backend has no such option and refuses a launch that names it,
     False included (JITFunction._pack_args, Triton 3.6 and 3.9: "Keyword argument launch_pdl was
-    specified but unrecognised"), so naming it always failed every TMA launch on ROCm (run 24,
-    benchmarks/sm90_fit.py retargeted at gfx942)."""
+    specified but unrecognised"), so naming it always failed every launch of gemm.py's kernels on
+    ROCm (run 24, benchmarks/sm90_fit.py retargeted at gfx942)."""
     return {"launch_pdl": True} if wait else {}
 
 def pdl_supported(device: torch.device) -> bool:

@@ -348,9 +348,9 @@ def _fit_fp32_epilogue(t: dict) -> dict:
     24), its 4096+ default 278,552, where the H200 gives a block 232,448. The model, pipeline
     (smem_bytes) + BLOCK_M x width x 4, is within 32 bytes of both, and of the halved tiles'
     229,408 and 204,824."""
-    while (t["path"] in gemm.TMA_PATHS and t["BLOCK_K"] > 16 and gemm_tiles.smem_bytes(t, 1, 1)
+    while (t["path"] in gemm.TMA_PATHS and t["BLOCK_K"] > 32 and gemm_tiles.smem_bytes(t, 1, 1)
            + t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4 > gemm_tiles.SMEM_LIMIT):
-        t = dict(t, BLOCK_K=t["BLOCK_K"] // 2)
+        t = dict(t, BLOCK_K=t["BLOCK_K"] // 2)   # (not below 32: an fp8 tl.dot needs K >= 32 on sm_90)
     return t
 
 

@@ -249,8 +249,9 @@ AMD = (Path(os.path.dirname(triton.backends.__file__)) / "amd").exists()
 def test_every_default_launch_compiles_for_an_mi300x(tmp_path):
     # benchmarks/sm90_fit.py's recorder aimed at gfx942 (an AMD device of the seeds' table, 64 KB
     # of LDS a block): each default launch passes Triton's HIP argument packing, which refused
-    # the `launch_pdl=False` the launchers used to name on every TMA launch (run 24), compiles and
-    # fits. bf16 reaches every gemm.py path but the GEMV; int4 its dequant paths and slices.
+    # the `launch_pdl=False` the launchers used to name on every gemm.py launch (run 24), and
+    # compiles; bf16's and int4's fit the LDS (dense fp32's TMA tiles do on Triton 3.9, not 3.6).
+    # Between them they reach launch_tma's three paths, launch_tiled (split-K) and int4's own.
     got = compile_script(tmp_path, """
 import sm90_fit
 from triton.backends.compiler import GPUTarget
@@ -258,7 +259,11 @@ from vsr.kernels import common, gemm_tiles
 sm90_fit.TARGET = GPUTarget("hip", "gfx942", 64)
 sm90_fit.H200 = common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False)
 gemm_tiles.SMEM_LIMIT = 65536
-rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "int4-gptq"], ["o"], [1, 16, 64, 256, 1024, 8192], lambda r: None)
-print(sum(r["fits"] for r in rows), len(rows), sorted({r["tile"]["path"] for r in rows}))
-""").split(" ", 2)
-    assert got[:2] == ["12", "12"], got
+rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "int4-gptq", "fp32"], ["o"], [1, 16, 64, 256, 1024, 8192],
+                      lambda r: None)
+print(len(rows), sum(r["error"] is None and bool(r["kernels"]) and all(k["shared"] is not None for k in r["kernels"])
+                     for r in rows), sum(r["fits"] for r in rows if r["format"] != "fp32"),
+      ",".join(sorted({r["tile"]["path"] for r in rows})))
+""").split()
+    assert got[:3] == ["18", "18", "12"], got
+    assert got[3] == "dequant-sk,dequant-tma,slices,splitk,tma,tma-sk,tma-swap", got

@@ -562,6 +562,22 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
         (False, 0, "absent"), (True, 4, True)]
 
 
+def test_gemv_and_tiled_launches_name_launch_pdl_only_when_waiting(monkeypatch):
+    # common.pdl_option on gemm.py's other two launch sites (ROCm's Triton refuses the option by
+    # name, False included). Recorded, not run.
+    calls = []
+    monkeypatch.setattr(gemm, "gemv_kernel", KernelSpy(calls, "gemv"))
+    monkeypatch.setattr(gemm, "tiled_gemm_kernel", KernelSpy(calls, "tiled"))
+    w = torch.randn(N, K, generator=gen(95)).half().to(DEV)
+    for wait in (False, True):
+        gemm.launch_gemv(torch.randn(1, K, generator=gen(94)).half().to(DEV), w,
+                         torch.empty(1, N, dtype=torch.float16, device=DEV), dict(TILED, BLOCK_M=1), wait=wait)
+        gemm.launch_tiled(torch.randn(8, K, generator=gen(93)).half().to(DEV), w,
+                          torch.empty(8, N, dtype=torch.float16, device=DEV), TILED, wait=wait)
+    assert [(name, kw.get("launch_pdl", "absent")) for name, _, kw in calls] == [
+        ("gemv", "absent"), ("tiled", "absent"), ("gemv", True), ("tiled", True)]
+
+
 def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkeypatch):
     # The reduction kernel runs once per leftover tile (x row chunks), only when tiles are left
     # over for it, and never as the product's programmatic dependent (that form lost, H200 run
