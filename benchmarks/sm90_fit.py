@@ -1,28 +1,29 @@
-"""Do the templates' default tiles compile for the H200 (sm_90) on this Triton, within its shared
-memory? No GPU needed.
+"""Do the templates' default tiles compile for a GPU of the device table (default the H200, sm_90)
+on this Triton, within its shared memory? No GPU needed.
 
-    python benchmarks/sm90_fit.py [--formats bf16,...] [--shapes qkv,...,minilm-down] [--buckets all]
+    python benchmarks/sm90_fit.py [--device h200|a100|l40s|mi300x] [--formats bf16,...]
+                                  [--shapes qkv,...,minilm-down] [--buckets all]
                                   [--tiles default|shipped] [--out FILE]
 
 A key the shipped cache does not hold runs its template's default tile, and the shipped cache is
-keyed by Triton version: so on any Triton but the device's (3.6) every key starts on its default
-tile. This drives each template's launcher on the CPU as it would run on the H200 (the H200's
-device features and 132 multiprocessors), catches every kernel launch, and compiles that kernel
-with the same arguments, constexprs, warps and stages for GPUTarget("cuda", 90) with Triton's
-bundled ptxas, then reads the shared memory the compiled kernel asks for. A launch that would not
-fit is reported (and the exit status is 1): on the GPU it would raise OutOfResources. Only shared
-memory is checked (a launch also needs its threads' registers). One constexpr differs from the
-H200's launch: fp8's activation quantization takes RECIPROCAL from x.is_cuda, False here (a
-kernel of no shared memory to speak of).
-`--tiles shipped` launches the shipped cache's tile of each key instead (tuned on the device's
-Triton; its default where the cache has none): whether those tiles would still fit on this Triton.
+keyed by device and Triton version: so on any other device or Triton every key starts on its
+default tile. This drives each template's launcher on the CPU as it would run on the device (its
+device features and multiprocessors, DEVICES), catches every kernel launch, and compiles that
+kernel with the same arguments, constexprs, warps and stages for the device's target through
+Triton's own argument binder, then reads the shared memory the compiled kernel asks for. A launch
+that would not fit, or that Triton's backend refuses, is reported (and the exit status is 1): on
+the GPU it would raise. Only shared memory is checked (a launch also needs its threads'
+registers). One constexpr differs from a GPU launch: fp8's activation quantization takes
+RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of).
+`--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
+device's Triton; its default where the cache has none).
 
-Run 24, Triton 3.9 here (results/sm90-fit-triton-3.9.0-2026-11-30{,-shipped}.json): all 686
-default-tile launches fit (the most, 229,408 bytes: the 128 x 256 stream-K and persistent tiles
-at 4 stages), and so do all 686 of the shipped cache's tiles. The arguments' specialization
-matters: compiled from a bare signature (as inspect_kernels.compile_cuda does), the shipped 256 x
-128 stream-K tile at 4 stages of bf16 down at bucket 256 asked for 262,176 bytes, on 3.9 and on
-the device's 3.6 alike, though it runs there.
+Run 24 (results/sm90-fit-triton-{3.9.0,3.6.0}-2026-11-30*.json, NOTES run 24 item 7): on the
+H200, 1050 of 1078 default launches fit on Triton 3.9 and 3.6 alike; the 28 that do not are fp8
+with fp32 activations at buckets 1024-8192 (327,712 / 278,552 bytes). Aimed at the MI300X, every
+launch of gemm.py's kernels was refused by Triton's HIP backend (launch_pdl). The arguments'
+specialization matters: compiled from a bare signature (as inspect_kernels.compile_cuda does), a
+shipped H200 tile that runs on the device asked for 262,176 bytes.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,10 +48,31 @@ from vsr.autotune.buckets import parse_buckets  # noqa: E402
 from vsr.autotune.device_id import DeviceIdentity  # noqa: E402
 from vsr.kernels import common, gemm, gemm_tiles, registry  # noqa: E402
 
-# The H200 as its launchers see it (common.DeviceFeatures) and its multiprocessors.
-H200 = common.DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)
-H200_SMS = 132
-H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(9, 0), multiprocessors=H200_SMS)
+@dataclass(frozen=True)
+class Device:
+    """A GPU as its launchers and Triton's compiler see it."""
+
+    name: str
+    target: GPUTarget
+    features: common.DeviceFeatures   # what the launchers ask of it (common.device_features)
+    multiprocessors: int              # a persistent or stream-K grid's size (gemm.multiprocessors)
+    shared: int                       # bytes of shared memory (LDS) a block may use, opted in
+
+
+def _nvidia(cc: tuple[int, int]) -> common.DeviceFeatures:
+    return common.DeviceFeatures(nvidia=True, capability=cc, pdl=cc >= (9, 0), hardware_e4m3=cc >= (8, 9))
+
+
+# Devices of the seeds' table. The H200's limit is the tile spaces' own (gemm_tiles.SMEM_LIMIT).
+DEVICES = {"h200": Device("NVIDIA H200", GPUTarget("cuda", 90, 32), _nvidia((9, 0)), 132, gemm_tiles.SMEM_LIMIT),
+           "a100": Device("NVIDIA A100", GPUTarget("cuda", 80, 32), _nvidia((8, 0)), 108, 166912),
+           "l40s": Device("NVIDIA L40S", GPUTarget("cuda", 89, 32), _nvidia((8, 9)), 142, 101376),
+           "mi300x": Device("AMD Instinct MI300X", GPUTarget("hip", "gfx942", 64),
+                            common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False),
+                            304, 65536)}
+H200 = DEVICES["h200"]
+# The shipped cache's device (--tiles shipped).
+H200_IDENTITY = DeviceIdentity(vendor="nvidia", name="NVIDIA H200", capability=(9, 0), multiprocessors=132)
 # The formats the H200 runs (nvfp4 W4A4 needs FP4 tensor cores), with their activation dtype: the
 # dense ones in their own, the quantized ones in bf16 and, as vsr-tune spells it (fmt@fp32), in
 # fp32 (the built-in router is an fp32 model: its quantized siblings run fp32 activations).
@@ -57,43 +80,46 @@ FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
            "int4-gptq": torch.bfloat16, "int4-awq": torch.bfloat16, "nvfp4-emulated": torch.bfloat16,
            "fp8@fp32": torch.float32, "int4-gptq@fp32": torch.float32, "int4-awq@fp32": torch.float32,
            "nvfp4-emulated@fp32": torch.float32}
-TARGET = GPUTarget("cuda", 90, 32)
 # The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
 SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
 
 
 class Recorder:
-    """Stands in for JITFunction.__getitem__: compiles each distinct launch for sm_90, once."""
+    """Stands in for JITFunction.__getitem__: compiles each distinct launch for `device`, once."""
 
-    def __init__(self):
+    def __init__(self, device: Device = H200):
+        from triton.compiler import make_backend
+        self.device = device
+        self.backend = make_backend(device.target)
+        self.binders: dict = {}   # per kernel: Triton's argument binder for this backend
         self.compiled: dict[str, dict] = {}
         self.current: list[str] = []   # the keys the launch being driven compiled
 
     def launch(self, fn, args, kwargs) -> None:
-        # Triton's own binder and argument packing for the sm_90 target (JITFunction.run's steps
-        # before a compile), so each argument is specialized as a real launch would: integers
-        # divisible by 16 and 16-byte-aligned pointers marked, which changes the compiled kernel
-        # (and its shared memory) against a bare signature.
+        # Triton's own binder and argument packing (JITFunction.run's steps before a compile), so
+        # each argument is specialized as a real launch would: integers divisible by 16 and
+        # 16-byte-aligned pointers marked, which changes the compiled kernel (and its shared
+        # memory) against a bare signature; and a launch option the backend lacks is refused.
         from triton import knobs
-        from triton.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
-        backend = make_backend(TARGET)
         kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or knobs.runtime.debug,
                       instrumentation_mode=knobs.compilation.instrumentation_mode)
         if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):   # Triton 3.9's run() sets it too
             kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-        binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+        if fn not in self.binders:
+            self.binders[fn] = create_function_from_signature(fn.signature, fn.params, self.backend)
+        bound, specialization, options = self.binders[fn](*args, **kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(self.backend, kwargs, bound, specialization, options)
         key = repr((fn.__name__, signature, sorted(constexprs.items(), key=repr), sorted(attrs.items(), key=repr),
                     sorted(options.__dict__.items(), key=repr)))
         if key not in self.compiled:
             row = {"kernel": fn.__name__, "warps": options.num_warps, "stages": options.num_stages,
                    "constexprs": {fn.params[k[0]].name: repr(v) for k, v in constexprs.items() if len(k) == 1}}
             try:
-                k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
-                row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= gemm_tiles.SMEM_LIMIT)
-            except Exception as e:  # a kernel that does not compile for sm_90 is a finding too
+                k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.device.target,
+                                   options=options.__dict__)
+                row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= self.device.shared)
+            except Exception as e:  # a kernel that does not compile for the device is a finding too
                 row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
             self.compiled[key] = row
         self.current.append(key)
@@ -101,10 +127,14 @@ class Recorder:
 
 def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False) -> list[dict]:
     """Each (format, shape, bucket)'s default tile (with `shipped`, the shipped cache's tile where
-    it has one) launched on the CPU as on the H200."""
+    it has one) launched on the CPU as on the recorder's device."""
     from triton.runtime.jit import JITFunction
+    if shipped and rec.device != H200:
+        raise ValueError("the shipped cache holds the H200's tiles: --tiles shipped is for the H200 only")
+    dev = rec.device
     patches = [(JITFunction, "__getitem__", lambda fn, grid: lambda *a, **k: rec.launch(fn, a, k)),
-               (common, "device_features", lambda device: H200), (gemm, "multiprocessors", lambda device: H200_SMS)]
+               (common, "device_features", lambda device: dev.features),
+               (gemm, "multiprocessors", lambda device: dev.multiprocessors)]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     rows = []
     try:
@@ -143,6 +173,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=sorted(DEVICES), default="h200")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--shapes", default=",".join(SHAPE_TABLE), help=f"of {', '.join(SHAPE_TABLE)}")
     ap.add_argument("--buckets", default="all")
@@ -156,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("unset TRITON_INTERPRET: the kernels must compile, not be interpreted")
     t0 = time.time()
-    rec = Recorder()
+    rec = Recorder(DEVICES[a.device])
+    if a.tiles == "shipped" and rec.device != H200:
+        ap.error("--tiles shipped is for the H200 only: the shipped cache holds its tiles")
 
     def log(r: dict) -> None:
         if not r["fits"]:
@@ -165,11 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log, a.tiles == "shipped")
     bad = [r for r in rows if not r["fits"]]
     most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"], default=None)
-    print(f"{len(rows) - len(bad)}/{len(rows)} {a.tiles}-tile launches fit sm_90's {gemm_tiles.SMEM_LIMIT} bytes "
+    print(f"{len(rows) - len(bad)}/{len(rows)} {a.tiles}-tile launches fit the {rec.device.name}'s "
+          f"{rec.device.shared} bytes "
           f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
           f"most: {most and (most['kernel'], most['shared'])})")
     if a.out:
-        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", tiles=a.tiles, commit=code_commit(),
+        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", device=rec.device.name, tiles=a.tiles,
+                                               commit=code_commit(),
                                                triton=triton.__version__,
                                                torch=torch.__version__, rows=rows,
                                                kernels=list(rec.compiled.values())), indent=1))

@@ -203,15 +203,15 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
     return first, last
 
 @triton.jit
-def _streamk_part(ws_ptr, p, last, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr):
+def _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr):
     """Program p's fp32 part of stream-K tile s at offs (its workspace slot of SLOT elements), or
-    zeros where p is past the tile's `last` program or its run holds none of the tile's units."""
+    zeros where p's run holds none of the tile's units (a p past the tile's last program, or past
+    the grid, starts its run after the tile's last unit: lo >= hi)."""
     u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
     lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
     j = s - u_lo // iters
-    held = (lo < hi) & (p <= last)
     return tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * SLOT + offs,
-                   mask=tl.where(held, live, False), other=0.0, cache_modifier=".cg")   # (`live & held`: the
+                   mask=tl.where(lo < hi, live, False), other=0.0, cache_modifier=".cg")   # (`live & held`: the
     # interpreter, Triton 3.9, refuses a mask of a tensor and a scalar so joined)
 
 @triton.jit
@@ -232,10 +232,10 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
     # 128 tile's parts took 10.9 us to add on o at M=256, its product 40.2). Still added in
     # program order: a part past `last` or of a program whose run misses the tile loads as 0.
     for p in range(first, last + 1, 4):
-        part0 = _streamk_part(ws_ptr, p, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part1 = _streamk_part(ws_ptr, p + 1, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part2 = _streamk_part(ws_ptr, p + 2, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part3 = _streamk_part(ws_ptr, p + 3, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
         acc += part0
         acc += part1
         acc += part2

@@ -31,6 +31,12 @@ def to_run_dtype(weight: Any, dtype: torch.dtype) -> Any:
     return dense.DenseWeight(weight.weight.to(dtype), None if weight.bias is None else weight.bias.to(dtype))
 
 
+def _out_of_resources() -> type:
+    """Triton's OutOfResources (imported on first need: the reference path never imports Triton)."""
+    from triton.runtime.errors import OutOfResources
+    return OutOfResources
+
+
 class QLinear(torch.nn.Module):
     """forward(x[..., K]) -> [..., N] in x's dtype."""
 
@@ -114,14 +120,25 @@ class QLinear(torch.nn.Module):
         return y.reshape(*lead, w.N)
 
     def _triton(self, x2: torch.Tensor) -> torch.Tensor:
-        # Imported here: the registry pulls in Triton, which the reference path never needs.
-        from vsr.kernels import registry
-
         key = (bucket_for(x2.shape[0]), x2.dtype)
         plan = self._plans.get(key)
         if plan is None:
+            # Imported here, once per plan: the registry pulls in Triton, which the reference path
+            # never needs (and an import statement per call is host time on every layer).
+            from vsr.kernels import registry
             template = registry.template_for(self.weight, x2.dtype, emulate=self.emulate)
             tile = self.tiles.tile(template, template.problem(self.weight, key[0], x2.dtype))
             plan = self._plans[key] = (template, tile)
         template, tile = plan
-        return template.launch(x2.contiguous(), self.weight, tile)
+        try:
+            return template.launch(x2.contiguous(), self.weight, tile)
+        except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
+            # Which layer, which tile and what to do, rather than Triton's bare resource count: a
+            # tile the autotune cache lacks is the template's default, which on some devices does
+            # not fit (run 24: fp8 with fp32 activations at 513+ rows on Hopper).
+            w = self.weight
+            raise RuntimeError(
+                f"QLinear({w.format}, N={w.N}, K={w.K}) at {x2.shape[0]} rows (bucket {key[0]}, {x2.dtype}): "
+                f"the {template.name} tile {tile} does not fit this GPU ({e}). Record tiles for this device "
+                f"into a new autotune cache with vsr-tune (or, if the cache lacks this key, run with "
+                f"--miss-policy tune)") from e

@@ -227,14 +227,14 @@ def test_default_tiles_fit_the_h200s_shared_memory_on_this_triton(tmp_path):
     # device's Triton, so on any other every key starts on its default tile); and a launch that
     # would not fit is caught: the limit set one byte below what a launch was measured to take.
     got = compile_script(tmp_path, """
+import dataclasses
 import sm90_fit
-from vsr.kernels import gemm_tiles
 points = (["bf16", "fp8", "int4-gptq", "fp8@fp32"], ["o"], [1, 16, 256, 1024, 8192])
 rows = sm90_fit.drive(sm90_fit.Recorder(), *points, lambda r: None)
 print(sum(r["fits"] for r in rows), len(rows), all(r["kernels"] for r in rows))
 most = max(k["shared"] for r in rows for k in r["kernels"])
-gemm_tiles.SMEM_LIMIT = most - 1
-again = sm90_fit.drive(sm90_fit.Recorder(), *points, lambda r: None)
+smaller = dataclasses.replace(sm90_fit.H200, shared=most - 1)   # the same tiles, a smaller GPU
+again = sm90_fit.drive(sm90_fit.Recorder(smaller), *points, lambda r: None)
 print(sum(not r["fits"] for r in again), sum(any(k["shared"] == most for k in r["kernels"]) for r in rows))
 """).split()
     assert got[:3] == ["20", "20", "True"], got
@@ -254,13 +254,8 @@ def test_every_default_launch_compiles_for_an_mi300x(tmp_path):
     # Between them they reach launch_tma's three paths, launch_tiled (split-K) and int4's own.
     got = compile_script(tmp_path, """
 import sm90_fit
-from triton.backends.compiler import GPUTarget
-from vsr.kernels import common, gemm_tiles
-sm90_fit.TARGET = GPUTarget("hip", "gfx942", 64)
-sm90_fit.H200 = common.DeviceFeatures(nvidia=False, capability=None, pdl=False, hardware_e4m3=False)
-gemm_tiles.SMEM_LIMIT = 65536
-rows = sm90_fit.drive(sm90_fit.Recorder(), ["bf16", "int4-gptq", "fp32"], ["o"], [1, 16, 64, 256, 1024, 8192],
-                      lambda r: None)
+rows = sm90_fit.drive(sm90_fit.Recorder(sm90_fit.DEVICES["mi300x"]), ["bf16", "int4-gptq", "fp32"], ["o"],
+                      [1, 16, 64, 256, 1024, 8192], lambda r: None)
 print(len(rows), sum(r["error"] is None and bool(r["kernels"]) and all(k["shared"] is not None for k in r["kernels"])
                      for r in rows), sum(r["fits"] for r in rows if r["format"] != "fp32"),
       ",".join(sorted({r["tile"]["path"] for r in rows})))

@@ -367,3 +367,24 @@ def test_qlinear_cuda_triton_bf16(tmp_path, fmt):
         r = ref(x).float()
         assert not torch.isnan(y).any()
         torch.testing.assert_close(y, r, rtol=2**-7, atol=2**-7 * r.abs().max().item())
+
+
+def test_qlinear_names_the_layer_and_tile_when_a_tile_does_not_fit_the_gpu(monkeypatch):
+    # Triton's OutOfResources only counts bytes; QLinear says which layer, rows and tile, and
+    # what to do (run 24: fp8 with fp32 activations raised it at 513+ rows on a cache miss).
+    from triton.runtime.errors import OutOfResources
+    from vsr.kernels import registry
+    gen = torch.Generator().manual_seed(5)
+    dw = dense.DenseWeight(torch.randn(7, 24, generator=gen).half())
+    lin = QLinear(dw, "triton", tiles=_DefaultTiles())
+
+    def too_big(*args, **kwargs):
+        raise OutOfResources(327712, 232448, "shared memory")
+    import dataclasses
+    failing = dataclasses.replace(registry.TEMPLATES["dense"], launch=too_big)
+    monkeypatch.setattr(registry, "template_for", lambda weight, act_dtype, emulate=False: failing)
+    with pytest.raises(RuntimeError, match=r"QLinear\(dense, N=7, K=24\) at 600 rows \(bucket 1024, "
+                                           r"torch.float16\): the dense tile .* does not fit this GPU") as e:
+        lin(torch.randn(600, 24, generator=gen).half())
+    assert "vsr-tune" in str(e.value) and "327712" in str(e.value)
+    assert isinstance(e.value.__cause__, OutOfResources)
