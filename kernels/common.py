@@ -233,6 +233,14 @@ def _device_features(device: torch.device) -> DeviceFeatures:
     nv = device.type == "cuda" and torch.version.hip is None
     return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
 
+def pdl_option(wait: bool) -> dict:
+    """A product's launch option for programmatic dependent launch (launch_pdl), given only when
+    the launch waits: Triton's HIP backend has no such option and refuses a launch that names it,
+    False included (JITFunction._pack_args, Triton 3.6 and 3.9: "Keyword argument launch_pdl was
+    specified but unrecognised"), so naming it always failed every launch of gemm.py's kernels on
+    ROCm (run 24, benchmarks/sm90_fit.py retargeted at gfx942)."""
+    return {"launch_pdl": True} if wait else {}
+
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (DeviceFeatures.pdl): NVIDIA sm_90 and newer."""
     return device_features(device).pdl

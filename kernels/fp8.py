@@ -335,6 +335,22 @@ def _default_product_tile(p: Problem) -> dict:
     if p.bucket <= 16 and t["path"] == "splitk":  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
         t["SPLIT_K"] = gemm_tiles._split_for(p.bucket, p.N, p.K, 16, 64, 256, 16, waves=8)
+    if p.act_dtype == torch.float32:
+        t = _fit_fp32_epilogue(t)
+    return t
+
+
+def _fit_fp32_epilogue(t: dict) -> dict:
+    """The tile with its K step halved until its TMA pipeline and its fp32 output tile fit the
+    shared memory together. fp32 activations give an fp32 output, which the TMA kernels' epilogue
+    stages whole in shared memory beside the pipeline: the bucket 1024-2048 default, 128 x 256 x
+    128 at 4 stages, asks 327,712 bytes on sm_90 (Triton 3.6 and 3.9; benchmarks/sm90_fit.py, run
+    24), its 4096+ default 278,552, where the H200 gives a block 232,448. The model, pipeline
+    (smem_bytes) + BLOCK_M x width x 4, is within 32 bytes of both, and of the halved tiles'
+    229,408 and 204,824."""
+    while (t["path"] in gemm.TMA_PATHS and t["BLOCK_K"] > 32 and gemm_tiles.smem_bytes(t, 1, 1)
+           + t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4 > gemm_tiles.SMEM_LIMIT):
+        t = dict(t, BLOCK_K=t["BLOCK_K"] // 2)   # (not below 32: an fp8 tl.dot needs K >= 32 on sm_90)
     return t
 
 

@@ -203,15 +203,15 @@ def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
     return first, last
 
 @triton.jit
-def _streamk_part(ws_ptr, p, last, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr):
+def _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr):
     """Program p's fp32 part of stream-K tile s at offs (its workspace slot of SLOT elements), or
-    zeros where p is past the tile's `last` program or its run holds none of the tile's units."""
+    zeros where p's run holds none of the tile's units (a p past the tile's last program, or past
+    the grid, starts its run after the tile's last unit: lo >= hi)."""
     u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
     lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
     j = s - u_lo // iters
-    held = (lo < hi) & (p <= last)
     return tl.load(ws_ptr + (_streamk_slot(p, u_lo) * 2 + j).to(tl.int64) * SLOT + offs,
-                   mask=tl.where(held, live, False), other=0.0, cache_modifier=".cg")   # (`live & held`: the
+                   mask=tl.where(lo < hi, live, False), other=0.0, cache_modifier=".cg")   # (`live & held`: the
     # interpreter, Triton 3.9, refuses a mask of a tensor and a scalar so joined)
 
 @triton.jit
@@ -232,10 +232,10 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
     # 128 tile's parts took 10.9 us to add on o at M=256, its product 40.2). Still added in
     # program order: a part past `last` or of a program whose run misses the tile loads as 0.
     for p in range(first, last + 1, 4):
-        part0 = _streamk_part(ws_ptr, p, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part1 = _streamk_part(ws_ptr, p + 1, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part2 = _streamk_part(ws_ptr, p + 2, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part3 = _streamk_part(ws_ptr, p + 3, last, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
         acc += part0
         acc += part1
         acc += part2
@@ -379,7 +379,7 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
     gemv_kernel[(common.cdiv(N, bn),)](x, w, y, d if rs is None else rs, d if cs is None else cs,
                                 d if bias is None else bias, N, K, w.stride(0),
                                 HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, launch_pdl=wait,
+                                EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, **common.pdl_option(wait),
                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
@@ -433,7 +433,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, launch_pdl=wait,
+            GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, **common.pdl_option(wait),
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if split > 1 and not fixup:
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
@@ -458,7 +458,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
                                         **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
-                                        launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                        **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
                 ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, num_warps=4)
@@ -468,7 +468,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
                                  programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags, BLOCK_N2=bn2,
-                                 PERSISTENT=persistent, WAIT=wait, **line, launch_pdl=wait, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                 PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache
 def multiprocessors(device: torch.device) -> int:
@@ -503,7 +503,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            WAIT=wait, FIXUP=fixup, launch_pdl=wait, num_warps=tile["num_warps"],
+                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), num_warps=tile["num_warps"],
                             num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)

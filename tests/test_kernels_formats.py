@@ -283,6 +283,19 @@ def test_fp8_matches_reference(dtype, M, bias):
     assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w), tol)
 
 
+@pytest.mark.parametrize("M", [600, 2100])   # buckets 1024 (stream-K) and 4096 (persistent)
+def test_fp8_with_fp32_activations_at_large_buckets_matches_reference(M):
+    # fp8._fit_fp32_epilogue: the 128 x 256 default tiles of buckets >= 1024 at half the K step
+    # (64 fp8 columns), so that the fp32 output's epilogue fits the shared memory beside them.
+    g = gen(900 + M)
+    w = fp8_weight(g, torch.float32, True)
+    x = (torch.randn(M, K, generator=g) * 3).to(DEV)
+    tile = fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float32))
+    assert (tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]) == (128, 256, 64), tile
+    tol = FP8_GPU_TOL if DEV == "cuda" else None
+    assert_close(run(fp8.launch, x, w, tile), fp8.reference_linear(x, w), tol)
+
+
 # The interpreter rounds fp32 -> bf16 casts toward zero (Triton 3.9: 200.86 -> 200, not 201), so
 # bf16 bit-exactness is checked where the kernels really run, on the GPU.
 BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
@@ -544,8 +557,25 @@ def test_launch_tma_prefetches_only_with_wait(monkeypatch):
     y = torch.empty(8, N, dtype=torch.float16, device=DEV)
     for wait in (False, True):
         gemm.launch_tma(xq, w.weight, y, dict(TMA, BLOCK_K=128), owner=w, wait=wait, prefetch=4)
-    assert [(kw["WAIT"], kw["PREFETCH"], kw["launch_pdl"]) for _, _, kw in calls] == [(False, 0, False),
-                                                                                    (True, 4, True)]
+    # launch_pdl is named only when set: ROCm's Triton refuses a launch naming it (common.pdl_option)
+    assert [(kw["WAIT"], kw["PREFETCH"], kw.get("launch_pdl", "absent")) for _, _, kw in calls] == [
+        (False, 0, "absent"), (True, 4, True)]
+
+
+def test_gemv_and_tiled_launches_name_launch_pdl_only_when_waiting(monkeypatch):
+    # common.pdl_option on gemm.py's other two launch sites (ROCm's Triton refuses the option by
+    # name, False included). Recorded, not run.
+    calls = []
+    monkeypatch.setattr(gemm, "gemv_kernel", KernelSpy(calls, "gemv"))
+    monkeypatch.setattr(gemm, "tiled_gemm_kernel", KernelSpy(calls, "tiled"))
+    w = torch.randn(N, K, generator=gen(95)).half().to(DEV)
+    for wait in (False, True):
+        gemm.launch_gemv(torch.randn(1, K, generator=gen(94)).half().to(DEV), w,
+                         torch.empty(1, N, dtype=torch.float16, device=DEV), dict(TILED, BLOCK_M=1), wait=wait)
+        gemm.launch_tiled(torch.randn(8, K, generator=gen(93)).half().to(DEV), w,
+                          torch.empty(8, N, dtype=torch.float16, device=DEV), TILED, wait=wait)
+    assert [(name, kw.get("launch_pdl", "absent")) for name, _, kw in calls] == [
+        ("gemv", "absent"), ("tiled", "absent"), ("gemv", True), ("tiled", True)]
 
 
 def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkeypatch):
@@ -564,9 +594,9 @@ def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkey
             gemm.launch_tma(xq, w.weight, torch.empty(M, N, dtype=torch.float16, device=DEV), tile, owner=w, wait=wait)
     seen = [(name, grid, kw.get("launch_pdl"), kw.get("WAIT")) for name, grid, kw in calls]
     assert seen == [step for wait in (False, True) for step in (
-        ("product", (3,), wait, wait), ("reduce", (1, 2), None, None),
-        ("product", (3,), wait, wait), ("reduce", (2, 2), None, None),
-        ("product", (3,), wait, wait))], seen
+        ("product", (3,), wait or None, wait), ("reduce", (1, 2), None, None),
+        ("product", (3,), wait or None, wait), ("reduce", (2, 2), None, None),
+        ("product", (3,), wait or None, wait))], seen
     assert all("RELEASE" not in kw for name, _, kw in calls if name == "reduce")
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vsr.autotune.buckets import ROW_BUCKETS
-from vsr.kernels import common, dense, fp8, gemm_tiles, int4, nvfp4, registry
+from vsr.autotune.shapes import SHAPES_27B, SHAPES_MINILM
+from vsr.kernels import common, dense, fp8, gemm, gemm_tiles, int4, nvfp4, registry
 from vsr.kernels.template import Template, source_hash
 
 KERNELS = Path(registry.__file__).resolve().parent
@@ -175,3 +176,18 @@ def test_every_default_tile_fits_for_every_activation_dtype(dtype):
         for b in ROW_BUCKETS:
             space = t.search_space(t.problem(wt, b, dtype))   # raises if the default tile does not fit
             assert space[0] == t.default_tile(t.problem(wt, b, dtype))
+
+
+def test_fp8_default_tiles_leave_room_for_an_fp32_output():
+    # fp32 activations give an fp32 output, which the TMA kernels' epilogue stages whole in shared
+    # memory beside the pipeline (fp8._fit_fp32_epilogue; sm_90 compiles of every launch:
+    # benchmarks/sm90_fit.py and tests/test_inspect_kernels.py). bf16 activations keep their tiles.
+    for _, N, K in SHAPES_27B + SHAPES_MINILM:
+        w = fp8.Fp8Weight(torch.empty(N, K, dtype=torch.float8_e4m3fn), torch.ones(N))
+        for b in ROW_BUCKETS:
+            t = fp8.default_tile(fp8.problem(w, b, torch.float32))
+            if t["path"] in gemm.TMA_PATHS:
+                out = t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4
+                assert gemm_tiles.smem_bytes(t, 1, 1) + out <= gemm_tiles.SMEM_LIMIT, (N, K, b, t)
+            bf16 = fp8.default_tile(fp8.problem(w, b, torch.bfloat16))
+            assert t == bf16 or (b >= 1024 and t == dict(bf16, BLOCK_K=bf16["BLOCK_K"] // 2)), (b, t, bf16)
