@@ -796,18 +796,54 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False),
                                                    (150, 1, 300, False)])
-def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
+@pytest.mark.parametrize("scale_w", [False, True])
+def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order, scale_w):
     # The nibble pairs joined back into natural K order (a wrong join order fails), one tl.dot per
     # step over x as stored; K = 300: a partial last word and a masked last step; act_order: x
-    # gathered by the weight's column permutation before the kernel.
+    # gathered by the weight's column permutation before the kernel. scale_w: the group scale on
+    # the weight tile, the products chained in one accumulator.
     g = gen(120 + M + split + symmetric)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
     # M=150: 128 rows of x on 8 warps (the join tile of buckets 128-256, here on this test's 32
     # weight rows), over two row blocks (the second partial).
     tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64 if M <= 64 else 128, SPLIT_K=split,
-                num_warps=8 if M > 64 else 4)
+                num_warps=8 if M > 64 else 4, SCALE_W=int(scale_w))
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def _rounded_weight_linear(x, w):
+    """x·Wᵀ + b with W = (u - zu)·s rounded once to x's dtype (the transient dequantization's
+    numerics, and SCALE_W's), accumulated in fp32."""
+    W = int4.dequantize(w).to(x.dtype).float()
+    xp = x if w.act_perm is None else x[:, w.act_perm]
+    return (xp.float() @ W.t() + w.bias.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
+@pytest.mark.parametrize("M,bm,split,fixup", [(300, 256, 1, 0), (70, 64, 2, 1), (20, 16, 3, 0)])
+@pytest.mark.parametrize("scale_dtype", ["x", torch.bfloat16])
+def test_int4_join_scale_w_rounds_each_weight_once(dtype, symmetric, act_order, M, bm, split, fixup, scale_dtype):
+    # SCALE_W's numerics are the transient dequantization's: each weight (u - zu)·s rounded once to
+    # x's dtype, so the output agrees with x·W_rounded to within the output's own rounding and the
+    # fp32 accumulation (held to a quarter of the template's tolerance: on the CPU at most 0.13 of
+    # it, where the unrounded reference is 0.2-0.3 away). M=300 on 256 rows of x (the
+    # tiles of buckets 256-1024); bf16 scales under fp16 x take the fp32 multiply (a bf16 scale
+    # need not be exact in fp16).
+    g = gen(160 + M + symmetric)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype)
+    if scale_dtype != "x":
+        if dtype == scale_dtype:
+            pytest.skip("the scales are already in x's dtype")
+        w = dataclasses.replace(w, scale=w.scale.to(scale_dtype))
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, FIXUP=fixup, SCALE_W=1,
+                num_warps=8 if bm > 64 else 4)
+    y = run(int4.launch, x, w, tile)
+    rtol, atol = TOL[dtype]
+    assert_close(y, _rounded_weight_linear(x, w), (rtol / 4, atol / 4))
+    assert_close(y, int4.reference_linear(x, w))
 
 
 def test_int4_join_path_refuses_fp32_activations():
