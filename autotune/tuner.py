@@ -109,7 +109,7 @@ def candidates(space: list, n: int | None) -> list:
     over its path: a share of two or more includes the path's first and last tile, a share of
     one its first; a path with fewer tiles than its turn gets them all. An even spread over the
     whole space showed a path with few tiles (int4 "join", 3-5 of 54-82) at most once, or not at
-    all (run 12). Below that n (e.g. n <= 10 for int4's five paths at buckets 32-128) the n-1
+    all (run 12). Below that n (e.g. n <= 12 for int4's six groups at buckets 32-128) the n-1
     are spread evenly over the whole rest, its first and last included. With n == 2 the one
     other tile is the last: the far end from the default."""
     if n is None or len(space) <= max(1, n):

@@ -431,12 +431,14 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
             l3, h3 = _nibble_pair_fp32(words >> 12, zc)
         v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
         w_t = tl.reshape(v, (BLOCK_N, BLOCK_K))                 # [BN, W8, c, d, e] -> k = 8·word + 4c + 2d + e
-        if SCALE_W:   # (u - zu)·s rounded once to x's dtype
+        if SCALE_W:   # (u - zu)·s in x's dtype, bit for bit as _int4_dequant_kernel makes it
             if sc_ptr.dtype.element_ty == x_ptr.dtype.element_ty:
                 # s is exact in x's dtype and so is u - zu: their exact product (at most 11 x 11
                 # bits) rounded once, in the packed half-precision multiply
                 wq = w_t.to(xt.dtype) * scale[:, None].to(xt.dtype)
-            else:   # a scale of another dtype (bf16 scales, fp16 x) may not be exact in x's
+            else:   # a scale of another dtype (bf16 scales under fp16 x, fp32 scales) may not be
+                # exact in x's: the fp32 product, then x's dtype (for fp32 scales two roundings,
+                # as in the transient dequantization)
                 wq = (w_t.to(tl.float32) * scale[:, None]).to(xt.dtype)
             acc = tl.dot(wq, xt, acc)
         else:
@@ -830,9 +832,9 @@ def _join_tiles(p: Problem) -> list[dict]:
 # Join tiles with the group scale on the weight tile (SCALE_W) per bucket: (rows of x, weight rows,
 # warps, stages, waves). The weight rows are the MMA's M side (64 a warpgroup), x's rows its N side
 # (up to 256). Shared memory per stage: x's BLOCK_K x BLOCK_M tile and the packed words; 256 rows
-# of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). A sampled pick of
-# 20 (caches/retune.sh) sees three of a bucket's four, the second left out: the likeliest first
-# and last.
+# of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). At buckets 256-1024
+# a sampled pick of 20 (caches/retune.sh) sees three of the four, the second left out: the
+# likeliest first and last (at 16-128 it sees all four).
 _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (64, 128, 4, 3, 4)),
                 128: ((64, 64, 4, 3, 8), (128, 128, 8, 3, 2), (128, 64, 4, 3, 4), (64, 128, 8, 4, 4)),
                 256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 3, 1)),

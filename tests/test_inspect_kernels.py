@@ -99,7 +99,9 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
             ik.compile_cuda(int4._int4_slices_kernel, types, dict(consts, X_SPLIT=x_split), 4, 3,
                             arch=cap[0] * 10 + cap[1])
         consts.pop("IEEE")
-        ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
+        for scale_w in (False, True):   # SCALE_W: the half-precision multiply (scales in x's dtype)
+            ik.compile_cuda(int4._int4_join_kernel, types, dict(consts, SCALE_W=scale_w), 4, 3,
+                            arch=cap[0] * 10 + cap[1])
         print("ok", cap, name, consts["PAIRS"])
 """)
     assert stdout.count("ok") == 8
