@@ -84,13 +84,17 @@ def _path(tile) -> Any:
     """The group a tile's share of the pick comes from: its path, and wide TMA tiles (BLOCK_N2) on
     their own, since they are a kernel form of their own that few tiles of the path stand for, in
     one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21);
-    stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile)."""
+    stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile);
+    int4 join tiles with the group scale on the weight tile (SCALE_W) too (run 25: a kernel form
+    whose products stay in flight across K steps, the fp32-scaled join's do not)."""
     if not isinstance(tile, dict):
         return None
     if tile.get("BLOCK_N2"):
         return tile.get("path"), "wide", tile.get("BLOCK_M")
     if tile.get("path") == "tma-sk" and tile.get("BLOCK_M", 0) >= 256:
         return "tma-sk", "tall"   # (gemm_tiles.TALL_SK_256: few, after the space's many 128-row ones)
+    if tile.get("SCALE_W"):
+        return tile.get("path"), "scale-w"
     return tile.get("path")
 
 
@@ -105,7 +109,7 @@ def candidates(space: list, n: int | None) -> list:
     over its path: a share of two or more includes the path's first and last tile, a share of
     one its first; a path with fewer tiles than its turn gets them all. An even spread over the
     whole space showed a path with few tiles (int4 "join", 3-5 of 54-82) at most once, or not at
-    all (run 12). Below that n (e.g. n <= 10 for int4's five paths at buckets 32-128) the n-1
+    all (run 12). Below that n (e.g. n <= 12 for int4's six groups at buckets 32-128) the n-1
     are spread evenly over the whole rest, its first and last included. With n == 2 the one
     other tile is the last: the far end from the default."""
     if n is None or len(space) <= max(1, n):

@@ -129,15 +129,22 @@ def cases() -> dict[str, tuple]:
     return out
 
 
-def compile_cuda(fn, types: dict, consts: dict, warps: int, stages: int, arch: int = 90):
+def compile_cuda(fn, types: dict, consts: dict, warps: int, stages: int, arch: int = 90, divisible=()):
     """fn compiled for GPUTarget("cuda", arch) (90: the H200; the tests also compile other NVIDIA
-    architectures the device table supports)."""
+    architectures the device table supports). `divisible`: the arguments specialised as divisible
+    by 16, as a launch specialises aligned pointers and strides; a bare signature (none) gives
+    unvectorised loads, and then Triton pipelines nothing (run 25 item 2)."""
     params = list(inspect.signature(fn.fn).parameters)
     unknown = set(consts) - set(params)   # (types is a pool shared by kernels: not checked)
     if unknown:   # a misspelt flag would otherwise compile the kernel's default silently
         raise ValueError(f"{fn.fn.__name__} has no parameter {', '.join(sorted(unknown))}")
-    sig, cx = {}, {}
+    unknown = set(divisible) - set(types) - set(consts)
+    if unknown:
+        raise ValueError(f"{fn.fn.__name__}: no typed argument {', '.join(sorted(unknown))} to mark divisible")
+    sig, cx, attrs = {}, {}, {}
     for i, p in enumerate(params):
+        if p in divisible and p not in consts:
+            attrs[(i,)] = [["tt.divisibility", 16]]
         if p in consts:
             sig[p], cx[(i,)] = "constexpr", consts[p]
         elif p in types:
@@ -147,7 +154,7 @@ def compile_cuda(fn, types: dict, consts: dict, warps: int, stages: int, arch: i
             if default is inspect.Parameter.empty:
                 raise ValueError(f"the case gives {fn.fn.__name__}'s parameter {p} neither a type nor a value")
             sig[p], cx[(i,)] = "constexpr", default
-    return triton.compile(ASTSource(fn, sig, cx), target=GPUTarget("cuda", arch, 32),
+    return triton.compile(ASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": warps, "num_stages": stages})
 
 

@@ -128,8 +128,9 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 # Triton template "int4_w4a16": its paths, chosen by the tile's "path".
 #   "slices"  buckets 1..128 (the default with bf16/fp16 x and groups of 128k): each nibble
 #             slice of the words its own MMA operand, x in slice order; _int4_slices_kernel.
-#   "join"    buckets 16..256, a candidate: the slices conversion joined back into natural K
-#             order, one tl.dot per step over x as stored; _int4_join_kernel.
+#   "join"    buckets 16..1024, a candidate: the slices conversion joined back into natural K
+#             order, one tl.dot per step over x as stored; _int4_join_kernel (above 256 only
+#             with SCALE_W, the group scale on the weight tile).
 #   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
 #             loads along K) and turns nibbles into floats through the mantissa of 2^23
 #             (_nibble_field), with the zero point taken once per word.
@@ -395,7 +396,8 @@ def _nibble_pair_fp32(words, zu):
 def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym,
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr):
+                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr,
+                      SCALE_W: tl.constexpr = False):
     """Path "join" (few rows): the slices path's pair conversion, with the four pairs of each word
     joined back into natural K order and ONE tl.dot of K = BLOCK_K per step over x as stored (no
     slice-order copy). tl.join puts its new axis last: joining pairs (0, 2) and (1, 3), then those
@@ -403,7 +405,12 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
     for each of its eight wgmmas per step (operand A in registers) behind 16 barriers; this one
     waits once behind 2, though its joined operand passes through shared memory (H200, run 12:
     4-11% faster than the slices default at M=16-64, 5-10% slower at M=1). Numerics as the slices
-    path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product."""
+    path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product.
+    SCALE_W: the group scale multiplies the weight tile instead, in x's dtype, so W is (u - zu)·s
+    rounded once to x's dtype (the transient dequantization's numerics) and the products chain in
+    one fp32 accumulator: with no fp32 step product to scale, Triton keeps the wgmmas in flight
+    across steps (sm_90 TTGIR, Triton 3.6 and 3.9: waits keep 7 of a step's 8 products pending, or
+    1 of 2, instead of 0) and the joined operand reaches them without its trip through shared memory."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -423,8 +430,19 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
             l2, h2 = _nibble_pair_fp32(words >> 8, zc)
             l3, h3 = _nibble_pair_fp32(words >> 12, zc)
         v = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
-        w_t = tl.reshape(v, (BLOCK_N, BLOCK_K)).to(xt.dtype)    # [BN, W8, c, d, e] -> k = 8·word + 4c + 2d + e
-        acc += tl.dot(w_t, xt) * scale[:, None]
+        w_t = tl.reshape(v, (BLOCK_N, BLOCK_K))                 # [BN, W8, c, d, e] -> k = 8·word + 4c + 2d + e
+        if SCALE_W:   # (u - zu)·s in x's dtype, bit for bit as _int4_dequant_kernel makes it
+            if sc_ptr.dtype.element_ty == x_ptr.dtype.element_ty:
+                # s is exact in x's dtype and so is u - zu: their exact product (at most 11 x 11
+                # bits) rounded once, in the packed half-precision multiply
+                wq = w_t.to(xt.dtype) * scale[:, None].to(xt.dtype)
+            else:   # a scale of another dtype (bf16 scales under fp16 x, fp32 scales) may not be
+                # exact in x's: the fp32 product, then x's dtype (for fp32 scales two roundings,
+                # as in the transient dequantization)
+                wq = (w_t.to(tl.float32) * scale[:, None]).to(xt.dtype)
+            acc = tl.dot(wq, xt, acc)
+        else:
+            acc += tl.dot(w_t.to(xt.dtype), xt) * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
 
@@ -595,7 +613,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, FIXUP=fixup,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            SCALE_W=bool(tile.get("SCALE_W", 0)), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -768,23 +786,27 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 
 def _join_tiles(p: Problem) -> list[dict]:
-    """Candidates of the join path for buckets 16..256. At 16..128 the slices path's row blocks
+    """Candidates of the join path: its SCALE_W tiles for buckets 16..1024 (_scaled_join_tiles),
+    and for buckets 16..256 these, with the scale on each step's fp32 product. At 16..128 the slices path's row blocks
     (below); at 128 and 256 also all 128 rows of a block on two warpgroups (8 warps; on 4 warps
     that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128 registers a
     thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the best join tile
     took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the dense copy's
     on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost by 1.2-1.9x,
-    so none is offered above 256.
+    so none of this form is offered above 256.
     None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
     also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
     shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
     compile and the tuner skips it."""
-    if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
+    if not 16 <= p.bucket <= 1024 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
+    scaled = _scaled_join_tiles(p)
+    if p.bucket > 256:
+        return scaled
     wide = [gemm_tiles.tile("join", 128, 128, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
                         8, 3)] if p.bucket >= 128 else []
     if p.bucket == 256:
-        return wide
+        return wide + scaled
     bm = min(64, p.bucket)
     # 64 weight rows on 4 warps (every 27B-class join pick of run 13's re-tune); 3 stages and 8
     # waves first: in run 13's tile study at M=64-128, on all four 27B shapes, the best join tile
@@ -804,7 +826,37 @@ def _join_tiles(p: Problem) -> list[dict]:
             t["FIXUP"] = 1
         if t not in out:
             out.append(t)
-    return out + wide
+    return out + wide + scaled
+
+
+# Join tiles with the group scale on the weight tile (SCALE_W) per bucket: (rows of x, weight rows,
+# warps, stages, waves). The weight rows are the MMA's M side (64 a warpgroup), x's rows its N side
+# (up to 256). Shared memory per stage: x's BLOCK_K x BLOCK_M tile and the packed words; 256 rows
+# of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). At buckets 256-1024
+# a sampled pick of 20 (caches/retune.sh) sees three of the four, the second left out: the
+# likeliest first and last (at 16-128 it sees all four).
+_SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (64, 128, 4, 3, 4)),
+                128: ((64, 64, 4, 3, 8), (128, 128, 8, 3, 2), (128, 64, 4, 3, 4), (64, 128, 8, 4, 4)),
+                256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 3, 1)),
+                1024: ((128, 128, 8, 4, 1), (256, 64, 4, 3, 1), (128, 256, 8, 3, 1), (256, 128, 8, 3, 1))}
+
+
+def _scaled_join_tiles(p: Problem) -> list[dict]:
+    """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
+    product), for buckets 16..1024: the one join form whose wgmmas Triton keeps in flight across K
+    steps (see _int4_join_kernel), so the nibble conversion can overlap the tensor cores at the
+    many-row buckets where the fp32-scaled join lost to the transient dense copy (run 13). Buckets
+    16-32 take 64's tiles on their own rows of x, 512 takes 1024's."""
+    rows = 64 if p.bucket <= 64 else 128 if p.bucket == 128 else 256 if p.bucket == 256 else 1024
+    out = []
+    for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]:
+        bm = min(bm, max(16, p.bucket))
+        t = gemm_tiles.tile("join", bm, bn, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
+                            warps, stages)
+        t["SCALE_W"] = 1
+        if t not in out:
+            out.append(t)
+    return out
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -56,6 +56,33 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
 
 
 @NEEDS_CUDA_BINARIES
+def test_int4_join_scale_w_keeps_its_products_in_flight_on_sm90(tmp_path):
+    # Why SCALE_W exists (run 25 item 2): compiled for sm_90 with its pointers and strides aligned
+    # as launched, the join kernel that scales each step's fp32 product waits for every wgmma of
+    # the step (0 pending) and stores its joined operand to shared memory each step; with the scale
+    # on the weight tile its waits leave products pending and the operand stays in registers.
+    stdout = compile_script(tmp_path, """
+import re
+from vsr.kernels import int4
+consts = dict(GROUP=128, HAS_ZP=False, HAS_BIAS=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, SPLIT_K=1,
+              GROUP_M=8, PAIRS=True, F16=False, FIXUP=False)
+aligned = ("x_ptr", "q_ptr", "sc_ptr", "zp_ptr", "y_ptr", "ws_ptr", "cnt_ptr", "bias_ptr", "K", "K8", "KG",
+           "stride_xm", "stride_ym", "KW_SPLIT")
+for scale_w in (False, True):
+    k = ik.compile_cuda(int4._int4_join_kernel, ik._INT4, dict(consts, SCALE_W=scale_w), 8, 3, divisible=aligned)
+    ttgir = k.asm["ttgir"]
+    loop = ttgir[ttgir.find("scf.for"):]
+    pending = sorted({int(n) for n in re.findall(r"warp_group_dot_wait [^\\n]*pendings = (\\d+)", loop)})
+    print("case", scale_w, max(pending), ik._stored_bytes(loop), k.metadata.shared)
+""")
+    cases = {c[1]: list(map(int, c[2:])) for c in (line.split() for line in stdout.splitlines()) if c[0] == "case"}
+    (fp32_pending, fp32_stored, fp32_smem), (sw_pending, sw_stored, sw_smem) = cases["False"], cases["True"]
+    assert fp32_pending == 0 and fp32_stored > 0, "the fp32-scaled form: waits for each step, operand via shared memory"
+    assert sw_pending > 0 and sw_stored == 0, "SCALE_W: products left in flight, no shared-memory trip"
+    assert sw_smem < fp32_smem
+
+
+@NEEDS_CUDA_BINARIES
 def test_int4_slices_and_join_compile_for_every_nvidia_architecture(tmp_path):
     # The slices and join kernels as the launcher configures them, for bf16 and fp16 x, on Ampere, Ada and
     # Hopper: sub.bf16x2 exists only from sm_90, and the first slices version failed to build on
@@ -72,7 +99,9 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
             ik.compile_cuda(int4._int4_slices_kernel, types, dict(consts, X_SPLIT=x_split), 4, 3,
                             arch=cap[0] * 10 + cap[1])
         consts.pop("IEEE")
-        ik.compile_cuda(int4._int4_join_kernel, types, consts, 4, 3, arch=cap[0] * 10 + cap[1])
+        for scale_w in (False, True):   # SCALE_W: the half-precision multiply (scales in x's dtype)
+            ik.compile_cuda(int4._int4_join_kernel, types, dict(consts, SCALE_W=scale_w), 4, 3,
+                            arch=cap[0] * 10 + cap[1])
         print("ok", cap, name, consts["PAIRS"])
 """)
     assert stdout.count("ok") == 8

@@ -796,18 +796,78 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("M,split,Kx,act_order", [(16, 1, K, False), (40, 2, K, True), (3, 3, 300, False),
                                                    (150, 1, 300, False)])
-def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order):
+@pytest.mark.parametrize("scale_w", [False, True])
+def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order, scale_w):
     # The nibble pairs joined back into natural K order (a wrong join order fails), one tl.dot per
     # step over x as stored; K = 300: a partial last word and a masked last step; act_order: x
-    # gathered by the weight's column permutation before the kernel.
+    # gathered by the weight's column permutation before the kernel. scale_w: the group scale on
+    # the weight tile, the products chained in one accumulator.
     g = gen(120 + M + split + symmetric)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
     # M=150: 128 rows of x on 8 warps (the join tile of buckets 128-256, here on this test's 32
     # weight rows), over two row blocks (the second partial).
     tile = dict(SLICES, path="join", BLOCK_M=16 if M <= 16 else 64 if M <= 64 else 128, SPLIT_K=split,
-                num_warps=8 if M > 64 else 4)
+                num_warps=8 if M > 64 else 4, SCALE_W=int(scale_w))
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+
+
+def _rounded_weight_linear(x, w):
+    """x·Wᵀ + b with W = (u - zu)·s rounded once to x's dtype (the transient dequantization's
+    numerics, and SCALE_W's), accumulated in fp32."""
+    W = int4.dequantize(w).to(x.dtype).float()
+    xp = x if w.act_perm is None else x[:, w.act_perm]
+    return (xp.float() @ W.t() + w.bias.float()).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
+@pytest.mark.parametrize("M,bm,split,fixup", [(300, 256, 1, 0), (70, 64, 2, 1), (20, 16, 3, 0)])
+@pytest.mark.parametrize("scale_dtype", ["x", torch.bfloat16])
+def test_int4_join_scale_w_rounds_each_weight_once(dtype, symmetric, act_order, M, bm, split, fixup, scale_dtype):
+    # SCALE_W's numerics are the transient dequantization's: each weight (u - zu)·s rounded to x's
+    # dtype, so the output agrees with x·W_rounded to within the output's own rounding and the
+    # fp32 accumulation (held to half the template's tolerance; the exact check is the next
+    # test). M=300 on 256 rows of x (the tiles of buckets 256-1024); bf16 scales under fp16 x take
+    # the fp32 multiply (a bf16 scale need not be exact in fp16).
+    g = gen(160 + M + symmetric)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype)
+    if scale_dtype != "x":
+        if dtype == scale_dtype:
+            pytest.skip("the scales are already in x's dtype")
+        w = dataclasses.replace(w, scale=w.scale.to(scale_dtype))
+    x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, FIXUP=fixup, SCALE_W=1,
+                num_warps=8 if bm > 64 else 4)
+    y = run(int4.launch, x, w, tile)
+    rtol, atol = TOL[dtype]
+    assert_close(y, _rounded_weight_linear(x, w), (rtol / 2, atol / 2))
+    assert_close(y, int4.reference_linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("bm,split", [(64, 1), (256, 2)])
+def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
+    # Rows of x with two ones (columns k1, k2 of the same or different groups), no bias: each
+    # output is W_rounded[n, k1] + W_rounded[n, k2], exact in fp32 (terms within 2^13 of each
+    # other), then rounded once; so with SCALE_W the output equals that bit for bit. A kernel
+    # that scaled the exact integer sum instead (the fp32-scaled form: round(s·(u1 + u2 - 2zu)))
+    # or rounded a weight twice differs on some of them.
+    g = gen(170 + bm)
+    w = int4_weight(g, 128, False, False, False, dtype)
+    M = 96
+    k = torch.stack([torch.randint(0, K, (M,), generator=g), torch.randint(0, K, (M,), generator=g)], 1)
+    k[: M // 2, 1] = (k[: M // 2, 0] // 128) * 128 + (k[: M // 2, 0] + 1 + k[: M // 2, 1] % 127) % 128   # same group
+    x = torch.zeros(M, K)
+    x[torch.arange(M)[:, None], k] = 1.0
+    assert (x.sum(1) == 2).all()
+    x = x.to(dtype).to(DEV)
+    Wr = int4.dequantize(w).to(dtype).float()
+    expect = (Wr[:, k[:, 0]] + Wr[:, k[:, 1]]).t().to(dtype)
+    tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, SCALE_W=1, num_warps=8 if bm > 64 else 4)
+    assert torch.equal(run(int4.launch, x, w, tile).cpu(), expect.cpu())
+    unrounded = int4.reference_linear(x, w).cpu()
+    assert not torch.equal(unrounded, expect.cpu()), "the case must tell a weight rounded first from one not"
 
 
 def test_int4_join_path_refuses_fp32_activations():

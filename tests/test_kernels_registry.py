@@ -122,7 +122,10 @@ def test_search_spaces_per_bucket(fmt, name, ab):
                 assert {"splitk", "gemv"} <= {c["path"] for c in space}, "the GEMV and split-K stay candidates"
             if b <= 128:
                 assert {"swap", "slices"} <= {c["path"] for c in space} or b == 1
-            assert ("join" in {c["path"] for c in space}) == (16 <= b <= 256), "join: buckets 16-256"
+            joins = [c for c in space if c["path"] == "join"]
+            assert bool(joins) == (16 <= b <= 1024), "join: buckets 16-1024"
+            assert all(c.get("SCALE_W") for c in joins) or b <= 256, "above 256 only the SCALE_W form"
+            assert any(c.get("SCALE_W") for c in joins) == bool(joins), "SCALE_W tiles wherever join is"
             xs = [c for c in space if c.get("X_SPLIT")]
             assert len(xs) == (b <= 16) and all(c["path"] == "slices" for c in xs), "X_SPLIT: buckets 1-16"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
