@@ -786,9 +786,10 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 
 def _join_tiles(p: Problem) -> list[dict]:
-    """Candidates of the join path: its SCALE_W tiles for buckets 16..1024 (_scaled_join_tiles),
-    and for buckets 16..256 these, with the scale on each step's fp32 product. At 16..128 the slices path's row blocks
-    (below); at 128 and 256 also all 128 rows of a block on two warpgroups (8 warps; on 4 warps
+    """Candidates of the join path: for buckets 16..1024 its SCALE_W tiles (_scaled_join_tiles);
+    for buckets 16..256 also tiles of the form that scales each step's fp32 product, below. At
+    16..128 these take the slices path's row blocks; at 128 and 256 also all 128 rows of a block
+    on two warpgroups (8 warps; on 4 warps
     that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128 registers a
     thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the best join tile
     took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the dense copy's

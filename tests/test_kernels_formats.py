@@ -820,11 +820,11 @@ def _rounded_weight_linear(x, w):
     return (xp.float() @ W.t() + w.bias.float()).to(x.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("dtype,scale_dtype", [(torch.float16, "x"), (torch.float16, torch.bfloat16),
+                                               pytest.param(torch.bfloat16, "x", marks=BF16_ON_GPU.marks)])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
 @pytest.mark.parametrize("M,bm,split,fixup", [(300, 256, 1, 0), (70, 64, 2, 1), (20, 16, 3, 0)])
-@pytest.mark.parametrize("scale_dtype", ["x", torch.bfloat16])
-def test_int4_join_scale_w_rounds_each_weight_once(dtype, symmetric, act_order, M, bm, split, fixup, scale_dtype):
+def test_int4_join_scale_w_rounds_each_weight_once(dtype, scale_dtype, symmetric, act_order, M, bm, split, fixup):
     # SCALE_W's numerics are the transient dequantization's: each weight (u - zu)·s rounded to x's
     # dtype, so the output agrees with x·W_rounded to within the output's own rounding and the
     # fp32 accumulation (held to half the template's tolerance; the exact check is the next
@@ -833,8 +833,6 @@ def test_int4_join_scale_w_rounds_each_weight_once(dtype, symmetric, act_order, 
     g = gen(160 + M + symmetric)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype)
     if scale_dtype != "x":
-        if dtype == scale_dtype:
-            pytest.skip("the scales are already in x's dtype")
         w = dataclasses.replace(w, scale=w.scale.to(scale_dtype))
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
     tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, FIXUP=fixup, SCALE_W=1,
