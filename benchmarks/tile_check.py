@@ -1,0 +1,142 @@
+"""Tile check: chosen tiles of a template against its reference on the GPU, several fresh inputs
+each, and the same input twice (the bytes must agree), with what each compiled kernel asks for.
+
+    python benchmarks/tile_check.py --cache caches/nvidia-h200.json [--templates int4_w4a16]
+    python benchmarks/tile_check.py --tiles '[{...}, ...]' --formats int4-awq --shapes down --rows 256
+                                    [--repeats 4] [--out FILE]
+
+--cache: for every entry of the file (of --templates; tiles of --paths), its tile and every candidate its tuning
+recorded as failing the reference check, on that key's shape, format and activation dtype, at the
+key's bucket of rows. --tiles: each tile of the JSON list on every --formats x --shapes x --rows.
+Outputs are NaN-filled first, so an element never written fails. Each compiled kernel's registers,
+spills and shared memory are read from Triton's cache after its first launch. Writes JSON
+(benchmarks/results/tile-check-<device>-<date>.json by default) and prints one line per tile.
+Exit status 1 when any tile fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import SHAPES, check, code_commit, make_weight, result_path  # noqa: E402
+
+from vsr.kernels import registry  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def compiled_kernels() -> dict:
+    """id -> (kernel name, registers, spills, shared bytes) of every kernel Triton has compiled in
+    this process for a vsr template (every @triton.jit function of the kernel modules)."""
+    from vsr.kernels import common, fp8, gemm, int4, nvfp4
+    out = {}
+    for mod in (common, gemm, fp8, int4, nvfp4):
+        for name, fn in vars(mod).items():
+            for cache in getattr(fn, "device_caches", {}).values():
+                for k in cache[0].values():
+                    out[id(k)] = (name, getattr(k, "n_regs", None), getattr(k, "n_spills", None),
+                                  getattr(k.metadata, "shared", None))
+    return out
+
+
+def format_of(key: dict) -> str:
+    """The benchmark format name of a cache key (its template and params)."""
+    params = json.loads(key["params"])
+    if key["template"] == "int4_w4a16":
+        return "int4-gptq" if params.get("symmetric") else "int4-awq"
+    return {"dense": "bf16", "fp8_w8a8": "fp8"}.get(key["template"], key["template"])
+
+
+def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[dict]:
+    out = []
+    for e in json.loads(path.read_text())["entries"]:
+        key = e["key"]
+        if templates and key["template"] not in templates:
+            continue
+        base = dict(format=format_of(key), N=key["N"], K=key["K"], M=key["bucket"], act_dtype=key["act_dtype"])
+        tiles = [(e["tile"], "shipped")] + [(c["tile"], "failed when tuned") for c in e["candidates"]
+                                            if not c["ok"] and "reference check failed" in (c["error"] or "")]
+        out += [dict(base, tile=t, why=why) for t, why in tiles if not paths or t["path"] in paths]
+    return out
+
+
+def run_case(case: dict, repeats: int, dev) -> dict:
+    x_dtype = DTYPES[case["act_dtype"]]
+    w = make_weight(case["format"], case["N"], case["K"], dev, seed=7, bias=True)
+    x = torch.randn(case["M"], case["K"], device=dev).to(x_dtype)
+    t = registry.template_for(w, x_dtype)
+    before = set(compiled_kernels())
+    bad, worst, same = 0, 0.0, True
+    for r in range(repeats):
+        if r:
+            x = torch.randn(case["M"], case["K"], device=dev).to(x_dtype)
+        ref = t.reference(x, w)
+        ys = []
+        for _ in range(2):
+            y = torch.full(ref.shape, float("nan"), dtype=ref.dtype, device=dev)
+            t.launch(x, w, dict(case["tile"]), out=y)
+            torch.cuda.synchronize()
+            ys.append(y)
+        ok, rel = check(ys[0], ref)
+        bad += not ok
+        worst = max(worst, rel) if rel == rel else float("nan")
+        same &= torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8))   # bytes: NaN == NaN
+    new = [v for k, v in compiled_kernels().items() if k not in before]
+    return dict(case, template=t.name, failed_inputs=bad, repeats=repeats, max_rel_err=worst, deterministic=same,
+                kernels=[dict(zip(("name", "registers", "spills", "shared"), v)) for v in new])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path)
+    ap.add_argument("--templates", default="", help="comma-separated template names (with --cache)")
+    ap.add_argument("--paths", default="", help="comma-separated tile paths (with --cache; default all)")
+    ap.add_argument("--tiles", help="a JSON list of tiles")
+    ap.add_argument("--formats", default="int4-gptq,int4-awq")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rows", default="256")
+    ap.add_argument("--act-dtype", default="bfloat16", choices=sorted(DTYPES))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if bool(a.cache) == bool(a.tiles):
+        ap.error("give --cache or --tiles")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    if a.cache:
+        cases = cases_from_cache(a.cache, {s for s in a.templates.split(",") if s}, {s for s in a.paths.split(",") if s})
+    else:
+        cases = [dict(format=f, N=SHAPES[s][0], K=SHAPES[s][1], M=int(m), act_dtype=a.act_dtype, tile=tile,
+                      why="asked", shape=s)
+                 for tile in json.loads(a.tiles) for f in a.formats.split(",") for s in a.shapes.split(",")
+                 for m in a.rows.split(",")]
+    rows, fails = [], 0
+    for case in cases:
+        try:
+            r = run_case(case, a.repeats, dev)
+        except Exception as e:  # a compile or launch failure is a failed tile, named
+            r = dict(case, failed_inputs=a.repeats, repeats=a.repeats, deterministic=None,
+                     error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        fails += r["failed_inputs"] > 0 or r.get("deterministic") is False
+        rows.append(r)
+        k = r.get("kernels") or [{}]
+        print(f"{r['format']:10s} {r['N']:6d} {r['K']:6d} M={r['M']:<5d} {r['act_dtype'][:4]} {r['why']:18s} "
+              f"bad {r['failed_inputs']}/{r['repeats']} det {r.get('deterministic')} "
+              f"regs {k[-1].get('registers')} spills {k[-1].get('spills')} smem {k[-1].get('shared')} "
+              f"{json.dumps(r['tile'], sort_keys=True)} {r.get('error', '')}", flush=True)
+    out = Path(a.out) if a.out else result_path("tile-check", torch.cuda.get_device_name())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "tile-check", "device": torch.cuda.get_device_name(),
+                               "torch": torch.__version__, "triton": __import__("triton").__version__,
+                               "commit": code_commit(), "rows": rows}, indent=1))
+    print(f"{len(rows) - fails}/{len(rows)} tiles passed; {out}")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
