@@ -340,23 +340,28 @@ def _default_product_tile(p: Problem) -> dict:
     return t
 
 
+def _fp32_epilogue_fits(t: dict) -> bool:
+    """Whether a tile's TMA pipeline and its fp32 output tile fit the shared memory together. fp32
+    activations give an fp32 output, which the TMA kernels' epilogue stages whole in shared memory
+    beside the pipeline: the bucket 1024-2048 default, 128 x 256 x 128 at 4 stages, asks 327,712
+    bytes on sm_90 (Triton 3.6 and 3.9; benchmarks/sm90_fit.py, run 24), its 4096+ default
+    278,552, where the H200 gives a block 232,448. The model, pipeline (smem_bytes) + BLOCK_M x
+    width x 4, is within 32 bytes of both, and of the halved tiles' 229,408 and 204,824."""
+    return (t["path"] not in gemm.TMA_PATHS or gemm_tiles.smem_bytes(t, 1, 1)
+            + t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4 <= gemm_tiles.SMEM_LIMIT)
+
+
 def _fit_fp32_epilogue(t: dict) -> dict:
-    """The tile with its K step halved until its TMA pipeline and its fp32 output tile fit the
-    shared memory together. fp32 activations give an fp32 output, which the TMA kernels' epilogue
-    stages whole in shared memory beside the pipeline: the bucket 1024-2048 default, 128 x 256 x
-    128 at 4 stages, asks 327,712 bytes on sm_90 (Triton 3.6 and 3.9; benchmarks/sm90_fit.py, run
-    24), its 4096+ default 278,552, where the H200 gives a block 232,448. The model, pipeline
-    (smem_bytes) + BLOCK_M x width x 4, is within 32 bytes of both, and of the halved tiles'
-    229,408 and 204,824."""
-    while (t["path"] in gemm.TMA_PATHS and t["BLOCK_K"] > 32 and gemm_tiles.smem_bytes(t, 1, 1)
-           + t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4 > gemm_tiles.SMEM_LIMIT):
+    """The tile with its K step halved until it fits beside its fp32 output (_fp32_epilogue_fits)."""
+    while not _fp32_epilogue_fits(t) and t["BLOCK_K"] > 32:
         t = dict(t, BLOCK_K=t["BLOCK_K"] // 2)   # (not below 32: an fp8 tl.dot needs K >= 32 on sm_90)
     return t
 
 
 def search_space(p: Problem) -> list[dict]:
     """The product tiles (gemm_tiles.gemm_space; the GEMV at one row), each with the bucket's prologue
-    knobs, default first; then the default with other prologue knobs (_prologue_variants).
+    knobs, default first (with fp32 activations only those that fit beside their fp32 output); then
+    the default with other prologue knobs (_prologue_variants).
     Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
     among the paths, each share spread over its path's tiles from the first to the last, so
     the last variant, the last tile of the default's path, is timed by any sweep giving that
@@ -366,6 +371,8 @@ def search_space(p: Problem) -> list[dict]:
     take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
     base = _default_product_tile(p)
     space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
+    if p.act_dtype == torch.float32:   # gemm_space's shared-memory bound leaves the fp32 output out
+        space = space[:1] + [t for t in space[1:] if _fp32_epilogue_fits(t)]
     if p.bucket == 1:
         gemv = [t for t in gemm_tiles.gemv_tiles(p.K, 1) if t != base]
         space = space[:1] + gemv[:1] + space[1:12] + gemv[1:] + space[12:36]

@@ -128,9 +128,9 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 # Triton template "int4_w4a16": its paths, chosen by the tile's "path".
 #   "slices"  buckets 1..128 (the default with bf16/fp16 x and groups of 128k): each nibble
 #             slice of the words its own MMA operand, x in slice order; _int4_slices_kernel.
-#   "join"    buckets 16..1024, a candidate: the slices conversion joined back into natural K
-#             order, one tl.dot per step over x as stored; _int4_join_kernel (above 256 only
-#             with SCALE_W, the group scale on the weight tile).
+#   "join"    buckets 16..256, a candidate: the slices conversion joined back into natural K
+#             order, one tl.dot per step over x as stored; _int4_join_kernel (also with
+#             SCALE_W, the group scale on the weight tile).
 #   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
 #             loads along K) and turns nibbles into floats through the mantissa of 2^23
 #             (_nibble_field), with the zero point taken once per word.
@@ -786,24 +786,22 @@ def _slices_tiles(p: Problem) -> list[dict]:
 
 
 def _join_tiles(p: Problem) -> list[dict]:
-    """Candidates of the join path: for buckets 16..1024 its SCALE_W tiles (_scaled_join_tiles);
-    for buckets 16..256 also tiles of the form that scales each step's fp32 product, below. At
-    16..128 these take the slices path's row blocks; at 128 and 256 also all 128 rows of a block
-    on two warpgroups (8 warps; on 4 warps
-    that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128 registers a
-    thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the best join tile
-    took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the dense copy's
-    on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost by 1.2-1.9x,
-    so none of this form is offered above 256.
+    """Candidates of the join path for buckets 16..256: its SCALE_W tiles (_scaled_join_tiles) and
+    tiles of the form that scales each step's fp32 product, below. At 16..128 these take the
+    slices path's row blocks; at 128 and 256 also all 128 rows of a block on two warpgroups (8
+    warps; on 4 warps that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128
+    registers a thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the
+    best join tile took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the
+    dense copy's on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost
+    by 1.2-1.9x, and so did every SCALE_W tile in run 25 (1.3-2.3x the dense copy's time): no join
+    tile is offered above 256.
     None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
     also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
     shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
     compile and the tuner skips it."""
-    if not 16 <= p.bucket <= 1024 or not _slices_ok(p) or p.act_dtype == torch.float32:
+    if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
     scaled = _scaled_join_tiles(p)
-    if p.bucket > 256:
-        return scaled
     wide = [gemm_tiles.tile("join", 128, 128, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
                         8, 3)] if p.bucket >= 128 else []
     if p.bucket == 256:
@@ -833,22 +831,26 @@ def _join_tiles(p: Problem) -> list[dict]:
 # Join tiles with the group scale on the weight tile (SCALE_W) per bucket: (rows of x, weight rows,
 # warps, stages, waves). The weight rows are the MMA's M side (64 a warpgroup), x's rows its N side
 # (up to 256). Shared memory per stage: x's BLOCK_K x BLOCK_M tile and the packed words; 256 rows
-# of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). At buckets 256-1024
-# a sampled pick of 20 (caches/retune.sh) sees three of the four, the second left out: the
-# likeliest first and last (at 16-128 it sees all four).
+# of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). At bucket 256 a
+# sampled pick of 20 (caches/retune.sh) sees three of the four, the second left out: the likeliest
+# first and last (at 16-128 it sees all four).
+# The 256 x 128 tile runs 2 stages, not 3: at 3 stages (222,208 bytes of shared memory, 254
+# registers) Triton 3.6's kernel with zero points (AWQ) gave wrong outputs that differed from run to
+# run on the H200 whenever K was split (run 26, benchmarks/tile_check.py; run 25's tuner had
+# refused it on every AWQ key for the same reason), though the same tile passed with one split, at 2
+# stages, and without zero points. Not understood; the 2-stage tile passed everywhere.
 _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (64, 128, 4, 3, 4)),
                 128: ((64, 64, 4, 3, 8), (128, 128, 8, 3, 2), (128, 64, 4, 3, 4), (64, 128, 8, 4, 4)),
-                256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 3, 1)),
-                1024: ((128, 128, 8, 4, 1), (256, 64, 4, 3, 1), (128, 256, 8, 3, 1), (256, 128, 8, 3, 1))}
+                256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 2, 1))}
 
 
 def _scaled_join_tiles(p: Problem) -> list[dict]:
     """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
-    product), for buckets 16..1024: the one join form whose wgmmas Triton keeps in flight across K
+    product), for buckets 16..256: the one join form whose wgmmas Triton keeps in flight across K
     steps (see _int4_join_kernel), so the nibble conversion can overlap the tensor cores at the
     many-row buckets where the fp32-scaled join lost to the transient dense copy (run 13). Buckets
-    16-32 take 64's tiles on their own rows of x, 512 takes 1024's."""
-    rows = 64 if p.bucket <= 64 else 128 if p.bucket == 128 else 256 if p.bucket == 256 else 1024
+    16-32 take 64's tiles on their own rows of x."""
+    rows = 64 if p.bucket <= 64 else p.bucket
     out = []
     for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]:
         bm = min(bm, max(16, p.bucket))

@@ -197,15 +197,15 @@ def test_tall_stream_k_tiles_get_a_share_of_the_pick_of_their_own():
 def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     # The int4 join's SCALE_W tiles are a group of their own (a kernel form whose products stay in
     # flight, which the fp32-scaled join's do not): the 20-tile pick of caches/retune.sh sees all
-    # four at bucket 128 beside the fp32-scaled ones, and three of four at 256 and 1024 (the first
-    # and last among them), where the fp32-scaled form is offered at 256 only.
+    # four at bucket 128 beside the fp32-scaled ones, and three of four at 256 (the first and last
+    # among them).
     import dataclasses
     from vsr.autotune import synth
     from vsr.autotune.tuner import _path, candidates
     from vsr.kernels import registry
     t = registry.TEMPLATES["int4_w4a16"]
     w = synth.random_weight("int4", 64, 256, dict(group=128, symmetric=True), torch.bfloat16)
-    for bucket, seen in ((128, 4), (256, 3), (1024, 3)):
+    for bucket, seen in ((128, 4), (256, 3)):
         p = dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120)
         space = t.search_space(p)
         scaled = [c for c in space if c.get("SCALE_W")]
@@ -213,4 +213,4 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
         pick = candidates(space, 20)
         got = [c for c in pick if c.get("SCALE_W")]
         assert len(got) == seen and got[0] == scaled[0] and got[-1] == scaled[-1], (bucket, got)
-        assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick) == (bucket <= 256)
+        assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
