@@ -157,12 +157,16 @@ def _check_device(device: str | None, as_json: bool) -> None:
                                       "error stops.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
               help="How many labels and probabilities to show per request.")
+@click.option("--cuda-graphs", is_flag=True,
+              help="GPU only: capture each batch shape (requests x padded tokens) as a CUDA graph on first use "
+                   "and replay it after: less host time per batch when shapes repeat (long --input streams); "
+                   "the same answers, bit for bit.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
 @click.option("--check-device", is_flag=True,
               help="Show this device and which formats it runs, refuses (with the reason) or runs unmeasured.")
 @reports_errors
 def run(package, texts, input_file, as_json, dtype, revision, device, allow_unverified, emulate, self_check,
-        autotune_cache, miss_policy, top_k, list_only, check_device):
+        autotune_cache, miss_policy, top_k, cuda_graphs, list_only, check_device):
     """Answer each request with PACKAGE (default vsr/intent-minilm): its top choice and probabilities.
 
     PACKAGE is a built-in name (see --list) or a package folder. The device is checked
@@ -181,16 +185,18 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
         raise click.UsageError("give requests with --text TEXT or --input FILE (or run --self-check)")
 
     requests = _read_requests(texts, input_file)
+    dev = device or _default_device()
+    if cuda_graphs and not str(dev).startswith("cuda"):
+        raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {dev})")
 
     from vsr.runtime.package import open_package
-    dev = device or _default_device()
     pkg = open_package(package, revision=revision, allow_unverified=allow_unverified, device=dev, emulate=emulate)
     try:
         from vsr.runtime.engine import load_engine
     except ImportError as e:
         raise PackageError(f"the inference engine (vsr.runtime.engine) is not available in this install: {e}")
     engine = load_engine(pkg, device=dev, dtype=dtype, emulate=emulate, autotune_cache=autotune_cache,
-                         miss_policy=miss_policy)
+                         miss_policy=miss_policy, cuda_graphs=cuda_graphs)
     mode = engine.mode
     if pkg.support == "emulated" and mode != "emulated":
         raise PackageError(f"the device check chose the emulation but the engine runs {mode!r}; refusing "

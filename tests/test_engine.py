@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from tinypkgs import (CALIBRATION, ROUTER_LABELS, TEST_TEXTS, Pkg, compressed, minilm_router,  # noqa: F401
-                      needs_llmcompressor, tiny_qwen3)
+                      needs_llmcompressor, random_bert, tiny_qwen3)
 from vsr.runtime.compress import compress_package
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError, RequestError
@@ -150,6 +150,38 @@ def test_cuda_engine_runs_triton_and_agrees_with_the_reference(tiny_qwen3):  # n
     f32 = load_engine(Pkg(tiny_qwen3), device="cuda", dtype="float32")
     torch.testing.assert_close(f32.forward(TEST_TEXTS), load_engine(Pkg(tiny_qwen3)).forward(TEST_TEXTS),
                                atol=1e-4, rtol=1e-3)
+
+
+def test_cuda_graphs_need_a_cuda_device(tiny_qwen3):  # noqa: F811
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        load_engine(Pkg(tiny_qwen3), cuda_graphs=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("package,dtype", [("tiny_qwen3", "auto"), ("random_bert", "auto"),
+                                           ("random_bert", "bfloat16")])
+def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, request, monkeypatch):
+    # Each batch shape is captured once and replayed after; the answers are the eager engine's
+    # bytes, first call and replays alike. Batches of 1, 2, 3 and 32 requests (a 35-text list is
+    # a batch of 32 and one of 3), and with room for two graphs only, shapes evicted and captured again.
+    from vsr.runtime import engine as engine_mod
+    pkg = Pkg(request.getfixturevalue(package))
+    eager = load_engine(pkg, device="cuda", dtype=dtype)
+    graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
+    assert eager.graphed is None and graphed.graphed is not None
+    lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3]]
+    for texts in lists:
+        assert torch.equal(graphed.forward(texts), eager.forward(texts)), texts
+    shapes = len(graphed.graphed.graphs)
+    assert graphed.graphed.captures == shapes >= 3   # the last two lists replayed their graphs
+    for texts in lists:   # second pass: every shape replayed
+        assert torch.equal(graphed.forward(texts), eager.forward(texts))
+    assert graphed.graphed.captures == shapes
+    small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2)
+    monkeypatch.setattr(graphed, "graphed", small)
+    for texts in lists + lists:
+        assert torch.equal(graphed.forward(texts), eager.forward(texts))
+    assert len(small.graphs) == 2 and small.captures > shapes
 
 
 def test_a_broken_package_releases_its_safetensors_handles(tmp_path, minilm_router, monkeypatch):  # noqa: F811

