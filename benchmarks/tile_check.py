@@ -8,7 +8,9 @@ each, and the same input twice (the bytes must agree), with what each compiled k
 --cache: for every entry of the file (of --templates; tiles of --paths), its tile and every candidate its tuning
 recorded as failing the reference check, on that key's shape, format and activation dtype, at the
 key's bucket of rows. --tiles: each tile of the JSON list on every --formats x --shapes x --rows.
-Outputs are NaN-filled first, so an element never written fails. Each compiled kernel's registers,
+Outputs are NaN-filled first, so an element never written fails; the check and its tolerance are
+the tuner's (vsr.autotune.tuner.check_output, tolerance_for), and a dense weight runs in the
+activations' dtype, as the runtime converts it. Each compiled kernel's registers,
 spills and shared memory are read from Triton's cache after its first launch. Writes JSON
 (benchmarks/results/tile-check-<device>-<date>.json by default) and prints one line per tile.
 Exit status 1 when any tile fails.
@@ -23,9 +25,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, check, code_commit, make_weight, result_path  # noqa: E402
+from common_bench import SHAPES, code_commit, make_weight, result_path  # noqa: E402
 
+from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.tuner import check_output, same_bytes, tolerance_for  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
+from vsr.runtime.linear import to_run_dtype  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -67,11 +72,13 @@ def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[d
 
 def run_case(case: dict, repeats: int, dev) -> dict:
     x_dtype = DTYPES[case["act_dtype"]]
-    w = make_weight(case["format"], case["N"], case["K"], dev, seed=7, bias=True)
+    # A dense weight runs in the activations' dtype (the runtime converts it once at load).
+    w = to_run_dtype(make_weight(case["format"], case["N"], case["K"], dev, seed=7, bias=True), x_dtype)
     x = torch.randn(case["M"], case["K"], device=dev).to(x_dtype)
     t = registry.template_for(w, x_dtype)
+    bound = tolerance_for(t.problem(w, bucket_for(case["M"]), x_dtype), x_dtype)   # the tuner's own check
     before = set(compiled_kernels())
-    bad, worst, same = 0, 0.0, True
+    bad, reasons, same = 0, [], True
     for r in range(repeats):
         if r:
             x = torch.randn(case["M"], case["K"], device=dev).to(x_dtype)
@@ -82,12 +89,12 @@ def run_case(case: dict, repeats: int, dev) -> dict:
             t.launch(x, w, dict(case["tile"]), out=y)
             torch.cuda.synchronize()
             ys.append(y)
-        ok, rel = check(ys[0], ref)
-        bad += not ok
-        worst = max(worst, rel) if rel == rel else float("nan")
-        same &= torch.equal(ys[0].view(torch.uint8), ys[1].view(torch.uint8))   # bytes: NaN == NaN
+        reason = check_output(ys[0], ref, x_dtype, bound)
+        bad += reason is not None
+        reasons += [reason] if reason else []
+        same &= same_bytes(ys[0], ys[1])
     new = [v for k, v in compiled_kernels().items() if k not in before]
-    return dict(case, template=t.name, failed_inputs=bad, repeats=repeats, max_rel_err=worst, deterministic=same,
+    return dict(case, template=t.name, failed_inputs=bad, repeats=repeats, reasons=reasons, deterministic=same,
                 kernels=[dict(zip(("name", "registers", "spills", "shared"), v)) for v in new])
 
 
@@ -128,7 +135,8 @@ def main() -> int:
         print(f"{r['format']:10s} {r['N']:6d} {r['K']:6d} M={r['M']:<5d} {r['act_dtype'][:4]} {r['why']:18s} "
               f"bad {r['failed_inputs']}/{r['repeats']} det {r.get('deterministic')} "
               f"regs {k[-1].get('registers')} spills {k[-1].get('spills')} smem {k[-1].get('shared')} "
-              f"{json.dumps(r['tile'], sort_keys=True)} {r.get('error', '')}", flush=True)
+              f"{json.dumps(r['tile'], sort_keys=True)} {r.get('error', '')}{'; '.join(r.get('reasons') or [])[:200]}",
+              flush=True)
     out = Path(a.out) if a.out else result_path("tile-check", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "tile-check", "device": torch.cuda.get_device_name(),
