@@ -8,7 +8,7 @@ run by the Triton templates with the shipped autotune cache, in fp32 (the packag
 and bf16. For each batch (1 short request, 1 long one, 32 requests) it times
 Engine.forward (tokenization, the forward and the copy of the answers to the CPU included),
 median of --reps calls after a warm-up that also captures the graph, and checks that both
-engines give the same bytes. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
+engines give the same bytes, on the capturing call and after the timed replays. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
 default) and prints a table.
 """
 from __future__ import annotations
@@ -61,10 +61,12 @@ def main() -> int:
         graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
         for name, texts in batches().items():
             want = eager.forward(texts)
-            same = torch.equal(graphed.forward(texts), want)   # the first call captures
+            first = torch.equal(graphed.forward(texts), want)   # the first call captures
             tokens = max(len(t) for t in eager.tokenizer.encode_checked(texts))
-            for provider, eng in (("vsr-eager", eager), ("vsr-graphs", graphed)):
-                ms = median_ms(lambda: eng.forward(texts), a.reps)
+            times = {p: median_ms(lambda: e.forward(texts), a.reps)
+                     for p, e in (("vsr-eager", eager), ("vsr-graphs", graphed))}
+            same = first and torch.equal(graphed.forward(texts), want) and torch.equal(eager.forward(texts), want)
+            for provider, ms in times.items():
                 rows.append({"format": "bf16" if dtype == "bfloat16" else "fp32", "shape": "minilm-random",
                              "batch": name, "requests": len(texts), "tokens": tokens, "provider": provider,
                              "ms": ms, "graph": provider == "vsr-graphs", "checked": same})
@@ -73,7 +75,8 @@ def main() -> int:
     out = Path(a.out) if a.out else result_path("engine", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "engine", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "triton": __import__("triton").__version__, "commit": code_commit(), "rows": rows},
+                               "triton": __import__("triton").__version__, "commit": code_commit(), "reps": a.reps,
+                               "rows": rows},
                               indent=1))
     print("| dtype | batch | eager ms | graphs ms | speedup |\n|---|---|---|---|---|")
     for e, g in zip(rows[::2], rows[1::2]):

