@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, code_commit, make_weight, result_path  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
+from vsr.autotune.keys import CacheKey  # noqa: E402
+from vsr.autotune.shapes import format_label  # noqa: E402
 from vsr.autotune.tuner import check_output, same_bytes, tolerance_for  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
 from vsr.runtime.linear import to_run_dtype  # noqa: E402
@@ -49,21 +51,13 @@ def compiled_kernels() -> dict:
     return out
 
 
-def format_of(key: dict) -> str:
-    """The benchmark format name of a cache key (its template and params)."""
-    params = json.loads(key["params"])
-    if key["template"] == "int4_w4a16":
-        return "int4-gptq" if params.get("symmetric") else "int4-awq"
-    return {"dense": "bf16", "fp8_w8a8": "fp8"}.get(key["template"], key["template"])
-
-
 def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[dict]:
     out = []
     for e in json.loads(path.read_text())["entries"]:
         key = e["key"]
         if templates and key["template"] not in templates:
             continue
-        base = dict(format=format_of(key), N=key["N"], K=key["K"], M=key["bucket"], act_dtype=key["act_dtype"])
+        base = dict(format=format_label(CacheKey.from_dict(key)), N=key["N"], K=key["K"], M=key["bucket"], act_dtype=key["act_dtype"])
         tiles = [(e["tile"], "shipped")] + [(c["tile"], "failed when tuned") for c in e["candidates"]
                                             if not c["ok"] and "reference check failed" in (c["error"] or "")]
         out += [dict(base, tile=t, why=why) for t, why in tiles if not paths or t["path"] in paths]
