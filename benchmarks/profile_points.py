@@ -2,18 +2,19 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section MemoryWorkloadAnalysis -o REPORT \\
-        python benchmarks/profile_points.py [--points o:256,down:256] [--tiles FILE] [--gluon]
+        python benchmarks/profile_points.py [--format bf16] [--points o:256,down:256] [--tiles FILE] [--gluon]
     ncu --import REPORT.ncu-rep --csv --page raw > counters.csv
 
 Each case of each point runs once outside the profiled range (compilation, autotune lookup),
 then once inside it, in an NVTX range named "<shape>:<M> <case>". The report lists the kernels
 in launch order, case by case as the script prints them (run 23: ncu 2025.3.1's
-`--print-nvtx-rename kernel` left the kernels' own names in the raw page). Cases: cuBLAS bf16 (`x @ w.t()`), vsr's
-shipped tile (the H200 cache; the template's default tile where it holds none), the tiles of
---tiles (a JSON list of {"name": ..., "tile": {...}}, dense template), and with --gluon the
-warp-specialised Gluon study kernel (gluon_ws.py) on its best 128 x 128 form of run 22.
-Every output is checked against the dense reference (common_bench.check, the benchmarks'
-tolerance) before its range is profiled.
+`--print-nvtx-rename kernel` left the kernels' own names in the raw page). Cases: cuBLAS bf16
+(`x @ w.t()` on a bf16 weight of the same shape), vsr's shipped tile for --format (a record
+name of BENCHMARKS.md: bf16, fp8, int4-gptq, int4-awq; the H200 cache's tile, the template's
+default where it holds none), the tiles of --tiles (a JSON list of {"name": ..., "tile": {...}}
+for that format's template), and with --gluon (bf16 only) the warp-specialised Gluon study
+kernel (gluon_ws.py) on its best 128 x 128 form of run 22. Every output is checked against its
+format's reference (common_bench.check, the benchmarks' tolerance) before its range is profiled.
 Nsight Compute flushes the caches before each replayed pass, so each kernel starts with its
 weight in memory, not in L2, as the benchmarks' weight copies arrange.
 """
@@ -36,35 +37,41 @@ from vsr.kernels import registry  # noqa: E402
 GLUON_TILE = dict(BM=128, BN=128, BK=64, stages=7, warps=8)
 
 
-def cases(t, x, w, extra: list[dict], gluon: bool) -> list[tuple[str, object]]:
-    """(name, zero-argument call returning y) for each case of one point."""
+def cases(t, x, w, wd, extra: list[dict], gluon: bool) -> list[tuple[str, object, object]]:
+    """(name, zero-argument call returning y, its reference) for each case of one point: cuBLAS
+    on the bf16 weight wd, the others on w in t's format."""
     p = t.problem(w, bucket_for(x.shape[0]), x.dtype)
     tile = shipped_tile(t, p, x.device) or t.default_tile(p)
-    out = [("cublas", lambda: x @ w.weight.t()), ("vsr shipped", lambda: t.launch(x, w, tile))]
-    out += [(e["name"], lambda e=e: t.launch(x, w, e["tile"])) for e in extra]
+    ref, ref_d = t.reference(x, w), wd.weight.float()
+    out = [("cublas", lambda: x @ wd.weight.t(), (x.float() @ ref_d.t()).to(x.dtype)),
+           ("vsr shipped", lambda: t.launch(x, w, tile), ref)]
+    out += [(e["name"], lambda e=e: t.launch(x, w, e["tile"]), ref) for e in extra]
     if gluon:
         import gluon_ws
-        out.append(("gluon ws 128x128 s7", lambda: gluon_ws.ws_gemm(x, w.weight, GLUON_TILE)))
+        out.append(("gluon ws 128x128 s7", lambda: gluon_ws.ws_gemm(x, wd.weight, GLUON_TILE), out[0][2]))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--points", default="o:256,down:256", help="shape:M, comma-separated")
-    ap.add_argument("--tiles", default=None, help="JSON file: a list of {name, tile} (dense template)")
-    ap.add_argument("--gluon", action="store_true", help="also the Gluon warp-specialised study kernel")
+    ap.add_argument("--format", default="bf16", choices=("bf16", "fp8", "int4-gptq", "int4-awq"),
+                    help="the weight format of vsr's cases (cuBLAS always runs bf16)")
+    ap.add_argument("--tiles", default=None, help="JSON file: a list of {name, tile} for the format's template")
+    ap.add_argument("--gluon", action="store_true", help="also the Gluon warp-specialised study kernel (bf16)")
     a = ap.parse_args(argv)
+    if a.gluon and a.format != "bf16":
+        ap.error("--gluon profiles the bf16 study kernel: use it with --format bf16")
     extra = json.loads(Path(a.tiles).read_text()) if a.tiles else []
-    t = registry.TEMPLATES["dense"]
     dev = torch.device("cuda")
     bad = 0
     for point in a.points.split(","):
         sh, m = point.split(":")
         N, K = SHAPES[sh]
-        w = make_weight("bf16", N, K, dev, seed=0)
+        wd, w = make_weight("bf16", N, K, dev, seed=0), make_weight(a.format, N, K, dev, seed=0)
+        t = registry.template_for(w, torch.bfloat16)
         x = torch.randn(int(m), K, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
-        ref = t.reference(x, w)
-        for name, call in cases(t, x, w, extra, a.gluon):
+        for name, call, ref in cases(t, x, w, wd, extra, a.gluon):
             ok, err = check(call(), ref)
             bad += not ok
             print(f"{point:10} {name:28} rel_err {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
