@@ -1,6 +1,6 @@
 """Engine benchmark: a whole forward of a router, eager against CUDA graphs (Engine cuda_graphs).
 
-    python benchmarks/bench_engine.py [--reps 50] [--out FILE]
+    python benchmarks/bench_engine.py [--reps 50] [--package NAME=DIR ...] [--out FILE]
 
 The model is a random BERT of the built-in router's shape (all-MiniLM-L6-v2: hidden 384, 6
 layers, 12 heads, MLP 1536; tests/tinypkgs.build_random_bert, so no MiniLM wheel is needed),
@@ -10,6 +10,11 @@ Engine.forward (tokenization, the forward and the copy of the answers to the CPU
 median of --reps calls after a warm-up that also captures the graph, and checks that both
 engines give the same bytes, on the capturing call and after the timed replays. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
 default) and prints a table.
+
+--package NAME=DIR (repeatable) adds a compressed-tensors package of that model, run in bf16
+and named NAME in the rows' "format": the quantized forms, compressed where llm-compressor is
+installed (vsr.runtime.compress, e.g. FP8_DYNAMIC, W4A16, W4A16_ASYM of tests/tinypkgs'
+random BERT) and carried to a GPU machine without it.
 """
 from __future__ import annotations
 
@@ -52,11 +57,19 @@ def median_ms(fn, reps: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--package", action="append", default=[], metavar="NAME=DIR",
+                    help="also a (quantized) package of the same model, run in bf16")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     pkg = Pkg(build_random_bert(Path(tempfile.mkdtemp()) / "random-bert"))
+    runs = [("fp32", pkg, "float32"), ("bf16", pkg, "bfloat16")]
+    for spec in a.package:
+        name, sep, path = spec.partition("=")
+        if not sep or not Path(path, "config.json").is_file():
+            ap.error(f"--package {spec!r}: want NAME=DIR, DIR a package folder with a config.json")
+        runs.append((name, Pkg(Path(path)), "bfloat16"))
     rows = []
-    for dtype in ("float32", "bfloat16"):
+    for fmt, pkg, dtype in runs:
         eager = load_engine(pkg, device="cuda", dtype=dtype)
         graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
         for name, texts in batches().items():
@@ -67,10 +80,10 @@ def main() -> int:
                      for p, e in (("vsr-eager", eager), ("vsr-graphs", graphed))}
             same = first and torch.equal(graphed.forward(texts), want) and torch.equal(eager.forward(texts), want)
             for provider, ms in times.items():
-                rows.append({"format": "bf16" if dtype == "bfloat16" else "fp32", "shape": "minilm-random",
+                rows.append({"format": fmt, "shape": "minilm-random",
                              "batch": name, "requests": len(texts), "tokens": tokens, "provider": provider,
                              "ms": ms, "graph": provider == "vsr-graphs", "checked": same})
-                print(f"{dtype:9s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:10s} {ms:7.3f} ms "
+                print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:10s} {ms:7.3f} ms "
                       f"same bytes {same}", flush=True)
     out = Path(a.out) if a.out else result_path("engine", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +91,7 @@ def main() -> int:
                                "triton": __import__("triton").__version__, "commit": code_commit(), "reps": a.reps,
                                "rows": rows},
                               indent=1))
-    print("| dtype | batch | eager ms | graphs ms | speedup |\n|---|---|---|---|---|")
+    print("| format | batch | eager ms | graphs ms | speedup |\n|---|---|---|---|---|")
     for e, g in zip(rows[::2], rows[1::2]):
         print(f"| {e['format']} | {e['batch']} ({e['requests']} x {e['tokens']}) | {e['ms']:.3f} | {g['ms']:.3f} "
               f"| {e['ms'] / g['ms']:.2f}x |")
