@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         N, K = SHAPES[sh]
         wd, w = make_weight("bf16", N, K, dev, seed=0), make_weight(a.format, N, K, dev, seed=0)
         t = registry.template_for(w, torch.bfloat16)
-        x = torch.randn(int(m), K, device=dev, generator=torch.Generator(dev).manual_seed(0)).to(torch.bfloat16)
+        # seed 1: make_weight draws seed 0's stream on the same device, and x drawn from it too would
+        # line up with the weight's rows (run 27: fp8's fast accumulation then misses the check)
+        x = torch.randn(int(m), K, device=dev, generator=torch.Generator(dev).manual_seed(1)).to(torch.bfloat16)
         for name, call, ref in cases(t, x, w, wd, extra, a.gluon):
             ok, err = check(call(), ref)
             bad += not ok

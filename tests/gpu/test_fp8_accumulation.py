@@ -4,15 +4,17 @@ On Hopper an fp8 `tl.dot` adds its products into the accumulator in the tensor c
 precision (Triton's default there), as `_scaled_mm(..., use_fast_accum=True)` does. On random
 inputs the rounding errors cancel; on an input aligned with a weight row (one long dot product
 without cancellation) they add up: run 27 measured 8-23% of that output at K = 5120-17408, for
-vsr and for the peer alike (benchmarks/fp8_accuracy.py). This test holds every kernel path of the
-fp8 template to the peer's error on such an input, so a path that accumulated worse (bf16 partial
-sums, a lost promotion) fails, and to the tuner's bound on a random one.
+vsr and for the peer alike (benchmarks/fp8_accuracy.py). This test holds one tile of each kernel
+form of the fp8 template (path, wide or not, persistent or not) at four row buckets to the peer's
+error on such an input, so a form that accumulated worse (bf16 partial sums, parts added in
+lower precision) fails, and to the tuner's bound on a random one.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE
 from vsr.kernels import fp8
 
@@ -28,20 +30,20 @@ def _weight(dev) -> fp8.Fp8Weight:
     return fp8.Fp8Weight(codes, scale)
 
 
-def _tiles(M: int) -> dict[str, dict]:
-    """One tile of each path the fp8 space offers at M's bucket."""
-    p = fp8.problem(_weight(torch.device("cuda")), M, torch.bfloat16)
-    out: dict[str, dict] = {}
+def _tiles(M: int) -> dict[tuple, dict]:
+    """One tile of each form (path, wide, persistent) the fp8 space offers at M's bucket."""
+    p = fp8.problem(_weight(torch.device("cuda")), bucket_for(M), torch.bfloat16)
+    out: dict[tuple, dict] = {}
     for t in fp8.search_space(p):
-        out.setdefault(t["path"], t)
+        out.setdefault((t["path"], "BLOCK_N2" in t, bool(t.get("PERSISTENT", 0))), t)
     return out
 
 
-@pytest.mark.parametrize("M", [1, 16, 256])
+@pytest.mark.parametrize("M", [1, 16, 256, 1024])
 def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M):
     dev = torch.device("cuda")
-    if torch.cuda.get_device_capability(dev) < (8, 9):
-        pytest.skip("fp8 tensor cores need compute capability 8.9+")
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        pytest.skip("the fp8 TMA and wgmma forms need compute capability 9.0+")
     w = _weight(dev)
     g = torch.Generator(dev).manual_seed(4)
     row0 = w.weight[0].float() * w.weight_scale[0].float()
@@ -56,11 +58,11 @@ def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M):
 
     tiles = _tiles(M)
     assert tiles, "the fp8 search space is empty"
-    for path, tile in tiles.items():
+    for form, tile in tiles.items():
         y = fp8.launch(aligned, w, tile).float()
         err = ((y[:, 0] - ref[:, 0]).abs() / ref[:, 0].abs()).max().item()
         assert err <= peer_err * 1.05 + 2e-3, f"{tile}: aligned-row error {err:.3e} against the peer's {peer_err:.3e}"
         r_ref = fp8.reference_linear(rnd, w).float()
         rtol, atol = FP8_OPERAND_TOLERANCE
         yr = fp8.launch(rnd, w, tile).float()
-        assert ((yr - r_ref).abs() <= atol * r_ref.abs().max() + rtol * r_ref.abs()).all(), f"{path}: random input"
+        assert ((yr - r_ref).abs() <= atol * r_ref.abs().max() + rtol * r_ref.abs()).all(), f"{form}: random input"
