@@ -91,8 +91,8 @@ def child(points: list[tuple[str, int]], p: int | None) -> list[dict]:
         N, K = SHAPES[sh]
         w = make_weight("fp8", N, K, dev, seed=0)
         t = registry.template_for(w, torch.bfloat16)
-        tile = shipped_tile(t, t.problem(w, bucket_for(M), torch.bfloat16), dev) or t.default_tile(
-            t.problem(w, bucket_for(M), torch.bfloat16))
+        prob = t.problem(w, bucket_for(M), torch.bfloat16)
+        tile = shipped_tile(t, prob, dev) or t.default_tile(prob)
         for name, x in inputs(w, M, K, dev).items():
             ref = fp8mod.reference_linear(x, w)
             row = {"shape": sh, "M": M, "input": name, "promote": p, "tile": tile,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vsr.autotune.buckets import bucket_for
-from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE
+from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, check_output
 from vsr.kernels import fp8
 
 pytestmark = pytest.mark.gpu
@@ -40,29 +40,26 @@ def _tiles(M: int) -> dict[tuple, dict]:
 
 
 @pytest.mark.parametrize("M", [1, 16, 256, 1024])
-def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M):
+def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M, bench_script):
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) < (9, 0):
         pytest.skip("the fp8 TMA and wgmma forms need compute capability 9.0+")
+    study = bench_script("fp8_accuracy")   # its inputs: x random, and x aligned with weight row 0
     w = _weight(dev)
-    g = torch.Generator(dev).manual_seed(4)
-    row0 = w.weight[0].float() * w.weight_scale[0].float()
-    aligned = (row0[None, :] / row0.abs().max() * 3 + 0.1 * torch.randn(M, K, generator=g, device=dev)).bfloat16()
-    rnd = torch.randn(M, K, generator=g, device=dev).bfloat16()
+    xs = study.inputs(w, M, K, dev)
+    aligned, rnd = xs["aligned"], xs["random"]
 
     xq, s = fp8.quantize_activation(aligned)
     peer = torch._scaled_mm(xq, w.weight.t(), s.float(), w.weight_scale.float()[None, :],
-                            out_dtype=torch.bfloat16, use_fast_accum=True).float()
-    ref = fp8.reference_linear(aligned, w).float()
-    peer_err = ((peer[:, 0] - ref[:, 0]).abs() / ref[:, 0].abs()).max().item()
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+    ref = fp8.reference_linear(aligned, w)
+    peer_err = study.errors(peer, ref, aligned=True)["row0"]
 
     tiles = _tiles(M)
     assert tiles, "the fp8 search space is empty"
     for form, tile in tiles.items():
-        y = fp8.launch(aligned, w, tile).float()
-        err = ((y[:, 0] - ref[:, 0]).abs() / ref[:, 0].abs()).max().item()
+        err = study.errors(fp8.launch(aligned, w, tile), ref, aligned=True)["row0"]
         assert err <= peer_err * 1.05 + 2e-3, f"{tile}: aligned-row error {err:.3e} against the peer's {peer_err:.3e}"
-        r_ref = fp8.reference_linear(rnd, w).float()
-        rtol, atol = FP8_OPERAND_TOLERANCE
-        yr = fp8.launch(rnd, w, tile).float()
-        assert ((yr - r_ref).abs() <= atol * r_ref.abs().max() + rtol * r_ref.abs()).all(), f"{form}: random input"
+        bad = check_output(fp8.launch(rnd, w, tile), fp8.reference_linear(rnd, w), torch.bfloat16,
+                           FP8_OPERAND_TOLERANCE)
+        assert bad is None, f"{form}: random input: {bad}"
