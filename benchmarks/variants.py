@@ -2,7 +2,7 @@
 
     python benchmarks/variants.py [--study int4-x,int4-join,int4-join-wide,int4-join-tiles,streamk,fp8-prologue,
                                    fixup,int4-fixup-tiles,capture-counters,int4-x-split,wide,wide-64,
-                                   wide-few,sk-256,sk-reduce]
+                                   wide-few,sk-256,sk-reduce,int4-m1]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
 
@@ -525,6 +525,63 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
+# The int4-m1 study's tiles (run 28). Slices: (BLOCK_N, warps, split, stages, FIXUP) at 16 rows of
+# x: programs of 1-2 warps on 16-64 weight rows (Triton builds mma.sync there), split 4-16, to
+# put more warps in flight than the shipped 640 programs of 2 warps on qkv (13% of the warp slots
+# under Nsight Compute, run 27). GEMV: (BLOCK_N, BLOCK_K, warps, split) with 16-64 rows a program,
+# so that each thread's x columns serve more weight rows (the shipped GEMV tiles hold 4-16).
+M1_SLICES = tuple((bn, w, s, st, f) for bn, w in ((16, 1), (32, 1), (32, 2), (64, 1), (64, 2))
+                  for s in (4, 8, 16) for st, f in ((3, 0), (5, 0), (3, 1)))
+M1_GEMV = tuple((bn, bk, w, s) for bn in (16, 32, 64) for bk, w in ((256, 4), (512, 4), (512, 8)) for s in (1, 2))
+
+
+M1_FORMATS = tuple(os.environ.get("VSR_M1_FORMATS", "int4-gptq").split(","))
+
+
+@contextlib.contextmanager
+def _no_slice_copy():
+    """int4.launch with x already in slice order: the slices product (and its reduction) without
+    the copy, to time what the copy costs inside a graph."""
+    shipped = int4.slice_order
+    int4.slice_order = lambda x, bk: x
+    try:
+        yield
+    finally:
+        int4.slice_order = shipped
+
+
+def study_int4_m1(shapes, ms, log):
+    """int4 at M=1 (GPTQ; AWQ with M1_FORMATS): the shipped tile, the shipped slices tile without
+    x's slice-order copy (x handed over already in slice order), then the M1_SLICES and M1_GEMV
+    tiles."""
+    rows = []
+    t = registry.TEMPLATES["int4_w4a16"]
+    for sh, N, K, M, x, ws, base in _points("int4-m1", M1_FORMATS, shapes, ms, rows, log):
+        for fmt in M1_FORMATS:
+            ids = dict(study="int4-m1", format=fmt, shape=sh, M=M)
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            shipped = _shipped_tile(t, p)
+            name = "shipped" if shipped is not None else "default"
+            shipped = shipped or t.default_tile(p)
+            ref = t.reference(x, ws[fmt][0])
+            if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
+                xs = int4.slice_order(x, shipped["BLOCK_K"])
+                with _no_slice_copy():
+                    rows.append(timed_case(dict(ids, variant=f"{name}, no x copy", tile=shipped),
+                                           lambda x_, w, tile, out=None: t.launch(xs, w, tile, out=out),
+                                           x, shipped, ws[fmt], ref, base))
+                log(rows[-1])
+            cases = [(name, shipped)]
+            for bn, warps, split, st, fix in M1_SLICES:
+                if K // split >= 2 * 128:
+                    tile = gemm_tiles.tile("slices", 16, bn, 128, split, warps, st)
+                    cases.append(("slices", dict(tile, FIXUP=1) if fix else tile))
+            for bn, bk, warps, split in M1_GEMV:
+                cases.append(("gemv", gemm_tiles.tile("gemv", 1, bn, bk, split, warps, 2)))
+            _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
+    return rows
+
+
 def _wide_name(w: dict) -> str:
     return f"wide {w['BLOCK_M']}x{w['BLOCK_N']}+{w['BLOCK_N2']} w{w['num_warps']} s{w['num_stages']}"
 
@@ -541,7 +598,7 @@ def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128), name=_wide_na
             # fp8's prologue knobs: the shipped tile's, else the bucket's defaults (fp8 only)
             knobs = ({k: v for k, v in shipped.items() if k in ("PRO_WARPS", "PDL")} if shipped
                      else fp8.prologue_defaults(bucket_for(M)) if fmt == "fp8" else {})
-            cases = [("shipped", shipped)] if shipped is not None else []
+            cases = [(name, shipped)]
             cases += [(name(w), dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, study=study, format=fmt, shape=sh, M=M)
     return rows
@@ -666,7 +723,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "capture-counters": (study_capture_counters, "1,16,64"),
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
-           "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024")}
+           "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
+           "int4-m1": (study_int4_m1, "1")}
 
 
 # Seconds between rewrites of the results file while a study runs.
