@@ -525,19 +525,6 @@ def study_int4_x_split(shapes, ms, log):
     return rows
 
 
-# The int4-m1 study's tiles (run 28). Slices: (BLOCK_N, warps, split, stages, FIXUP) at 16 rows of
-# x: programs of 1-2 warps on 16-64 weight rows (Triton builds mma.sync there), split 4-16, to
-# put more warps in flight than the shipped 640 programs of 2 warps on qkv (13% of the warp slots
-# under Nsight Compute, run 27). GEMV: (BLOCK_N, BLOCK_K, warps, split) with 16-64 rows a program,
-# so that each thread's x columns serve more weight rows (the shipped GEMV tiles hold 4-16).
-M1_SLICES = tuple((bn, w, s, st, f) for bn, w in ((64, 2), (128, 2), (128, 4), (256, 4), (256, 8))
-                  for s in (2, 4, 8) for st, f in ((3, 0), (4, 0), (2, 0)))
-M1_GEMV = ()
-
-
-M1_FORMATS = tuple(os.environ.get("VSR_M1_FORMATS", "int4-gptq").split(","))
-
-
 @contextlib.contextmanager
 def _no_slice_copy():
     """int4.launch with x already in slice order: the slices product (and its reduction) without
@@ -551,41 +538,33 @@ def _no_slice_copy():
 
 
 def study_int4_m1(shapes, ms, log):
-    """int4 at M=1 (GPTQ; AWQ with M1_FORMATS): the shipped tile, the shipped slices tile without
-    x's slice-order copy (x handed over already in slice order), then the M1_SLICES and M1_GEMV
-    tiles."""
+    """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile; where it is a slices tile, the same
+    with its eight slice products on two accumulators (CHAINS=2), and both without x's slice-order
+    copy (x handed over already in slice order). The first two forms of this study (commits 76a54f0,
+    82d3a38) also timed the no-copy product with its weight held in the L2 and the M1_SLICES and
+    M1_GEMV tiles."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
-    for sh, N, K, M, x, ws, base in _points("int4-m1", M1_FORMATS, shapes, ms, rows, log):
-        for fmt in M1_FORMATS:
+    for sh, N, K, M, x, ws, base in _points("int4-m1", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
+        for fmt in ("int4-gptq", "int4-awq"):
             ids = dict(study="int4-m1", format=fmt, shape=sh, M=M)
             p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
             shipped = _shipped_tile(t, p)
             name = "shipped" if shipped is not None else "default"
             shipped = shipped or t.default_tile(p)
             ref = t.reference(x, ws[fmt][0])
+            cases = [(name, shipped)]
+            if shipped["path"] == "slices":
+                cases.append((f"{name}, CHAINS=2", dict(shipped, CHAINS=2)))
+            _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
             if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
                 xs = int4.slice_order(x, shipped["BLOCK_K"])
-                with _no_slice_copy():
-                    rows.append(timed_case(dict(ids, variant=f"{name}, no x copy", tile=shipped),
-                                           lambda x_, w, tile, out=None: t.launch(xs, w, tile, out=out),
-                                           x, shipped, ws[fmt], ref, base))
-                log(rows[-1])
-                # The same with one weight copy, which stays in the L2 across replays (26 MB on
-                # qkv): what the product costs when the weight's DRAM reads are taken away.
-                with _no_slice_copy():
-                    rows.append(timed_case(dict(ids, variant=f"{name}, no x copy, weight in L2", tile=shipped),
-                                           lambda x_, w, tile, out=None: t.launch(xs, w, tile, out=out),
-                                           x, shipped, ws[fmt][:1], ref, base))
-                log(rows[-1])
-            cases = [(name, shipped)]
-            for bn, warps, split, st, fix in M1_SLICES:
-                if K // split >= 2 * 128:
-                    tile = gemm_tiles.tile("slices", 16, bn, 128, split, warps, st)
-                    cases.append(("slices", dict(tile, FIXUP=1) if fix else tile))
-            for bn, bk, warps, split in M1_GEMV:
-                cases.append(("gemv", gemm_tiles.tile("gemv", 1, bn, bk, split, warps, 2)))
-            _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
+                for label, tile in cases:
+                    with _no_slice_copy():
+                        rows.append(timed_case(dict(ids, variant=f"{label}, no x copy", tile=tile),
+                                               lambda x_, w, tile, out=None: t.launch(xs, w, tile, out=out),
+                                               x, tile, ws[fmt], ref, base))
+                    log(rows[-1])
     return rows
 
 
@@ -731,7 +710,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "int4-m1": (study_int4_m1, "1")}
+           "int4-m1": (study_int4_m1, "1,16")}
 
 
 # Seconds between rewrites of the results file while a study runs.

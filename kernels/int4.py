@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm_tiles
+from vsr.kernels import common, gemm, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -312,7 +312,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, CHAINS: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -345,20 +345,26 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                   tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
                   tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # CHAINS == 2's second chain
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
                 part = tl.dot(lo, xs[j], part)
-                part = tl.dot(hi, xs[j + 4], part)
+                if CHAINS == 2:
+                    part2 = tl.dot(hi, xs[j + 4], part2)
+                else:
+                    part = tl.dot(hi, xs[j + 4], part)
         else:
             zf = zu.to(tl.float32)
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                if IEEE:
-                    part = tl.dot(wj, xj, part, input_precision="ieee")
+                if CHAINS == 2 and j % 2 == 1:
+                    part2 = gemm._dot(wj, xj, part2, IEEE)
                 else:
-                    part = tl.dot(wj, xj, part)
+                    part = gemm._dot(wj, xj, part, IEEE)
+        if CHAINS == 2:
+            part += part2
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -604,7 +610,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, CHAINS=tile.get("CHAINS", 1), num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
