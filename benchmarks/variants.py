@@ -584,7 +584,7 @@ def _wide_study(study, shapes, ms, log, wide_tiles, bks=(64, 128), name=_wide_na
             # fp8's prologue knobs: the shipped tile's, else the bucket's defaults (fp8 only)
             knobs = ({k: v for k, v in shipped.items() if k in ("PRO_WARPS", "PDL")} if shipped
                      else fp8.prologue_defaults(bucket_for(M)) if fmt == "fp8" else {})
-            cases = [(name, shipped)]
+            cases = [("shipped", shipped)] if shipped is not None else []
             cases += [(name(w), dict(w, **knobs)) for w in wide_tiles(bk, bucket_for(M))]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, study=study, format=fmt, shape=sh, M=M)
     return rows

@@ -331,7 +331,11 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices)."""
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices).
+    CHAINS (tile field, 1 or 2): the step's eight products chained on one accumulator, or the odd
+    slices' on a second one added before the scale (more MMAs in flight: under Nsight Compute the
+    M=1 product is latency-bound at 13% of the warp slots, run 27; with its weight held in the L2
+    it is only 1-9% faster, run 28)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -789,6 +793,11 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins.
     if p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
+    # At buckets <= 16 the first two also with their eight slice products on two accumulators
+    # (CHAINS; H200 run 28, variants.py --study int4-m1, the shipped slices tiles at M = 1-16: AWQ
+    # 1-6% faster, GPTQ within 1.6% either way; not measured at more rows).
+    if p.bucket <= 16:
+        out += [dict(t, CHAINS=2) for t in out[:2]]
     return out
 
 

@@ -462,3 +462,17 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
         x = torch.randn(r["M"], 256, device=DEV).half()
         with variants._reduce_form(None):
             assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
+
+
+def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape):
+    # int4-m1 (run 28): the default slices tile, the same on two accumulators, and both with x
+    # handed over already in slice order (the copy taken out of the call), every case checked;
+    # the shipped slice_order is back afterwards.
+    on_a_tiny_shape(64, 1024, copies=1)
+    shipped_order = variants.int4.slice_order
+    rows = variants.study_int4_m1(["tiny"], [1], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
+    assert [r["variant"] for r in cases if r["format"] == "int4-awq"] == [
+        "default", "default, CHAINS=2", "default, no x copy", "default, CHAINS=2, no x copy"]
+    assert variants.int4.slice_order is shipped_order
