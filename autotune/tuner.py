@@ -86,9 +86,7 @@ def _path(tile) -> Any:
     one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21);
     stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile);
     int4 join tiles with the group scale on the weight tile (SCALE_W) too (run 25: a kernel form
-    whose products stay in flight across K steps, the fp32-scaled join's do not), and int4 slices
-    tiles on two accumulators (CHAINS, run 28: two tiles, which a share of the slices path's
-    would show at most once)."""
+    whose products stay in flight across K steps, the fp32-scaled join's do not)."""
     if not isinstance(tile, dict):
         return None
     if tile.get("BLOCK_N2"):
@@ -97,8 +95,6 @@ def _path(tile) -> Any:
         return "tma-sk", "tall"   # (gemm_tiles.TALL_SK_256: few, after the space's many 128-row ones)
     if tile.get("SCALE_W"):
         return tile.get("path"), "scale-w"
-    if tile.get("CHAINS", 1) > 1:
-        return tile.get("path"), "chains"
     return tile.get("path")
 
 

@@ -538,11 +538,12 @@ def _no_slice_copy():
 
 
 def study_int4_m1(shapes, ms, log):
-    """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile; where it is a slices tile, the same
-    with its eight slice products on two accumulators (CHAINS=2), and both without x's slice-order
-    copy (x handed over already in slice order). The first two forms of this study (commits 76a54f0,
-    82d3a38) also timed the no-copy product with its weight held in the L2 and the M1_SLICES and
-    M1_GEMV tiles."""
+    """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile and, where it is a slices tile,
+    the same without x's slice-order copy (x handed over already in slice order). Earlier forms of
+    this study: 76a54f0 and 82d3a38 also timed the no-copy product with its weight held in the L2,
+    and slices tiles of 1-8 warps on 16-256 weight rows and GEMV tiles of 16-64 rows beside the
+    shipped ones; 12f7247 the slices kernel's products on two accumulators (a tile field then,
+    now the AWQ form)."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-m1", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
@@ -554,8 +555,6 @@ def study_int4_m1(shapes, ms, log):
             shipped = shipped or t.default_tile(p)
             ref = t.reference(x, ws[fmt][0])
             cases = [(name, shipped)]
-            if shipped["path"] == "slices":
-                cases.append((f"{name}, CHAINS=2", dict(shipped, CHAINS=2)))
             _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
             if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
                 xs = int4.slice_order(x, shipped["BLOCK_K"])

@@ -312,7 +312,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, CHAINS: tl.constexpr):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -332,10 +332,12 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
     step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices).
-    CHAINS (tile field, 1 or 2): the step's eight products chained on one accumulator, or the odd
-    slices' on a second one added before the scale (more MMAs in flight: under Nsight Compute the
-    M=1 product is latency-bound at 13% of the warp slots, run 27; with its weight held in the L2
-    it is only 1-9% faster, run 28)."""
+    With a zero point (AWQ) the odd slices' products go to a second accumulator, added to the
+    first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
+    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ 0-6%
+    faster on 7 of 8 points (0.5% slower on gate_up M=16), GPTQ within 1.6% either way, so the
+    symmetric form keeps one chain. (Under Nsight Compute the M=1 product is latency-bound at 13%
+    of the warp slots, run 27; with its weight held in the L2 it is only 1-9% faster, run 28.)"""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -349,12 +351,12 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                   tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
                   tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # CHAINS == 2's second chain
+        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # the second chain (HAS_ZP)
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
                 part = tl.dot(lo, xs[j], part)
-                if CHAINS == 2:
+                if HAS_ZP:
                     part2 = tl.dot(hi, xs[j + 4], part2)
                 else:
                     part = tl.dot(hi, xs[j + 4], part)
@@ -363,11 +365,11 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                if CHAINS == 2 and j % 2 == 1:
+                if HAS_ZP and j % 2 == 1:
                     part2 = gemm._dot(wj, xj, part2, IEEE)
                 else:
                     part = gemm._dot(wj, xj, part, IEEE)
-        if CHAINS == 2:
+        if HAS_ZP:
             part += part2
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
@@ -614,8 +616,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, CHAINS=tile.get("CHAINS", 1), num_warps=tile["num_warps"],
-            num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
@@ -793,11 +794,6 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins.
     if p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
-    # At buckets <= 16 the first two also with their eight slice products on two accumulators
-    # (CHAINS; H200 run 28, variants.py --study int4-m1, the shipped slices tiles at M = 1-16: AWQ
-    # 1-6% faster, GPTQ within 1.6% either way; not measured at more rows).
-    if p.bucket <= 16:
-        out += [dict(t, CHAINS=2) for t in out[:2]]
     return out
 
 

@@ -214,16 +214,3 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
         got = [c for c in pick if c.get("SCALE_W")]
         assert len(got) == seen and got[0] == scaled[0] and got[-1] == scaled[-1], (bucket, got)
         assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
-    # So are the slices tiles on two accumulators (CHAINS, offered at buckets 1-16): the 20-tile
-    # pick sees both, beside one-chain slices tiles.
-    for bucket in (1, 16, 32):
-        p = dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120)
-        space = t.search_space(p)
-        chains = [c for c in space if c.get("CHAINS") == 2]
-        if bucket > 16:
-            assert not chains
-            continue
-        assert len(chains) == 2 and {_path(c) for c in chains} == {("slices", "chains")}
-        pick = candidates(space, 20)
-        assert [c for c in pick if c.get("CHAINS")] == chains, bucket
-        assert any(c["path"] == "slices" and not c.get("CHAINS") for c in pick)

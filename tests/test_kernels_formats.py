@@ -774,20 +774,6 @@ def test_int4_slices_path_uneven_k(dtype):
     assert_close(run(int4.launch, x, w, dict(SLICES, SPLIT_K=3)), int4.reference_linear(x, w))
 
 
-@pytest.mark.parametrize("dtype,M,split,Kx,symmetric", [
-    (torch.float16, 1, 2, K, True), pytest.param(torch.bfloat16, 5, 1, K, False, marks=BF16_ON_GPU.marks),
-    (torch.float16, 70, 1, K, False), (torch.float32, 3, 3, 300, True)])
-def test_int4_slices_two_chains(dtype, M, split, Kx, symmetric):
-    # CHAINS=2: each step's eight slice products on two accumulators (the odd slices on the second),
-    # added before the group scale: the reference's sum in another order (K = 300: a partial last
-    # word, a masked last block; fp32 x through the IEEE products).
-    g = gen(150 + M + split)
-    w = int4_weight(g, 128, symmetric, False, True, dtype, Kx=Kx)
-    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, BLOCK_M=16 if M < 40 else 64, SPLIT_K=split, CHAINS=2)
-    assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
-
-
 @pytest.mark.parametrize("dtype,M,split,Kx,symmetric,act_order", [
     (torch.float16, 1, 1, K, True, False), pytest.param(torch.bfloat16, 5, 2, K, False, True, marks=BF16_ON_GPU.marks), (torch.float16, 70, 2, K, False, False),
     (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False)])
