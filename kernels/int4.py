@@ -312,7 +312,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, X_ROW: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -331,7 +331,9 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices).
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices);
+    with one row of x (X_ROW, the launcher's choice when M == 1) only that row is loaded, slice j
+    taking column j of the operand (_x_row_slices).
     With a zero point (AWQ) the odd slices' products go to a second accumulator, added to the
     first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
     (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ 0-6%
@@ -343,7 +345,9 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
-        if X_SPLIT:
+        if X_ROW:
+            xs = _x_row_slices(x_ptr, kw0 * 8, K, BLOCK_M, BLOCK_K)
+        elif X_SPLIT:
             xs = _x_slices(x_ptr, rm, stride_xm, kw0 * 8, K, BLOCK_M, BLOCK_K)
         else:
             x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
@@ -372,6 +376,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
         if HAS_ZP:
             part += part2
         acc += part * scale[:, None]
+    if X_ROW:   # slice j's sums are in column j: the row's result is their sum (row 0, the only one stored)
+        acc = tl.broadcast_to(tl.sum(acc, axis=1)[:, None], (BLOCK_N, BLOCK_M))
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
 
@@ -393,6 +399,25 @@ def _x_slices(x_ptr, rm, stride_xm, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.co
     x3, x7 = tl.split(d1e1)
     return (tl.trans(x0), tl.trans(x1), tl.trans(x2), tl.trans(x3), tl.trans(x4), tl.trans(x5), tl.trans(x6),
             tl.trans(x7))
+
+
+@triton.jit
+def _x_row_slices(x_ptr, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """X_SPLIT's operands for x of one row (M == 1, X_ROW): the row's BK columns from k0 loaded once
+    as t[w, c] = x[k0 + 8·w + c] (c < 8; columns past K and c >= 8 read as zero), and slice j's
+    operand t with every column but c = j zeroed. The step's eight products then leave slice j's
+    partial sum in column j of the accumulator (the kernel adds the columns up at the end), and
+    neither a slice-order copy nor fifteen padded rows of x are loaded (run 28: the copy is
+    2.3-3.3 us of an M=1 call). Broadcasting each slice to the BM columns instead cost a
+    shared-memory store per element (inspect_kernels: 434 main-loop instructions against 289)."""
+    w = tl.arange(0, BLOCK_K // 8)[:, None]
+    c = tl.arange(0, BLOCK_M)[None, :]
+    k = k0 + 8 * w + c
+    t = tl.load(x_ptr + k, mask=(c < 8) & (k < K), other=0.0)
+    zero = tl.zeros_like(t)
+    return (tl.where(c == 0, t, zero), tl.where(c == 1, t, zero), tl.where(c == 2, t, zero),
+            tl.where(c == 3, t, zero), tl.where(c == 4, t, zero), tl.where(c == 5, t, zero),
+            tl.where(c == 6, t, zero), tl.where(c == 7, t, zero))
 
 
 @triton.jit
@@ -616,7 +641,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and M == 1, num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.

@@ -776,11 +776,14 @@ def test_int4_slices_path_uneven_k(dtype):
 
 @pytest.mark.parametrize("dtype,M,split,Kx,symmetric,act_order", [
     (torch.float16, 1, 1, K, True, False), pytest.param(torch.bfloat16, 5, 2, K, False, True, marks=BF16_ON_GPU.marks), (torch.float16, 70, 2, K, False, False),
-    (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False)])
+    (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False),
+    (torch.float16, 1, 3, 300, False, True), (torch.float32, 1, 2, 300, True, False)])
 def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order, monkeypatch):
     # X_SPLIT: x as stored, each step's block split into its eight slices in registers, instead of
     # the slice-order copy: the same operands in the same order, so the same bytes (a slice taken
-    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block.
+    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block. M=1:
+    # the one-row form (X_ROW: slice j's sums in column j, added up at the end), the same sum in
+    # another order: within the tolerance of the reference, and the same bytes twice.
     g = gen(130 + M + split)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
@@ -789,7 +792,11 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
     assert_close(copied, int4.reference_linear(x, w))
     monkeypatch.setattr(int4, "slice_order", lambda *a: pytest.fail("X_SPLIT made the slice-order copy"))
     split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
-    assert torch.equal(split_x, copied)
+    if M == 1:
+        assert_close(split_x, int4.reference_linear(x, w))
+        assert torch.equal(run(int4.launch, x, w, dict(tile, X_SPLIT=1)), split_x)
+    else:
+        assert torch.equal(split_x, copied)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
