@@ -563,7 +563,7 @@ def study_int4_m1(shapes, ms, log):
             _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
             if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
                 xs = int4.slice_order(x, shipped["BLOCK_K"])
-                for label, tile in cases:
+                for label, tile in [c for c in cases if not c[1].get("X_SPLIT")]:
                     with _no_slice_copy():
                         rows.append(timed_case(dict(ids, variant=f"{label}, no x copy", tile=tile),
                                                lambda x_, w, tile, out=None: t.launch(xs, w, tile, out=out),
