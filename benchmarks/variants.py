@@ -543,8 +543,8 @@ def study_int4_m1(shapes, ms, log):
     this study: 76a54f0 and 82d3a38 also timed the no-copy product with its weight held in the L2,
     and slices tiles of 1-8 warps on 16-256 weight rows and GEMV tiles of 16-64 rows beside the
     shipped ones; 12f7247 the slices kernel's products on two accumulators (a tile field then,
-    now the AWQ form). At M=1 also the shipped slices tile and the first four of the slices space
-    with x read in place, its one row split in registers (X_SPLIT, which is X_ROW at M=1)."""
+    now the AWQ form). At M=1 also the shipped slices tile and every slices tile of the space with
+    x read in place, its one row split in registers (X_SPLIT, which is X_ROW at M=1)."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-m1", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
@@ -558,8 +558,8 @@ def study_int4_m1(shapes, ms, log):
             cases = [(name, shipped)]
             if M == 1 and shipped["path"] == "slices":   # x read in place, one row (X_ROW)
                 cases += [(f"{name}, X_ROW", dict(shipped, X_SPLIT=1))]
-                cases += [("slices, X_ROW", dict(t_, X_SPLIT=1)) for t_ in int4._slices_tiles(p)[:4]
-                          if dict(t_, X_SPLIT=1) != dict(shipped, X_SPLIT=1)]
+                cases += [("slices, X_ROW", t_) for t_ in int4._slices_tiles(p)
+                          if t_.get("X_SPLIT") and t_ != dict(shipped, X_SPLIT=1)]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)
             if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
                 xs = int4.slice_order(x, shipped["BLOCK_K"])

@@ -815,10 +815,14 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # The first two with the in-kernel fixup where they split K (H200 run 18, variants.py --study
     # fixup: the shipped slices tiles of AWQ qkv and down at M=16 2.2% / 6.9% faster with it).
     out += [dict(t, FIXUP=1) for t in out[:2] if t["SPLIT_K"] > 1]
-    # The default with x read as stored (X_SPLIT) at buckets <= 16 (H200 run 19, variants.py --study
+    # The default with x read as stored (X_SPLIT) at buckets 2-16 (H200 run 19, variants.py --study
     # int4-x-split, the shipped slices tiles: 5-10% faster on o at M=1, up to 20% slower on
-    # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins.
-    if p.bucket <= 16:
+    # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
+    # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py
+    # --study int4-m1: 13-18% faster than the shipped tiles on qkv, o and down, level on gate_up).
+    if p.bucket == 1:
+        out = [dict(t, X_SPLIT=1) for t in out] + out
+    elif p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
     return out
 

@@ -214,3 +214,24 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
         got = [c for c in pick if c.get("SCALE_W")]
         assert len(got) == seen and got[0] == scaled[0] and got[-1] == scaled[-1], (bucket, got)
         assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
+
+
+def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
+    # int4 slices tiles that read x as stored (X_SPLIT; at one row X_ROW, run 28) are a group of
+    # their own: at bucket 1, where every slices tile comes in that form too, the 20-tile pick of
+    # caches/retune.sh sees the default and five more of them beside five copy-form slices tiles;
+    # at bucket 16 the one X_SPLIT tile.
+    import dataclasses
+    from vsr.autotune import synth
+    from vsr.autotune.tuner import _path, candidates
+    from vsr.kernels import registry
+    t = registry.TEMPLATES["int4_w4a16"]
+    w = synth.random_weight("int4", 64, 256, dict(group=128, symmetric=False), torch.bfloat16)
+    for bucket, seen in ((1, 6), (16, 1)):
+        p = dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120)
+        space = t.search_space(p)
+        assert {_path(c) for c in space if c.get("X_SPLIT")} == {("slices", "x-split")}
+        pick = candidates(space, 20)
+        got = [c for c in pick if c.get("X_SPLIT")]
+        assert len(got) == seen and (bucket > 1 or got[0] == space[0]), (bucket, got)
+        assert sum(c["path"] == "slices" and not c.get("X_SPLIT") for c in pick) >= 4
