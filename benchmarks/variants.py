@@ -557,7 +557,8 @@ def study_int4_m1(shapes, ms, log):
             ref = t.reference(x, ws[fmt][0])
             cases = [(name, shipped)]
             if M == 1 and shipped["path"] == "slices":   # x read in place, one row (X_ROW)
-                cases += [(f"{name}, X_ROW", dict(shipped, X_SPLIT=1))]
+                if not shipped.get("X_SPLIT"):
+                    cases += [(f"{name}, X_ROW", dict(shipped, X_SPLIT=1))]
                 cases += [("slices, X_ROW", t_) for t_ in int4._slices_tiles(p)
                           if t_.get("X_SPLIT") and t_ != dict(shipped, X_SPLIT=1)]
             _run_cases(rows, log, t, x, cases, ws[fmt], base, **ids)

@@ -464,16 +464,18 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
             assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
 
 
-def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape):
+def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypatch):
     # int4-m1 (run 28): the default slices tile, and the same with x handed over already in slice
     # order (the copy taken out of the call), both checked; the shipped slice_order is back
     # afterwards.
     on_a_tiny_shape(64, 1024, copies=1)
+    # A shipped tile that copies x into slice order (the default at bucket 1 reads it in place).
+    monkeypatch.setattr(variants, "_shipped_tile", lambda t, p: dict(t.default_tile(p), X_SPLIT=0))
     shipped_order = variants.int4.slice_order
     rows = variants.study_int4_m1(["tiny"], [1], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
     awq = [r["variant"] for r in cases if r["format"] == "int4-awq"]
-    assert awq[:2] == ["default", "default, X_ROW"] and awq[-1] == "default, no x copy"
+    assert awq[:2] == ["shipped", "shipped, X_ROW"] and awq[-1] == "shipped, no x copy"
     assert set(awq[2:-1]) == {"slices, X_ROW"}
     assert variants.int4.slice_order is shipped_order
