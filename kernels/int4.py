@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm, gemm_tiles
+from vsr.kernels import common, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -331,13 +331,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices).
-    With a zero point (AWQ) the odd slices' products go to a second accumulator, added to the
-    first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
-    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ 0-6%
-    faster on 7 of 8 points (0.5% slower on gate_up M=16), GPTQ within 1.6% either way, so the
-    symmetric form keeps one chain. (Under Nsight Compute the M=1 product is latency-bound at 13%
-    of the warp slots, run 27; with its weight held in the L2 it is only 1-9% faster, run 28.)"""
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -351,26 +345,20 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                   tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
                   tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # the second chain (HAS_ZP)
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
                 part = tl.dot(lo, xs[j], part)
-                if HAS_ZP:
-                    part2 = tl.dot(hi, xs[j + 4], part2)
-                else:
-                    part = tl.dot(hi, xs[j + 4], part)
+                part = tl.dot(hi, xs[j + 4], part)
         else:
             zf = zu.to(tl.float32)
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                if HAS_ZP and j % 2 == 1:
-                    part2 = gemm._dot(wj, xj, part2, IEEE)
+                if IEEE:
+                    part = tl.dot(wj, xj, part, input_precision="ieee")
                 else:
-                    part = gemm._dot(wj, xj, part, IEEE)
-        if HAS_ZP:
-            part += part2
+                    part = tl.dot(wj, xj, part)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)

@@ -473,6 +473,6 @@ def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape):
     rows = variants.study_int4_m1(["tiny"], [1], lambda r: None)
     cases = [r for r in rows if r["variant"] != "cublas-bf16"]
     assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
-    assert [r["variant"] for r in cases if r["format"] == "int4-awq"] == [
-        "default", "default, no x copy"]
+    for fmt in ("int4-gptq", "int4-awq"):
+        assert [r["variant"] for r in cases if r["format"] == fmt] == ["default", "default, no x copy"], fmt
     assert variants.int4.slice_order is shipped_order
