@@ -200,10 +200,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr,
         else:
             b = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if IEEE:  # fp32 activations (an explicit --dtype float32): exact products, never tf32
-            part = tl.dot(a, b, input_precision="ieee")
-        else:
-            part = tl.dot(a, b)
+        part = gemm._dot(a, b, None, IEEE)   # fp32 activations (--dtype float32): exact products, never tf32
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -243,10 +240,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
         else:
             wt = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if IEEE:
-            part = tl.dot(wt, xt, input_precision="ieee")
-        else:
-            part = tl.dot(wt, xt)
+        part = gemm._dot(wt, xt, None, IEEE)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -334,12 +328,14 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices);
     with one row of x (X_ROW, the launcher's choice when M == 1) only that row is loaded, slice j
     taking column j of the operand (_x_row_slices).
-    With a zero point (AWQ) the odd slices' products go to a second accumulator, added to the
+    With a zero point (AWQ) and the PTX pairs, slices 4-7 go to a second accumulator, added to the
     first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
-    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ 0-6%
-    faster on 7 of 8 points (0.5% slower on gate_up M=16), GPTQ within 1.6% either way, so the
-    symmetric form keeps one chain. (Under Nsight Compute the M=1 product is latency-bound at 13%
-    of the warp slots, run 27; with its weight held in the L2 it is only 1-9% faster, run 28.)"""
+    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ faster on
+    5 of 7 points by 0.6-5.6%, within 0.5% on the others; GPTQ within 1.7% either way, so the
+    symmetric form keeps one chain, and so does the portable form (run 28 item 4: with fp32 x
+    the AWQ MiniLM keys went 7-8% slower on it). (Under Nsight Compute the M=1 product is
+    latency-bound at 13% of the warp slots, run 27; with its weight held in the L2 it is 0-10%
+    faster, run 28.)"""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -355,7 +351,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                   tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
                   tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # the second chain (HAS_ZP)
+        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # the second chain (HAS_ZP, PAIRS)
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
@@ -369,11 +365,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                if HAS_ZP and j % 2 == 1:
-                    part2 = gemm._dot(wj, xj, part2, IEEE)
-                else:
-                    part = gemm._dot(wj, xj, part, IEEE)
-        if HAS_ZP:
+                part = gemm._dot(wj, xj, part, IEEE)
+        if HAS_ZP and PAIRS:
             part += part2
         acc += part * scale[:, None]
     if X_ROW:   # slice j's sums are in column j: the row's result is their sum (row 0, the only one stored)
@@ -634,6 +627,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
+        assert bm >= 16, f"the slices path needs BLOCK_M >= 16 (X_ROW puts slice j in column j < 8), got {bm}"
         x_split = bool(tile.get("X_SPLIT", 0))
         xs = x if x_split else slice_order(x, bk)
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
