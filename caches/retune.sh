@@ -7,8 +7,13 @@
 #                                run 14), the first imported into DB
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
+#   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
+#                                file rebuilt) imported into DB, the entries whose kernel source
+#                                changed pruned, only the keys left without a tile tuned (vsr-tune
+#                                skips recorded ones) at the counts above, DB exported (runs 26 and
+#                                28 did this by hand: int4's 280 keys in 156 + 93 s on the H200)
 #
-# Both stages pass vsr-tune --incumbents the file they rebuild (OUT_JSON, default
+# Every stage passes vsr-tune --incumbents the file it rebuilds (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
 # tile a key had joins that key's candidate pick, so a re-tune cannot lose it (run 20).
 #
@@ -17,8 +22,8 @@
 # stage cut short keeps what it finished; run it again and it resumes.
 set -euo pipefail
 
-stage=${1:?usage: caches/retune.sh 27b|minilm DB}
-db=${2:?usage: caches/retune.sh 27b|minilm DB}
+stage=${1:?usage: caches/retune.sh 27b|minilm|stale DB}
+db=${2:?usage: caches/retune.sh 27b|minilm|stale DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-$(dirname "$0")/nvidia-h200.json}   # beside this script, wherever it is run from
 # OUT_JSON missing is a first build: no incumbents; a file that INCUMBENTS names (split on blanks,
@@ -38,6 +43,8 @@ for f in ${names[@]+"${names[@]}"}; do
   fi
 done
 
+minilm_formats=bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+
 case "$stage" in
   27b)
     scratch="${db%.db}.27b-16.db"   # a .db name: ignored by git, as DB is
@@ -46,12 +53,19 @@ case "$stage" in
     $tune import "$scratch" --autotune-cache "$db"
     ;;
   minilm)
-    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
-      --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} --formats "$minilm_formats"
+    $tune export --autotune-cache "$db" --out "$out"
+    ;;
+  stale)
+    $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
+    $tune prune --autotune-cache "$db"
+    $tune 27b --autotune-cache "$db" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}
+    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
+    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} --formats "$minilm_formats"
     $tune export --autotune-cache "$db" --out "$out"
     ;;
   *)
-    echo "caches/retune.sh: unknown stage '$stage' (27b or minilm)" >&2
+    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm or stale)" >&2
     exit 2
     ;;
 esac

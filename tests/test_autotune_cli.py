@@ -252,7 +252,17 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     # int4 is tuned once, at 20 (tuning it at 16 too would only be thrown away by the import)
     assert big[0][big[0].index("--formats") + 1] == "bf16,fp8"
     assert big[1][big[1].index("--formats") + 1] == "int4-gptq,int4-awq"
-    for cmd in big + small:
+    # stale: after a kernel edit, one stage: import FROM_JSON (default the file rebuilt), prune, the
+    # two 27b passes and the minilm one (only keys left without a tile get tuned), export
+    stale = stage("stale", FROM_JSON=str(tmp_path / "from.json"))
+    assert [c[0] for c in stale] == ["import", "prune", "27b", "27b", "minilm", "export"]
+    assert stale[0][1] == str(tmp_path / "from.json") and stage("stale")[0][1] == str(shipped)
+    def opts(c):
+        return c[0], c[c.index("--formats") + 1], c[c.index("--max-candidates") + 1], c[c.index("--incumbents") + 1]
+    assert [opts(c) for c in stale[2:5]] == [opts(c) for c in (big[0], big[1], small[0])]
+    assert opts(stale[2])[3] == str(shipped)
+    assert stale[5] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
+    for cmd in big + small + stale:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
