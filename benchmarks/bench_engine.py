@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -34,6 +32,7 @@ sys.path.insert(0, str(ROOT.parent / "tests"))
 from common_bench import code_commit, result_path  # noqa: E402
 from tinypkgs import TEST_TEXTS, Pkg, build_random_bert  # noqa: E402
 
+from vsr.autotune import tuner  # noqa: E402
 from vsr.runtime.engine import load_engine  # noqa: E402
 
 WORDS = " ".join(TEST_TEXTS).split()
@@ -42,16 +41,6 @@ WORDS = " ".join(TEST_TEXTS).split()
 def batches() -> dict[str, list[str]]:
     return {"1 short": [TEST_TEXTS[2]], "1 long": [" ".join(WORDS[:120])],
             "32 mixed": [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: 3 * i]) for i in range(32)]}
-
-
-def median_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()   # ends in a copy to the CPU, so the time is the caller's wait
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -76,7 +65,8 @@ def main() -> int:
             want = eager.forward(texts)
             first = torch.equal(graphed.forward(texts), want)   # the first call captures
             tokens = max(len(t) for t in eager.tokenizer.encode_checked(texts))
-            times = {p: median_ms(lambda: e.forward(texts), a.reps)
+            # (the tuner's eager timer: each forward ends in a copy to the CPU, so a call's time is the caller's wait)
+            times = {p: tuner.eager_timer(lambda: e.forward(texts), a.reps)
                      for p, e in (("vsr-eager", eager), ("vsr-graphs", graphed))}
             same = first and torch.equal(graphed.forward(texts), want) and torch.equal(eager.forward(texts), want)
             for provider, ms in times.items():

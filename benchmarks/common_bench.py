@@ -82,6 +82,30 @@ def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE, identit
     return dict((exact or entries)[0].tile) if entries else None
 
 
+def compiled_kernels() -> dict[int, dict]:
+    """id -> {kernel, n_regs, n_spills, shared, num_warps, num_stages, constexprs} of every variant
+    Triton has compiled in this process for a vsr template (the @triton.jit functions of the kernel
+    modules). A variant's registers and spills are known only once its handles are loaded, so this
+    loads them (without, a kernel compiled but not yet launched in this process reads None)."""
+    import triton
+    from vsr.kernels import common, gemm, int4, nvfp4
+    out = {}
+    for mod in (common, gemm, fp8mod, int4, nvfp4):
+        for name, fn in vars(mod).items():
+            if not isinstance(fn, triton.runtime.jit.JITFunction):
+                continue
+            for caches in getattr(fn, "device_caches", {}).values():
+                for k in caches[0].values():
+                    k = k.result() if hasattr(k, "result") else k
+                    k._init_handles()
+                    md = k.metadata
+                    consts = getattr(k.src, "constants", {})
+                    out[id(k)] = {"kernel": name, "n_regs": k.n_regs, "n_spills": k.n_spills, "shared": md.shared,
+                                  "num_warps": md.num_warps, "num_stages": md.num_stages,
+                                  "constexprs": {str(a): v for a, v in consts.items() if isinstance(v, (int, bool, str))}}
+    return out
+
+
 def scaled_mm_weight_scale(w8) -> torch.Tensor:
     """An fp8 weight's per-channel scales as `_scaled_mm` takes them (fp32, [1, N]); made once,
     outside the timed calls."""
@@ -95,9 +119,10 @@ def torch_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s.float()
 
 
-def scaled_mm(xq: torch.Tensor, sa: torch.Tensor, w8, sb: torch.Tensor) -> torch.Tensor:
-    """The `_scaled_mm` FP8 peer: row-wise scales, fast accumulation, bf16 out (BENCHMARKS.md)."""
-    return torch._scaled_mm(xq, w8.weight.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+def scaled_mm(xq: torch.Tensor, sa: torch.Tensor, w8, sb: torch.Tensor, fast: bool = True) -> torch.Tensor:
+    """The `_scaled_mm` FP8 peer: row-wise scales, fast accumulation (BENCHMARKS.md; `fast=False`
+    for the accumulation Hopper promotes), bf16 out."""
+    return torch._scaled_mm(xq, w8.weight.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
 
 def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, code_commit, graph_ms, make_weight, result_path, scaled_mm_weight_scale, shipped_tile  # noqa: E402
+from common_bench import (SHAPES, code_commit, graph_ms, make_weight, result_path, scaled_mm,  # noqa: E402
+                          scaled_mm_weight_scale, shipped_tile, torch_quant)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
@@ -101,14 +102,17 @@ def child(points: list[tuple[str, int]], p: int | None) -> list[dict]:
                 row["us"] = graph_ms([lambda: t.launch(x, w, tile)]) * 1e3
             rows.append(row)
             if p is None:   # the peer, on the same codes and scales as the reference
-                xq, s = fp8mod.quantize_activation(x)
-                sb = scaled_mm_weight_scale(w)
                 for fast in (True, False):
-                    y = torch._scaled_mm(xq, w.weight.t(), s.float(), sb, out_dtype=torch.bfloat16,
-                                         use_fast_accum=fast)
+                    y = peer(x, w, fast)
                     rows.append({"shape": sh, "M": M, "input": name, "provider": f"scaled_mm fast={fast}",
                                  **errors(y, ref, name == "aligned")})
     return rows
+
+
+def peer(x: torch.Tensor, w, fast: bool = True) -> torch.Tensor:
+    """`_scaled_mm` on the reference's own activation codes and scales (common_bench's peer), with
+    or without fast accumulation."""
+    return scaled_mm(*torch_quant(x), w, scaled_mm_weight_scale(w), fast=fast)
 
 
 def main(argv: list[str] | None = None) -> int:

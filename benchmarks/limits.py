@@ -30,12 +30,12 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, copy_TBps, graph_ms,  # noqa: E402
+from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, compiled_kernels, copy_TBps, graph_ms,  # noqa: E402
                           result_path, scaled_mm, scaled_mm_weight_scale, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
-from vsr.kernels import common, dense, fp8, int4, registry  # noqa: E402
+from vsr.kernels import dense, fp8, int4, registry  # noqa: E402
 
 
 def us(fns) -> float:
@@ -45,24 +45,6 @@ def us(fns) -> float:
 def shipped_tile(resolver, w, M):
     t = registry.template_for(w, torch.bfloat16)
     return t, resolver.tile(t, t.problem(w, bucket_for(M), torch.bfloat16))
-
-
-def resource_report() -> list[dict]:
-    """Registers, spills and shared memory of every variant compiled in this process."""
-    fns = {name: fn for mod in (common, fp8, int4) for name, fn in vars(mod).items()
-           if isinstance(fn, triton.runtime.jit.JITFunction)}
-    out = []
-    for name, fn in fns.items():
-        for dev, caches in getattr(fn, "device_caches", {}).items():
-            for k in caches[0].values():
-                k = k.result() if hasattr(k, "result") else k
-                k._init_handles()
-                md = k.metadata
-                consts = getattr(k.src, "constants", {})
-                out.append({"kernel": name, "n_regs": k.n_regs, "n_spills": k.n_spills, "shared": md.shared,
-                            "num_warps": md.num_warps, "num_stages": md.num_stages,
-                            "constexprs": {str(a): v for a, v in consts.items() if isinstance(v, (int, bool, str))}})
-    return out
 
 
 def main() -> int:
@@ -135,7 +117,7 @@ def main() -> int:
             row(**r)
     doc = {"benchmark": "limits", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "commit": code_commit(), "copy_TBps": round(bw, 3), "rows": rows,
-           "resources": resource_report()}
+           "resources": list(compiled_kernels().values())}
     out = Path(a.out) if a.out else result_path("limits", doc["device"])
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {out}")

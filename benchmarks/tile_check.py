@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import SHAPES, code_commit, make_weight, result_path  # noqa: E402
+from common_bench import SHAPES, code_commit, compiled_kernels, make_weight, result_path  # noqa: E402
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.keys import CacheKey  # noqa: E402
@@ -35,20 +35,6 @@ from vsr.kernels import registry  # noqa: E402
 from vsr.runtime.linear import to_run_dtype  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def compiled_kernels() -> dict:
-    """id -> (kernel name, registers, spills, shared bytes) of every kernel Triton has compiled in
-    this process for a vsr template (every @triton.jit function of the kernel modules)."""
-    from vsr.kernels import common, fp8, gemm, int4, nvfp4
-    out = {}
-    for mod in (common, gemm, fp8, int4, nvfp4):
-        for name, fn in vars(mod).items():
-            for cache in getattr(fn, "device_caches", {}).values():
-                for k in cache[0].values():
-                    out[id(k)] = (name, getattr(k, "n_regs", None), getattr(k, "n_spills", None),
-                                  getattr(k.metadata, "shared", None))
-    return out
 
 
 def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[dict]:
@@ -90,7 +76,8 @@ def run_case(case: dict, repeats: int, dev) -> dict:
         same &= same_bytes(ys[0], ys[1])
     new = [v for k, v in compiled_kernels().items() if k not in before]
     return dict(case, template=t.name, failed_inputs=bad, repeats=repeats, reasons=reasons, deterministic=same,
-                kernels=[dict(zip(("name", "registers", "spills", "shared"), v)) for v in new])
+                kernels=[{"name": v["kernel"], "registers": v["n_regs"], "spills": v["n_spills"], "shared": v["shared"]}
+                         for v in new])
 
 
 def main() -> int:

@@ -43,25 +43,31 @@ for f in ${names[@]+"${names[@]}"}; do
   fi
 done
 
-minilm_formats=bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+# Each pass once, for the stages to share: the store to tune into is the argument.
+tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}; }
+tune_27b_int4() { $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}; }
+tune_minilm() {
+  $tune minilm --autotune-cache "$1" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
+    --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+}
 
 case "$stage" in
   27b)
     scratch="${db%.db}.27b-16.db"   # a .db name: ignored by git, as DB is
-    $tune 27b --autotune-cache "$scratch" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}
-    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
+    tune_27b_dense "$scratch"
+    tune_27b_int4 "$db"
     $tune import "$scratch" --autotune-cache "$db"
     ;;
   minilm)
-    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} --formats "$minilm_formats"
+    tune_minilm "$db"
     $tune export --autotune-cache "$db" --out "$out"
     ;;
   stale)
     $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
     $tune prune --autotune-cache "$db"
-    $tune 27b --autotune-cache "$db" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}
-    $tune 27b --autotune-cache "$db" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
-    $tune minilm --autotune-cache "$db" --max-candidates 4 ${inc[@]+"${inc[@]}"} --formats "$minilm_formats"
+    tune_27b_dense "$db"
+    tune_27b_int4 "$db"
+    tune_minilm "$db"
     $tune export --autotune-cache "$db" --out "$out"
     ;;
   *)

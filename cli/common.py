@@ -82,3 +82,15 @@ def describe_text(info: dict) -> str:
             text = entry["status"] + (f" ({entry['note']})" if entry.get("note") else "")
         lines.append(f"  {label}  {text}")
     return "\n".join(lines)
+
+
+def parse_device(device: str | None):
+    """The torch.device `device` names (None: cuda where this machine has one, else cpu); a name
+    torch does not parse is a usage error on --device."""
+    import torch
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return torch.device(device)
+    except RuntimeError as e:
+        raise click.BadParameter(f"{device!r} is not a torch device ({e})", param_hint="--device")

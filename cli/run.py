@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import click
 
 from vsr.cli.common import (EXIT_CODES_HELP, EXIT_MISMATCH, EXIT_OK, EXIT_REFUSED, EXIT_REQUEST_FAILED, describe_text,
-                            echo_json, reports_errors)
+                            echo_json, parse_device, reports_errors)
 from vsr.runtime.errors import PackageError
 
 DEFAULT_PACKAGE = "vsr/intent-minilm"
@@ -101,20 +101,6 @@ def _human_line(r: Request, result: dict, mode: str) -> str:
     return f"[{r.number}] {result['choice']}  ({top}){tag}"
 
 
-def _default_device() -> str:
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _device_type(dev: str) -> str:
-    """"cuda" for cuda, cuda:1, ...; a malformed name is a usage error."""
-    import torch
-    try:
-        return torch.device(dev).type
-    except RuntimeError as e:
-        raise click.UsageError(f"--device {dev!r}: {e}") from None
-
-
 def _list_builtins(as_json: bool) -> None:
     from vsr.runtime.package import builtin_names
     names = list(builtin_names())
@@ -193,8 +179,8 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     if not texts and input_file is None and not self_check:
         raise click.UsageError("give requests with --text TEXT or --input FILE (or run --self-check)")
 
-    dev = device or _default_device()
-    if cuda_graphs and _device_type(dev) != "cuda":   # before reading the requests (stdin, perhaps)
+    dev = device or str(parse_device(None))
+    if cuda_graphs and parse_device(dev).type != "cuda":   # before reading the requests (stdin, perhaps)
         raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {dev})")
     requests = _read_requests(texts, input_file)
 

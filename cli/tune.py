@@ -23,6 +23,7 @@ from vsr.autotune.buckets import parse_buckets
 from vsr.autotune.device_id import DeviceIdentity
 from vsr.autotune.keys import CacheKey
 from vsr.autotune.store import CacheError, export_json, incumbent_tiles, merge, open_store
+from vsr.cli.common import parse_device
 from vsr.runtime.errors import VsrError
 
 
@@ -32,12 +33,7 @@ def _echo_json(obj) -> None:
 
 def _device(device: str | None):
     import torch
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise click.BadParameter(f"{device!r} is not a torch device ({e})", param_hint="--device")
+    dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter(f"{device!r}: this machine has no CUDA device", param_hint="--device")
     return dev

@@ -829,8 +829,8 @@ def _join_tiles(p: Problem) -> list[dict]:
     registers a thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the
     best join tile took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the
     dense copy's on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost
-    by 1.2-1.9x, and so did every SCALE_W tile in run 25 (1.3-2.3x the dense copy's time): no join
-    tile is offered above 256.
+    by 1.2-1.9x, and so did every SCALE_W tile in run 25 (1.2-2.5x the best dense copy's time,
+    results/tune-int4-forms-nvidia-h200-2026-11-30-run25b.json): no join tile is offered above 256.
     None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
     also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
     shared-memory estimate leaves out): a tile too large for a device's shared memory fails to

@@ -49,9 +49,7 @@ def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M, bench_script
     xs = study.inputs(w, M, K, dev)
     aligned, rnd = xs["aligned"], xs["random"]
 
-    xq, s = fp8.quantize_activation(aligned)
-    peer = torch._scaled_mm(xq, w.weight.t(), s.float(), w.weight_scale.float()[None, :],
-                            out_dtype=torch.bfloat16, use_fast_accum=True)
+    peer = study.peer(aligned, w, fast=True)
     ref = fp8.reference_linear(aligned, w)
     peer_err = study.errors(peer, ref, aligned=True)["row0"]
 
