@@ -817,8 +817,16 @@ def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, s
     ref = int4.reference_linear(x, w)
     assert_close(got, ref)
     copied = run(int4.launch, x, w, dict(tile, X_SPLIT=0))
-    eps = torch.finfo(dtype).eps
-    assert_close(got, copied, (2 * eps, 2 * eps))
+    # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
+    # each), and rounding to x's dtype adds at most one ulp: a fixed multiple of eps·max|y| (the
+    # tolerance before run 29) is too tight for fp32 outputs, whose rounding hides nothing.
+    xp = x if w.act_perm is None else x[:, w.act_perm]
+    sums = xp.float().abs() @ int4.dequantize(w).abs().t()
+    if w.bias is not None:
+        sums = sums + w.bias.float().abs()
+    bound = Kx * torch.finfo(torch.float32).eps * sums + 2 * torch.finfo(dtype).eps * copied.float().abs()
+    err = (got.float() - copied.float()).abs()
+    assert (err <= bound).all(), f"X_ROW against the copied form: max error {err.max().item():.3g}"
 
 
 def test_int4_bucket_1_default_reads_x_in_place():
