@@ -86,7 +86,8 @@ def _path(tile) -> Any:
     one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21);
     stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile);
     int4 join tiles with the group scale on the weight tile (SCALE_W) too (run 25: a kernel form
-    whose products stay in flight across K steps, the fp32-scaled join's do not)."""
+    whose products stay in flight across K steps, the fp32-scaled join's do not), and int4 slices
+    tiles that read x as stored (X_SPLIT; at one row the form that won run 28's study) too."""
     if not isinstance(tile, dict):
         return None
     if tile.get("BLOCK_N2"):
@@ -95,6 +96,8 @@ def _path(tile) -> Any:
         return "tma-sk", "tall"   # (gemm_tiles.TALL_SK_256: few, after the space's many 128-row ones)
     if tile.get("SCALE_W"):
         return tile.get("path"), "scale-w"
+    if tile.get("X_SPLIT"):
+        return tile.get("path"), "x-split"
     return tile.get("path")
 
 

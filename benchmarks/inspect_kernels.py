@@ -72,7 +72,7 @@ def cases() -> dict[str, tuple]:
             out[f"int4-slices{'-ptx' if pairs else ''}-{bm}x{bn}"] = (
                 int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128,
                                                       SPLIT_K=8, GROUP_M=8, PAIRS=pairs, F16=False, IEEE=False,
-                                                      X_SPLIT=False),
+                                                      X_SPLIT=False, X_ROW=False),
                 4, 3,
                 f"int4 slices path{' (PTX two-nibble conversion, as on NVIDIA)' if pairs else ' (portable twin)'}"
                 f" on the swap path's {bm}x{bn}x128 tile")
@@ -82,14 +82,18 @@ def cases() -> dict[str, tuple]:
         "int4 join path (pairs joined into natural K order, one tl.dot per step), 16x64x128")
     out["int4-slices-ptx-16x64"] = (
         int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
-                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False, X_SPLIT=False), 4, 3,
-        "int4 slices path, 16x64x128 with 4 warps: the shipped M=1-16 default, beside the join kernel's tile")
+                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False, X_SPLIT=False, X_ROW=False),
+        4, 3, "int4 slices path, 16x64x128 with 4 warps: the shipped M=1-16 default, beside the join kernel's tile")
     out["int4-slices-ptx-16x64-xsplit"] = (
         int4._int4_slices_kernel, _INT4, dict(out["int4-slices-ptx-16x64"][2], X_SPLIT=True), 4, 3,
         "the same with X_SPLIT: x as stored, each step's block split into its slices in registers")
+    out["int4-slices-ptx-16x64-xrow"] = (
+        int4._int4_slices_kernel, _INT4, dict(out["int4-slices-ptx-16x64"][2], X_SPLIT=True, X_ROW=True), 4, 3,
+        "the same at M=1 (X_ROW): x's one row loaded once, slice j's operand that tile zeroed but column j")
     out["int4-slices-ptx-16x64-2w"] = (
         int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
-                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False, X_SPLIT=False), 2, 3,
+                                              GROUP_M=8, PAIRS=True, F16=False, IEEE=False, X_SPLIT=False, X_ROW=False),
+        2, 3,
         "int4 slices path, 16x64x128 with 2 warps: mma.sync (HMMA) instead of wgmma (run 12's candidate at M=1)")
     # fp8's activation prologue on qkv's and down's rows (bf16, the 1/s product), and the stream-K
     # kernels on the M = 512-2048 default (bf16) with their reduction.

@@ -11,7 +11,9 @@ key's bucket of rows. --tiles: each tile of the JSON list on every --formats x -
 Outputs are NaN-filled first, so an element never written fails; the check and its tolerance are
 the tuner's (vsr.autotune.tuner.check_output, tolerance_for), and a dense weight runs in the
 activations' dtype, as the runtime converts it. Each compiled kernel's registers,
-spills and shared memory are read from Triton's cache after its first launch. Writes JSON
+spills and shared memory are read from Triton's cache after its first launch and reported with
+the case that compiled it (a later case launching the same variants says so; its JSON row lists no
+kernels). Writes JSON
 (benchmarks/results/tile-check-<device>-<date>.json by default) and prints one line per tile.
 Exit status 1 when any tile fails.
 """
@@ -113,10 +115,12 @@ def main() -> int:
                      error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         fails += r["failed_inputs"] > 0 or r.get("deterministic") is False
         rows.append(r)
-        k = r.get("kernels") or [{}]
+        k = r.get("kernels")
+        # No kernel new to this case: its variants were compiled (and reported) for an earlier one.
+        res = (f"regs {k[-1]['registers']} spills {k[-1]['spills']} smem {k[-1]['shared']}" if k else
+               "kernels as compiled for an earlier case" if "error" not in r else "")
         print(f"{r['format']:10s} {r['N']:6d} {r['K']:6d} M={r['M']:<5d} {r['act_dtype'][:4]} {r['why']:18s} "
-              f"bad {r['failed_inputs']}/{r['repeats']} det {r.get('deterministic')} "
-              f"regs {k[-1].get('registers')} spills {k[-1].get('spills')} smem {k[-1].get('shared')} "
+              f"bad {r['failed_inputs']}/{r['repeats']} det {r.get('deterministic')} {res} "
               f"{json.dumps(r['tile'], sort_keys=True)} {r.get('error', '')}{'; '.join(r.get('reasons') or [])[:200]}",
               flush=True)
     out = Path(a.out) if a.out else result_path("tile-check", torch.cuda.get_device_name())

@@ -540,10 +540,12 @@ def _no_slice_copy():
 def study_int4_m1(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile and, where it is a slices tile that
     copies x into slice order, the same with x handed over already in that order (the copy taken
-    out of the call). Earlier forms of this study: 82d3a38 also timed that product with its weight
-    held in the L2; 76a54f0 and 82d3a38 slices tiles of 1-8 warps on 16-256 weight rows, and
-    76a54f0 GEMV tiles of 16-64 rows, beside the shipped ones; 12f7247 the slices kernel's
-    products on two accumulators (a tile field then)."""
+    out of the call); at M=1 also that tile with x read in place (X_SPLIT, which is X_ROW at one
+    row: its row loaded once, slice j in column j) and every X_ROW tile of the bucket-1 space.
+    Earlier forms of this study: 82d3a38 also timed the no-copy product with its weight held in
+    the L2; 76a54f0 and 82d3a38 slices tiles of 1-8 warps on 16-256 weight rows, and 76a54f0 GEMV
+    tiles of 16-64 rows, beside the shipped ones; 12f7247 the slices kernel's products on two
+    accumulators (a tile field then)."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-m1", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
@@ -554,10 +556,18 @@ def study_int4_m1(shapes, ms, log):
             shipped = _shipped_tile(t, p)
             name = "shipped" if shipped is not None else "default"
             shipped = shipped or t.default_tile(p)
+            copies_x = shipped["path"] == "slices" and not shipped.get("X_SPLIT")
+            cases = [(name, shipped)]
+            if M == 1 and shipped["path"] == "slices":
+                if copies_x:
+                    cases.append((f"{name}, X_ROW", dict(shipped, X_SPLIT=1)))
+                cases += [("slices, X_ROW", c) for c in int4._slices_tiles(p)
+                          if c.get("X_SPLIT") and c != dict(shipped, X_SPLIT=1)]
             ref = t.reference(x, w0)
-            rows.append(timed_case(dict(ids, variant=name, tile=shipped), t.launch, x, shipped, ws[fmt], ref, base))
-            log(rows[-1])
-            if shipped["path"] == "slices" and not shipped.get("X_SPLIT"):
+            for label, tile in cases:
+                rows.append(timed_case(dict(ids, variant=label, tile=tile), t.launch, x, tile, ws[fmt], ref, base))
+                log(rows[-1])
+            if copies_x:
                 # Valid only where launch would neither permute x (act_order) nor pad it itself.
                 assert w0.act_perm is None and K % shipped["BLOCK_K"] == 0, (sh, fmt)
                 xs = int4.slice_order(x, shipped["BLOCK_K"])

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm_tiles
+from vsr.kernels import common, gemm, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -200,10 +200,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr,
         else:
             b = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if IEEE:  # fp32 activations (an explicit --dtype float32): exact products, never tf32
-            part = tl.dot(a, b, input_precision="ieee")
-        else:
-            part = tl.dot(a, b)
+        part = gemm._dot(a, b, None, IEEE)   # fp32 activations (--dtype float32): exact products, never tf32
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -243,10 +240,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
         else:
             wt = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        if IEEE:
-            part = tl.dot(wt, xt, input_precision="ieee")
-        else:
-            part = tl.dot(wt, xt)
+        part = gemm._dot(wt, xt, None, IEEE)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -312,7 +306,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, X_ROW: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -331,13 +325,25 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices)."""
+    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices);
+    with one row of x (X_ROW, the launcher's choice when M == 1) only that row is loaded, slice j
+    taking column j of the operand (_x_row_slices).
+    With a zero point (AWQ) and the PTX pairs, slices 4-7 go to a second accumulator, added to the
+    first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
+    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ faster on
+    5 of 7 points by 0.6-5.6%, within 0.5% on the others; GPTQ within 1.7% either way, so the
+    symmetric form keeps one chain, and so does the portable form (run 28 item 4: with fp32 x
+    the AWQ MiniLM keys went 7-8% slower on it). (Under Nsight Compute the M=1 product is
+    latency-bound at 13% of the warp slots, run 27; with its weight held in the L2 it is 0-10%
+    faster, run 28.)"""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
-        if X_SPLIT:
+        if X_ROW:
+            xs = _x_row_slices(x_ptr, kw0 * 8, K, BLOCK_M, BLOCK_K)
+        elif X_SPLIT:
             xs = _x_slices(x_ptr, rm, stride_xm, kw0 * 8, K, BLOCK_M, BLOCK_K)
         else:
             x_cols = x_ptr + rm[None, :] * stride_xm + (kw0 * 8 + tl.arange(0, W8))[:, None]   # slice 0: [W8, BM]
@@ -345,21 +351,26 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                   tl.load(x_cols + 4 * W8), tl.load(x_cols + 5 * W8), tl.load(x_cols + 6 * W8),
                   tl.load(x_cols + 7 * W8))
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        part2 = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)   # the second chain (HAS_ZP, PAIRS)
         if PAIRS:
             for j in tl.static_range(4):
                 lo, hi = _nibble_pair(words, zu, j, F16)
                 part = tl.dot(lo, xs[j], part)
-                part = tl.dot(hi, xs[j + 4], part)
+                if HAS_ZP:
+                    part2 = tl.dot(hi, xs[j + 4], part2)
+                else:
+                    part = tl.dot(hi, xs[j + 4], part)
         else:
             zf = zu.to(tl.float32)
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                if IEEE:
-                    part = tl.dot(wj, xj, part, input_precision="ieee")
-                else:
-                    part = tl.dot(wj, xj, part)
+                part = gemm._dot(wj, xj, part, IEEE)
+        if HAS_ZP and PAIRS:
+            part += part2
         acc += part * scale[:, None]
+    if X_ROW:   # slice j's sums are in column j: the row's result is their sum (row 0, the only one stored)
+        acc = tl.broadcast_to(tl.sum(acc, axis=1)[:, None], (BLOCK_N, BLOCK_M))
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
 
@@ -381,6 +392,25 @@ def _x_slices(x_ptr, rm, stride_xm, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.co
     x3, x7 = tl.split(d1e1)
     return (tl.trans(x0), tl.trans(x1), tl.trans(x2), tl.trans(x3), tl.trans(x4), tl.trans(x5), tl.trans(x6),
             tl.trans(x7))
+
+
+@triton.jit
+def _x_row_slices(x_ptr, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """X_SPLIT's operands for x of one row (M == 1, X_ROW): the row's BK columns from k0 loaded once
+    as t[w, c] = x[k0 + 8·w + c] (c < 8; columns past K and c >= 8 read as zero), and slice j's
+    operand t with every column but c = j zeroed. The step's eight products then leave slice j's
+    partial sum in column j of the accumulator (the kernel adds the columns up at the end), and
+    neither a slice-order copy nor fifteen padded rows of x are loaded (run 28: the copy is
+    2.3-3.3 us of an M=1 call). Broadcasting each slice to the BM columns instead cost a
+    shared-memory store per element (inspect_kernels: 434 main-loop instructions against 289)."""
+    w = tl.arange(0, BLOCK_K // 8)[:, None]
+    c = tl.arange(0, BLOCK_M)[None, :]
+    k = k0 + 8 * w + c
+    t = tl.load(x_ptr + k, mask=(c < 8) & (k < K), other=0.0)
+    zero = tl.zeros_like(t)
+    return (tl.where(c == 0, t, zero), tl.where(c == 1, t, zero), tl.where(c == 2, t, zero),
+            tl.where(c == 3, t, zero), tl.where(c == 4, t, zero), tl.where(c == 5, t, zero),
+            tl.where(c == 6, t, zero), tl.where(c == 7, t, zero))
 
 
 @triton.jit
@@ -597,6 +627,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
+        assert bm >= 16, f"the slices path needs BLOCK_M >= 16 (X_ROW puts slice j in column j < 8), got {bm}"
         x_split = bool(tile.get("X_SPLIT", 0))
         xs = x if x_split else slice_order(x, bk)
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -604,7 +635,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and M == 1, num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
@@ -777,10 +809,14 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # The first two with the in-kernel fixup where they split K (H200 run 18, variants.py --study
     # fixup: the shipped slices tiles of AWQ qkv and down at M=16 2.2% / 6.9% faster with it).
     out += [dict(t, FIXUP=1) for t in out[:2] if t["SPLIT_K"] > 1]
-    # The default with x read as stored (X_SPLIT) at buckets <= 16 (H200 run 19, variants.py --study
+    # The default with x read as stored (X_SPLIT) at buckets 2-16 (H200 run 19, variants.py --study
     # int4-x-split, the shipped slices tiles: 5-10% faster on o at M=1, up to 20% slower on
-    # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins.
-    if p.bucket <= 16:
+    # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
+    # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py
+    # --study int4-m1: 13-18% faster than the shipped tiles on qkv, o and down, level on gate_up).
+    if p.bucket == 1:
+        out = [dict(t, X_SPLIT=1) for t in out] + out
+    elif p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
     return out
 

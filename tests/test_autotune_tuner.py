@@ -194,23 +194,40 @@ def test_tall_stream_k_tiles_get_a_share_of_the_pick_of_their_own():
     assert any(t["path"] == "tma-sk" and t["BLOCK_M"] == 128 for t in pick)
 
 
-def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
-    # The int4 join's SCALE_W tiles are a group of their own (a kernel form whose products stay in
-    # flight, which the fp32-scaled join's do not): the 20-tile pick of caches/retune.sh sees all
-    # four at bucket 128 beside the fp32-scaled ones, and three of four at 256 (the first and last
-    # among them).
+def _int4_pick(symmetric, bucket, field):
+    """The 27B qkv int4 key's search space at `bucket`, its 20-tile pick (caches/retune.sh's), and
+    the tiles of each carrying the tile field `field`, with their pick groups."""
     import dataclasses
     from vsr.autotune import synth
     from vsr.autotune.tuner import _path, candidates
     from vsr.kernels import registry
     t = registry.TEMPLATES["int4_w4a16"]
-    w = synth.random_weight("int4", 64, 256, dict(group=128, symmetric=True), torch.bfloat16)
+    w = synth.random_weight("int4", 64, 256, dict(group=128, symmetric=symmetric), torch.bfloat16)
+    space = t.search_space(dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120))
+    pick = candidates(space, 20)
+    flagged = [c for c in space if c.get(field)]
+    return space, pick, flagged, [c for c in pick if c.get(field)], {_path(c) for c in flagged}
+
+
+def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
+    # The int4 join's SCALE_W tiles are a group of their own (a kernel form whose products stay in
+    # flight, which the fp32-scaled join's do not): the 20-tile pick of caches/retune.sh sees all
+    # four at bucket 128 beside the fp32-scaled ones, and three of four at 256 (the first and last
+    # among them).
     for bucket, seen in ((128, 4), (256, 3)):
-        p = dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120)
-        space = t.search_space(p)
-        scaled = [c for c in space if c.get("SCALE_W")]
-        assert len(scaled) == 4 and {_path(c) for c in scaled} == {("join", "scale-w")}
-        pick = candidates(space, 20)
-        got = [c for c in pick if c.get("SCALE_W")]
+        space, pick, scaled, got, groups = _int4_pick(True, bucket, "SCALE_W")
+        assert len(scaled) == 4 and groups == {("join", "scale-w")}
         assert len(got) == seen and got[0] == scaled[0] and got[-1] == scaled[-1], (bucket, got)
         assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
+
+
+def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
+    # int4 slices tiles that read x as stored (X_SPLIT; at one row X_ROW, run 28) are a group of
+    # their own: at bucket 1, where every slices tile comes in that form too, the 20-tile pick of
+    # caches/retune.sh sees the default and five more of them beside five copy-form slices tiles;
+    # at bucket 16 the one X_SPLIT tile.
+    for bucket, seen in ((1, 6), (16, 1)):
+        space, pick, _, got, groups = _int4_pick(False, bucket, "X_SPLIT")
+        assert groups == {("slices", "x-split")}
+        assert len(got) == seen and (bucket > 1 or got[0] == space[0]), (bucket, got)
+        assert sum(c["path"] == "slices" and not c.get("X_SPLIT") for c in pick) >= 4

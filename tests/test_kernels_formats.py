@@ -18,7 +18,7 @@ import triton.language as tl
 
 from vsr.autotune.buckets import bucket_for
 from vsr.autotune.tuner import FP8_OPERAND_TOLERANCE, TOLERANCES, candidates, same_bytes
-from vsr.kernels import common, dense, fp8, gemm, gemm_tiles, int4, nvfp4
+from vsr.kernels import common, dense, fp8, gemm, gemm_tiles, int4, nvfp4, registry
 from vsr.kernels.template import Problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -776,11 +776,14 @@ def test_int4_slices_path_uneven_k(dtype):
 
 @pytest.mark.parametrize("dtype,M,split,Kx,symmetric,act_order", [
     (torch.float16, 1, 1, K, True, False), pytest.param(torch.bfloat16, 5, 2, K, False, True, marks=BF16_ON_GPU.marks), (torch.float16, 70, 2, K, False, False),
-    (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False)])
+    (torch.float16, 3, 3, 300, True, False), (torch.float32, 2, 1, 300, False, False),
+    (torch.float16, 1, 3, 300, False, True), (torch.float32, 1, 2, 300, True, False)])
 def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order, monkeypatch):
     # X_SPLIT: x as stored, each step's block split into its eight slices in registers, instead of
     # the slice-order copy: the same operands in the same order, so the same bytes (a slice taken
-    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block.
+    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block. M=1:
+    # the one-row form (X_ROW: slice j's sums in column j, added up at the end), the same sum in
+    # another order: within the tolerance of the reference.
     g = gen(130 + M + split)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
@@ -789,7 +792,54 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
     assert_close(copied, int4.reference_linear(x, w))
     monkeypatch.setattr(int4, "slice_order", lambda *a: pytest.fail("X_SPLIT made the slice-order copy"))
     split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
-    assert torch.equal(split_x, copied)
+    if M == 1:   # (test_int4_slices_x_row_reads_one_row_in_place holds it to the copied form)
+        assert_close(split_x, int4.reference_linear(x, w))
+    else:
+        assert torch.equal(split_x, copied)
+
+
+@pytest.mark.parametrize("dtype,split,fixup,bm,Kx,symmetric,act_order", [
+    (torch.float16, 2, True, 16, K, False, False), (torch.float16, 3, False, 64, 300, True, True),
+    (torch.float32, 2, True, 16, 300, False, False), (torch.float16, 1, False, 16, 1000, False, False),
+    pytest.param(torch.bfloat16, 4, True, 16, 1000, False, True, marks=BF16_ON_GPU.marks)])
+def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, symmetric, act_order):
+    # X_ROW (X_SPLIT at M == 1): x's row read in place from a buffer poisoned with NaN past K and in
+    # the rows around it (a read outside the row shows), with split K, the in-kernel fixup, 64-row
+    # tiles, partial words and blocks (K = 300, 1000), act_order and zero points: the reference's
+    # result, and the copied form's up to the order of the fp32 sums.
+    g = gen(170 + split + bm + Kx)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
+    buf = torch.full((3, Kx + 64), float("nan"), dtype=dtype, device=DEV)
+    buf[1, :Kx] = torch.randn(Kx, generator=g).to(dtype).to(DEV)
+    x = buf[1:2, :Kx]
+    tile = dict(SLICES, BLOCK_M=bm, SPLIT_K=split, FIXUP=int(fixup), X_SPLIT=1)
+    got = run(int4.launch, x, w, tile)
+    ref = int4.reference_linear(x, w)
+    assert_close(got, ref)
+    copied = run(int4.launch, x, w, dict(tile, X_SPLIT=0))
+    # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
+    # each), and rounding to x's dtype adds at most one ulp: a fixed multiple of eps·max|y| (the
+    # tolerance before run 29) is too tight for fp32 outputs, whose rounding hides nothing.
+    xp = x if w.act_perm is None else x[:, w.act_perm]
+    sums = xp.float().abs() @ int4.dequantize(w).abs().t()
+    if w.bias is not None:
+        sums = sums + w.bias.float().abs()
+    bound = Kx * torch.finfo(torch.float32).eps * sums + 2 * torch.finfo(dtype).eps * copied.float().abs()
+    err = (got.float() - copied.float()).abs()
+    assert (err <= bound).all(), f"X_ROW against the copied form: max error {err.max().item():.3g}"
+
+
+def test_int4_bucket_1_default_reads_x_in_place():
+    # The bucket-1 default tile (group 128, half-precision x) is an X_ROW slices tile, run end to
+    # end through the template: the reference's result with and without zero points and act_order.
+    t = registry.TEMPLATES["int4_w4a16"]
+    for i, (symmetric, act_order, Kx) in enumerate(((True, False, K), (False, True, 300))):
+        g = gen(190 + i)
+        w = int4_weight(g, 128, symmetric, act_order, True, torch.float16, Kx=Kx)
+        tile = t.default_tile(t.problem(w, 1, torch.float16))
+        assert tile["path"] == "slices" and tile.get("X_SPLIT") == 1, tile
+        x = torch.randn(1, Kx, generator=g).half().to(DEV)
+        assert_close(run(t.launch, x, w, tile), int4.reference_linear(x, w))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])

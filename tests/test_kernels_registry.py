@@ -126,7 +126,12 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             assert bool(joins) == (16 <= b <= 256), "join: buckets 16-256"
             assert any(c.get("SCALE_W") for c in joins) == bool(joins), "SCALE_W tiles wherever join is"
             xs = [c for c in space if c.get("X_SPLIT")]
-            assert len(xs) == (b <= 16) and all(c["path"] == "slices" for c in xs), "X_SPLIT: buckets 1-16"
+            assert all(c["path"] == "slices" for c in xs)
+            if b == 1:   # one row: every slices tile also reading x in place (X_ROW), those first
+                plain = [c for c in space if c["path"] == "slices" and not c.get("X_SPLIT")]
+                assert [dict(c, X_SPLIT=1) for c in plain] == xs and d == xs[0]
+            else:
+                assert len(xs) == (b <= 16), "X_SPLIT: the default's copy at buckets 2-16"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
             assert not any(c["path"] == "join" for c in t.search_space(p32)), "join takes half-precision x"
             assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else

@@ -464,15 +464,30 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
             assert not variants.checked_launch(t.launch, x, w, r["tile"], t.reference(x, w))[0], r["M"]
 
 
-def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape):
-    # int4-m1 (run 28): the default slices tile, and the same with x handed over already in slice
-    # order (the copy taken out of the call), both checked; the shipped slice_order is back
-    # afterwards.
+def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypatch):
+    # int4-m1 (run 28) at M=1, every case checked. A shipped tile that copies x into slice order:
+    # it, the same reading x in place (X_ROW), every other X_ROW tile of the bucket-1 space, and
+    # the shipped tile with x handed over already in slice order (the copy taken out of the call;
+    # the shipped slice_order is back afterwards). A shipped tile that reads x in place (the
+    # bucket-1 default): it and the other X_ROW tiles only.
     on_a_tiny_shape(64, 1024, copies=1)
+    t = variants.registry.TEMPLATES["int4_w4a16"]
     shipped_order = variants.int4.slice_order
-    rows = variants.study_int4_m1(["tiny"], [1], lambda r: None)
-    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
-    assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
-    for fmt in ("int4-gptq", "int4-awq"):
-        assert [r["variant"] for r in cases if r["format"] == fmt] == ["default", "default, no x copy"], fmt
-    assert variants.int4.slice_order is shipped_order
+    for copying in (True, False):
+        monkeypatch.setattr(variants, "_shipped_tile",
+                            lambda t, p: dict(t.default_tile(p), X_SPLIT=0 if copying else 1))
+        rows = variants.study_int4_m1(["tiny"], [1], lambda r: None)
+        cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+        assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
+        assert variants.int4.slice_order is shipped_order
+        for fmt in ("int4-gptq", "int4-awq"):
+            w = variants._weights(fmt, 64, 1024, variants.DEV)[0]
+            others = [c for c in variants.int4._slices_tiles(t.problem(w, 1, torch.float16))
+                      if c.get("X_SPLIT")][1:]   # the X_ROW tiles but the default's
+            got = [(r["variant"], r["tile"]) for r in cases if r["format"] == fmt]
+            head = ([("shipped", dict(t.default_tile(t.problem(w, 1, torch.float16)), X_SPLIT=0))]
+                    if copying else [("shipped", got[0][1])])
+            if copying:
+                head.append(("shipped, X_ROW", dict(head[0][1], X_SPLIT=1)))
+            tail = [("shipped, no x copy", head[0][1])] if copying else []
+            assert got == head + [("slices, X_ROW", c) for c in others] + tail, fmt
