@@ -20,7 +20,7 @@ eagerly once, captured as a CUDA graph, and replayed from then on: one replay in
 host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time a call on
 an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run, so a
 replay gives the eager forward's bytes. Worth it in a long-lived process that sees the same
-shapes again; each new shape costs one eager run and a capture, and the CUDA_GRAPHS_KEPT most
+shapes again; each new shape costs one eager run (its answer) and a capture, and the CUDA_GRAPHS_KEPT most
 recently used graphs are kept (their memory comes from one shared pool).
 """
 from __future__ import annotations
@@ -48,9 +48,9 @@ class _Graph(NamedTuple):
 class GraphedForward:
     """model(*inputs) through one CUDA graph per shape of the inputs (see the module docstring).
 
-    The tensor returned is memory of the graphs' shared pool: valid until this object's next call,
-    of any shape (another graph's replay may write there), so copy it out at once (the engine moves
-    it to the CPU). One thread per object: captures and replays share its buffers and streams.
+    The tensor returned is memory of the graphs' shared pool (on a shape's first call, the eager
+    run's own output): valid until this object's next call, of any shape (another graph's replay
+    may write there), so copy it out at once (the engine moves it to the CPU). One thread per object: captures and replays share its buffers and streams.
     Every capture takes counters from kernels/common.py's capture pools (the fixup kernels' arrival
     counts), which an evicted graph does not give back: a process that captures many thousand
     shapes ends with captured launches that zero their own counters (0.9-2 us each)."""
@@ -73,26 +73,29 @@ class GraphedForward:
         with torch.cuda.device(self.device):   # Triton launches on the current device
             entry = self.graphs.get(key)
             if entry is None:
-                entry = self.graphs[key] = self._capture(inputs)
+                entry, warm = self._capture(inputs)
+                self.graphs[key] = entry
                 while len(self.graphs) > self.kept:
                     self.graphs.popitem(last=False)
-            else:
-                self.graphs.move_to_end(key)
-                for buf, t in zip(entry.inputs, inputs):
-                    buf.copy_(t)
+                return warm   # the same kernels and tiles as a replay: its bytes, one forward fewer
+            self.graphs.move_to_end(key)
+            for buf, t in zip(entry.inputs, inputs):
+                buf.copy_(t)
             entry.graph.replay()
             return entry.output
 
-    def _capture(self, inputs) -> _Graph:
+    def _capture(self, inputs) -> tuple[_Graph, torch.Tensor]:
+        """The graph of this shape, and the output of the eager run made before capturing it."""
         static = tuple(t.to(self.device, copy=True) for t in inputs)
         # An eager run first, on the capture stream (torch.cuda.graph's own warm-up advice): it
         # compiles every kernel and resolves every layer's tile (a cache miss may even tune), none
-        # of which may happen while capturing.
+        # of which may happen while capturing. Its output is this call's answer.
         here = torch.cuda.current_stream()
         self.capture_stream.wait_stream(here)
         with torch.cuda.stream(self.capture_stream):
-            self.model(*static)
+            warm = self.model(*static)
         here.wait_stream(self.capture_stream)
+        warm.record_stream(here)   # made on the capture stream, read on the caller's
         from vsr.kernels import common   # (here: the CPU path never imports Triton)
         graph = torch.cuda.CUDAGraph()
         mark = common.capture_counters_mark()
@@ -105,7 +108,7 @@ class GraphedForward:
         if self.pool is None:
             self.pool = graph.pool()
         self.captures += 1
-        return _Graph(graph, static, out)
+        return _Graph(graph, static, out), warm
 
 
 class Engine:

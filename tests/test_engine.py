@@ -173,13 +173,18 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3],
              TEST_TEXTS[5:6], TEST_TEXTS[7:8]]
     assert len(graphed.tokenizer.encode_checked(lists[-1])[0]) == len(graphed.tokenizer.encode_checked(lists[-2])[0])
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(self), replay(self))[1])
+    batches = sum(-(-len(texts) // engine_mod.BATCH_SIZE) for texts in lists)
     for texts in lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts)), texts
     shapes = len(graphed.graphed.graphs)
     assert graphed.graphed.captures == shapes >= 4   # lists 4, 5 and 7 replayed a graph
+    assert len(replays) == batches - shapes   # a shape's first call answers with its warm-up run
     for texts in lists:   # second pass: every shape replayed
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
-    assert graphed.graphed.captures == shapes
+    assert graphed.graphed.captures == shapes and len(replays) == 2 * batches - shapes
     with pytest.raises(ValueError, match="at least 1"):
         engine_mod.GraphedForward(graphed.model, graphed.device, kept=0)
     small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2)
