@@ -188,12 +188,16 @@ def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
     return rows
 
 
+def graph_row(rows, fmt: str, prov: str, shape: str, M: int) -> dict | None:
+    """The row of a result that counts for (format, provider, shape, M): its CUDA-graph figure where
+    it has one, else its eager one; None when the run did not time it."""
+    c = [r for r in rows if r["format"] == fmt and r["provider"] == prov and r["shape"] == shape and r["M"] == M]
+    g = [r for r in c if r["graph"]]
+    return (g or c or [None])[0]
+
+
 def ratio_table(rows, ceil) -> str:
     """vsr speed-up over cuBLAS bf16 (graph figures where both have them), per format/M/shape."""
-    def pick(fmt, prov, sh, M):
-        c = [r for r in rows if r["format"] == fmt and r["provider"] == prov and r["shape"] == sh and r["M"] == M]
-        g = [r for r in c if r["graph"]]
-        return (g or c or [None])[0]
     shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
     ms = sorted({r["M"] for r in rows})
     lines = ["| format | M | " + " | ".join(f"{s} vs cuBLAS" for s in shapes) + " | geomean | note |",
@@ -202,17 +206,17 @@ def ratio_table(rows, ceil) -> str:
         for M in ms:   # (a format this run did not measure has no row: it printed "nanx" before)
             rs, note = [], []
             for sh in shapes:
-                v, c = pick(fmt, "vsr", sh, M), pick("bf16", "cublas-bf16", sh, M)
+                v, c = graph_row(rows, fmt, "vsr", sh, M), graph_row(rows, "bf16", "cublas-bf16", sh, M)
                 rs.append(c["ms"] / v["ms"] if v and c else float("nan"))
                 if v and not v["checked"]:
                     note.append(f"{sh} UNCHECKED")
                 if fmt == "int4-gptq" and v:
                     for peer in ("tinygemm", "gemlite"):
-                        pr = pick("int4-gptq", peer, sh, M)
+                        pr = graph_row(rows, "int4-gptq", peer, sh, M)
                         if pr:
                             note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x {peer}")
                 if fmt == "fp8" and v:
-                    pr = pick("fp8", "scaled_mm+quant", sh, M)
+                    pr = graph_row(rows, "fp8", "scaled_mm+quant", sh, M)
                     if pr:
                         note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x sm+q")
                 if M == 1 and v:

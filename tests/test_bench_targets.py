@@ -1,0 +1,59 @@
+"""benchmarks/targets.py on a made-up bench_gemm result: which targets hold, the points that
+miss, the time each needs and its share of the floor, graph figures before eager ones."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def targets(bench_script):
+    return bench_script("targets")
+
+
+def row(fmt, prov, M, ms, graph=True, shape="qkv", floor=None, checked=True):
+    return dict(format=fmt, provider=prov, shape=shape, M=M, ms=ms, graph=graph,
+                floor_ms=floor if floor is not None else ms / 10, checked=checked)
+
+
+def result(rows):
+    return {"rows": rows, "commit": "test"}
+
+
+def by_name(evaluated):
+    return {t["target"]: t for t in evaluated}
+
+
+def test_a_miss_names_its_point_the_time_it_needs_and_the_floor(targets):
+    rows = [row("bf16", "cublas-bf16", 1, 30.0), row("bf16", "cublas-bf16", 1, 1.0, graph=False),
+            row("int4-gptq", "vsr", 1, 12.0, floor=6.0), row("int4-gptq", "vsr", 1, 5.0, graph=False),
+            row("int4-awq", "vsr", 1, 9.0, floor=6.0)]
+    t = by_name(targets.evaluate(result(rows)))["int4 >= 3.0x at M=1"]
+    # graph figures count: GPTQ is 30 / 12 = 2.5x (its eager 5.0 and cuBLAS's eager 1.0 are not used)
+    assert t["met"] is False and t["points"] == 2
+    (miss,) = t["misses"]
+    assert (miss["format"], miss["M"], miss["ratio"]) == ("int4-gptq", 1, 2.5)
+    assert miss["need_us"] == pytest.approx(10_000.0) and miss["of_floor"] == pytest.approx(0.6)
+    assert "int4-gptq      qkv      M=1     2.50x: 12000.0 us, 10000.0 needed" in targets.report([t])
+
+
+def test_targets_held_missed_and_not_measured(targets):
+    rows = [row("bf16", "cublas-bf16", M, 10.0) for M in (1, 1024)]
+    rows += [row("fp8", "vsr", 1, 5.0), row("fp8", "vsr", 1024, 5.8),            # 2.0x; 1.72x < 1.8
+             row("bf16", "vsr", 1, 9.0, floor=8.0), row("bf16", "vsr", 1024, 12.0),  # 1.11x; 0.83x
+             row("int4-gptq", "vsr", 1024, 1.0), row("int4-gptq", "tinygemm", 1024, 2.0),
+             row("int4-gptq", "gemlite", 1024, 0.5)]
+    t = by_name(targets.evaluate(result(rows)))
+    assert t["fp8 (with its quantization) >= 1.6x at every M"]["met"] is True
+    assert [m["M"] for m in t["fp8 (with its quantization) >= 1.8x at M >= 1024"]["misses"]] == [1024]
+    assert [m["M"] for m in t["bf16: no point below 0.9x"]["misses"]] == [1024]
+    gm = t["bf16 geomean >= 1.0x"]
+    assert gm["met"] is False and gm["value"] == pytest.approx((10 / 9 * 10 / 12) ** 0.5, abs=1e-3)
+    assert t["int4 >= 3.0x at M=1"]["met"] is None   # no int4 row at M=1
+    peers = t["int4 faster than tinygemm and gemlite at every M >= 16"]
+    assert peers["points"] == 2 and [m["peer"] for m in peers["misses"]] == ["gemlite"]
+    bw = t["M=1: >= 80% of copy bandwidth, every format"]   # bf16 8/9, fp8 0.5 / 5
+    assert bw["points"] == 2 and [(m["format"], m["share"]) for m in bw["misses"]] == [("fp8", 0.1)]
+
+
+def test_an_unchecked_point_misses_whatever_its_speed(targets):
+    rows = [row("bf16", "cublas-bf16", 4096, 10.0), row("int4-awq", "vsr", 4096, 1.0, checked=False)]
+    t = by_name(targets.evaluate(result(rows)))["int4 >= 0.9x at M=4096"]
+    assert t["met"] is False and "UNCHECKED" in targets.report([t])
