@@ -57,8 +57,11 @@ def ceilings() -> dict:
 
 
 def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float:
+    """The roofline floor of a call: its bytes at the copy bandwidth or its flops at the ceiling of
+    the tensor cores it runs on, whichever is longer (fp8 on fp8's; nvfp4's emulation dequantizes
+    to bf16 products, so bf16's, as every other format)."""
     moved = wbytes + M * K * 2 + M * N * 2
-    rate = ceil["fp8_TFLOPs"] if fmt in ("fp8", "nvfp4") else ceil["bf16_TFLOPs"]
+    rate = ceil["fp8_TFLOPs"] if fmt == "fp8" else ceil["bf16_TFLOPs"]
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
 
 
@@ -188,15 +191,48 @@ def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
     return rows
 
 
+def timed_rows(rows, fmt: str, prov: str, shape: str, M: int) -> dict[bool, dict]:
+    """{graph: row} of one (format, provider, shape, M): its eager and CUDA-graph figures."""
+    return {r["graph"]: r for r in rows if r["format"] == fmt and r["provider"] == prov and r["shape"] == shape
+            and r["M"] == M}
+
+
 def graph_row(rows, fmt: str, prov: str, shape: str, M: int) -> dict | None:
-    """The row of a result that counts for (format, provider, shape, M): its CUDA-graph figure where
-    it has one, else its eager one; None when the run did not time it."""
-    c = [r for r in rows if r["format"] == fmt and r["provider"] == prov and r["shape"] == shape and r["M"] == M]
-    g = [r for r in c if r["graph"]]
-    return (g or c or [None])[0]
+    """The row of a result that counts for (format, provider, shape, M) on its own: its CUDA-graph
+    figure where it has one, else its eager one; None when the run did not time it."""
+    c = timed_rows(rows, fmt, prov, shape, M)
+    return c.get(True) or c.get(False)
 
 
-def ratio_table(rows, ceil) -> str:
+def graph_pair(rows, a: tuple[str, str], b: tuple[str, str], shape: str, M: int) -> tuple[dict | None, dict | None]:
+    """The rows of two (format, provider) at one point, timed alike: both CUDA-graph figures where
+    both have one, else both eager; (None, None) when either was not timed."""
+    ra, rb = timed_rows(rows, *a, shape, M), timed_rows(rows, *b, shape, M)
+    for graph in (True, False):
+        if graph in ra and graph in rb:
+            return ra[graph], rb[graph]
+    return None, None
+
+
+def speedup(rows, fmt: str, prov: str, shape: str, M: int,
+            base=("bf16", "cublas-bf16")) -> tuple[float | None, dict | None]:
+    """(base's time / this provider's, this provider's row) at one point, timed alike (graph_pair):
+    the ratio to cuBLAS BF16 by default; (None, None) when either was not timed."""
+    v, c = graph_pair(rows, (fmt, prov), base, shape, M)
+    return (c["ms"] / v["ms"], v) if v and c else (None, None)
+
+
+def bandwidth_share(row: dict) -> float:
+    """The share of the copy bandwidth a call at M=1 moves its bytes at (there its floor is its bytes)."""
+    return row["floor_ms"] / row["ms"]
+
+
+def geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def ratio_table(rows) -> str:
     """vsr speed-up over cuBLAS bf16 (graph figures where both have them), per format/M/shape."""
     shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
     ms = sorted({r["M"] for r in rows})
@@ -206,24 +242,19 @@ def ratio_table(rows, ceil) -> str:
         for M in ms:   # (a format this run did not measure has no row: it printed "nanx" before)
             rs, note = [], []
             for sh in shapes:
-                v, c = graph_row(rows, fmt, "vsr", sh, M), graph_row(rows, "bf16", "cublas-bf16", sh, M)
-                rs.append(c["ms"] / v["ms"] if v and c else float("nan"))
+                r, _ = speedup(rows, fmt, "vsr", sh, M)
+                rs.append(float("nan") if r is None else r)
+                v = graph_row(rows, fmt, "vsr", sh, M)
                 if v and not v["checked"]:
                     note.append(f"{sh} UNCHECKED")
-                if fmt == "int4-gptq" and v:
-                    for peer in ("tinygemm", "gemlite"):
-                        pr = graph_row(rows, "int4-gptq", peer, sh, M)
-                        if pr:
-                            note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x {peer}")
-                if fmt == "fp8" and v:
-                    pr = graph_row(rows, "fp8", "scaled_mm+quant", sh, M)
-                    if pr:
-                        note.append(f"{sh} {pr['ms'] / v['ms']:.2f}x sm+q")
+                peers = {"int4-gptq": ("tinygemm", "gemlite"), "fp8": ("scaled_mm+quant",)}.get(fmt, ())
+                for peer in peers:
+                    pr, _ = speedup(rows, fmt, "vsr", sh, M, base=(fmt, peer))
+                    if pr is not None:
+                        note.append(f"{sh} {pr:.2f}x {'sm+q' if peer == 'scaled_mm+quant' else peer}")
                 if M == 1 and v:
-                    moved = v["floor_ms"] * ceil["copy_TBps"]  # floor at M=1 is the byte floor
-                    note.append(f"{sh} {moved / (v['ms'] * ceil['copy_TBps']):.0%} BW")
-            good = [r for r in rs if r == r]
-            gm = math.exp(sum(math.log(r) for r in good) / len(good)) if good else float("nan")
+                    note.append(f"{sh} {bandwidth_share(v):.0%} BW")
+            gm = geomean(r for r in rs if r == r)
             lines.append(f"| {fmt} | {M} | " + " | ".join(f"{r:.2f}x" for r in rs) + f" | {gm:.2f}x | "
                          + "; ".join(note) + " |")
     return "\n".join(lines)
@@ -286,7 +317,7 @@ def main() -> int:
             torch.cuda.empty_cache()
         write(a, commit, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
     write(a, commit, ceil, rows, t_start, partial=False)
-    print(ratio_table(rows, ceil))
+    print(ratio_table(rows))
     return 0
 
 

@@ -20,8 +20,8 @@ eagerly once, captured as a CUDA graph, and replayed from then on: one replay in
 host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time a call on
 an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run, so a
 replay gives the eager forward's bytes. Worth it in a long-lived process that sees the same
-shapes again; each new shape costs one eager run (its answer) and a capture, and the CUDA_GRAPHS_KEPT most
-recently used graphs are kept (their memory comes from one shared pool).
+shapes again; each new shape costs one eager run (its answer) and a capture, and the
+CUDA_GRAPHS_KEPT most recently used graphs are kept (their memory comes from one shared pool).
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ class GraphedForward:
 
     The tensor returned is memory of the graphs' shared pool (on a shape's first call, the eager
     run's own output): valid until this object's next call, of any shape (another graph's replay
-    may write there), so copy it out at once (the engine moves it to the CPU). One thread per object: captures and replays share its buffers and streams.
+    may write there), so copy it out at once (the engine moves it to the CPU). One thread per
+    object: captures and replays share its buffers and streams.
     Every capture takes counters from kernels/common.py's capture pools (the fixup kernels' arrival
     counts), which an evicted graph does not give back: a process that captures many thousand
     shapes ends with captured launches that zero their own counters (0.9-2 us each)."""

@@ -49,7 +49,7 @@ def test_targets_held_missed_and_not_measured(targets):
     assert t["int4 >= 3.0x at M=1"]["met"] is None   # no int4 row at M=1
     peers = t["int4 faster than tinygemm and gemlite at every M >= 16"]
     assert peers["points"] == 2 and [m["peer"] for m in peers["misses"]] == ["gemlite"]
-    bw = t["M=1: >= 80% of copy bandwidth, every format"]   # bf16 8/9, fp8 0.5 / 5
+    bw = t["M=1: >= 80% of copy bandwidth, every format, graph-replayed"]   # bf16 8/9, fp8 0.5 / 5
     assert bw["points"] == 2 and [(m["format"], m["share"]) for m in bw["misses"]] == [("fp8", 0.1)]
 
 
@@ -57,3 +57,25 @@ def test_an_unchecked_point_misses_whatever_its_speed(targets):
     rows = [row("bf16", "cublas-bf16", 4096, 10.0), row("int4-awq", "vsr", 4096, 1.0, checked=False)]
     t = by_name(targets.evaluate(result(rows)))["int4 >= 0.9x at M=4096"]
     assert t["met"] is False and "UNCHECKED" in targets.report([t])
+
+
+def test_figures_are_compared_timed_alike(targets):
+    # cuBLAS has only an eager figure where vsr has both: the ratio is eager to eager (30 / 20),
+    # never graph to eager (30 / 12 would meet 2.0x); the bandwidth target takes graph figures
+    # only, and a point with none is not measured.
+    rows = [row("bf16", "cublas-bf16", 16, 30.0, graph=False),
+            row("int4-gptq", "vsr", 16, 12.0), row("int4-gptq", "vsr", 16, 20.0, graph=False),
+            row("fp8", "vsr", 1, 9.0, graph=False, floor=1.0)]
+    t = by_name(targets.evaluate(result(rows)))
+    (miss,) = t["int4 >= 2.0x at M=16"]["misses"]
+    assert miss["ratio"] == 1.5 and miss["us"] == 20_000.0
+    assert t["M=1: >= 80% of copy bandwidth, every format, graph-replayed"]["met"] is None
+
+
+def test_an_unchecked_point_misses_the_peer_and_geomean_targets_too(targets):
+    rows = [row("bf16", "cublas-bf16", 64, 10.0), row("bf16", "vsr", 64, 5.0, checked=False),
+            row("int4-gptq", "vsr", 64, 1.0, checked=False), row("int4-gptq", "tinygemm", 64, 9.0)]
+    t = by_name(targets.evaluate(result(rows)))
+    assert t["bf16 geomean >= 1.0x"]["met"] is False and t["bf16 geomean >= 1.0x"]["value"] == 2.0
+    peers = t["int4 faster than tinygemm and gemlite at every M >= 16"]
+    assert peers["met"] is False and "9.00x tinygemm UNCHECKED" in targets.report([peers])

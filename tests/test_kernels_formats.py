@@ -798,11 +798,26 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
         assert torch.equal(split_x, copied)
 
 
+def slices_launches(monkeypatch) -> list[dict]:
+    """The constexpr flags of every launch of int4's slices kernel from here on (X_SPLIT at M=1
+    gives the reference's result too: the tests of X_ROW check that it is the form that ran)."""
+    seen, kernel = [], int4._int4_slices_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append({k: kw[k] for k in ("X_SPLIT", "X_ROW")})
+                return kernel[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(int4, "_int4_slices_kernel", Spy())
+    return seen
+
+
 @pytest.mark.parametrize("dtype,split,fixup,bm,Kx,symmetric,act_order", [
     (torch.float16, 2, True, 16, K, False, False), (torch.float16, 3, False, 64, 300, True, True),
     (torch.float32, 2, True, 16, 300, False, False), (torch.float16, 1, False, 16, 1000, False, False),
     pytest.param(torch.bfloat16, 4, True, 16, 1000, False, True, marks=BF16_ON_GPU.marks)])
-def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, symmetric, act_order):
+def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, symmetric, act_order, monkeypatch):
     # X_ROW (X_SPLIT at M == 1): x's row read in place from a buffer poisoned with NaN past K and in
     # the rows around it (a read outside the row shows), with split K, the in-kernel fixup, 64-row
     # tiles, partial words and blocks (K = 300, 1000), act_order and zero points: the reference's
@@ -813,13 +828,17 @@ def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, s
     buf[1, :Kx] = torch.randn(Kx, generator=g).to(dtype).to(DEV)
     x = buf[1:2, :Kx]
     tile = dict(SLICES, BLOCK_M=bm, SPLIT_K=split, FIXUP=int(fixup), X_SPLIT=1)
+    launches = slices_launches(monkeypatch)
     got = run(int4.launch, x, w, tile)
     ref = int4.reference_linear(x, w)
     assert_close(got, ref)
     copied = run(int4.launch, x, w, dict(tile, X_SPLIT=0))
+    assert launches == [{"X_SPLIT": True, "X_ROW": True}, {"X_SPLIT": False, "X_ROW": False}], launches
     # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
-    # each), and rounding to x's dtype adds at most one ulp: a fixed multiple of eps·max|y| (the
-    # tolerance before run 29) is too tight for fp32 outputs, whose rounding hides nothing.
+    # each, for round-to-nearest fp32 adds, as the MMA's accumulator and the fixup make them), and
+    # each result's rounding to x's dtype adds up to half an ulp (allowed: 2·eps·|y|, two ulps or
+    # more): a fixed multiple of eps·max|y| (the tolerance before run 29) is too tight for fp32
+    # outputs, whose rounding hides nothing.
     xp = x if w.act_perm is None else x[:, w.act_perm]
     sums = xp.float().abs() @ int4.dequantize(w).abs().t()
     if w.bias is not None:
@@ -829,7 +848,7 @@ def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, s
     assert (err <= bound).all(), f"X_ROW against the copied form: max error {err.max().item():.3g}"
 
 
-def test_int4_bucket_1_default_reads_x_in_place():
+def test_int4_bucket_1_default_reads_x_in_place(monkeypatch):
     # The bucket-1 default tile (group 128, half-precision x) is an X_ROW slices tile, run end to
     # end through the template: the reference's result with and without zero points and act_order.
     t = registry.TEMPLATES["int4_w4a16"]
@@ -839,7 +858,9 @@ def test_int4_bucket_1_default_reads_x_in_place():
         tile = t.default_tile(t.problem(w, 1, torch.float16))
         assert tile["path"] == "slices" and tile.get("X_SPLIT") == 1, tile
         x = torch.randn(1, Kx, generator=g).half().to(DEV)
+        launches = slices_launches(monkeypatch)
         assert_close(run(t.launch, x, w, tile), int4.reference_linear(x, w))
+        assert [k["X_ROW"] for k in launches] == [True], launches
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
