@@ -541,7 +541,8 @@ def study_int4_m1(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile and, where it is a slices tile that
     copies x into slice order, the same with x handed over already in that order (the copy taken
     out of the call); at M=1 also that tile with x read in place (X_SPLIT, which is X_ROW at one
-    row: its row loaded once, slice j in column j) and every X_ROW tile of the bucket-1 space.
+    row: its row loaded once, slice j in column j) and every X_ROW tile of the bucket-1 space; at
+    more rows a copying tile's X_SPLIT form (x as stored, each step's block split in registers).
     Earlier forms of this study: 82d3a38 also timed the no-copy product with its weight held in
     the L2; 76a54f0 and 82d3a38 slices tiles of 1-8 warps on 16-256 weight rows, and 76a54f0 GEMV
     tiles of 16-64 rows, beside the shipped ones; 12f7247 the slices kernel's products on two
@@ -558,6 +559,8 @@ def study_int4_m1(shapes, ms, log):
             shipped = shipped or t.default_tile(p)
             copies_x = shipped["path"] == "slices" and not shipped.get("X_SPLIT")
             cases = [(name, shipped)]
+            if M > 1 and copies_x:   # (run 29: at M=16 too) x as stored, split in registers
+                cases.append((f"{name}, X_SPLIT", dict(shipped, X_SPLIT=1)))
             if M == 1 and shipped["path"] == "slices":
                 if copies_x:
                     cases.append((f"{name}, X_ROW", dict(shipped, X_SPLIT=1)))
