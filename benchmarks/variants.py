@@ -561,14 +561,14 @@ def study_int4_m1(shapes, ms, log):
             copies_x = shipped["path"] == "slices" and not shipped.get("X_SPLIT")
             cases = [(name, shipped)]
             in_place = [dict(shipped, X_SPLIT=1)] if copies_x else []
-            if M <= 4 and shipped["path"] == "slices":   # (the X_ROW form reads up to BLOCK_M / 8 rows)
+            if M <= 4 and shipped["path"] == "slices":   # (58784fd, run 29: also 32 rows, four in place)
                 in_place.append(dict(shipped, BLOCK_M=max(shipped["BLOCK_M"], 8 * p.bucket), X_SPLIT=1))
             for tile in in_place:
                 if all(tile != c for _, c in cases):
                     cases.append((f"{name}, {'X_ROW' if 8 * M <= tile['BLOCK_M'] else 'X_SPLIT'}", tile))
-            if M <= 4 and shipped["path"] == "slices":   # every X_ROW tile of the space
-                cases += [("slices, X_ROW", c) for c in int4._slices_tiles(p)
-                          if c.get("X_SPLIT") and 8 * M <= c["BLOCK_M"] and all(c != t for _, t in cases)]
+            if M <= 4 and shipped["path"] == "slices":   # every X_SPLIT tile of the space (X_ROW where they fit)
+                cases += [(f"slices, {'X_ROW' if 8 * M <= c['BLOCK_M'] else 'X_SPLIT'}", c)
+                          for c in int4._slices_tiles(p) if c.get("X_SPLIT") and all(c != t for _, t in cases)]
             ref = t.reference(x, w0)
             for label, tile in cases:
                 rows.append(timed_case(dict(ids, variant=label, tile=tile), t.launch, x, tile, ws[fmt], ref, base))

@@ -831,17 +831,18 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
     # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py
     # --study int4-m1: 13-18% faster than the shipped tiles on qkv, o and down, level on gate_up).
-    # At buckets 2 and 4 (X_ROW up to BLOCK_M / 8 rows) every tile in that form too, after the
-    # others, 32-row ones at bucket 4 (run 29, variants.py --study int4-m1 at M=2: the copy is
-    # 3.4-4.2 us of a 27-35 us call on down and gate_up, and X_SPLIT's general form recovers none
-    # of it; not yet measured in the X_ROW form).
+    # At buckets 2 and 4 every tile in that form too, after the others: at M=2 that is X_ROW (two
+    # rows in place on 16-row tiles), at M=3-4 the general form (H200 run 29, variants.py --study
+    # int4-m1 at 58784fd, the best such tile against the shipped one: at M=2 3-16% less time on
+    # every 27B shape and format, GPTQ down 31.2 -> 26.3 us; at M=4 GPTQ gate_up 54.2 -> 49.6 us,
+    # o 3% less, the others level; 32-row X_ROW tiles, four rows in place, took from 1% less (GPTQ
+    # qkv) to 20% more (AWQ o) at best, so none is offered).
     if p.bucket == 1:
         return [dict(t, X_SPLIT=1) for t in out] + out
+    if p.bucket <= 4:
+        return out + [dict(t, X_SPLIT=1) for t in out]
     if p.bucket <= 16:
-        rows = [dict(t, BLOCK_M=max(t["BLOCK_M"], 8 * p.bucket), X_SPLIT=1) for t in out] if p.bucket <= 4 else []
-        for t in [dict(out[0], X_SPLIT=1)] + rows:
-            if t not in out:
-                out.append(t)
+        out.append(dict(out[0], X_SPLIT=1))
     return out
 
 
