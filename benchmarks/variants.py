@@ -511,8 +511,9 @@ def study_capture_counters(shapes, ms, log):
 def study_int4_x_split(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 on the shipped cache's slices tiles: x through the slice-order
     copy (a second launch; as shipped) against X_SPLIT (x as stored, each step's block split into
-    its slices in registers: no copy, more instructions per step). Points whose shipped tile is not
-    a slices tile are skipped."""
+    its slices in registers: no copy, more instructions per step; run 19; at M <= BLOCK_M / 8 the
+    launcher now takes X_ROW for it, the rows in place). Points whose shipped tile is not a slices
+    tile are skipped."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-x-split", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):

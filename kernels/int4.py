@@ -408,7 +408,8 @@ def _x_row_slices(x_ptr, stride_xm, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl
     c = tl.arange(0, BLOCK_M)[None, :]
     j = c % 8
     k = k0 + 8 * w + j
-    t = tl.load(x_ptr + (c // 8) * stride_xm + k, mask=(c // 8 < M) & (k < K), other=0.0)
+    m = c // 8
+    t = tl.load(x_ptr + m.to(tl.int64) * stride_xm + k, mask=(m < M) & (k < K), other=0.0)
     zero = tl.zeros_like(t)
     return (tl.where(j == 0, t, zero), tl.where(j == 1, t, zero), tl.where(j == 2, t, zero),
             tl.where(j == 3, t, zero), tl.where(j == 4, t, zero), tl.where(j == 5, t, zero),
@@ -826,7 +827,7 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # The first two with the in-kernel fixup where they split K (H200 run 18, variants.py --study
     # fixup: the shipped slices tiles of AWQ qkv and down at M=16 2.2% / 6.9% faster with it).
     out += [dict(t, FIXUP=1) for t in out[:2] if t["SPLIT_K"] > 1]
-    # The default with x read as stored (X_SPLIT) at buckets 2-16 (H200 run 19, variants.py --study
+    # The default with x read as stored (X_SPLIT) at buckets 8-16 (H200 run 19, variants.py --study
     # int4-x-split, the shipped slices tiles: 5-10% faster on o at M=1, up to 20% slower on
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
     # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py

@@ -798,6 +798,34 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
         assert torch.equal(split_x, copied)
 
 
+@triton.jit
+def _x_row_operands_kernel(x_ptr, out_ptr, stride_xm, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    xs = int4._x_row_slices(x_ptr, stride_xm, M, k0, K, BLOCK_M, BLOCK_K)
+    at = out_ptr + tl.arange(0, BLOCK_K // 8)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    for j in tl.static_range(8):
+        tl.store(at + j * (BLOCK_K // 8) * BLOCK_M, xs[j])
+
+
+@pytest.mark.parametrize("M,bm,k0,Kx", [(1, 16, 0, 128), (2, 16, 128, 300), (2, 32, 0, 100), (4, 32, 128, 256)])
+def test_int4_x_row_operands_take_only_the_rows_and_columns_of_x(M, bm, k0, Kx):
+    # X_ROW's eight operands of one step, stored: operand j holds x[m, k0 + 8w + j] at [w, 8m + j]
+    # and zeros elsewhere, also where the rows past M and the columns past K hold NaN (a read of
+    # them would leave NaN: the kernel's store masks those rows, so only this sees it).
+    g = gen(200 + M + bm + k0)
+    buf = torch.full((M + 2, Kx + 64), float("nan"), dtype=torch.float16)
+    buf[:M, :Kx] = torch.randn(M, Kx, generator=g).half()
+    buf = buf.to(DEV)
+    out = torch.full((8, 16, bm), float("nan"), dtype=torch.float16, device=DEV)
+    _x_row_operands_kernel[(1,)](buf, out, buf.stride(0), M, k0, Kx, BLOCK_M=bm, BLOCK_K=128)
+    want = torch.zeros(8, 16, bm, dtype=torch.float16)
+    for j in range(8):
+        for m in range(M):
+            k = k0 + 8 * torch.arange(16) + j
+            ok = k < Kx
+            want[j, ok, 8 * m + j] = buf.cpu()[m, k[ok]]
+    assert torch.equal(out.cpu(), want)
+
+
 def slices_launches(monkeypatch) -> list[dict]:
     """The constexpr flags of every launch of int4's slices kernel from here on (X_SPLIT's general
     form gives the reference's result at any M too: the tests of X_ROW check that it ran)."""
@@ -824,7 +852,8 @@ def slices_launches(monkeypatch) -> list[dict]:
 def test_int4_slices_x_row_reads_its_rows_in_place(dtype, M, split, fixup, bm, Kx, symmetric, act_order,
                                                     monkeypatch):
     # X_ROW (X_SPLIT at M <= BLOCK_M / 8): x's rows read in place from a buffer poisoned with NaN
-    # past K and in the rows around them (a read outside the rows shows), rows a stride apart,
+    # past K and in the rows around them, rows a stride apart (a read past K shows here; rows
+    # past M land in outputs the store masks: the operand test above checks those reads),
     # with split K, the in-kernel fixup, 16-64-row tiles, partial words and blocks (K = 300,
     # 1000), act_order and zero points: the reference's result, and the copied form's up to the
     # order of the fp32 sums.
