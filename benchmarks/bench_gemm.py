@@ -11,7 +11,7 @@ for every M also CUDA-graph replays cycling through weight
 copies that together exceed twice the L2. vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
-"Results file"; a ratio table is printed last.
+"Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
 """
 from __future__ import annotations
 
@@ -318,6 +318,8 @@ def main() -> int:
         write(a, commit, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
     write(a, commit, ceil, rows, t_start, partial=False)
     print(ratio_table(rows))
+    from targets import evaluate, report   # (here: targets.py imports this module's helpers)
+    print(report(evaluate({"rows": rows})))
     return 0
 
 
