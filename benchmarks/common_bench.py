@@ -102,7 +102,8 @@ def compiled_kernels() -> dict[int, dict]:
                     consts = getattr(k.src, "constants", {})
                     out[id(k)] = {"kernel": name, "n_regs": k.n_regs, "n_spills": k.n_spills, "shared": md.shared,
                                   "num_warps": md.num_warps, "num_stages": md.num_stages,
-                                  "constexprs": {str(a): v for a, v in consts.items() if isinstance(v, (int, bool, str))}}
+                                  "constexprs": {str(a): v for a, v in consts.items()
+                                                 if isinstance(v, (int, bool, str))}}
     return out
 
 

@@ -30,8 +30,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, compiled_kernels, copy_TBps, graph_ms,  # noqa: E402
-                          result_path, scaled_mm, scaled_mm_weight_scale, weight_copies)
+from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_commit, compiled_kernels,  # noqa: E402
+                          copy_TBps, graph_ms, result_path, scaled_mm, scaled_mm_weight_scale, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402

@@ -45,7 +45,8 @@ def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[d
         key = e["key"]
         if templates and key["template"] not in templates:
             continue
-        base = dict(format=format_label(CacheKey.from_dict(key)), N=key["N"], K=key["K"], M=key["bucket"], act_dtype=key["act_dtype"])
+        base = dict(format=format_label(CacheKey.from_dict(key)), N=key["N"], K=key["K"], M=key["bucket"],
+                    act_dtype=key["act_dtype"])
         tiles = [(e["tile"], "shipped")] + [(c["tile"], "failed when tuned") for c in e["candidates"]
                                             if not c["ok"] and "reference check failed" in (c["error"] or "")]
         out += [dict(base, tile=t, why=why) for t, why in tiles if not paths or t["path"] in paths]

@@ -30,9 +30,9 @@ def _weight(dev) -> fp8.Fp8Weight:
     return fp8.Fp8Weight(codes, scale)
 
 
-def _tiles(M: int) -> dict[tuple, dict]:
+def _tiles(w: fp8.Fp8Weight, M: int) -> dict[tuple, dict]:
     """One tile of each form (path, wide, persistent) the fp8 space offers at M's bucket."""
-    p = fp8.problem(_weight(torch.device("cuda")), bucket_for(M), torch.bfloat16)
+    p = fp8.problem(w, bucket_for(M), torch.bfloat16)
     out: dict[tuple, dict] = {}
     for t in fp8.search_space(p):
         out.setdefault((t["path"], "BLOCK_N2" in t, bool(t.get("PERSISTENT", 0))), t)
@@ -53,7 +53,7 @@ def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M, bench_script
     ref = fp8.reference_linear(aligned, w)
     peer_err = study.errors(peer, ref, aligned=True)["row0"]
 
-    tiles = _tiles(M)
+    tiles = _tiles(w, M)
     assert tiles, "the fp8 search space is empty"
     for form, tile in tiles.items():
         err = study.errors(fp8.launch(aligned, w, tile), ref, aligned=True)["row0"]
