@@ -87,7 +87,8 @@ def _path(tile) -> Any:
     stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile);
     int4 join tiles with the group scale on the weight tile (SCALE_W) too (run 25: a kernel form
     whose products stay in flight across K steps, the fp32-scaled join's do not), and int4 slices
-    tiles that read x as stored (X_SPLIT; at one row the form that won run 28's study) too."""
+    tiles that read x as stored (X_SPLIT; at M <= BLOCK_M / 8 rows in place, X_ROW, the form that won
+    run 28's study at one row and run 29's at two) too."""
     if not isinstance(tile, dict):
         return None
     if tile.get("BLOCK_N2"):

@@ -89,7 +89,11 @@ def cases() -> dict[str, tuple]:
         "the same with X_SPLIT: x as stored, each step's block split into its slices in registers")
     out["int4-slices-ptx-16x64-xrow"] = (
         int4._int4_slices_kernel, _INT4, dict(out["int4-slices-ptx-16x64"][2], X_SPLIT=True, X_ROW=True), 4, 3,
-        "the same at M=1 (X_ROW): x's one row loaded once, slice j's operand that tile zeroed but column j")
+        "the same at M <= 2 (X_ROW): x's rows loaded once, slice j's operand that tile zeroed but columns 8m + j")
+    out["int4-slices-ptx-32x64-xrow"] = (
+        int4._int4_slices_kernel, _INT4, dict(out["int4-slices-ptx-16x64"][2], BLOCK_M=32, X_SPLIT=True, X_ROW=True),
+        4, 3, "X_ROW on a 32-row tile: four rows of x in place (run 29, M=4: at best 1% less to 20% more "
+              "time than the shipped tile; not offered)")
     out["int4-slices-ptx-16x64-2w"] = (
         int4._int4_slices_kernel, _INT4, dict(_SPLITS, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4,
                                               GROUP_M=8, PAIRS=True, F16=False, IEEE=False, X_SPLIT=False, X_ROW=False),

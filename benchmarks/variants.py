@@ -511,8 +511,9 @@ def study_capture_counters(shapes, ms, log):
 def study_int4_x_split(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 on the shipped cache's slices tiles: x through the slice-order
     copy (a second launch; as shipped) against X_SPLIT (x as stored, each step's block split into
-    its slices in registers: no copy, more instructions per step). Points whose shipped tile is not
-    a slices tile are skipped."""
+    its slices in registers: no copy, more instructions per step; run 19; at M <= BLOCK_M / 8 the
+    launcher now takes X_ROW for it, the rows in place). Points whose shipped tile is not a slices
+    tile are skipped."""
     rows = []
     t = registry.TEMPLATES["int4_w4a16"]
     for sh, N, K, M, x, ws, base in _points("int4-x-split", ("int4-gptq", "int4-awq"), shapes, ms, rows, log):
@@ -540,9 +541,10 @@ def _no_slice_copy():
 def study_int4_m1(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile and, where it is a slices tile that
     copies x into slice order, the same with x handed over already in that order (the copy taken
-    out of the call); at M=1 also that tile with x read in place (X_SPLIT, which is X_ROW at one
-    row: its row loaded once, slice j in column j) and every X_ROW tile of the bucket-1 space; at
-    more rows a copying tile's X_SPLIT form (x as stored, each step's block split in registers).
+    out of the call); that tile with x as stored (X_SPLIT: each step's block split in registers,
+    or, at M <= BLOCK_M / 8, X_ROW: the rows loaded once, row m's slice j in column 8m + j), and
+    at M <= 4 the shipped slices tile widened to hold M rows in place and every X_ROW tile of
+    the bucket's space.
     Earlier forms of this study: 82d3a38 also timed the no-copy product with its weight held in
     the L2; 76a54f0 and 82d3a38 slices tiles of 1-8 warps on 16-256 weight rows, and 76a54f0 GEMV
     tiles of 16-64 rows, beside the shipped ones; 12f7247 the slices kernel's products on two
@@ -559,13 +561,15 @@ def study_int4_m1(shapes, ms, log):
             shipped = shipped or t.default_tile(p)
             copies_x = shipped["path"] == "slices" and not shipped.get("X_SPLIT")
             cases = [(name, shipped)]
-            if M > 1 and copies_x:   # (run 29: at M=16 too) x as stored, split in registers
-                cases.append((f"{name}, X_SPLIT", dict(shipped, X_SPLIT=1)))
-            if M == 1 and shipped["path"] == "slices":
-                if copies_x:
-                    cases.append((f"{name}, X_ROW", dict(shipped, X_SPLIT=1)))
-                cases += [("slices, X_ROW", c) for c in int4._slices_tiles(p)
-                          if c.get("X_SPLIT") and c != dict(shipped, X_SPLIT=1)]
+            in_place = [dict(shipped, X_SPLIT=1)] if copies_x else []
+            if M <= 4 and shipped["path"] == "slices":   # (58784fd, run 29: also 32 rows, four in place)
+                in_place.append(dict(shipped, BLOCK_M=max(shipped["BLOCK_M"], 8 * p.bucket), X_SPLIT=1))
+            for tile in in_place:
+                if all(tile != c for _, c in cases):
+                    cases.append((f"{name}, {'X_ROW' if 8 * M <= tile['BLOCK_M'] else 'X_SPLIT'}", tile))
+            if M <= 4 and shipped["path"] == "slices":   # every X_SPLIT tile of the space (X_ROW where they fit)
+                cases += [(f"slices, {'X_ROW' if 8 * M <= c['BLOCK_M'] else 'X_SPLIT'}", c)
+                          for c in int4._slices_tiles(p) if c.get("X_SPLIT") and all(c != t for _, t in cases)]
             ref = t.reference(x, w0)
             for label, tile in cases:
                 rows.append(timed_case(dict(ids, variant=label, tile=tile), t.launch, x, tile, ws[fmt], ref, base))

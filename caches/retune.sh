@@ -4,7 +4,8 @@
 #
 #   caches/retune.sh 27b DB      the 27B-class bf16 and fp8 keys at 16 candidates into a scratch
 #                                store, their int4 keys at 20 into DB (int4 at 16 lost 9% at M=64,
-#                                run 14), the first imported into DB
+#                                run 14; buckets 2 and 4 over their whole spaces, run 30), the
+#                                first imported into DB
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
 #   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
@@ -45,7 +46,12 @@ done
 
 # Each pass once, for the stages to share: the store to tune into is the argument.
 tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}; }
-tune_27b_int4() { $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}; }
+# Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
+# 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
+tune_27b_int4() {
+  $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --buckets 2,4
+  $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
+}
 tune_minilm() {
   $tune minilm --autotune-cache "$1" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
     --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32

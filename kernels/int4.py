@@ -326,8 +326,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     (X_GATHER).
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
     step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices);
-    with one row of x (X_ROW, the launcher's choice when M == 1) only that row is loaded, slice j
-    taking column j of the operand (_x_row_slices).
+    with M <= BLOCK_M / 8 rows of x (X_ROW, the launcher's choice then) only those rows are
+    loaded, row m's slice j taking column 8·m + j of the operand (_x_row_slices).
     With a zero point (AWQ) and the PTX pairs, slices 4-7 go to a second accumulator, added to the
     first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
     (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ faster on
@@ -342,7 +342,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     for kw0 in range(kw_lo, kw_hi, W8):
         words, scale, zu = _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP, HAS_ZP, BLOCK_N, W8)
         if X_ROW:
-            xs = _x_row_slices(x_ptr, kw0 * 8, K, BLOCK_M, BLOCK_K)
+            xs = _x_row_slices(x_ptr, stride_xm, M, kw0 * 8, K, BLOCK_M, BLOCK_K)
         elif X_SPLIT:
             xs = _x_slices(x_ptr, rm, stride_xm, kw0 * 8, K, BLOCK_M, BLOCK_K)
         else:
@@ -369,8 +369,8 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
         if HAS_ZP and PAIRS:
             part += part2
         acc += part * scale[:, None]
-    if X_ROW:   # slice j's sums are in column j: the row's result is their sum (row 0, the only one stored)
-        acc = tl.broadcast_to(tl.sum(acc, axis=1)[:, None], (BLOCK_N, BLOCK_M))
+    if X_ROW:   # row m's slice j is in column 8·m + j: row m's result is the sum of its eight, into column m
+        acc = _x_row_results(acc, BLOCK_N, BLOCK_M)
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
 
@@ -395,22 +395,39 @@ def _x_slices(x_ptr, rm, stride_xm, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.co
 
 
 @triton.jit
-def _x_row_slices(x_ptr, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """X_SPLIT's operands for x of one row (M == 1, X_ROW): the row's BK columns from k0 loaded once
-    as t[w, c] = x[k0 + 8·w + c] (c < 8; columns past K and c >= 8 read as zero), and slice j's
-    operand t with every column but c = j zeroed. The step's eight products then leave slice j's
-    partial sum in column j of the accumulator (the kernel adds the columns up at the end), and
-    neither a slice-order copy nor fifteen padded rows of x are loaded (run 28: the copy is
-    2.3-3.3 us of an M=1 call). Broadcasting each slice to the BM columns instead cost a
-    shared-memory store per element (inspect_kernels: 434 main-loop instructions against 289)."""
+def _x_row_slices(x_ptr, stride_xm, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """X_SPLIT's operands for x of M <= BLOCK_M / 8 rows (X_ROW): the rows' BK columns from k0
+    loaded once as t[w, 8·m + j] = x[m, k0 + 8·w + j] (rows past M and columns past K read as
+    zero), and slice j's operand t with every column but those of j zeroed. The step's eight
+    products then leave row m's slice-j partial sum in column 8·m + j of the accumulator (the
+    kernel adds each row's eight up at the end, _x_row_results), and neither a slice-order copy
+    nor the padded rows of x are loaded (run 28: the copy is 2.3-3.3 us of an M=1 call; run 29:
+    3.4-4.2 us at M=2). Broadcasting each slice to the BM columns instead cost a shared-memory
+    store per element (inspect_kernels: 434 main-loop instructions against 289)."""
     w = tl.arange(0, BLOCK_K // 8)[:, None]
     c = tl.arange(0, BLOCK_M)[None, :]
-    k = k0 + 8 * w + c
-    t = tl.load(x_ptr + k, mask=(c < 8) & (k < K), other=0.0)
+    j = c % 8
+    k = k0 + 8 * w + j
+    m = c // 8
+    t = tl.load(x_ptr + m.to(tl.int64) * stride_xm + k, mask=(m < M) & (k < K), other=0.0)
     zero = tl.zeros_like(t)
-    return (tl.where(c == 0, t, zero), tl.where(c == 1, t, zero), tl.where(c == 2, t, zero),
-            tl.where(c == 3, t, zero), tl.where(c == 4, t, zero), tl.where(c == 5, t, zero),
-            tl.where(c == 6, t, zero), tl.where(c == 7, t, zero))
+    return (tl.where(j == 0, t, zero), tl.where(j == 1, t, zero), tl.where(j == 2, t, zero),
+            tl.where(j == 3, t, zero), tl.where(j == 4, t, zero), tl.where(j == 5, t, zero),
+            tl.where(j == 6, t, zero), tl.where(j == 7, t, zero))
+
+
+@triton.jit
+def _x_row_results(acc, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """X_ROW's accumulator [BN, BM] (row m's slice j in column 8·m + j) turned into the usual one:
+    row m's result, the sum of its eight columns, in column m (columns past BM / 8 hold zeros,
+    rows the store masks). Masked sums, not a product with a 0/1 matrix: an inf partial sum
+    would turn every other column's result into NaN there."""
+    c = tl.arange(0, BLOCK_M)[None, :]
+    out = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M // 8):
+        row = tl.sum(tl.where(c // 8 == m, acc, 0.0), axis=1)
+        out = tl.where(c == m, row[:, None], out)
+    return out
 
 
 @triton.jit
@@ -627,7 +644,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
-        assert bm >= 16, f"the slices path needs BLOCK_M >= 16 (X_ROW puts slice j in column j < 8), got {bm}"
+        # (16: an MMA's narrow side, and X_ROW's room for two rows' eight slices)
+        assert bm >= 16, f"the slices path needs BLOCK_M >= 16, got {bm}"
         x_split = bool(tile.get("X_SPLIT", 0))
         xs = x if x_split else slice_order(x, bk)
         _int4_slices_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -635,7 +653,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
-            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and M == 1, num_warps=tile["num_warps"],
+            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
@@ -809,14 +827,22 @@ def _slices_tiles(p: Problem) -> list[dict]:
     # The first two with the in-kernel fixup where they split K (H200 run 18, variants.py --study
     # fixup: the shipped slices tiles of AWQ qkv and down at M=16 2.2% / 6.9% faster with it).
     out += [dict(t, FIXUP=1) for t in out[:2] if t["SPLIT_K"] > 1]
-    # The default with x read as stored (X_SPLIT) at buckets 2-16 (H200 run 19, variants.py --study
+    # The default with x read as stored (X_SPLIT) at buckets 8-16 (H200 run 19, variants.py --study
     # int4-x-split, the shipped slices tiles: 5-10% faster on o at M=1, up to 20% slower on
     # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
     # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py
     # --study int4-m1: 13-18% faster than the shipped tiles on qkv, o and down, level on gate_up).
+    # At buckets 2 and 4 every tile in that form too, after the others: at M=2 that is X_ROW (two
+    # rows in place on 16-row tiles), at M=3-4 the general form (H200 run 29, variants.py --study
+    # int4-m1 at 58784fd, the best such tile against the shipped one: at M=2 3-16% less time on
+    # every 27B shape and format, GPTQ down 31.2 -> 26.3 us; at M=4 GPTQ gate_up 54.2 -> 49.6 us,
+    # o 3% less, the others level; 32-row X_ROW tiles, four rows in place, took from 1% less (GPTQ
+    # qkv) to 20% more (AWQ o) at best, so none is offered).
     if p.bucket == 1:
-        out = [dict(t, X_SPLIT=1) for t in out] + out
-    elif p.bucket <= 16:
+        return [dict(t, X_SPLIT=1) for t in out] + out
+    if p.bucket <= 4:
+        return out + [dict(t, X_SPLIT=1) for t in out]
+    if p.bucket <= 16:
         out.append(dict(out[0], X_SPLIT=1))
     return out
 

@@ -244,24 +244,27 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
                           env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo", "INCUMBENTS": str(tmp_path / "absent.json")})
     assert typo.returncode == 2 and "does not exist" in typo.stderr and not typo.stdout
     big, small = stage("27b"), stage("minilm")
-    for cmd in big[:2] + small[:1]:
+    for cmd in [big[0], big[2], small[0]]:
         assert cmd[cmd.index("--incumbents") + 1] == str(shipped)
-    assert [c[0] for c in big] == ["27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
-    assert big[2][1] == big[0][2] and big[1][2] == big[2][3] == db   # the 16-candidate store imported under DB
-    assert "--max-candidates" in big[1] and big[1][big[1].index("--max-candidates") + 1] == "20"
-    # int4 is tuned once, at 20 (tuning it at 16 too would only be thrown away by the import)
+    assert [c[0] for c in big] == ["27b", "27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
+    assert big[3][1] == big[0][2] and big[1][2] == big[2][2] == big[3][3] == db   # the 16-candidate store imported under DB
+    assert "--max-candidates" in big[2] and big[2][big[2].index("--max-candidates") + 1] == "20"
+    # int4's buckets 2 and 4 over their whole spaces first (no pick, so no incumbents), then the
+    # rest at 20; int4 is not tuned at 16 too (the import would only throw that away)
+    assert big[1][big[1].index("--buckets") + 1] == "2,4"
+    assert "--max-candidates" not in big[1] and "--incumbents" not in big[1] and "--buckets" not in big[2]
     assert big[0][big[0].index("--formats") + 1] == "bf16,fp8"
-    assert big[1][big[1].index("--formats") + 1] == "int4-gptq,int4-awq"
+    assert big[1][big[1].index("--formats") + 1] == big[2][big[2].index("--formats") + 1] == "int4-gptq,int4-awq"
     # stale: after a kernel edit, one stage: import FROM_JSON (default the file rebuilt), prune, the
-    # two 27b passes and the minilm one (only keys left without a tile get tuned), export
+    # three 27b passes and the minilm one (only keys left without a tile get tuned), export
     stale = stage("stale", FROM_JSON=str(tmp_path / "from.json"))
-    assert [c[0] for c in stale] == ["import", "prune", "27b", "27b", "minilm", "export"]
+    assert [c[0] for c in stale] == ["import", "prune", "27b", "27b", "27b", "minilm", "export"]
     assert stale[0][1] == str(tmp_path / "from.json") and stage("stale")[0][1] == str(shipped)
     def opts(c):
         return c[0], c[c.index("--formats") + 1], c[c.index("--max-candidates") + 1], c[c.index("--incumbents") + 1]
-    assert [opts(c) for c in stale[2:5]] == [opts(c) for c in (big[0], big[1], small[0])]
-    assert opts(stale[2])[3] == str(shipped)
-    assert stale[5] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
+    assert [opts(c) for c in stale[2:6:2] + stale[5:6]] == [opts(c) for c in (big[0], big[2], small[0])]
+    assert stale[3] == big[1] and opts(stale[2])[3] == str(shipped)
+    assert stale[6] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
     for cmd in big + small + stale:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,

@@ -95,9 +95,9 @@ for cap in ((8, 0), (8, 6), (8, 9), (9, 0)):
         types = dict(ik._INT4, x_ptr="*" + name, sc_ptr="*" + name, y_ptr="*" + name, bias_ptr="*" + name)
         consts = dict(GROUP=128, HAS_ZP=True, HAS_BIAS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2,
                       GROUP_M=8, PAIRS=int4.ptx_pairs(dt, cap), F16=dt == torch.float16, IEEE=False, FIXUP=True)
-        for x_split, x_row in ((False, False), (True, False), (True, True)):
-            ik.compile_cuda(int4._int4_slices_kernel, types, dict(consts, X_SPLIT=x_split, X_ROW=x_row), 4, 3,
-                            arch=cap[0] * 10 + cap[1])
+        for x_split, x_row, bm in ((False, False, 16), (True, False, 16), (True, True, 16), (True, True, 32)):
+            ik.compile_cuda(int4._int4_slices_kernel, types, dict(consts, BLOCK_M=bm, X_SPLIT=x_split, X_ROW=x_row),
+                            4, 3, arch=cap[0] * 10 + cap[1])
         consts.pop("IEEE")
         for scale_w in (False, True):   # SCALE_W: the half-precision multiply (scales in x's dtype)
             ik.compile_cuda(int4._int4_join_kernel, types, dict(consts, SCALE_W=scale_w), 4, 3,

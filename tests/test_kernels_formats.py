@@ -781,9 +781,9 @@ def test_int4_slices_path_uneven_k(dtype):
 def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, act_order, monkeypatch):
     # X_SPLIT: x as stored, each step's block split into its eight slices in registers, instead of
     # the slice-order copy: the same operands in the same order, so the same bytes (a slice taken
-    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block. M=1:
-    # the one-row form (X_ROW: slice j's sums in column j, added up at the end), the same sum in
-    # another order: within the tolerance of the reference.
+    # wrongly fails), and no copy made. K = 300: a partial last word, a masked last block. M <= 2
+    # on 16-row tiles: the rows-in-place form (X_ROW: row m's slice j summed in column 8m + j, the
+    # eight added up at the end), the same sum in another order: within the reference's tolerance.
     g = gen(130 + M + split)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
     x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
@@ -792,15 +792,43 @@ def test_int4_slices_x_split_reads_x_as_stored(dtype, M, split, Kx, symmetric, a
     assert_close(copied, int4.reference_linear(x, w))
     monkeypatch.setattr(int4, "slice_order", lambda *a: pytest.fail("X_SPLIT made the slice-order copy"))
     split_x = run(int4.launch, x, w, dict(tile, X_SPLIT=1))
-    if M == 1:   # (test_int4_slices_x_row_reads_one_row_in_place holds it to the copied form)
+    if 8 * M <= tile["BLOCK_M"]:   # (test_int4_slices_x_row_reads_its_rows_in_place holds it to the copied form)
         assert_close(split_x, int4.reference_linear(x, w))
     else:
         assert torch.equal(split_x, copied)
 
 
+@triton.jit
+def _x_row_operands_kernel(x_ptr, out_ptr, stride_xm, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    xs = int4._x_row_slices(x_ptr, stride_xm, M, k0, K, BLOCK_M, BLOCK_K)
+    at = out_ptr + tl.arange(0, BLOCK_K // 8)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    for j in tl.static_range(8):
+        tl.store(at + j * (BLOCK_K // 8) * BLOCK_M, xs[j])
+
+
+@pytest.mark.parametrize("M,bm,k0,Kx", [(1, 16, 0, 128), (2, 16, 128, 300), (2, 32, 0, 100), (4, 32, 128, 256)])
+def test_int4_x_row_operands_take_only_the_rows_and_columns_of_x(M, bm, k0, Kx):
+    # X_ROW's eight operands of one step, stored: operand j holds x[m, k0 + 8w + j] at [w, 8m + j]
+    # and zeros elsewhere, also where the rows past M and the columns past K hold NaN (a read of
+    # them would leave NaN: the kernel's store masks those rows, so only this sees it).
+    g = gen(200 + M + bm + k0)
+    buf = torch.full((M + 2, Kx + 64), float("nan"), dtype=torch.float16)
+    buf[:M, :Kx] = torch.randn(M, Kx, generator=g).half()
+    buf = buf.to(DEV)
+    out = torch.full((8, 16, bm), float("nan"), dtype=torch.float16, device=DEV)
+    _x_row_operands_kernel[(1,)](buf, out, buf.stride(0), M, k0, Kx, BLOCK_M=bm, BLOCK_K=128)
+    want = torch.zeros(8, 16, bm, dtype=torch.float16)
+    for j in range(8):
+        for m in range(M):
+            k = k0 + 8 * torch.arange(16) + j
+            ok = k < Kx
+            want[j, ok, 8 * m + j] = buf.cpu()[m, k[ok]]
+    assert torch.equal(out.cpu(), want)
+
+
 def slices_launches(monkeypatch) -> list[dict]:
-    """The constexpr flags of every launch of int4's slices kernel from here on (X_SPLIT at M=1
-    gives the reference's result too: the tests of X_ROW check that it is the form that ran)."""
+    """The constexpr flags of every launch of int4's slices kernel from here on (X_SPLIT's general
+    form gives the reference's result at any M too: the tests of X_ROW check that it ran)."""
     seen, kernel = [], int4._int4_slices_kernel
 
     class Spy:
@@ -813,27 +841,34 @@ def slices_launches(monkeypatch) -> list[dict]:
     return seen
 
 
-@pytest.mark.parametrize("dtype,split,fixup,bm,Kx,symmetric,act_order", [
-    (torch.float16, 2, True, 16, K, False, False), (torch.float16, 3, False, 64, 300, True, True),
-    (torch.float32, 2, True, 16, 300, False, False), (torch.float16, 1, False, 16, 1000, False, False),
-    pytest.param(torch.bfloat16, 4, True, 16, 1000, False, True, marks=BF16_ON_GPU.marks)])
-def test_int4_slices_x_row_reads_one_row_in_place(dtype, split, fixup, bm, Kx, symmetric, act_order, monkeypatch):
-    # X_ROW (X_SPLIT at M == 1): x's row read in place from a buffer poisoned with NaN past K and in
-    # the rows around it (a read outside the row shows), with split K, the in-kernel fixup, 64-row
-    # tiles, partial words and blocks (K = 300, 1000), act_order and zero points: the reference's
-    # result, and the copied form's up to the order of the fp32 sums.
-    g = gen(170 + split + bm + Kx)
+@pytest.mark.parametrize("dtype,M,split,fixup,bm,Kx,symmetric,act_order", [
+    (torch.float16, 1, 2, True, 16, K, False, False), (torch.float16, 1, 3, False, 64, 300, True, True),
+    (torch.float32, 1, 2, True, 16, 300, False, False), (torch.float16, 1, 1, False, 16, 1000, False, False),
+    pytest.param(torch.bfloat16, 1, 4, True, 16, 1000, False, True, marks=BF16_ON_GPU.marks),
+    (torch.float16, 2, 2, True, 16, 300, False, False), (torch.float32, 2, 1, False, 16, 1000, True, False),
+    (torch.float16, 3, 2, False, 32, 300, False, True), (torch.float16, 4, 3, True, 32, K, True, False),
+    (torch.float16, 2, 1, False, 64, 300, False, False),
+    (torch.float16, 3, 2, False, 16, 300, False, False)])   # 3 rows, room for 2: X_SPLIT's general form
+def test_int4_slices_x_row_reads_its_rows_in_place(dtype, M, split, fixup, bm, Kx, symmetric, act_order,
+                                                    monkeypatch):
+    # X_ROW (X_SPLIT at M <= BLOCK_M / 8): x's rows read in place from a buffer poisoned with NaN
+    # past K and in the rows around them, rows a stride apart (a read past K shows here; rows
+    # past M land in outputs the store masks: the operand test above checks those reads),
+    # with split K, the in-kernel fixup, 16-64-row tiles, partial words and blocks (K = 300,
+    # 1000), act_order and zero points: the reference's result, and the copied form's up to the
+    # order of the fp32 sums.
+    g = gen(170 + split + bm + Kx + M)
     w = int4_weight(g, 128, symmetric, act_order, True, dtype, Kx=Kx)
-    buf = torch.full((3, Kx + 64), float("nan"), dtype=dtype, device=DEV)
-    buf[1, :Kx] = torch.randn(Kx, generator=g).to(dtype).to(DEV)
-    x = buf[1:2, :Kx]
+    buf = torch.full((M + 2, Kx + 64), float("nan"), dtype=dtype, device=DEV)
+    buf[1:1 + M, :Kx] = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
+    x = buf[1:1 + M, :Kx]
     tile = dict(SLICES, BLOCK_M=bm, SPLIT_K=split, FIXUP=int(fixup), X_SPLIT=1)
     launches = slices_launches(monkeypatch)
     got = run(int4.launch, x, w, tile)
     ref = int4.reference_linear(x, w)
     assert_close(got, ref)
     copied = run(int4.launch, x, w, dict(tile, X_SPLIT=0))
-    assert launches == [{"X_SPLIT": True, "X_ROW": True}, {"X_SPLIT": False, "X_ROW": False}], launches
+    assert launches == [{"X_SPLIT": True, "X_ROW": 8 * M <= bm}, {"X_SPLIT": False, "X_ROW": False}], launches
     # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
     # each, for round-to-nearest fp32 adds, as the MMA's accumulator and the fixup make them), and
     # each result's rounding to x's dtype adds up to half an ulp (allowed: 2·eps·|y|, two ulps or

@@ -130,8 +130,12 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             if b == 1:   # one row: every slices tile also reading x in place (X_ROW), those first
                 plain = [c for c in space if c["path"] == "slices" and not c.get("X_SPLIT")]
                 assert [dict(c, X_SPLIT=1) for c in plain] == xs and d == xs[0]
+            elif b <= 4:   # every slices tile also reading x as stored, after them (X_ROW at M=2)
+                plain = [c for c in space if c["path"] == "slices" and not c.get("X_SPLIT")]
+                assert [dict(c, X_SPLIT=1) for c in plain] == xs and space.index(xs[0]) > space.index(plain[-1])
+                assert {c["BLOCK_M"] for c in xs} == {16}, "X_ROW for two rows at most (run 29: four lost)"
             else:
-                assert len(xs) == (b <= 16), "X_SPLIT: the default's copy at buckets 2-16"
+                assert len(xs) == (b <= 16), "X_SPLIT: the default's copy at buckets 8-16"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
             assert not any(c["path"] == "join" for c in t.search_space(p32)), "join takes half-precision x"
             assert t.default_tile(p32)["path"] == ("gemv" if b == 1 else "swap" if b <= 128 else

@@ -465,7 +465,7 @@ def test_the_sk_reduce_study_checks_each_form_of_the_reduction(variants, monkeyp
 
 
 def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypatch):
-    # int4-m1 (run 28) at M=1, every case checked. A shipped tile that copies x into slice order:
+    # int4-m1 (runs 28-29) at M=1 and 2, every case checked. A shipped tile that copies x into slice order:
     # it, the same reading x in place (X_ROW), every other X_ROW tile of the bucket-1 space, and
     # the shipped tile with x handed over already in slice order (the copy taken out of the call;
     # the shipped slice_order is back afterwards). A shipped tile that reads x in place (the
@@ -491,3 +491,17 @@ def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypa
                 head.append(("shipped, X_ROW", dict(head[0][1], X_SPLIT=1)))
             tail = [("shipped, no x copy", head[0][1])] if copying else []
             assert got == head + [("slices, X_ROW", c) for c in others] + tail, fmt
+    # At M=2 (bucket 2) a copying shipped tile of 16 rows holds both rows in place (X_ROW), and
+    # the bucket's other X_ROW tiles follow.
+    monkeypatch.setattr(variants, "_shipped_tile", lambda t, p: dict(t.default_tile(p), X_SPLIT=0))
+    rows = variants.study_int4_m1(["tiny"], [2], lambda r: None)
+    cases = [r for r in rows if r["variant"] != "cublas-bf16"]
+    assert all(r["ok"] for r in cases), [(r["variant"], r.get("error"), r.get("rel_err")) for r in cases]
+    for fmt in ("int4-gptq", "int4-awq"):
+        p = t.problem(variants._weights(fmt, 64, 1024, variants.DEV)[0], 2, torch.float16)
+        shipped = dict(t.default_tile(p), X_SPLIT=0)
+        others = [c for c in variants.int4._slices_tiles(p) if c.get("X_SPLIT") and c != dict(shipped, X_SPLIT=1)]
+        assert others and all(c["BLOCK_M"] >= 16 for c in others)
+        assert [(r["variant"], r["tile"]) for r in cases if r["format"] == fmt] == (
+            [("shipped", shipped), ("shipped, X_ROW", dict(shipped, X_SPLIT=1))]
+            + [("slices, X_ROW", c) for c in others] + [("shipped, no x copy", shipped)]), fmt
