@@ -126,15 +126,17 @@ def scaled_mm(xq: torch.Tensor, sa: torch.Tensor, w8, sb: torch.Tensor, fast: bo
     return torch._scaled_mm(xq, w8.weight.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
 
 
-def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False):
+def make_weight(fmt: str, N: int, K: int, device, seed: int = 0, bias: bool = False,
+                model_dtype: torch.dtype = torch.bfloat16):
     """Random weights of realistic magnitudes (never zeros) in the kernels' layouts, made on `device`:
-    the synthetic weights vsr-tune times (vsr.autotune.synth) for the format's parameters, bf16 model
-    dtype, plus an optional random bias."""
+    the synthetic weights vsr-tune times (vsr.autotune.synth) for the format's parameters, with
+    scales in `model_dtype` (the tuner's: a key's activation dtype), plus an optional random bias
+    in that dtype."""
     fs = shapes.FORMATS[fmt]
-    w = synth.random_weight(fs.fmt, N, K, dict(fs.params), torch.bfloat16, device, seed)
+    w = synth.random_weight(fs.fmt, N, K, dict(fs.params), model_dtype, device, seed)
     if bias:
         g = torch.Generator(device=torch.device(device)).manual_seed(seed + 1000)
-        w = dataclasses.replace(w, bias=(torch.randn(N, generator=g, device=device) * 0.1).to(torch.bfloat16))
+        w = dataclasses.replace(w, bias=(torch.randn(N, generator=g, device=device) * 0.1).to(model_dtype))
     return w
 
 

@@ -55,8 +55,11 @@ def cases_from_cache(path: Path, templates: set[str], paths: set[str]) -> list[d
 
 def run_case(case: dict, repeats: int, dev) -> dict:
     x_dtype = DTYPES[case["act_dtype"]]
-    # A dense weight runs in the activations' dtype (the runtime converts it once at load).
-    w = to_run_dtype(make_weight(case["format"], case["N"], case["K"], dev, seed=7, bias=True), x_dtype)
+    # The tuner's weight for the key (scales in the activations' dtype, as vsr-tune and vsr-tune
+    # verify make them), with a bias; a dense weight runs in the activations' dtype (the runtime
+    # converts it once at load).
+    w = to_run_dtype(make_weight(case["format"], case["N"], case["K"], dev, seed=7, bias=True, model_dtype=x_dtype),
+                     x_dtype)
     g = torch.Generator(device=dev).manual_seed(11)
     x = torch.randn(case["M"], case["K"], generator=g, device=dev).to(x_dtype)
     t = registry.template_for(w, x_dtype)
