@@ -11,8 +11,9 @@
 #   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
 #                                file rebuilt) imported into DB, the entries whose kernel source
 #                                changed pruned, only the keys left without a tile tuned (vsr-tune
-#                                skips recorded ones) at the counts above, DB exported (runs 26 and
-#                                28 did this by hand: int4's 280 keys in 156 + 93 s on the H200)
+#                                skips recorded ones) at the counts above, DB exported (int4's 280
+#                                keys: about 400 s on the H200 in run 30; an edit that stales every key
+#                                can take more than ten minutes: run it again, it resumes)
 #
 # Every stage passes vsr-tune --incumbents the file it rebuilds (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the

@@ -251,10 +251,10 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert "--max-candidates" in big[2] and big[2][big[2].index("--max-candidates") + 1] == "20"
     # int4's buckets 2 and 4 over their whole spaces first (no pick, so no incumbents), then the
     # rest at 20; int4 is not tuned at 16 too (the import would only throw that away)
-    assert big[1][big[1].index("--buckets") + 1] == "2,4"
-    assert "--max-candidates" not in big[1] and "--incumbents" not in big[1] and "--buckets" not in big[2]
+    assert big[1] == ["27b", "--autotune-cache", db, "--formats", "int4-gptq,int4-awq", "--buckets", "2,4"]
+    assert big[2] == ["27b", "--autotune-cache", db, "--formats", "int4-gptq,int4-awq", "--max-candidates", "20",
+                      "--incumbents", str(shipped)]
     assert big[0][big[0].index("--formats") + 1] == "bf16,fp8"
-    assert big[1][big[1].index("--formats") + 1] == big[2][big[2].index("--formats") + 1] == "int4-gptq,int4-awq"
     # stale: after a kernel edit, one stage: import FROM_JSON (default the file rebuilt), prune, the
     # three 27b passes and the minilm one (only keys left without a tile get tuned), export
     stale = stage("stale", FROM_JSON=str(tmp_path / "from.json"))
