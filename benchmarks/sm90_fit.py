@@ -145,7 +145,8 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
             for sh in shape_names:
                 N, K = SHAPE_TABLE[sh]
                 # scales in the activations' dtype, as the tuner makes a key's weight
-                w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt.split("@")[0], N, K, "cpu", model_dtype=dtype)
+                w = make_weight("bf16" if fmt in ("fp16", "fp32") else fmt.split("@")[0], N, K, "cpu",
+                                model_dtype=dtype)
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")

@@ -247,7 +247,8 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     for cmd in [big[0], big[2], small[0]]:
         assert cmd[cmd.index("--incumbents") + 1] == str(shipped)
     assert [c[0] for c in big] == ["27b", "27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
-    assert big[3][1] == big[0][2] and big[1][2] == big[2][2] == big[3][3] == db   # the 16-candidate store imported under DB
+    # the 16-candidate store imported under DB
+    assert big[3][1] == big[0][2] and big[1][2] == big[2][2] == big[3][3] == db
     assert "--max-candidates" in big[2] and big[2][big[2].index("--max-candidates") + 1] == "20"
     # int4's buckets 2 and 4 over their whole spaces first (no pick, so no incumbents), then the
     # rest at 20; int4 is not tuned at 16 too (the import would only throw that away)
