@@ -155,7 +155,8 @@ def _check_device(device: str | None, as_json: bool) -> None:
 @click.option("--cuda-graphs", is_flag=True,
               help="GPU only: capture each batch shape (requests x padded tokens) as a CUDA graph on first use "
                    "and replay it after, with the same answers bit for bit: less host time per batch where shapes "
-                   "repeat; a new shape costs an extra eager run and a capture.")
+                   "repeat; a new shape is answered by an eager run and then captured (the capture is its extra cost); "
+                   "the most recently used graphs are kept.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
 @click.option("--check-device", is_flag=True,
               help="Show this device and which formats it runs, refuses (with the reason) or runs unmeasured.")
