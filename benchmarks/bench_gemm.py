@@ -232,6 +232,10 @@ def geomean(xs) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+# The peers a format's table row names beside cuBLAS, as (provider, its label in the note).
+TABLE_PEERS = {"int4-gptq": (("tinygemm", "tinygemm"), ("gemlite", "gemlite")), "fp8": (("scaled_mm+quant", "sm+q"),)}
+
+
 def ratio_table(rows) -> str:
     """vsr speed-up over cuBLAS bf16 (graph figures where both have them), per format/M/shape."""
     shapes = sorted({r["shape"] for r in rows}, key=list(SHAPES).index)
@@ -247,11 +251,10 @@ def ratio_table(rows) -> str:
                 v = graph_row(rows, fmt, "vsr", sh, M)
                 if v and not v["checked"]:
                     note.append(f"{sh} UNCHECKED")
-                peers = {"int4-gptq": ("tinygemm", "gemlite"), "fp8": ("scaled_mm+quant",)}.get(fmt, ())
-                for peer in peers:
+                for peer, label in TABLE_PEERS.get(fmt, ()):
                     pr, _ = speedup(rows, fmt, "vsr", sh, M, base=(fmt, peer))
                     if pr is not None:
-                        note.append(f"{sh} {pr:.2f}x {'sm+q' if peer == 'scaled_mm+quant' else peer}")
+                        note.append(f"{sh} {pr:.2f}x {label}")
                 if M == 1 and v:
                     note.append(f"{sh} {bandwidth_share(v):.0%} BW")
             gm = geomean(r for r in rs if r == r)

@@ -227,8 +227,8 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
     # pick of caches/retune.sh sees the default and five more of them beside five copy-form slices
     # tiles; at bucket 2 (every tile in that form after the copying ones) five of them beside the
     # copying default and five more; at bucket 16 the one X_SPLIT tile, beside five copy-form ones.
-    # (At bucket 2 that leaves out X_ROW tiles that won run 29's study: NOTES "Next" 000 tunes
-    # buckets 2 and 4 over their whole spaces.)
+    # (At bucket 2 that leaves out X_ROW tiles that won run 29's study: caches/retune.sh tunes
+    # buckets 2 and 4 over their whole spaces before the 20-tile pass, run 30.)
     for bucket, seen, copying in ((1, 6, 5), (2, 5, 6), (16, 1, 5)):
         space, pick, _, got, groups = _int4_pick(False, bucket, "X_SPLIT")
         assert groups == {("slices", "x-split")}

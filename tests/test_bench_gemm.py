@@ -43,3 +43,18 @@ def test_the_results_file_is_written(bench_gemm, monkeypatch, tmp_path):
     assert doc["partial"] is True and doc["rows"] == rows and doc["commit"] == "abc1234"
     assert doc["peers"] == ["cublas-bf16"] and [p.name for p in tmp_path.iterdir()] == ["gemm.json"], \
         "no temporary file left beside it"
+
+
+def test_the_ratio_table_compares_figures_timed_alike_and_names_each_formats_peers(bench_gemm):
+    # Graph figures where both sides have one (here vsr's eager figure would give 5x), each
+    # format's own peers in its note (int4 GPTQ: tinygemm and gemlite; fp8: scaled_mm+quant), and
+    # the share of copy bandwidth at M=1 (its floor over its time).
+    def row(fmt, prov, ms, graph=True, floor=0.01):
+        return dict(format=fmt, provider=prov, shape="qkv", M=1, graph=graph, ms=ms, floor_ms=floor, checked=True)
+    rows = [row("bf16", "cublas-bf16", 0.04), row("bf16", "cublas-bf16", 0.05, graph=False),
+            row("int4-gptq", "vsr", 0.02), row("int4-gptq", "vsr", 0.01, graph=False),
+            row("int4-gptq", "tinygemm", 0.03), row("int4-gptq", "gemlite", 0.01),
+            row("fp8", "vsr", 0.025), row("fp8", "scaled_mm+quant", 0.05)]
+    table = {line.split(" | ")[0][2:]: line for line in bench_gemm.ratio_table(rows).splitlines()[2:]}
+    assert table["int4-gptq"] == "| int4-gptq | 1 | 2.00x | 2.00x | qkv 1.50x tinygemm; qkv 0.50x gemlite; qkv 50% BW |"
+    assert table["fp8"] == "| fp8 | 1 | 1.60x | 1.60x | qkv 2.00x sm+q; qkv 40% BW |"
