@@ -7,8 +7,18 @@ layers, 12 heads, MLP 1536; tests/tinypkgs.build_random_bert, so no MiniLM wheel
 run by the Triton templates with the shipped autotune cache, in fp32 (the package's own dtype)
 and bf16. For each batch (1 short request, 1 long one, 32 requests) it times
 Engine.forward (tokenization, the forward and the copy of the answers to the CPU included),
-median of --reps calls after a warm-up that also captures the graph, and checks that both
-engines give the same bytes, on the capturing call and after the timed replays. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
+median of --reps calls after a warm-up (the graph is captured on the first timed call, a shape's
+second), and checks that both engines give the same bytes, on the first call and after the timed
+replays.
+
+--traffic N (default 512; 0 skips it) then, after a warm-up that compiles every kernel, answers N requests of varied length (5-55 tokens) the
+way `vsr-run --input` does, 64 at a time through Engine.forward (what Engine.answer runs), twice over (a long-lived
+process: the second pass finds its shapes seen), for four engines of one model: eager at each
+batch's own longest request ("eager-own"), eager at the ladder's shapes (engine.batch_shape,
+"eager"), CUDA graphs of every batch's own shape captured on first use (the engine before the
+ladder, "graphs-own-first") and CUDA graphs at the ladder's shapes captured on a shape's second
+call ("graphs"); the requests per second of each pass, its captures, and whether each graphed
+engine gave its eager counterpart's bytes. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
 default) and prints a table.
 
 --package NAME=DIR (repeatable) adds a compressed-tensors package of that model, run in bf16
@@ -22,6 +32,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +44,7 @@ from common_bench import code_commit, result_path  # noqa: E402
 from tinypkgs import TEST_TEXTS, Pkg, build_random_bert  # noqa: E402
 
 from vsr.autotune import tuner  # noqa: E402
+from vsr.runtime import engine as engine_mod  # noqa: E402
 from vsr.runtime.engine import load_engine  # noqa: E402
 
 WORDS = " ".join(TEST_TEXTS).split()
@@ -43,11 +55,54 @@ def batches() -> dict[str, list[str]]:
             "32 mixed": [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: 3 * i]) for i in range(32)]}
 
 
+def traffic(n: int) -> list[str]:
+    """n requests of 5-55 tokens (a fixed sequence: a test text and 0-44 more words)."""
+    return [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: (i * 37) % 45]) for i in range(n)]
+
+
+def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
+    """The --traffic study for one model (module docstring)."""
+    engines = {}
+    for name in ("eager-own", "eager", "graphs-own-first", "graphs"):
+        e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"))
+        e.shape_ladder = not name.endswith(("-own", "-own-first"))
+        if name == "graphs-own-first":
+            e.graphed = engine_mod.GraphedForward(e.model, e.device, capture_at=1)
+        engines[name] = e
+    texts, rows, answers = traffic(n), [], {}
+    for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
+        warm = load_engine(pkg, device="cuda", dtype=dtype)
+        warm.shape_ladder = ladder
+        for i in range(0, n, 64):
+            warm.forward(texts[i:i + 64])
+    for name, e in engines.items():
+        for rep in (1, 2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = [e.forward(texts[i:i + 64]) for i in range(0, n, 64)]   # (what answer runs)
+            torch.cuda.synchronize()
+            s = time.perf_counter() - t0
+            answers.setdefault(name, got)
+            rows.append({"format": fmt, "shape": "minilm-random", "batch": f"traffic pass {rep}", "requests": n,
+                         "provider": f"vsr-{name}", "ms": s * 1e3, "requests_per_s": n / s,
+                         "graph": name.startswith("graphs"),
+                         "captures": e.graphed.captures if e.graphed is not None else 0,
+                         "checked": all(map(torch.equal, got, answers[name]))})
+            print(f"{fmt:11s} traffic pass {rep} {name:17s} {n / s:8.0f} requests/s captures "
+                  f"{rows[-1]['captures']}", flush=True)
+    same = {g: all(map(torch.equal, answers[g], answers[e]))
+            for g, e in (("graphs-own-first", "eager-own"), ("graphs", "eager"))}
+    for r in rows:
+        r["checked"] = r["checked"] and same.get(r["provider"][4:], True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--package", action="append", default=[], metavar="NAME=DIR",
                     help="also a (quantized) package of the same model, run in bf16")
+    ap.add_argument("--traffic", type=int, default=512, metavar="N", help="requests of the traffic study (0: none)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     pkg = Pkg(build_random_bert(Path(tempfile.mkdtemp()) / "random-bert"))
@@ -75,6 +130,8 @@ def main() -> int:
                              "ms": ms, "graph": provider == "vsr-graphs", "checked": same})
                 print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:10s} {ms:7.3f} ms "
                       f"same bytes {same}", flush=True)
+        if a.traffic:
+            rows += traffic_rows(fmt, pkg, dtype, a.traffic)
     out = Path(a.out) if a.out else result_path("engine", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "engine", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -82,9 +139,18 @@ def main() -> int:
                                "rows": rows},
                               indent=1))
     print("| format | batch | eager ms | graphs ms | speedup |\n|---|---|---|---|---|")
-    for e, g in zip(rows[::2], rows[1::2]):
+    pairs = [r for r in rows if not r["batch"].startswith("traffic")]
+    for e, g in zip(pairs[::2], pairs[1::2]):
         print(f"| {e['format']} | {e['batch']} ({e['requests']} x {e['tokens']}) | {e['ms']:.3f} | {g['ms']:.3f} "
               f"| {e['ms'] / g['ms']:.2f}x |")
+    study = [r for r in rows if r["batch"].startswith("traffic")]
+    if study:
+        print("\n| format | pass | " + " | ".join(r["provider"] for r in study[:8:2]) + " |\n|---|---|---|---|---|---|")
+        for fmt in dict.fromkeys(r["format"] for r in study):
+            for rep in ("traffic pass 1", "traffic pass 2"):
+                cells = [f"{r['requests_per_s']:.0f}/s ({r['captures']} cap.)" for r in study
+                         if r["format"] == fmt and r["batch"] == rep]
+                print(f"| {fmt} | {rep[-6:]} | " + " | ".join(cells) + " |")
     return 0 if all(r["checked"] for r in rows) else 1
 
 
