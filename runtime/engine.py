@@ -17,8 +17,8 @@ dtype (the activation dtype):
 
 Batch shapes (CUDA devices, eager and graphed engines alike): a batch runs at a shape from a
 short ladder (batch_shape), its requests rounded up to a power of two (the extra rows repeat its
-last request, and their answers are dropped) and its tokens to a multiple of 8, or of 16 past 64
-(masked padding). Shapes then repeat across batches, so CUDA graphs replay; and since the eager
+last request, and their answers are dropped) and its tokens to a power of two up to 8, a multiple
+of 8 up to 64, of 16 past it (masked padding). Shapes then repeat across batches, so CUDA graphs replay; and since the eager
 engine runs the same shapes, a graph gives the eager engine's bytes. A request's answer depends
 on the batch it shares (as it did before the ladder: a batch pads to its longest request), and
 the batches are a pure function of the request list.
@@ -54,12 +54,15 @@ SEEN_PER_GRAPH = 4
 
 def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
     """The (requests, tokens) a batch of `requests` requests, the longest `tokens` tokens, runs
-    at on a CUDA device (module docstring): requests to the next power of two, tokens to the next
-    multiple of 8 up to 64 and of 16 past it, but never past `limit`, the model's token limit
-    (PackageTokenizer.limit, within its position table)."""
+    at on a CUDA device (module docstring): requests to the next power of two; tokens to the next
+    power of two up to 8, multiple of 8 up to 64 and of 16 past it, but never past `limit`, the
+    model's token limit (PackageTokenizer.limit, within its position table). One request's rows
+    (its tokens) so stay in their row bucket (autotune.buckets), and its products keep their
+    tiles: the eager engine's one-token request took 1.1-1.5 ms more at 8 tokens than at 1 (H200
+    run 31, bench_engine.py), its products at bucket 8 launching more kernels than at bucket 1."""
     if not 1 <= tokens <= limit or requests < 1:
         raise ValueError(f"a batch has at least one request of 1 to {limit} tokens, got {requests} x {tokens}")
-    step = 8 if tokens <= 64 else 16
+    step = 1 << (tokens - 1).bit_length() if tokens <= 8 else 8 if tokens <= 64 else 16
     return 1 << (requests - 1).bit_length(), min(limit, -(-tokens // step) * step)
 
 
