@@ -110,6 +110,8 @@ def main() -> int:
     ap.add_argument("--package", action="append", default=[], metavar="NAME=DIR",
                     help="also a (quantized) package of the same model, run in bf16")
     ap.add_argument("--traffic", type=int, default=512, metavar="N", help="requests of the traffic study (0: none)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add each model's eager host time by function (cProfile; launch_overhead.profile_top)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     pkg = Pkg(build_random_bert(Path(tempfile.mkdtemp()) / "random-bert"))
@@ -119,7 +121,7 @@ def main() -> int:
         if not sep or not Path(path, "config.json").is_file():
             ap.error(f"--package {spec!r}: want NAME=DIR, DIR a package folder with a config.json")
         runs.append((name, Pkg(Path(path)), "bfloat16"))
-    rows = []
+    rows, profiles = [], []
     for fmt, pkg, dtype in runs:
         own = load_engine(pkg, device="cuda", dtype=dtype)
         own.shape_ladder = False   # each batch at its own longest request, as before the ladder
@@ -139,13 +141,21 @@ def main() -> int:
                              "ms": ms, "graph": provider == "vsr-graphs", "checked": same})
                 print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:13s} {ms:7.3f} ms "
                       f"same bytes {same}", flush=True)
+        if a.profile:
+            from launch_overhead import profile_top
+            for name, texts in batches().items():
+                top = profile_top(lambda: engines["vsr-eager"].forward(texts), calls=20, top=15)
+                profiles.append({"format": fmt, "batch": name, "top": top})
+                print(f"{fmt} {name}: eager host time by function, us a forward (own / with callees, calls)")
+                for t in top:
+                    print(f"  {t['own_us']:8.1f} {t['cum_us']:8.1f} {t['calls_per_call']:6.0f}  {t['fn']}")
         if a.traffic:
             rows += traffic_rows(fmt, pkg, dtype, a.traffic)
     out = Path(a.out) if a.out else result_path("engine", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "engine", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "triton": __import__("triton").__version__, "commit": code_commit(), "reps": a.reps,
-                               "rows": rows},
+                               "rows": rows, **({"profiles": profiles} if profiles else {})},
                               indent=1))
     print("| format | batch | eager, own shape ms | eager ms | graphs ms | speedup |\n|---|---|---|---|---|---|")
     per_batch = [r for r in rows if not r["batch"].startswith("traffic")]
