@@ -117,12 +117,11 @@ class PackageTokenizer:
             if length < S:
                 raise ValueError(f"pad length {length} is shorter than the batch's longest request ({S} tokens)")
             S = length
-        input_ids = torch.full((len(ids), S), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(ids), S), dtype=torch.int64)
-        for i, x in enumerate(ids):
-            input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.int64)
-            mask[i, : len(x)] = 1
-        return Batch(input_ids, mask, mask.sum(1))
+        # Whole-batch tensors (a tensor per request cost 6 us each on the H200's host, run 31).
+        input_ids = torch.tensor([x + [self.pad_id] * (S - len(x)) for x in ids], dtype=torch.int64)
+        lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+        mask = (torch.arange(S)[None, :] < lengths[:, None]).to(torch.int64)
+        return Batch(input_ids, mask, lengths)
 
     def batch(self, texts: list[str]) -> Batch:
         """Tokenize and right-pad to the batch's longest; RequestError names the first bad request."""
