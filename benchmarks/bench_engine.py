@@ -7,14 +7,20 @@ layers, 12 heads, MLP 1536; tests/tinypkgs.build_random_bert, so no MiniLM wheel
 run by the Triton templates with the shipped autotune cache, in fp32 (the package's own dtype)
 and bf16. For each batch (1 short request, 1 long one, 32 requests) it times
 Engine.forward (tokenization, the forward and the copy of the answers to the CPU included),
-median of --reps calls after a warm-up that also captures the graph, and checks that both
-engines give the same bytes, on the capturing call and after the timed replays. Writes JSON (benchmarks/results/engine-<device>-<date>.json by
-default) and prints a table.
+median of --reps calls after a warm-up (the graph is captured on the first timed call, a shape's
+second), and checks that both engines give the same bytes, on the first call and after the timed
+replays.
 
---package NAME=DIR (repeatable) adds a compressed-tensors package of that model, run in bf16
-and named NAME in the rows' "format": the quantized forms, compressed where llm-compressor is
-installed (vsr.runtime.compress, e.g. FP8_DYNAMIC, W4A16, W4A16_ASYM of tests/tinypkgs'
-random BERT) and carried to a GPU machine without it.
+--traffic N (default 512; 0 skips it) then, after a warm-up that compiles every kernel, answers
+N requests of varied length (5-55 tokens) in two workloads: "file", 64 at a time, the way
+`vsr-run --input` calls the engine; and "calls", calls of 1-32 requests (a fixed sequence), the
+way a process serving requests as they come might. Each workload runs twice over (a long-lived
+process: the second pass finds its shapes seen) on four engines of one model: eager at each
+batch's own longest request ("eager-own"), eager at the ladder's shapes (engine.batch_shape,
+"eager"), CUDA graphs of every batch's own shape captured on first use (the engine before the
+ladder, "graphs-own-first") and CUDA graphs at the ladder's shapes captured on a shape's second
+call ("graphs"). Rows give the requests per second of each pass, the captures so far, and whether
+each graphed engine gave its eager counterpart's bytes (Engine.forward, what Engine.answer runs).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +40,7 @@ from common_bench import code_commit, result_path  # noqa: E402
 from tinypkgs import TEST_TEXTS, Pkg, build_random_bert  # noqa: E402
 
 from vsr.autotune import tuner  # noqa: E402
+from vsr.runtime import engine as engine_mod  # noqa: E402
 from vsr.runtime.engine import load_engine  # noqa: E402
 
 WORDS = " ".join(TEST_TEXTS).split()
@@ -43,11 +51,67 @@ def batches() -> dict[str, list[str]]:
             "32 mixed": [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: 3 * i]) for i in range(32)]}
 
 
+def traffic(n: int) -> list[str]:
+    """n requests of 5-55 tokens (a fixed sequence: a test text and 0-44 more words)."""
+    return [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: (i * 37) % 45]) for i in range(n)]
+
+
+def workloads(n: int) -> dict[str, list[list[str]]]:
+    """The traffic study's calls (module docstring): "file", 64 requests a call; "calls", 1-32."""
+    texts = traffic(n)
+    sizes, i = [], 0
+    while i < n:
+        sizes.append(min(n - i, 1 + (len(sizes) * 13) % 32))
+        i += sizes[-1]
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+    return {"file": [texts[i:i + 64] for i in range(0, n, 64)],
+            "calls": [texts[s:s + k] for s, k in zip(starts, sizes)]}
+
+
+def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
+    """The --traffic study for one model (module docstring)."""
+    rows = []
+    for load, calls in workloads(n).items():
+        for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
+            warm = load_engine(pkg, device="cuda", dtype=dtype)
+            warm.shape_ladder = ladder
+            for texts in calls:
+                warm.forward(texts)
+        answers = {}
+        for name in ("eager-own", "eager", "graphs-own-first", "graphs"):
+            e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"))
+            e.shape_ladder = not name.endswith(("-own", "-own-first"))
+            if name == "graphs-own-first":
+                e.graphed = engine_mod.GraphedForward(e.model, e.device, capture_at=1)
+            for rep in (1, 2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                got = [e.forward(texts) for texts in calls]
+                torch.cuda.synchronize()
+                s = time.perf_counter() - t0
+                answers.setdefault(name, got)
+                rows.append({"format": fmt, "shape": "minilm-random", "batch": f"traffic {load} pass {rep}",
+                             "requests": n, "calls": len(calls), "provider": f"vsr-{name}", "ms": s * 1e3,
+                             "requests_per_s": n / s, "graph": name.startswith("graphs"),
+                             "captures": e.graphed.captures if e.graphed is not None else 0,
+                             "checked": all(map(torch.equal, got, answers[name]))})
+                print(f"{fmt:11s} traffic {load:5s} pass {rep} {name:17s} {n / s:8.0f} requests/s captures "
+                      f"{rows[-1]['captures']}", flush=True)
+        same = {g: all(map(torch.equal, answers[g], answers[e]))
+                for g, e in (("graphs-own-first", "eager-own"), ("graphs", "eager"))}
+        for r in rows[-8:]:
+            r["checked"] = r["checked"] and same.get(r["provider"][4:], True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--package", action="append", default=[], metavar="NAME=DIR",
                     help="also a (quantized) package of the same model, run in bf16")
+    ap.add_argument("--traffic", type=int, default=512, metavar="N", help="requests of the traffic study (0: none)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add each model's eager host time by function (cProfile; launch_overhead.profile_top)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     pkg = Pkg(build_random_bert(Path(tempfile.mkdtemp()) / "random-bert"))
@@ -57,34 +121,55 @@ def main() -> int:
         if not sep or not Path(path, "config.json").is_file():
             ap.error(f"--package {spec!r}: want NAME=DIR, DIR a package folder with a config.json")
         runs.append((name, Pkg(Path(path)), "bfloat16"))
-    rows = []
+    rows, profiles = [], []
     for fmt, pkg, dtype in runs:
-        eager = load_engine(pkg, device="cuda", dtype=dtype)
-        graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
+        own = load_engine(pkg, device="cuda", dtype=dtype)
+        own.shape_ladder = False   # each batch at its own longest request, as before the ladder
+        engines = {"vsr-eager-own": own, "vsr-eager": load_engine(pkg, device="cuda", dtype=dtype),
+                   "vsr-graphs": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)}
         for name, texts in batches().items():
-            want = eager.forward(texts)
-            first = torch.equal(graphed.forward(texts), want)   # the first call captures
-            tokens = max(len(t) for t in eager.tokenizer.encode_checked(texts))
+            want = {p: e.forward(texts) for p, e in engines.items()}   # (the graphed engine's first call: eager)
+            first = torch.equal(want["vsr-graphs"], want["vsr-eager"])
+            tokens = max(len(t) for t in own.tokenizer.encode_checked(texts))
             # (the tuner's eager timer: each forward ends in a copy to the CPU, so a call's time is the caller's wait)
-            times = {p: tuner.eager_timer(lambda: e.forward(texts), a.reps)
-                     for p, e in (("vsr-eager", eager), ("vsr-graphs", graphed))}
-            same = first and torch.equal(graphed.forward(texts), want) and torch.equal(eager.forward(texts), want)
+            times = {p: tuner.eager_timer(lambda: e.forward(texts), a.reps) for p, e in engines.items()}
+            same = first and all(torch.equal(e.forward(texts), want[p]) for p, e in engines.items()) \
+                and torch.equal(want["vsr-graphs"], want["vsr-eager"])
             for provider, ms in times.items():
                 rows.append({"format": fmt, "shape": "minilm-random",
                              "batch": name, "requests": len(texts), "tokens": tokens, "provider": provider,
                              "ms": ms, "graph": provider == "vsr-graphs", "checked": same})
-                print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:10s} {ms:7.3f} ms "
+                print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:13s} {ms:7.3f} ms "
                       f"same bytes {same}", flush=True)
+        if a.profile:
+            from launch_overhead import profile_top
+            for name, texts in batches().items():
+                top = profile_top(lambda: engines["vsr-eager"].forward(texts), calls=20, top=15)
+                profiles.append({"format": fmt, "batch": name, "top": top})
+                print(f"{fmt} {name}: eager host time by function, us a forward (own / with callees, calls)")
+                for t in top:
+                    print(f"  {t['own_us']:8.1f} {t['cum_us']:8.1f} {t['calls_per_call']:6.0f}  {t['fn']}")
+        if a.traffic:
+            rows += traffic_rows(fmt, pkg, dtype, a.traffic)
     out = Path(a.out) if a.out else result_path("engine", torch.cuda.get_device_name())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "engine", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                "triton": __import__("triton").__version__, "commit": code_commit(), "reps": a.reps,
-                               "rows": rows},
+                               "rows": rows, **({"profiles": profiles} if profiles else {})},
                               indent=1))
-    print("| format | batch | eager ms | graphs ms | speedup |\n|---|---|---|---|---|")
-    for e, g in zip(rows[::2], rows[1::2]):
-        print(f"| {e['format']} | {e['batch']} ({e['requests']} x {e['tokens']}) | {e['ms']:.3f} | {g['ms']:.3f} "
-              f"| {e['ms'] / g['ms']:.2f}x |")
+    print("| format | batch | eager, own shape ms | eager ms | graphs ms | speedup |\n|---|---|---|---|---|---|")
+    per_batch = [r for r in rows if not r["batch"].startswith("traffic")]
+    for o, e, g in zip(per_batch[::3], per_batch[1::3], per_batch[2::3]):
+        print(f"| {e['format']} | {e['batch']} ({e['requests']} x {e['tokens']}) | {o['ms']:.3f} | {e['ms']:.3f} "
+              f"| {g['ms']:.3f} | {e['ms'] / g['ms']:.2f}x |")
+    study = [r for r in rows if r["batch"].startswith("traffic")]
+    if study:
+        names = list(dict.fromkeys(r["provider"] for r in study))
+        print("\n| format | workload, pass | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+        for fmt, batch in dict.fromkeys((r["format"], r["batch"]) for r in study):
+            cells = [f"{r['requests_per_s']:.0f}/s ({r['captures']} cap.)" for r in study
+                     if r["format"] == fmt and r["batch"] == batch]
+            print(f"| {fmt} | {batch[8:]} | " + " | ".join(cells) + " |")
     return 0 if all(r["checked"] for r in rows) else 1
 
 

@@ -153,10 +153,11 @@ def _check_device(device: str | None, as_json: bool) -> None:
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
               help="How many labels and probabilities to show per request.")
 @click.option("--cuda-graphs", is_flag=True,
-              help="GPU only: capture each batch shape (requests x padded tokens) as a CUDA graph on first use "
-                   "and replay it after, with the same answers bit for bit: less host time per batch where shapes "
-                   "repeat; a new shape is answered by an eager run and then captured (the capture is its extra cost); "
-                   "the most recently used graphs are kept.")
+              help="GPU only: capture a batch shape (requests x padded tokens, both rounded up to a short "
+                   "ladder on any GPU run) as a CUDA graph on its second use and replay it after, with the same "
+                   "answers bit for bit: less host time per batch where shapes repeat. A shape's first use runs "
+                   "eagerly and captures nothing; its second is answered by an eager run and then captured (the "
+                   "capture is its extra cost); the most recently used graphs are kept.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in packages and exit.")
 @click.option("--check-device", is_flag=True,
               help="Show this device and which formats it runs, refuses (with the reason) or runs unmeasured.")

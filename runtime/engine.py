@@ -15,12 +15,20 @@ dtype (the activation dtype):
 - "float32" | "bfloat16" | "float16": the same weights in that precision: dense
   weights (and norms) converted to it, quantized weights kept as stored, activations in it.
 
-cuda_graphs (CUDA only, off by default): each batch shape (requests x padded tokens) is run
-eagerly once, captured as a CUDA graph, and replayed from then on: one replay instead of a
-host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time a call on
-an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run, so a
-replay gives the eager forward's bytes. Worth it in a long-lived process that sees the same
-shapes again; each new shape costs one eager run (its answer) and a capture, and the
+Batch shapes (CUDA devices, eager and graphed engines alike): a batch runs at a shape from a
+short ladder (batch_shape), its requests rounded up to a power of two (the extra rows repeat its
+last request, and their answers are dropped) and its tokens to a power of two up to 8, a multiple
+of 8 up to 64, of 16 past it (masked padding). Shapes then repeat across batches, so CUDA graphs replay; and since the eager
+engine runs the same shapes, a graph gives the eager engine's bytes. A request's answer depends
+on the batch it shares (as it did before the ladder: a batch pads to its longest request), and
+the batches are a pure function of the request list.
+
+cuda_graphs (CUDA only, off by default): a batch shape seen for the second time is captured as a
+CUDA graph (after an eager run, which is that call's answer) and replayed from then on: one replay
+instead of a host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time
+a call on an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run,
+so a replay gives the eager forward's bytes. A shape's first call runs eagerly and captures
+nothing, so traffic whose shapes never repeat costs what the eager engine costs; the
 CUDA_GRAPHS_KEPT most recently used graphs are kept (their memory comes from one shared pool).
 """
 from __future__ import annotations
@@ -37,6 +45,25 @@ from vsr.runtime.tokenize import PackageTokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCH_SIZE = 32
 CUDA_GRAPHS_KEPT = 32
+# The call on which a shape is captured: its second (the first is answered eagerly, with no
+# capture), so that a shape seen once costs no capture.
+CAPTURE_AT = 2
+# Shapes seen but not yet captured that a GraphedForward remembers, per graph kept.
+SEEN_PER_GRAPH = 4
+
+
+def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
+    """The (requests, tokens) a batch of `requests` requests, the longest `tokens` tokens, runs
+    at on a CUDA device (module docstring): requests to the next power of two; tokens to the next
+    power of two up to 8, multiple of 8 up to 64 and of 16 past it, but never past `limit`, the
+    model's token limit (PackageTokenizer.limit, within its position table). One request's rows
+    (its tokens) so stay in their row bucket (autotune.buckets), and its products keep their
+    tiles: the eager engine's one-token request took 1.1-1.5 ms more at 8 tokens than at 1 (H200
+    run 31, bench_engine.py), its products at bucket 8 launching more kernels than at bucket 1."""
+    if not 1 <= tokens <= limit or requests < 1:
+        raise ValueError(f"a batch has at least one request of 1 to {limit} tokens, got {requests} x {tokens}")
+    step = 1 << (tokens - 1).bit_length() if tokens <= 8 else 8 if tokens <= 64 else 16
+    return 1 << (requests - 1).bit_length(), min(limit, -(-tokens // step) * step)
 
 
 class _Graph(NamedTuple):
@@ -46,27 +73,31 @@ class _Graph(NamedTuple):
 
 
 class GraphedForward:
-    """model(*inputs) through one CUDA graph per shape of the inputs (see the module docstring).
+    """model(*inputs) through one CUDA graph per shape of the inputs, captured on the shape's
+    `capture_at`-th call (see the module docstring); before that, an eager run.
 
-    The tensor returned is memory of the graphs' shared pool (on a shape's first call, the eager
-    run's own output): valid until this object's next call, of any shape (another graph's replay
-    may write there), so copy it out at once (the engine moves it to the CPU). One thread per
-    object: captures and replays share its buffers and streams.
+    The tensor returned is memory of the graphs' shared pool (before a shape is captured, and on
+    the capturing call, an eager run's own output): valid until this object's next call, of any
+    shape (another graph's replay may write there), so copy it out at once (the engine moves it
+    to the CPU). One thread per object: captures and replays share its buffers and streams.
     Every capture takes counters from kernels/common.py's capture pools (the fixup kernels' arrival
     counts), which an evicted graph does not give back: a process that captures many thousand
     shapes ends with captured launches that zero their own counters (0.9-2 us each)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, kept: int = CUDA_GRAPHS_KEPT):
+    def __init__(self, model: torch.nn.Module, device: torch.device, kept: int = CUDA_GRAPHS_KEPT,
+                 capture_at: int = CAPTURE_AT):
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
-        if kept < 1:
-            raise ValueError(f"kept must be at least 1, got {kept}")
+        if kept < 1 or capture_at < 1:
+            raise ValueError(f"kept and capture_at must be at least 1, got {kept} and {capture_at}")
         self.device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
-        self.model, self.kept = model, kept
+        self.model, self.kept, self.capture_at = model, kept, capture_at
         self.pool = None   # every graph allocates from one memory pool...
         with torch.cuda.device(self.device):
             self.capture_stream = torch.cuda.Stream()   # ...and is captured on one stream, as torch asks
         self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()   # input shapes -> graph, most recent last
+        # Shapes not captured yet -> their calls so far, most recent last (SEEN_PER_GRAPH x kept).
+        self.seen: OrderedDict[tuple, int] = OrderedDict()
         self.captures = 0
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -74,6 +105,12 @@ class GraphedForward:
         with torch.cuda.device(self.device):   # Triton launches on the current device
             entry = self.graphs.get(key)
             if entry is None:
+                calls = self.seen.pop(key, 0) + 1
+                if calls < self.capture_at:
+                    self.seen[key] = calls
+                    while len(self.seen) > SEEN_PER_GRAPH * self.kept:
+                        self.seen.popitem(last=False)
+                    return self.model(*(t.to(self.device) for t in inputs))   # the eager engine's run
                 entry, warm = self._capture(inputs)
                 self.graphs[key] = entry
                 while len(self.graphs) > self.kept:
@@ -114,8 +151,11 @@ class GraphedForward:
 
 class Engine:
     def __init__(self, model, tokenizer: PackageTokenizer, *, mode: str, device: torch.device,
-                 act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None, cuda_graphs: bool = False):
+                 act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None, cuda_graphs: bool = False,
+                 shape_ladder: bool | None = None):
         self.model = model
+        # batch_shape's ladder: on every CUDA engine unless asked otherwise (bench_engine compares).
+        self.shape_ladder = device.type == "cuda" if shape_ladder is None else shape_ladder
         self.graphed = GraphedForward(model, device) if cuda_graphs else None
         self.tokenizer = tokenizer
         self.mode = mode
@@ -129,8 +169,9 @@ class Engine:
     def forward(self, texts: list[str]) -> torch.Tensor:
         """Probabilities [n, L] (or embeddings [n, H]), fp32 on the CPU, in the order given.
 
-        Requests are batched in order of token count (less padding), BATCH_SIZE at a time;
-        the order is a pure function of the texts, so the same list gives the same batches.
+        Requests are batched in order of token count (less padding), BATCH_SIZE at a time, each
+        batch at its batch_shape on a CUDA device; the order is a pure function of the texts, so
+        the same list gives the same batches.
         """
         if not texts:
             raise RequestError("no requests")
@@ -142,12 +183,17 @@ class Engine:
         out: list[torch.Tensor | None] = [None] * len(ids)
         for s in range(0, len(order), BATCH_SIZE):
             idx = order[s:s + BATCH_SIZE]
-            b = self.tokenizer.pad([ids[i] for i in idx])
-            if self.graphed is not None:
-                y = self.graphed(b.input_ids, b.attention_mask, b.lengths).float().cpu()
+            rows = [ids[i] for i in idx]
+            if self.shape_ladder:
+                n, length = batch_shape(len(rows), len(rows[-1]), self.tokenizer.limit)  # (rows[-1]: the longest)
+                b = self.tokenizer.pad(rows + [rows[-1]] * (n - len(rows)), length)
             else:
-                y = self.model(b.input_ids.to(self.device), b.attention_mask.to(self.device),
-                               b.lengths.to(self.device)).float().cpu()
+                b = self.tokenizer.pad(rows)
+            if self.graphed is not None:
+                y = self.graphed(b.input_ids, b.attention_mask, b.lengths)
+            else:
+                y = self.model(b.input_ids.to(self.device), b.attention_mask.to(self.device), b.lengths.to(self.device))
+            y = y[:len(idx)].float().cpu()
             for j, i in enumerate(idx):
                 out[i] = y[j]
         return torch.stack(out)  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 
 Padding and truncation baked into tokenizer.json are switched off on load
 (MiniLM's file pads every input to 128 tokens and truncates at 128): each batch is
-padded here to its own longest request, on the right, with an attention mask.
+padded here on the right, with an attention mask, to its own longest request or to the
+longer length the engine asks for (its batch shapes on a GPU, vsr.runtime.engine).
 
 Over-long requests are *refused*, not truncated: a router that silently drops
 the end of a request can route it on half a sentence, so `encode_each` reports a
@@ -109,15 +110,18 @@ class PackageTokenizer:
                 raise RequestError(f"request {i}: {p}")
         return ids  # type: ignore[return-value]  # no problem, so no None
 
-    def pad(self, ids: list[list[int]]) -> Batch:
-        """Right-pad to the longest, with the attention mask."""
+    def pad(self, ids: list[list[int]], length: int | None = None) -> Batch:
+        """Right-pad to the longest (or to `length`, which must not be shorter), with the attention mask."""
         S = max(len(x) for x in ids)
-        input_ids = torch.full((len(ids), S), self.pad_id, dtype=torch.int64)
-        mask = torch.zeros((len(ids), S), dtype=torch.int64)
-        for i, x in enumerate(ids):
-            input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.int64)
-            mask[i, : len(x)] = 1
-        return Batch(input_ids, mask, mask.sum(1))
+        if length is not None:
+            if length < S:
+                raise ValueError(f"pad length {length} is shorter than the batch's longest request ({S} tokens)")
+            S = length
+        # Whole-batch tensors (a tensor per request cost 6 us each on the H200's host, run 31).
+        input_ids = torch.tensor([x + [self.pad_id] * (S - len(x)) for x in ids], dtype=torch.int64)
+        lengths = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+        mask = (torch.arange(S)[None, :] < lengths[:, None]).to(torch.int64)
+        return Batch(input_ids, mask, lengths)
 
     def batch(self, texts: list[str]) -> Batch:
         """Tokenize and right-pad to the batch's longest; RequestError names the first bad request."""

@@ -161,37 +161,81 @@ def test_cuda_graphs_need_a_cuda_device(tiny_qwen3):  # noqa: F811
 @pytest.mark.parametrize("package,dtype", [("tiny_qwen3", "auto"), ("random_bert", "auto"),
                                            ("random_bert", "bfloat16")])
 def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, request, monkeypatch):
-    # Each batch shape is captured once and replayed after; the answers are the eager engine's
-    # bytes, first call and replays alike. Batches of 1, 2, 3 and 32 requests (a 35-text list is
-    # a batch of 32 and one of 3); two requests of 3 tokens each, one shape replayed with other
-    # inputs; and with room for two graphs only, shapes evicted and captured again.
+    # Each batch runs at a ladder shape; a shape's first call runs eagerly, its second is captured
+    # (answered by the warm-up run), later ones replay. The answers are the eager engine's bytes on
+    # every call. Batches of 1, 2, 3 and 32 requests (a 35-text list is a batch of 32 and one of 3),
+    # shapes met again with other inputs; and with room for two graphs only, shapes evicted and
+    # captured again.
+    from collections import Counter
+
     from vsr.runtime import engine as engine_mod
+    from vsr.runtime.engine import batch_shape
     pkg = Pkg(request.getfixturevalue(package))
     eager = load_engine(pkg, device="cuda", dtype=dtype)
     graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
     assert eager.graphed is None and graphed.graphed is not None
+    assert eager.shape_ladder and graphed.shape_ladder and graphed.graphed.capture_at == 2
     lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3],
-             TEST_TEXTS[5:6], TEST_TEXTS[7:8]]
-    assert len(graphed.tokenizer.encode_checked(lists[-1])[0]) == len(graphed.tokenizer.encode_checked(lists[-2])[0])
-    replays = []
-    replay = torch.cuda.CUDAGraph.replay
+             TEST_TEXTS[5:6], TEST_TEXTS[7:8], TEST_TEXTS[:1]]
+    keys, replays = [], []
+    call, replay = engine_mod.GraphedForward.__call__, torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(engine_mod.GraphedForward, "__call__",
+                        lambda self, *t: (keys.append(tuple(tuple(x.shape) for x in t)), call(self, *t))[1])
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(self), replay(self))[1])
-    batches = sum(-(-len(texts) // engine_mod.BATCH_SIZE) for texts in lists)
     for texts in lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts)), texts
-    shapes = len(graphed.graphed.graphs)
-    assert graphed.graphed.captures == shapes >= 4   # lists 4, 5 and 7 replayed a graph
-    assert len(replays) == batches - shapes   # a shape's first call answers with its warm-up run
-    for texts in lists:   # second pass: every shape replayed
+    calls = Counter(keys)
+    assert all(batch_shape(n, s, 10 ** 6) == (n, s) for (n, s), *_ in calls)   # the ladder's shapes
+    assert graphed.graphed.captures == sum(c >= 2 for c in calls.values()) >= 1
+    assert len(replays) == sum(max(0, c - 2) for c in calls.values()) >= 1   # lists 1 and 8: a third call
+    assert set(graphed.graphed.seen) == {k for k, c in calls.items() if c == 1}
+    for texts in lists:   # second pass: every shape captured, replayed from its third call on
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
-    assert graphed.graphed.captures == shapes and len(replays) == 2 * batches - shapes
+    calls = Counter(keys)
+    assert graphed.graphed.captures == len(calls) and not graphed.graphed.seen
+    assert len(replays) == sum(c - 2 for c in calls.values())
     with pytest.raises(ValueError, match="at least 1"):
         engine_mod.GraphedForward(graphed.model, graphed.device, kept=0)
-    small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2)
+    small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2, capture_at=1)
     monkeypatch.setattr(graphed, "graphed", small)
     for texts in lists + lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
-    assert len(small.graphs) == 2 and small.captures > shapes
+    assert len(small.graphs) == 2 and small.captures > len(calls)
+
+
+def test_batch_shapes_lie_on_the_ladder():
+    from vsr.runtime.engine import BATCH_SIZE, batch_shape
+    assert [batch_shape(r, 9, 256)[0] for r in (1, 2, 3, 5, 8, 9, 17, 32)] == [1, 2, 4, 8, 8, 16, 32, 32]
+    assert [batch_shape(1, t, 256)[1] for t in (1, 2, 3, 5, 8, 9, 63, 64, 65, 80, 81, 250)] == \
+        [1, 2, 4, 8, 8, 16, 64, 64, 80, 80, 96, 256]
+    assert batch_shape(3, 250, 250) == (4, 250) and batch_shape(BATCH_SIZE, 1, 1) == (BATCH_SIZE, 1)
+    for r, t in ((0, 5), (3, 0), (3, 257)):
+        with pytest.raises(ValueError, match="at least one request"):
+            batch_shape(r, t, 256)
+
+
+def test_a_batch_at_a_ladder_shape_gives_its_requests_answers(minilm_router):  # noqa: F811
+    # The ladder is on for CUDA engines; forced on here on the CPU, where the reference runs: the
+    # extra requests (copies of the last) and the masked tokens leave the answers as they were
+    # and are not returned.
+    plain = load_engine(Pkg(minilm_router))
+    assert not plain.shape_ladder
+    ladder = load_engine(Pkg(minilm_router))
+    ladder.shape_ladder = True
+    pads = []
+    pad = ladder.tokenizer.pad
+    ladder.tokenizer.pad = lambda ids, length=None: (pads.append((len(ids), length)), pad(ids, length))[1]
+    texts = TEST_TEXTS[:3] + TEST_TEXTS[4:6]   # 5 requests: a batch of 8
+    got, want = ladder.forward(texts), plain.forward(texts)
+    assert got.shape == want.shape and pads[0][0] == 8 and pads[0][1] % 8 == 0 and pads[0][1] > max(map(len, ladder.tokenizer.encode(texts)))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    b = ladder.tokenizer.tokenizer   # the padded batch itself: real tokens first, masked after
+    ids = [e.ids for e in b.encode_batch(texts[:2])]
+    batch = pad(ids, 16)
+    assert batch.input_ids.shape == (2, 16) and batch.lengths.tolist() == [len(x) for x in ids]
+    assert batch.attention_mask.sum().item() == sum(len(x) for x in ids)
+    with pytest.raises(ValueError, match="shorter than the batch's longest"):
+        pad(ids, max(len(x) for x in ids) - 1)
 
 
 def test_a_broken_package_releases_its_safetensors_handles(tmp_path, minilm_router, monkeypatch):  # noqa: F811
