@@ -1,18 +1,23 @@
 """Engine benchmark: a whole forward of a router, eager against CUDA graphs (Engine cuda_graphs).
 
-    python benchmarks/bench_engine.py [--reps 50] [--package NAME=DIR ...] [--out FILE]
+    python benchmarks/bench_engine.py [--reps 50] [--package NAME=DIR ...] [--traffic N] [--profile]
+                                      [--out FILE]
 
 The model is a random BERT of the built-in router's shape (all-MiniLM-L6-v2: hidden 384, 6
 layers, 12 heads, MLP 1536; tests/tinypkgs.build_random_bert, so no MiniLM wheel is needed),
 run by the Triton templates with the shipped autotune cache, in fp32 (the package's own dtype)
 and bf16. For each batch (1 short request, 1 long one, 32 requests) it times
-Engine.forward (tokenization, the forward and the copy of the answers to the CPU included),
-median of --reps calls after a warm-up (the graph is captured on the first timed call, a shape's
-second), and checks that both engines give the same bytes, on the first call and after the timed
-replays.
+Engine.forward (tokenization, the forward and the copy of the answers to the CPU included) on
+three engines: eager at the batch's own longest request ("vsr-eager-own", load_engine's
+shape_ladder=False), eager at the ladder's shape ("vsr-eager") and with CUDA graphs
+("vsr-graphs"), the median of --reps calls after the graphed engine's first two (an eager run,
+then the capture, a shape's second call) and the timer's own warm-up call. It checks that the
+graphed engine gives the eager engine's bytes on those first two calls and after the timed
+replays, and each engine its own bytes again. --profile adds each model's eager host time by
+function (cProfile).
 
 --traffic N (default 512; 0 skips it) then, after a warm-up that compiles every kernel, answers
-N requests of varied length (5-55 tokens) in two workloads: "file", 64 at a time, the way
+N requests of varied length (1-63 tokens) in two workloads: "file", 64 at a time, the way
 `vsr-run --input` calls the engine; and "calls", calls of 1-32 requests (a fixed sequence), the
 way a process serving requests as they come might. Each workload runs twice over (a long-lived
 process: the second pass finds its shapes seen) on four engines of one model: eager at each
@@ -52,7 +57,7 @@ def batches() -> dict[str, list[str]]:
 
 
 def traffic(n: int) -> list[str]:
-    """n requests of 5-55 tokens (a fixed sequence: a test text and 0-44 more words)."""
+    """n requests of 1-63 tokens (a fixed sequence: a test text and 0-44 more words)."""
     return [TEST_TEXTS[i % len(TEST_TEXTS)] + " " + " ".join(WORDS[: (i * 37) % 45]) for i in range(n)]
 
 
@@ -71,16 +76,16 @@ def workloads(n: int) -> dict[str, list[list[str]]]:
 def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     """The --traffic study for one model (module docstring)."""
     rows = []
+    names = ("eager-own", "eager", "graphs-own-first", "graphs")
     for load, calls in workloads(n).items():
         for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
-            warm = load_engine(pkg, device="cuda", dtype=dtype)
-            warm.shape_ladder = ladder
+            warm = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=ladder)
             for texts in calls:
                 warm.forward(texts)
         answers = {}
-        for name in ("eager-own", "eager", "graphs-own-first", "graphs"):
-            e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"))
-            e.shape_ladder = not name.endswith(("-own", "-own-first"))
+        for name in names:
+            e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"),
+                            shape_ladder=not name.endswith(("-own", "-own-first")))
             if name == "graphs-own-first":
                 e.graphed = engine_mod.GraphedForward(e.model, e.device, capture_at=1)
             for rep in (1, 2):
@@ -99,7 +104,7 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
                       f"{rows[-1]['captures']}", flush=True)
         same = {g: all(map(torch.equal, answers[g], answers[e]))
                 for g, e in (("graphs-own-first", "eager-own"), ("graphs", "eager"))}
-        for r in rows[-8:]:
+        for r in rows[-2 * len(names):]:   # this workload's rows: two passes of each engine
             r["checked"] = r["checked"] and same.get(r["provider"][4:], True)
     return rows
 
@@ -123,18 +128,17 @@ def main() -> int:
         runs.append((name, Pkg(Path(path)), "bfloat16"))
     rows, profiles = [], []
     for fmt, pkg, dtype in runs:
-        own = load_engine(pkg, device="cuda", dtype=dtype)
-        own.shape_ladder = False   # each batch at its own longest request, as before the ladder
+        own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)   # as before the ladder
         engines = {"vsr-eager-own": own, "vsr-eager": load_engine(pkg, device="cuda", dtype=dtype),
                    "vsr-graphs": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)}
         for name, texts in batches().items():
             want = {p: e.forward(texts) for p, e in engines.items()}   # (the graphed engine's first call: eager)
-            first = torch.equal(want["vsr-graphs"], want["vsr-eager"])
+            captured = engines["vsr-graphs"].forward(texts)            # its second: the capture's warm-up run
+            first = torch.equal(want["vsr-graphs"], want["vsr-eager"]) and torch.equal(captured, want["vsr-eager"])
             tokens = max(len(t) for t in own.tokenizer.encode_checked(texts))
             # (the tuner's eager timer: each forward ends in a copy to the CPU, so a call's time is the caller's wait)
             times = {p: tuner.eager_timer(lambda: e.forward(texts), a.reps) for p, e in engines.items()}
-            same = first and all(torch.equal(e.forward(texts), want[p]) for p, e in engines.items()) \
-                and torch.equal(want["vsr-graphs"], want["vsr-eager"])
+            same = first and all(torch.equal(e.forward(texts), want[p]) for p, e in engines.items())
             for provider, ms in times.items():
                 rows.append({"format": fmt, "shape": "minilm-random",
                              "batch": name, "requests": len(texts), "tokens": tokens, "provider": provider,

@@ -15,13 +15,16 @@ dtype (the activation dtype):
 - "float32" | "bfloat16" | "float16": the same weights in that precision: dense
   weights (and norms) converted to it, quantized weights kept as stored, activations in it.
 
-Batch shapes (CUDA devices, eager and graphed engines alike): a batch runs at a shape from a
-short ladder (batch_shape), its requests rounded up to a power of two (the extra rows repeat its
-last request, and their answers are dropped) and its tokens to a power of two up to 8, a multiple
-of 8 up to 64, of 16 past it (masked padding). Shapes then repeat across batches, so CUDA graphs replay; and since the eager
-engine runs the same shapes, a graph gives the eager engine's bytes. A request's answer depends
-on the batch it shares (as it did before the ladder: a batch pads to its longest request), and
-the batches are a pure function of the request list.
+Batch shapes (CUDA devices, eager and graphed engines alike, unless load_engine's shape_ladder
+says otherwise): a batch runs at a shape from a short ladder (batch_shape), its requests rounded
+up to a power of two (the extra rows repeat its last request, and their answers are dropped) and
+its tokens to a power of two up to 8, a multiple of 8 up to 64, of 16 past it, never past the
+model's token limit (masked padding). Shapes then repeat across batches, so CUDA graphs replay;
+and since the eager engine runs the same shapes, a graph gives the eager engine's bytes. The
+padding costs compute where the products, not the host, take the time (up to twice the rows: 17
+requests run as 32). A request's answer depends on the batch it shares (as it did before the
+ladder: a batch pads to its longest request), and the batches are a pure function of the
+request list.
 
 cuda_graphs (CUDA only, off by default): a batch shape seen for the second time is captured as a
 CUDA graph (after an eager run, which is that call's answer) and replayed from then on: one replay
@@ -29,7 +32,8 @@ instead of a host-side launch per kernel (an eager int4 or fp8 layer spends 66-1
 a call on an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run,
 so a replay gives the eager forward's bytes. A shape's first call runs eagerly and captures
 nothing, so traffic whose shapes never repeat costs what the eager engine costs; the
-CUDA_GRAPHS_KEPT most recently used graphs are kept (their memory comes from one shared pool).
+CUDA_GRAPHS_KEPT most recently used graphs are kept (their memory comes from one shared pool),
+and a shape whose graph was evicted is captured again on its next call.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from vsr.runtime.errors import DeviceRefusal, PackageError, RequestError
 from vsr.runtime.tokenize import PackageTokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BATCH_SIZE = 32
+BATCH_SIZE = 32   # a power of two: batch_shape rounds a batch's requests up to one
 CUDA_GRAPHS_KEPT = 32
 # The call on which a shape is captured: its second (the first is answered eagerly, with no
 # capture), so that a shape seen once costs no capture.
@@ -58,8 +62,9 @@ def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
     power of two up to 8, multiple of 8 up to 64 and of 16 past it, but never past `limit`, the
     model's token limit (PackageTokenizer.limit, within its position table). One request's rows
     (its tokens) so stay in their row bucket (autotune.buckets), and its products keep their
-    tiles: the eager engine's one-token request took 1.1-1.5 ms more at 8 tokens than at 1 (H200
-    run 31, bench_engine.py), its products at bucket 8 launching more kernels than at bucket 1."""
+    tiles: with tokens to a multiple of 8 from 1, the eager engine's one-token request took 1.1-1.5
+    ms more than at its own shape (H200 run 31, results/engine-...-run31-ladder8.json), its
+    products at bucket 8 launching more kernels than at bucket 1."""
     if not 1 <= tokens <= limit or requests < 1:
         raise ValueError(f"a batch has at least one request of 1 to {limit} tokens, got {requests} x {tokens}")
     step = 1 << (tokens - 1).bit_length() if tokens <= 8 else 8 if tokens <= 64 else 16
@@ -107,20 +112,25 @@ class GraphedForward:
             if entry is None:
                 calls = self.seen.pop(key, 0) + 1
                 if calls < self.capture_at:
-                    self.seen[key] = calls
-                    while len(self.seen) > SEEN_PER_GRAPH * self.kept:
-                        self.seen.popitem(last=False)
+                    self._remember(key, calls)
                     return self.model(*(t.to(self.device) for t in inputs))   # the eager engine's run
                 entry, warm = self._capture(inputs)
                 self.graphs[key] = entry
-                while len(self.graphs) > self.kept:
-                    self.graphs.popitem(last=False)
+                while len(self.graphs) > self.kept:   # an evicted shape is captured again on its next call
+                    self._remember(self.graphs.popitem(last=False)[0], self.capture_at - 1)
                 return warm   # the same kernels and tiles as a replay: its bytes, one forward fewer
             self.graphs.move_to_end(key)
             for buf, t in zip(entry.inputs, inputs):
                 buf.copy_(t)
             entry.graph.replay()
             return entry.output
+
+    def _remember(self, key: tuple, calls: int) -> None:
+        """A shape not captured (or no longer: evicted) and its calls so far, as the most recent
+        in `seen`, whose oldest are forgotten past SEEN_PER_GRAPH x kept shapes."""
+        self.seen[key] = calls
+        while len(self.seen) > SEEN_PER_GRAPH * self.kept:
+            self.seen.popitem(last=False)
 
     def _capture(self, inputs) -> tuple[_Graph, torch.Tensor]:
         """The graph of this shape, and the output of the eager run made before capturing it."""
@@ -154,7 +164,7 @@ class Engine:
                  act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None, cuda_graphs: bool = False,
                  shape_ladder: bool | None = None):
         self.model = model
-        # batch_shape's ladder: on every CUDA engine unless asked otherwise (bench_engine compares).
+        # batch_shape's ladder: on every CUDA engine unless asked otherwise (load_engine's shape_ladder).
         self.shape_ladder = device.type == "cuda" if shape_ladder is None else shape_ladder
         self.graphed = GraphedForward(model, device) if cuda_graphs else None
         self.tokenizer = tokenizer
@@ -228,10 +238,11 @@ class Engine:
 
 
 def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autotune_cache=None,
-                miss_policy: str = "default", cuda_graphs: bool = False) -> Engine:
+                miss_policy: str = "default", cuda_graphs: bool = False, shape_ladder: bool | None = None) -> Engine:
     """Build the engine for an opened package (vsr.runtime.package.OpenedPackage or anything with
     .path, .config and .model_dtype). The device check has already run in open_package; this loads
-    the weights."""
+    the weights. shape_ladder: batches at batch_shape's shapes (None: on a CUDA device); False
+    pads each batch to its own longest request, and CUDA graphs then capture each such shape."""
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.linear import QLinear
     from vsr.runtime.models import build_model, linear_names
@@ -282,4 +293,4 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         loader.close()
     return Engine(model, tok, mode=mode, device=dev, act_dtype=act,
                   weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver,
-                  linears=builder.linears, cuda_graphs=cuda_graphs)
+                  linears=builder.linears, cuda_graphs=cuda_graphs, shape_ladder=shape_ladder)

@@ -194,6 +194,11 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     calls = Counter(keys)
     assert graphed.graphed.captures == len(calls) and not graphed.graphed.seen
     assert len(replays) == sum(c - 2 for c in calls.values())
+    # Against each batch at its own longest request: the answers of its own requests, none of the
+    # extra rows' (tolerance: another shape may take other tiles).
+    own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)
+    for texts in lists:
+        torch.testing.assert_close(graphed.forward(texts), own.forward(texts), atol=2e-2, rtol=0)
     with pytest.raises(ValueError, match="at least 1"):
         engine_mod.GraphedForward(graphed.model, graphed.device, kept=0)
     small = engine_mod.GraphedForward(graphed.model, graphed.device, kept=2, capture_at=1)
@@ -201,6 +206,17 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     for texts in lists + lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
     assert len(small.graphs) == 2 and small.captures > len(calls)
+    # One graph kept, captured at a shape's second call: an evicted shape is captured again at
+    # its next call; the shapes seen and not captured are at most SEEN_PER_GRAPH.
+    one = engine_mod.GraphedForward(graphed.model, graphed.device, kept=1, capture_at=2)
+    monkeypatch.setattr(graphed, "graphed", one)
+    a, b = TEST_TEXTS[:1], (TEST_TEXTS * 4)[:32]   # two shapes
+    for texts, captures in ((a, 0), (a, 1), (b, 1), (b, 2), (a, 3), (b, 4)):
+        assert torch.equal(graphed.forward(texts), eager.forward(texts))
+        assert one.captures == captures, (texts, captures)
+    for words in (1, 5, 10, 18, 26, 34, 42):   # seven new shapes (two requests each), each seen once
+        graphed.forward(["word " * words] * 2)
+    assert len(one.seen) == engine_mod.SEEN_PER_GRAPH and one.captures == 4
 
 
 def test_batch_shapes_lie_on_the_ladder():
@@ -214,28 +230,39 @@ def test_batch_shapes_lie_on_the_ladder():
             batch_shape(r, t, 256)
 
 
-def test_a_batch_at_a_ladder_shape_gives_its_requests_answers(minilm_router):  # noqa: F811
-    # The ladder is on for CUDA engines; forced on here on the CPU, where the reference runs: the
+@pytest.mark.parametrize("package", ["minilm_router", "random_bert", "tiny_qwen3"])
+def test_a_batch_at_a_ladder_shape_gives_its_requests_answers(package, request):
+    # The ladder is on for CUDA engines; asked for here on the CPU, where the reference runs: the
     # extra requests (copies of the last) and the masked tokens leave the answers as they were
-    # and are not returned.
-    plain = load_engine(Pkg(minilm_router))
-    assert not plain.shape_ladder
-    ladder = load_engine(Pkg(minilm_router))
-    ladder.shape_ladder = True
+    # (BERT's mean over the mask, Qwen3's last real token through `lengths`) and are not returned.
+    # 37 requests: a batch of 32 and one of 5, which runs as 8.
+    pkg = Pkg(request.getfixturevalue(package))
+    plain, ladder = load_engine(pkg), load_engine(pkg, shape_ladder=True)
+    assert not plain.shape_ladder and ladder.shape_ladder
     pads = []
     pad = ladder.tokenizer.pad
-    ladder.tokenizer.pad = lambda ids, length=None: (pads.append((len(ids), length)), pad(ids, length))[1]
-    texts = TEST_TEXTS[:3] + TEST_TEXTS[4:6]   # 5 requests: a batch of 8
+    ladder.tokenizer.pad = lambda ids, length=None: (pads.append((len(ids), length, max(map(len, ids)))),
+                                                     pad(ids, length))[1]
+    texts = (TEST_TEXTS * 5)[:37]
     got, want = ladder.forward(texts), plain.forward(texts)
-    assert got.shape == want.shape and pads[0][0] == 8 and pads[0][1] % 8 == 0 and pads[0][1] > max(map(len, ladder.tokenizer.encode(texts)))
+    assert got.shape == want.shape == (37, want.shape[1])
+    assert [p[0] for p in pads] == [32, 8] and all(p[1] in (1, 2, 4) or p[1] % 8 == 0 for p in pads)
+    assert any(p[1] > p[2] for p in pads), "the test's batches were already at ladder shapes"
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-    b = ladder.tokenizer.tokenizer   # the padded batch itself: real tokens first, masked after
-    ids = [e.ids for e in b.encode_batch(texts[:2])]
-    batch = pad(ids, 16)
-    assert batch.input_ids.shape == (2, 16) and batch.lengths.tolist() == [len(x) for x in ids]
-    assert batch.attention_mask.sum().item() == sum(len(x) for x in ids)
+
+
+def test_pad_puts_real_tokens_first_and_refuses_a_short_length(router):
+    tok = router.tokenizer
+    ids = tok.encode(TEST_TEXTS[:2])
+    batch = tok.pad(ids, 16)
+    assert batch.input_ids.shape == batch.attention_mask.shape == (2, 16)
+    assert batch.lengths.tolist() == [len(x) for x in ids]
+    for i, x in enumerate(ids):
+        assert batch.input_ids[i, :len(x)].tolist() == x and bool(batch.attention_mask[i, :len(x)].all())
+        assert not batch.attention_mask[i, len(x):].any() and bool((batch.input_ids[i, len(x):] == tok.pad_id).all())
+    assert torch.equal(tok.pad(ids).input_ids, batch.input_ids[:, :max(map(len, ids))])   # its own longest
     with pytest.raises(ValueError, match="shorter than the batch's longest"):
-        pad(ids, max(len(x) for x in ids) - 1)
+        tok.pad(ids, max(len(x) for x in ids) - 1)
 
 
 def test_a_broken_package_releases_its_safetensors_handles(tmp_path, minilm_router, monkeypatch):  # noqa: F811
