@@ -64,24 +64,24 @@ def traffic(n: int) -> list[str]:
 def workloads(n: int) -> dict[str, list[list[str]]]:
     """The traffic study's calls (module docstring): "file", 64 requests a call; "calls", 1-32."""
     texts = traffic(n)
-    sizes, i = [], 0
+    calls, i = [], 0
     while i < n:
-        sizes.append(min(n - i, 1 + (len(sizes) * 13) % 32))
-        i += sizes[-1]
-    starts = [sum(sizes[:j]) for j in range(len(sizes))]
-    return {"file": [texts[i:i + 64] for i in range(0, n, 64)],
-            "calls": [texts[s:s + k] for s, k in zip(starts, sizes)]}
+        k = 1 + (len(calls) * 13) % 32
+        calls.append(texts[i:i + k])
+        i += k
+    return {"file": [texts[i:i + 64] for i in range(0, n, 64)], "calls": calls}
 
 
 def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     """The --traffic study for one model (module docstring)."""
     rows = []
     names = ("eager-own", "eager", "graphs-own-first", "graphs")
-    for load, calls in workloads(n).items():
-        for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
-            warm = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=ladder)
-            for texts in calls:
-                warm.forward(texts)
+    loads = workloads(n)
+    for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
+        warm = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=ladder)
+        for texts in (t for calls in loads.values() for t in calls):
+            warm.forward(texts)
+    for load, calls in loads.items():
         answers = {}
         for name in names:
             e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"),
