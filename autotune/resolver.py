@@ -185,8 +185,9 @@ class TileResolver:
              max_candidates: int | None = None, incumbents: list | None = None) -> tuple[dict, bool]:
         """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). The sweep
         tries the template's whole search space, or `max_candidates` of it (tuner.candidates: the
-        default tile and a pick over the rest, shared among its paths where n allows) plus the
-        `incumbents` the space still holds (tuner.with_incumbents)."""
+        default tile and a pick over the rest, shared among the template's pick groups,
+        Template.pick_group, where n allows) plus the `incumbents` the space still holds
+        (tuner.with_incumbents)."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:
@@ -198,7 +199,8 @@ class TileResolver:
             tiles = None
             if max_candidates is not None:
                 space = template.search_space(problem)
-                tiles = tuner.with_incumbents(tuner.candidates(space, max_candidates), space, incumbents or [])
+                tiles = tuner.with_incumbents(tuner.candidates(space, max_candidates, template.pick_group), space,
+                                              incumbents or [])
             tile = self._tune(template, problem, key, weight, x, deadline, progress, tiles)
             self._memo[d] = tile
             return dict(tile), len(self.tuned) > n

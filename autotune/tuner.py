@@ -80,34 +80,19 @@ def _spread(items: list, k: int) -> list:
     return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)]
 
 
-def _path(tile) -> Any:
-    """The group a tile's share of the pick comes from: its path, and wide TMA tiles (BLOCK_N2) on
-    their own, since they are a kernel form of their own that few tiles of the path stand for, in
-    one group per BLOCK_M (one and two programs per multiprocessor: each form won keys in run 21);
-    stream-K tiles of 256 rows a group of their own too (bucket 256: one weight fetch per tile);
-    int4 join tiles with the group scale on the weight tile (SCALE_W) too (run 25: a kernel form
-    whose products stay in flight across K steps, the fp32-scaled join's do not), and int4 slices
-    tiles that read x as stored (X_SPLIT; at M <= BLOCK_M / 8 rows in place, X_ROW, the form that won
-    run 28's study at one row and run 29's at two) too."""
-    if not isinstance(tile, dict):
-        return None
-    if tile.get("BLOCK_N2"):
-        return tile.get("path"), "wide", tile.get("BLOCK_M")
-    if tile.get("path") == "tma-sk" and tile.get("BLOCK_M", 0) >= 256:
-        return "tma-sk", "tall"   # (gemm_tiles.TALL_SK_256: few, after the space's many 128-row ones)
-    if tile.get("SCALE_W"):
-        return tile.get("path"), "scale-w"
-    if tile.get("X_SPLIT"):
-        return tile.get("path"), "x-split"
-    return tile.get("path")
+def _by_path(tile) -> Any:
+    """The pick group of a tile whose template names none: its path (None for what is no tile)."""
+    return tile.get("path") if isinstance(tile, dict) else None
 
 
-def candidates(space: list, n: int | None) -> list:
+def candidates(space: list, n: int | None, group: Callable[[Any], Any] = _by_path) -> list:
     """At most n tiles of a search space, the default (first) always, in search-space order (so
     ties still go to the earlier tile). The spaces list tiles grouped by path and shape; their
     first n alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles,
     and a faster pointer-load tile went unseen).
 
+    The pick is shared among groups of tiles: `group(tile)`, the template's pick_group (its path,
+    and kernel forms that few tiles of a path stand for on their own), called a path below.
     When n - 1 >= 2 x the number of paths in the rest (the tiles after the default), the n-1 are
     shared out round robin among those paths (fewest tiles first in each round), each share spread
     over its path: a share of two or more includes the path's first and last tile, a share of
@@ -123,7 +108,7 @@ def candidates(space: list, n: int | None) -> list:
     rest = space[1:]
     groups: dict[Any, list[int]] = {}
     for i, t in enumerate(rest):
-        groups.setdefault(_path(t), []).append(i)
+        groups.setdefault(group(t), []).append(i)
     if len(groups) > 1 and n - 1 >= 2 * len(groups):
         shares = dict.fromkeys(groups, 0)
         left = n - 1

@@ -93,7 +93,7 @@ def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
         if resolver is not None:
             tile = resolver.tile(t, p)
         elif n_sweep > 0:
-            res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep))
+            res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep, t.pick_group))
             swept = len(res)
             if res and res[0]["ok"]:
                 tile = res[0]["tile"]

@@ -97,4 +97,5 @@ def search_space(p: Problem) -> list[dict]:
 
 
 TEMPLATE = common.KernelTemplate(name="dense", module=sys.modules[__name__], search_space=search_space,
-                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)
+                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
+                    pick_group=gemm_tiles.pick_group)

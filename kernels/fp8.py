@@ -398,4 +398,5 @@ def _prologue_variants(p: Problem, d: dict) -> list[dict]:
 
 
 TEMPLATE = common.KernelTemplate(name="fp8_w8a8", module=sys.modules[__name__], search_space=search_space,
-                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem)
+                    default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
+                    pick_group=gemm_tiles.pick_group)

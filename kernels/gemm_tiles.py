@@ -146,6 +146,19 @@ def wide_tiles(bk: int, bucket: int) -> list[dict]:
     """The wide TMA tiles of a bucket in WIDE_SPLITS."""
     return [dict(tile("tma", bm, bn, bk, 1, warps, st), BLOCK_N2=bn2) for bm, bn, bn2, warps, st in WIDE_SPLITS[bucket]]
 
+def pick_group(tile: dict):
+    """The tuner's pick group of a dense, fp8 or nvfp4 tile (Template.pick_group): its path, and
+    wide TMA tiles (BLOCK_N2) on their own, since they are a kernel form of their own that few
+    tiles of the path stand for, in one group per BLOCK_M (one and two programs per
+    multiprocessor: each form won keys in run 21); stream-K tiles of 256 rows a group of their own
+    too (bucket 256: one weight fetch per tile; TALL_SK_256, few, after the space's many 128-row
+    ones)."""
+    if tile.get("BLOCK_N2"):
+        return tile.get("path"), "wide", tile.get("BLOCK_M")
+    if tile.get("path") == "tma-sk" and tile.get("BLOCK_M", 0) >= 256:
+        return "tma-sk", "tall"
+    return tile.get("path")
+
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
                bk_choices=None, tma: bool = True) -> list[dict]:
     """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32

@@ -975,6 +975,19 @@ def search_space(p: Problem) -> list[dict]:
     return out
 
 
+def pick_group(tile: dict):
+    """The tuner's pick group of an int4 tile (Template.pick_group): join tiles with the group
+    scale on the weight tile (SCALE_W) on their own (run 25: a kernel form whose products stay in
+    flight across K steps, the fp32-scaled join's do not), and slices tiles that read x as stored
+    (X_SPLIT; at M <= BLOCK_M / 8 rows in place, X_ROW, the form that won run 28's study at one row
+    and run 29's at two) too; the dequantizing paths' tiles as gemm_tiles groups them."""
+    if tile.get("SCALE_W"):
+        return tile.get("path"), "scale-w"
+    if tile.get("X_SPLIT"):
+        return tile.get("path"), "x-split"
+    return gemm_tiles.pick_group(tile)
+
+
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
                     default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
-                    deps=(_dense_module(),))
+                    pick_group=pick_group, deps=(_dense_module(),))

@@ -429,8 +429,8 @@ def search_space_w4a4(p: Problem) -> list[dict]:
 TEMPLATE_EMULATED = common.KernelTemplate(name="nvfp4_emulated", module=sys.modules[__name__],
                                           search_space=search_space,
                              default_tile=default_tile, launch=launch_emulated, reference=reference_linear,
-                             problem=problem, deps=(sys.modules["vsr.kernels.fp8"],))
+                             problem=problem, pick_group=gemm_tiles.pick_group, deps=(sys.modules["vsr.kernels.fp8"],))
 TEMPLATE_W4A4 = common.KernelTemplate(name="nvfp4_w4a4", module=sys.modules[__name__],
                                       search_space=search_space_w4a4,
                          default_tile=default_tile_w4a4, launch=launch_w4a4, reference=reference_linear,
-                         problem=problem, deps=(sys.modules["vsr.kernels.fp8"],))
+                         problem=problem, pick_group=gemm_tiles.pick_group, deps=(sys.modules["vsr.kernels.fp8"],))

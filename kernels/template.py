@@ -52,6 +52,10 @@ class Template:
     reference: Callable[..., torch.Tensor]
     # problem(weight, M, act_dtype) -> the Problem a call of this template solves.
     problem: Callable[..., Problem] = field(default=None)  # type: ignore[assignment]
+    # pick_group(tile) -> the group of the tuner's candidate pick a tile belongs to (autotune.tuner
+    # .candidates shares the pick out among groups): its path unless the template says otherwise,
+    # e.g. a kernel form that few tiles of the path stand for.
+    pick_group: Callable[[Tile], Any] = field(default=lambda tile: tile.get("path"))
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:

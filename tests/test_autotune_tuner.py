@@ -178,6 +178,32 @@ def test_candidates_share_the_pick_among_paths():
                 assert {sp[i]["path"] for i in pick[1:]} == paths, (sp, n, pick)
 
 
+def test_the_pick_is_shared_among_the_templates_groups(tmp_path):
+    # candidates groups tiles by `group` (a template's pick_group), not only by path: a form of two
+    # tiles inside a long path gets its share once it is a group. The tuner's resolver passes the
+    # template's own hook when it picks (vsr-tune --max-candidates).
+    import dataclasses
+    from vsr.autotune.resolver import TileResolver
+    from vsr.autotune.tuner import candidates
+    space = [{"path": "s", "i": i, "form": i in (14, 15)} for i in range(20)]
+
+    def ids(n, group=None):
+        return [t["i"] for t in (candidates(space, n, group) if group else candidates(space, n))]
+    assert ids(5) == [0, 1, 7, 13, 19]                                            # one path: an even spread
+    assert ids(5, lambda t: (t["path"], t["form"])) == [0, 1, 14, 15, 19]         # the form's two tiles
+    forms = dataclasses.replace(FAKE_DENSE, pick_group=lambda t: t["BLOCK_N"] == 64)
+    w, x = _wx()
+    space = forms.search_space(forms.problem(w, 8, x.dtype))
+    want = candidates(space, 5, forms.pick_group)
+    assert want != candidates(space, 5) and [t["BLOCK_N"] for t in want[1:]] == [32, 64, 32, 64]
+    timed = []
+    r = TileResolver(tmp_path / "t.db", policy="tune", device="cpu", use_shipped=False,
+                     timer=lambda fn: (timed.append(1), fn(), 1.0)[2])
+    tile, tuned = r.tune(forms, forms.problem(w, 8, x.dtype), weight=w, x=x, max_candidates=5)
+    assert tuned and len(timed) == len(want)
+    assert [c["tile"] for c in r.store.get(r.key(forms, forms.problem(w, 8, x.dtype)).digest()).candidates] == want
+
+
 def test_tall_stream_k_tiles_get_a_share_of_the_pick_of_their_own():
     # Bucket 256's dense space: the 256-row stream-K tiles (3, after five 128-row ones) are a group
     # of their own, served before the long paths in each round, so a 16-tile pick sees them all
@@ -186,7 +212,7 @@ def test_tall_stream_k_tiles_get_a_share_of_the_pick_of_their_own():
     from vsr.autotune.tuner import candidates
     from vsr.kernels import gemm_tiles
     d = gemm_tiles.default_gemm_tile(256, 5120, 17408, 2, 2)
-    pick = candidates(gemm_tiles.gemm_space(256, 5120, 17408, 2, 2, d), 16)
+    pick = candidates(gemm_tiles.gemm_space(256, 5120, 17408, 2, 2, d), 16, gemm_tiles.pick_group)
     tall = [(t["BLOCK_N"], t["num_warps"], t["num_stages"]) for t in pick if t["path"] == "tma-sk" and t["BLOCK_M"] == 256]
     assert tall == list(gemm_tiles.TALL_SK_256)
     assert len([t for t in pick if t.get("BLOCK_N2")]) == len(gemm_tiles.WIDE_SPLITS[256])
@@ -199,14 +225,14 @@ def _int4_pick(symmetric, bucket, field):
     the tiles of each carrying the tile field `field`, with their pick groups."""
     import dataclasses
     from vsr.autotune import synth
-    from vsr.autotune.tuner import _path, candidates
+    from vsr.autotune.tuner import candidates
     from vsr.kernels import registry
     t = registry.TEMPLATES["int4_w4a16"]
     w = synth.random_weight("int4", 64, 256, dict(group=128, symmetric=symmetric), torch.bfloat16)
     space = t.search_space(dataclasses.replace(t.problem(w, bucket, torch.bfloat16), N=10240, K=5120))
-    pick = candidates(space, 20)
+    pick = candidates(space, 20, t.pick_group)
     flagged = [c for c in space if c.get(field)]
-    return space, pick, flagged, [c for c in pick if c.get(field)], {_path(c) for c in flagged}
+    return space, pick, flagged, [c for c in pick if c.get(field)], {t.pick_group(c) for c in flagged}
 
 
 def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():

@@ -529,7 +529,7 @@ def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
                                      for c in space[:len(space) - len(variants)])
         assert space[len(space) - len(variants):] == [dict(d, **v) for v in variants], (Nx, Kx, b)
         if variants and Nx > 37:
-            assert space[-1] in candidates(space, 16)
+            assert space[-1] in candidates(space, 16, fp8.TEMPLATE.pick_group)
 
 
 class KernelSpy:
@@ -1384,16 +1384,16 @@ def test_int4_gemv_refuses_the_fixup():
 @pytest.mark.parametrize("bucket", tuple(gemm_tiles.WIDE_SPLITS))
 def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
     # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
-    # BLOCK_M (tuner._path), so none of the few the space keeps (those that won in run 21's studies)
+    # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps (those that won in run 21's studies)
     # goes untimed on the 27B-class shapes.
     for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
         for t in (dense, fp8):
             space = t.search_space(Problem(N=N, K=K, bucket=bucket, act_dtype=torch.bfloat16, params=()))
             wide = [c for c in space if c.get("BLOCK_N2")]
             assert len(wide) == len(gemm_tiles.WIDE_SPLITS[bucket]), (t.__name__, N, K, bucket)
-            pick = candidates(space, 16)
+            pick = candidates(space, 16, t.TEMPLATE.pick_group)
             assert all(c in pick for c in wide), (t.__name__, N, K, bucket)
-            # and bucket 256's stream-K tiles of 256 rows (tuner._path: a group of their own)
+            # and bucket 256's stream-K tiles of 256 rows (gemm_tiles.pick_group: a group of their own)
             tall = [c for c in space if c["path"] == "tma-sk" and c["BLOCK_M"] == 256]
             assert len(tall) == (len(gemm_tiles.TALL_SK_256) if bucket == 256 else 0), (t.__name__, N, K, bucket)
             assert all(c in pick for c in tall), (t.__name__, N, K, bucket)
