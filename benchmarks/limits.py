@@ -35,7 +35,7 @@ from common_bench import (SHAPES, SHIPPED_CACHE, check, checked_launch, code_com
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.resolver import TileResolver  # noqa: E402
-from vsr.kernels import dense, fp8, int4, registry  # noqa: E402
+from vsr.kernels import dense, fp8, int4, int4_tiles, registry  # noqa: E402
 
 
 def us(fns) -> float:
@@ -89,7 +89,7 @@ def main() -> int:
             t4, tile4 = shipped_tile(res, w4[0], M)
             r = {"case": f"int4 M={M} parts", "shape": sh, "tile": tile4,
                  "call_us": us([lambda w=w: t4.launch(x, w, tile4) for w in w4])}
-            gt = int4.dense_tile(tile4)   # the dense tile a dequant path multiplies with (None for others)
+            gt = int4_tiles.dense_tile(tile4)   # the dense tile a dequant path multiplies with (None for others)
             if gt is not None:
                 dw = dense.DenseWeight(int4.dequantize_transient(w4[0], torch.bfloat16))
                 r["parts_checked"] = checked_launch(dense.launch, x, dw, gt, t4.reference(x, w4[0]))[0]

@@ -80,7 +80,7 @@ from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, gr
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, registry  # noqa: E402
+from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, int4_tiles, registry  # noqa: E402
 
 
 def timed_case(row, launch, x, tile, ws, ref, base):
@@ -140,7 +140,7 @@ def _int4_x_tiles(p):
     if b <= 16:
         return [gemm_tiles.tile("slices", 16, bn, 128, gemm_tiles._split_for(b, N, K, 16, bn, 128, 16, waves=wv), warps, st)
                 for bn, warps, st, wv in SMALL_TILES]
-    tiles = int4._slices_tiles(p)[:4]
+    tiles = int4_tiles.slices_tiles(p)[:4]
     if b >= 128:
         tiles += [gemm_tiles.tile("slices", 128, bn, 128, gemm_tiles._split_for(b, N, K, 128, bn, 128, 16, waves=wv), warps, 3)
                   for bn, warps, wv in ((128, 8, 2), (64, 4, 4))]
@@ -569,7 +569,7 @@ def study_int4_m1(shapes, ms, log):
                     cases.append((f"{name}, {'X_ROW' if 8 * M <= tile['BLOCK_M'] else 'X_SPLIT'}", tile))
             if M <= 4 and shipped["path"] == "slices":   # every X_SPLIT tile of the space (X_ROW where they fit)
                 cases += [(f"slices, {'X_ROW' if 8 * M <= c['BLOCK_M'] else 'X_SPLIT'}", c)
-                          for c in int4._slices_tiles(p) if c.get("X_SPLIT") and all(c != t for _, t in cases)]
+                          for c in int4_tiles.slices_tiles(p) if c.get("X_SPLIT") and all(c != t for _, t in cases)]
             ref = t.reference(x, w0)
             for label, tile in cases:
                 rows.append(timed_case(dict(ids, variant=label, tile=tile), t.launch, x, tile, ws[fmt], ref, base))

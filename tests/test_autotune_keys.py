@@ -41,6 +41,8 @@ def test_source_hash_covers_shared_kernel_modules():
     # only through dense (its dequant path), nvfp4 through fp8.
     from vsr.kernels import gemm, gemm_tiles
     assert all({gemm, gemm_tiles} <= set(x.modules) for x in TEMPLATES.values())
+    from vsr.kernels import int4_tiles   # int4's tile space, in a module of its own
+    assert int4_tiles in TEMPLATES["int4_w4a16"].modules
     plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,
                      launch=t.launch, reference=t.reference, problem=t.problem)
     assert kernel_source_hash(plain) != plain.source_hash

@@ -482,7 +482,7 @@ def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypa
         assert variants.int4.slice_order is shipped_order
         for fmt in ("int4-gptq", "int4-awq"):
             w = variants._weights(fmt, 64, 1024, variants.DEV)[0]
-            others = [c for c in variants.int4._slices_tiles(t.problem(w, 1, torch.float16))
+            others = [c for c in variants.int4_tiles.slices_tiles(t.problem(w, 1, torch.float16))
                       if c.get("X_SPLIT")][1:]   # the X_ROW tiles but the default's
             got = [(r["variant"], r["tile"]) for r in cases if r["format"] == fmt]
             head = ([("shipped", dict(t.default_tile(t.problem(w, 1, torch.float16)), X_SPLIT=0))]
@@ -500,7 +500,7 @@ def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypa
     for fmt in ("int4-gptq", "int4-awq"):
         p = t.problem(variants._weights(fmt, 64, 1024, variants.DEV)[0], 2, torch.float16)
         shipped = dict(t.default_tile(p), X_SPLIT=0)
-        others = [c for c in variants.int4._slices_tiles(p) if c.get("X_SPLIT") and c != dict(shipped, X_SPLIT=1)]
+        others = [c for c in variants.int4_tiles.slices_tiles(p) if c.get("X_SPLIT") and c != dict(shipped, X_SPLIT=1)]
         assert others and all(c["BLOCK_M"] >= 16 for c in others)
         assert [(r["variant"], r["tile"]) for r in cases if r["format"] == fmt] == (
             [("shipped", shipped), ("shipped, X_ROW", dict(shipped, X_SPLIT=1))]
