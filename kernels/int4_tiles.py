@@ -202,7 +202,7 @@ _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (
 def _scaled_join_tiles(p: Problem) -> list[dict]:
     """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
     product), for buckets 16..256: the one join form whose wgmmas Triton keeps in flight across K
-    steps (see _int4_join_kernel), so the nibble conversion can overlap the tensor cores at the
+    steps (see int4._int4_join_kernel), so the nibble conversion can overlap the tensor cores at the
     many-row buckets where the fp32-scaled join lost to the transient dense copy (run 13). Buckets
     16-32 take 64's tiles on their own rows of x."""
     rows = 64 if p.bucket <= 64 else p.bucket
