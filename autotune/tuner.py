@@ -26,6 +26,7 @@ import torch
 
 from vsr.autotune.buckets import bucket_for
 from vsr.kernels import common
+from vsr.kernels.template import path_group
 
 TIE_FRACTION = 0.01
 
@@ -80,12 +81,7 @@ def _spread(items: list, k: int) -> list:
     return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)]
 
 
-def _by_path(tile) -> Any:
-    """The pick group of a tile whose template names none: its path (None for what is no tile)."""
-    return tile.get("path") if isinstance(tile, dict) else None
-
-
-def candidates(space: list, n: int | None, group: Callable[[Any], Any] = _by_path) -> list:
+def candidates(space: list, n: int | None, group: Callable[[Any], Any] = path_group) -> list:
     """At most n tiles of a search space, the default (first) always, in search-space order (so
     ties still go to the earlier tile). The spaces list tiles grouped by path and shape; their
     first n alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles,

@@ -24,6 +24,12 @@ import torch
 Tile = dict[str, Any]
 
 
+def path_group(tile) -> Any:
+    """The tuner's pick group of a tile whose template names no other (Template.pick_group): its
+    path (None for what is no tile)."""
+    return tile.get("path") if isinstance(tile, dict) else None
+
+
 @dataclass(frozen=True)
 class Problem:
     """What a tile is chosen for: one linear layer's shape and format, one row bucket."""
@@ -55,7 +61,7 @@ class Template:
     # pick_group(tile) -> the group of the tuner's candidate pick a tile belongs to (autotune.tuner
     # .candidates shares the pick out among groups): its path unless the template says otherwise,
     # e.g. a kernel form that few tiles of the path stand for.
-    pick_group: Callable[[Tile], Any] = field(default=lambda tile: tile.get("path"))
+    pick_group: Callable[[Tile], Any] = path_group
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:
