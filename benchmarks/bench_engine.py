@@ -84,9 +84,9 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     for load, calls in loads.items():
         answers = {}
         for name in names:
-            e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name.startswith("graphs"),
+            e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name == "graphs",
                             shape_ladder=not name.endswith(("-own", "-own-first")))
-            if name == "graphs-own-first":
+            if name == "graphs-own-first":   # the engine before the ladder: each shape captured on first use
                 e.graphed = engine_mod.GraphedForward(e.model, e.device, capture_at=1)
             for rep in (1, 2):
                 torch.cuda.synchronize()

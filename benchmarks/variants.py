@@ -538,6 +538,12 @@ def _no_slice_copy():
         int4.slice_order = shipped
 
 
+def _x_form(tile: dict, M: int) -> str:
+    """The form an X_SPLIT slices tile reads M rows of x in: "X_ROW" where they fit in place (int4.launch
+    takes X_ROW at 8·M <= BLOCK_M), else "X_SPLIT"."""
+    return "X_ROW" if 8 * M <= tile["BLOCK_M"] else "X_SPLIT"
+
+
 def study_int4_m1(shapes, ms, log):
     """int4 GPTQ and AWQ at M = 1-16 (run 28): the shipped tile and, where it is a slices tile that
     copies x into slice order, the same with x handed over already in that order (the copy taken
@@ -566,9 +572,9 @@ def study_int4_m1(shapes, ms, log):
                 in_place.append(dict(shipped, BLOCK_M=max(shipped["BLOCK_M"], 8 * p.bucket), X_SPLIT=1))
             for tile in in_place:
                 if all(tile != c for _, c in cases):
-                    cases.append((f"{name}, {'X_ROW' if 8 * M <= tile['BLOCK_M'] else 'X_SPLIT'}", tile))
+                    cases.append((f"{name}, {_x_form(tile, M)}", tile))
             if M <= 4 and shipped["path"] == "slices":   # every X_SPLIT tile of the space (X_ROW where they fit)
-                cases += [(f"slices, {'X_ROW' if 8 * M <= c['BLOCK_M'] else 'X_SPLIT'}", c)
+                cases += [(f"slices, {_x_form(c, M)}", c)
                           for c in int4_tiles.slices_tiles(p) if c.get("X_SPLIT") and all(c != t for _, t in cases)]
             ref = t.reference(x, w0)
             for label, tile in cases:
