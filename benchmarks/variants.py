@@ -723,6 +723,99 @@ def study_sk_reduce(shapes, ms, log):
     return rows
 
 
+# The fp8-overlap study's row chunks (each rounded up to a multiple of the tile's BLOCK_M).
+OVERLAP_CHUNKS = (2, 4, 8)
+_SIDE_STREAMS: dict = {}
+
+
+def _fp8_overlapped(chunks: int, tile_for=None, early: bool = False):
+    """fp8.launch with its prologue overlapped by its product: x's rows in `chunks` chunks; chunk
+    0's rows quantized on the calling stream, the others' on a side stream (after chunk 0's, or
+    with it where `early`), each chunk's product on the calling stream once its rows are ready.
+    The product is compute-bound at these rows and the prologue memory-bound: a prologue program
+    (4-16 warps, a few hundred bytes of shared memory) fits beside a product program on a
+    multiprocessor, so chunk i+1's rows can be quantized while chunk i's product runs. tile_for(rows):
+    the product tile of a chunk (default the call's tile)."""
+    def launch(x, w, tile, out=None):
+        M = x.shape[0]
+        y = common.output(x, w.N, out)
+        main = torch.cuda.current_stream()
+        side = _SIDE_STREAMS.setdefault(x.device, torch.cuda.Stream(x.device))
+        rows = -(-M // chunks)
+        rows = -(-rows // tile["BLOCK_M"]) * tile["BLOCK_M"]
+        bounds = [(r, min(M, r + rows)) for r in range(0, M, rows)]
+        plan, _ = fp8.tile_prologue(tile, w.K)
+        xq = torch.empty((M, w.K), dtype=fp8.FP8_DTYPE, device=x.device)
+        xs = torch.empty((M,), dtype=x.dtype, device=x.device)
+
+        def quantize(r0, r1):   # quantize_activation_triton's launch, into rows r0..r1 of xq and xs
+            hw = common.device_features(x.device).hardware_e4m3
+            fp8._act_quant_kernel[(r1 - r0,)](
+                x[r0:r1], xq[r0:r1] if hw else xq[r0:r1].view(torch.uint8), xs[r0:r1], w.K, x.stride(0),
+                fp8.dtype_eps(x.dtype), BLOCK_A=plan.block_a, BLOCK_B=plan.block_b, CHUNKED=plan.chunked,
+                RECIPROCAL=x.is_cuda, HW_CVT=hw, RELEASE=False, BF16_RCP=x.dtype == torch.bfloat16,
+                num_warps=plan.warps)
+        ready = [None] * len(bounds)
+        if not early:
+            quantize(*bounds[0])
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for i in range(0 if early else 1, len(bounds)):
+                quantize(*bounds[i])
+                ready[i] = torch.cuda.Event()
+                ready[i].record(side)
+        for i, (r0, r1) in enumerate(bounds):
+            if ready[i] is not None:
+                main.wait_event(ready[i])
+            t = tile_for(r1 - r0) if tile_for else tile
+            fp8.launch_product(xq[r0:r1], xs[r0:r1], w, y[r0:r1], t)
+        return y
+    return launch
+
+
+def study_fp8_overlap(shapes, ms, log):
+    """fp8 at many rows: the activation prologue (memory-bound, 4-12% of the call at M = 1024-4096)
+    overlapped by the product (compute-bound) over row chunks (_fp8_overlapped), against
+    fp8.launch on the shipped tile, the product alone on a prequantized x, and the prologue alone.
+    Each case checked against the reference; `same_bytes`: its output equal to fp8.launch's."""
+    t = registry.TEMPLATES["fp8_w8a8"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("fp8-overlap", ("fp8",), shapes, ms, rows, log):
+        w8 = ws["fp8"]
+        p = t.problem(w8[0], bucket_for(M), x.dtype)
+        tile = _shipped_tile(t, p) or t.default_tile(p)
+        plan, _ = fp8.tile_prologue(tile, K)
+        xq, xs = fp8.quantize_activation_triton(x, plan)
+        row = dict(study="fp8-overlap", part="prologue", shape=sh, M=M, variant="prologue alone",
+                   plan=dataclasses.asdict(plan), ok=True)
+        row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
+        rows.append(row)
+        log(row)
+
+        def own_tile(r):
+            q = t.problem(w8[0], bucket_for(r), x.dtype)
+            return _shipped_tile(t, q) or t.default_tile(q)
+        cases = [("fp8.launch", fp8.launch),
+                 ("product alone (x prequantized)",
+                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out))]
+        for n in OVERLAP_CHUNKS:
+            if M // n < 128:
+                continue
+            cases.append((f"overlap {n} chunks", _fp8_overlapped(n)))
+            cases.append((f"overlap {n} chunks, chunk's tile", _fp8_overlapped(n, own_tile)))
+            cases.append((f"overlap {n} chunks, early", _fp8_overlapped(n, early=True)))
+        ref = t.reference(x, w8[0])
+        y0 = fp8.launch(x, w8[0], tile)
+        for name, launch in cases:
+            row = timed_case(dict(study="fp8-overlap", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                                  tile=tile), launch, x, tile, w8, ref, base)
+            if "error" not in row:
+                row["same_bytes"] = bool(torch.equal(launch(x, w8[0], tile), y0))
+            rows.append(row)
+            log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -734,7 +827,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "int4-m1": (study_int4_m1, "1,16")}
+           "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
