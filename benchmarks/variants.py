@@ -816,6 +816,50 @@ def study_fp8_overlap(shapes, ms, log):
     return rows
 
 
+def _prologue_then_product(plan):
+    """fp8.launch composed by hand: the prologue into fresh buffers, then the product (no PDL)."""
+    def launch(x, w, tile, out=None):
+        y = common.output(x, w.N, out)
+        xq, xs = fp8.quantize_activation_triton(x, plan)
+        fp8.launch_product(xq, xs, w, y, tile)
+        return y
+    return launch
+
+
+def study_fp8_call_parts(shapes, ms, log):
+    """fp8 at many rows, the call against its parts, in A-B-A order: fp8.launch, the product alone
+    on a prequantized x, the prologue then the product composed by hand, fp8.launch again, and
+    the prologue alone (run 33's fp8-overlap study found the product alone slower than the whole
+    call at M=4096 on every shape, and the call 13-16 us slower than its parts at M=1024 on
+    gate_up and down). With `nvidia-smi dmon` beside it, the clocks the card ran at."""
+    t = registry.TEMPLATES["fp8_w8a8"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("fp8-call-parts", ("fp8",), shapes, ms, rows, log):
+        w8 = ws["fp8"]
+        p = t.problem(w8[0], bucket_for(M), x.dtype)
+        tile = _shipped_tile(t, p) or t.default_tile(p)
+        plan, _ = fp8.tile_prologue(tile, K)
+        xq, xs = fp8.quantize_activation_triton(x, plan)
+        ref = t.reference(x, w8[0])
+        cases = [("fp8.launch", fp8.launch),
+                 ("product alone (x prequantized)",
+                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out)),
+                 ("prologue, then product", _prologue_then_product(plan)),
+                 ("fp8.launch again", fp8.launch)]
+        for name, launch in cases:
+            row = timed_case(dict(study="fp8-call-parts", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                                  tile=tile), launch, x, tile, w8, ref, base)
+            row["t"] = time.time()
+            rows.append(row)
+            log(row)
+        row = dict(study="fp8-call-parts", part="prologue", shape=sh, M=M, variant="prologue alone",
+                   plan=dataclasses.asdict(plan), ok=True)
+        row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
+        rows.append(row)
+        log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -827,7 +871,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096")}
+           "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096"),
+           "fp8-call-parts": (study_fp8_call_parts, "1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
