@@ -860,6 +860,41 @@ def study_fp8_call_parts(shapes, ms, log):
     return rows
 
 
+def study_interleave(shapes, ms, log):
+    """Timing order at many rows (run 33: the H200 power-limited under the products, a case timed
+    after heavier ones slower): cuBLAS bf16, vsr bf16 and vsr fp8 (fp8.launch) on the shipped
+    tiles and `_scaled_mm` on a prequantized x, each timed by graph_ms one after another as
+    bench_gemm.py does (twice, in that order and reversed), and by interleaved_graph_ms (replays
+    interleaved round by round, twice). Every vsr case checked against its reference first."""
+    from common_bench import interleaved_graph_ms, scaled_mm, scaled_mm_weight_scale, torch_quant
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("interleave", ("fp8",), shapes, ms, rows, log):
+        cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
+        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tile = _shipped_tile(t, p) or t.default_tile(p)
+            ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, t.reference(x, ws[fmt][0]))
+            rows.append(dict(study="interleave", format=fmt, shape=sh, M=M, variant="check", ok=ok, rel_err=rel,
+                             tile=tile))
+            log(rows[-1])
+            cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+        xq, sa = torch_quant(x)
+        sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
+        cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+        for form, order in (("sequential", list(cases)), ("interleaved", None),
+                            ("sequential, reversed", list(cases)[::-1]), ("interleaved", None)):
+            if order is None:
+                got = interleaved_graph_ms(cases)
+            else:
+                got = {name: graph_ms(cases[name]) for name in order}
+            row = dict(study="interleave", shape=sh, M=M, variant=form, ms_by_case=got,
+                       ratio_vs_cublas_by_case={k: got["cublas-bf16"] / v for k, v in got.items()})
+            rows.append(row)
+            log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -872,7 +907,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
            "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096"),
-           "fp8-call-parts": (study_fp8_call_parts, "1024,4096")}
+           "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
+           "interleave": (study_interleave, "256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -930,6 +966,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"s{t['num_stages']}{' P' if t.get('PERSISTENT') else ''}" if t else "")
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
+        elif "ms_by_case" in r:
+            cells = "  ".join(f"{k} {v * 1e3:7.1f} ({r['ratio_vs_cublas_by_case'][k]:.2f}x)" for k, v in r["ms_by_case"].items())
+            print(f"{r['study']:10s} {'':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:22s} {cells}")
         elif r.get("part") == "prologue":
             print(f"{r['study']:10s} {'prologue':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r.get('ms', float('nan')) * 1e3:7.1f}  {'exact' if r['ok'] else 'WRONG':6s} {r['plan']}")
