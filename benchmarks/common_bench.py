@@ -175,37 +175,42 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
     return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
 
 
-def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> dict:
+def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:
     """{name: median per-call time} of each case's CUDA graph (each a list of calls, one per weight
     copy, as graph_ms), the graphs' replays interleaved: every round replays each graph once, in an
     order rotated by one each round. Under sustained tensor-core load the H200 is power-limited (its
     SM clock falls from 1980 to about 1600 MHz at 530-670 W: run 33, nvidia-smi dmon), so a case
     timed after heavier ones runs slower (A-B-A at M=4096: the same fp8 call 5-10% slower the
-    second time); interleaved, every case sees the same history."""
+    second time); interleaved, every case sees the same history. Returns ({name: ms}, {name: error}):
+    a case whose warm-up or capture raises is left out of the rounds, with its error."""
     from vsr.kernels import common
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     stream = torch.cuda.Stream()
     mark = common.capture_counters_mark()
-    graphs = {}
+    graphs, errors = {}, {}
     try:
         for name, fns in cases.items():
             def cycle(fns=fns) -> None:
                 for f in fns:
                     f()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):   # warm-up off the default stream, as capture requires
-                cycle()
-                start.record(stream)
-                cycle()
-                end.record(stream)
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(n):
+            try:
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):   # warm-up off the default stream, as capture requires
                     cycle()
-            g.replay()
+                    start.record(stream)
+                    cycle()
+                    end.record(stream)
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for _ in range(n):
+                        cycle()
+                g.replay()
+            except Exception as e:   # this case is reported, the others are still timed
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
             graphs[name] = (g, n * len(fns))
         torch.cuda.synchronize()
         times: dict = {name: [] for name in graphs}
@@ -222,7 +227,7 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
         graphs.clear()
         torch.cuda.synchronize()
         common.rewind_capture_counters(mark)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in times.items()}, errors
 
 
 def checked_launch(launch, x: torch.Tensor, w, tile: dict, ref: torch.Tensor) -> tuple[bool, float]:

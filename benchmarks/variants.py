@@ -885,7 +885,8 @@ def study_interleave(shapes, ms, log):
         for form, order in (("sequential", list(cases)), ("interleaved", None),
                             ("sequential, reversed", list(cases)[::-1]), ("interleaved", None)):
             if order is None:
-                got = interleaved_graph_ms(cases)
+                got, errors = interleaved_graph_ms(cases)
+                assert not errors, errors
             else:
                 got = {name: graph_ms(cases[name]) for name in order}
             row = dict(study="interleave", shape=sh, M=M, variant=form, ms_by_case=got,
