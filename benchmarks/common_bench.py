@@ -230,6 +230,45 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
     return {name: statistics.median(ts) for name, ts in times.items()}, errors
 
 
+def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tuple[float, float]]:
+    """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
+    back to back for span_ms: how its speed moves as the card's power state settles under it."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def cycle() -> None:
+        for f in fns:
+            f()
+    cycle()
+    torch.cuda.synchronize()
+    start.record()
+    cycle()
+    end.record()
+    end.synchronize()
+    n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cycle()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            cycle()
+    torch.cuda.synchronize()
+    out, t = [], 0.0
+    while t < span_ms:
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        out.append((t, ms / (n * len(fns))))
+        t += ms
+    del g
+    return out
+
+
 def checked_launch(launch, x: torch.Tensor, w, tile: dict, ref: torch.Tensor) -> tuple[bool, float]:
     """check() of launch(x, w, tile, out=y) into a NaN-filled y: an element the kernel never
     writes fails (a fresh output could reuse a freed buffer that already holds the answer)."""

@@ -67,6 +67,7 @@ import dataclasses
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -896,6 +897,35 @@ def study_interleave(shapes, ms, log):
     return rows
 
 
+def study_power_trace(shapes, ms, log):
+    """How fast a case's speed settles under its own load: cuBLAS bf16, vsr bf16, vsr fp8 and
+    `_scaled_mm` replayed back to back for 400 ms each, one after another, in both orders (run 33:
+    the first case timed after lighter work ran up to 18% faster). Each row: the trace (ms since
+    the case began, per-call ms), the median of its first 10 ms and of its last 100 ms."""
+    from common_bench import replay_trace, scaled_mm, scaled_mm_weight_scale, torch_quant
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("power-trace", ("fp8",), shapes, ms, rows, log):
+        cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
+        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[tname]
+            tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
+            cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+        xq, sa = torch_quant(x)
+        sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
+        cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+        for order in (list(cases), list(cases)[::-1]):
+            for name in order:
+                tr = replay_trace(cases[name])
+                first = [v for t, v in tr if t < 10.0] or [tr[0][1]]
+                last = [v for t, v in tr if t >= tr[-1][0] - 100.0]
+                row = dict(study="power-trace", shape=sh, M=M, variant=name, order=order[0],
+                           first_10ms=statistics.median(first), last_100ms=statistics.median(last),
+                           trace=[(round(t, 2), round(v, 5)) for t, v in tr])
+                rows.append(row)
+                log(dict(row, trace=len(tr)))
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -909,7 +939,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
            "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096"),
            "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
-           "interleave": (study_interleave, "256,1024,4096")}
+           "interleave": (study_interleave, "256,1024,4096"),
+           "power-trace": (study_power_trace, "1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -967,6 +998,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"s{t['num_stages']}{' P' if t.get('PERSISTENT') else ''}" if t else "")
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
+        elif "last_100ms" in r:
+            print(f"{r['study']:10s} {r['variant']:12s} {r['shape']:7s} {r['M']:5d} after {r['order']:12s} "
+                  f"first 10 ms {r['first_10ms'] * 1e3:7.1f} us  last 100 ms {r['last_100ms'] * 1e3:7.1f} us")
         elif "ms_by_case" in r:
             cells = "  ".join(f"{k} {v * 1e3:7.1f} ({r['ratio_vs_cublas_by_case'][k]:.2f}x)" for k, v in r["ms_by_case"].items())
             print(f"{r['study']:10s} {'':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:22s} {cells}")
