@@ -8,9 +8,9 @@ BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 81
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
 for every M also CUDA-graph replays cycling through weight copies that together exceed twice the
-L2, every provider's graph at a point replayed in turn, round by round (graph_times: the H200 is
+L2, each timed in its own steady state, after 200 ms of its own replays (graph_times: the H200 is
 power-limited under these products, and a provider timed after lighter work ran up to 18% faster
-than one timed after heavier; run 33). vsr tiles come from an autotune cache (--cache: the
+than after heavier; run 33). vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
@@ -30,7 +30,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms,  # noqa: E402
-                          interleaved_graph_ms, result_path, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
+                          result_path, steady_graph_ms, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
@@ -69,13 +69,13 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
 
 
 def graph_times(cases: dict) -> tuple[dict, dict]:
-    """({name: CUDA-graph ms}, {name: error}) of every case at one point, their replays interleaved
-    round by round (common_bench.interleaved_graph_ms): under the products' sustained load the H200
-    is power-limited, and a provider timed after lighter work ran up to 18% faster than the same
-    calls timed after heavier ones (H200 run 33, variants.py --study interleave), so each
-    provider at a point must see the same history. A case whose graph cannot be captured is
-    returned as an error and the others are timed without it."""
-    return interleaved_graph_ms(cases)
+    """({name: CUDA-graph ms}, {name: error}) of every case at one point, each timed in its own
+    steady state (common_bench.steady_graph_ms: its graph replayed for 200 ms before its timed
+    replays): under the products' sustained load the H200 is power-limited, and without the warm-up
+    a provider timed after lighter work ran up to 18% faster than the same calls after heavier
+    work (H200 run 33). A case whose graph cannot be captured is returned as an error and the
+    others are timed without it."""
+    return steady_graph_ms(cases)
 
 
 # The benchmark's device (the CPU tests run the orchestration on "cpu").
@@ -203,7 +203,7 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
     after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
     results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
     1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, all the
-    cases' graphs interleaved (graph_times). A case that cannot be timed is logged and left out."""
+    case in its own steady state (graph_times). A case that cannot be timed is logged and left out."""
     rows, live = [], {}
     for i, c in enumerate(cases):
         try:

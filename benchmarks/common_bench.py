@@ -175,54 +175,96 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
     return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
 
 
-def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:
-    """{name: median per-call time} of each case's CUDA graph (each a list of calls, one per weight
-    copy, as graph_ms), the graphs' replays interleaved: every round replays each graph once, in an
-    order rotated by one each round. Under sustained tensor-core load the H200 is power-limited (its
-    SM clock falls from 1980 to about 1600 MHz at 530-670 W: run 33, nvidia-smi dmon), so a case
-    timed after heavier ones runs slower (A-B-A at M=4096: the same fp8 call 5-10% slower the
-    second time); interleaved, every case sees the same history. Returns ({name: ms}, {name: error}):
-    a case whose warm-up or capture raises is left out of the rounds, with its error."""
-    from vsr.kernels import common
+def _graph_of(fns, target_ms: float):
+    """(CUDA graph, calls in it) of back-to-back cycles through `fns` (one call per weight copy),
+    as many cycles as take about target_ms; warmed up off the default stream, as capture requires."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     stream = torch.cuda.Stream()
+
+    def cycle() -> None:
+        for f in fns:
+            f()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        cycle()
+        start.record(stream)
+        cycle()
+        end.record(stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            cycle()
+    g.replay()
+    torch.cuda.synchronize()
+    return g, n * len(fns)
+
+
+def _replay_ms(g) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+# How long a case's own graph is replayed before its timed replays (steady_graph_ms). Under the
+# products' sustained load the H200 is power-limited (SM clock 1980 -> ~1600 MHz at 530-670 W, run
+# 33, nvidia-smi dmon), so without it a case's figure depends on what ran before it: the same calls
+# timed first at M=4096 ran up to 18% faster than timed after heavier ones (variants.py --study
+# interleave), while the medians of the last 100 of 400 ms of each case's own replays agreed within
+# 3% whichever case came before (--study power-trace).
+STEADY_WARM_MS = 200.0
+
+
+def steady_graph_ms(cases: dict, warm_ms: float = STEADY_WARM_MS, target_ms: float = 3.0,
+                    reps: int = 9) -> tuple[dict, dict]:
+    """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
+    per weight copy, as graph_ms), timed in its own steady state: its graph replayed back to back
+    for warm_ms, then `reps` timed replays. A case whose warm-up or capture raises is left out, with
+    its error; the others are timed."""
+    from vsr.kernels import common
+    times, errors = {}, {}
+    for name, fns in cases.items():
+        mark = common.capture_counters_mark()
+        try:
+            g, calls = _graph_of(fns, target_ms)
+            spent = 0.0
+            while spent < warm_ms:
+                spent += _replay_ms(g)
+            times[name] = statistics.median(_replay_ms(g) / calls for _ in range(reps))
+        except Exception as e:   # this case is reported, the others are still timed
+            errors[name] = f"{type(e).__name__}: {e}"
+        finally:
+            g = None
+            torch.cuda.synchronize()
+            common.rewind_capture_counters(mark)
+    return times, errors
+
+
+def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:
+    """As steady_graph_ms with no warm-up, the graphs' replays interleaved: every round replays each
+    graph once, in an order rotated by one each round (so each case always follows the same one:
+    run 33's interleave study, which this timer was written for, found the figures still moved
+    with that neighbour; bench_gemm.py times with steady_graph_ms)."""
+    from vsr.kernels import common
     mark = common.capture_counters_mark()
     graphs, errors = {}, {}
     try:
         for name, fns in cases.items():
-            def cycle(fns=fns) -> None:
-                for f in fns:
-                    f()
             try:
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):   # warm-up off the default stream, as capture requires
-                    cycle()
-                    start.record(stream)
-                    cycle()
-                    end.record(stream)
-                torch.cuda.current_stream().wait_stream(stream)
-                torch.cuda.synchronize()
-                n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for _ in range(n):
-                        cycle()
-                g.replay()
-            except Exception as e:   # this case is reported, the others are still timed
+                graphs[name] = _graph_of(fns, target_ms)
+            except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
-                continue
-            graphs[name] = (g, n * len(fns))
-        torch.cuda.synchronize()
         times: dict = {name: [] for name in graphs}
         names = list(graphs)
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 g, calls = graphs[name]
-                start.record()
-                g.replay()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) / calls)
+                times[name].append(_replay_ms(g) / calls)
     finally:
         graphs.clear()
         torch.cuda.synchronize()
@@ -233,39 +275,17 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
 def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tuple[float, float]]:
     """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
     back to back for span_ms: how its speed moves as the card's power state settles under it."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def cycle() -> None:
-        for f in fns:
-            f()
-    cycle()
-    torch.cuda.synchronize()
-    start.record()
-    cycle()
-    end.record()
-    end.synchronize()
-    n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cycle()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            cycle()
-    torch.cuda.synchronize()
+    from vsr.kernels import common
+    mark = common.capture_counters_mark()
+    g, calls = _graph_of(fns, target_ms)
     out, t = [], 0.0
     while t < span_ms:
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end)
-        out.append((t, ms / (n * len(fns))))
+        ms = _replay_ms(g)
+        out.append((t, ms / calls))
         t += ms
     del g
+    torch.cuda.synchronize()
+    common.rewind_capture_counters(mark)
     return out
 
 

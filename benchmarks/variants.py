@@ -922,7 +922,7 @@ def study_power_trace(shapes, ms, log):
                            first_10ms=statistics.median(first), last_100ms=statistics.median(last),
                            trace=[(round(t, 2), round(v, 5)) for t, v in tr])
                 rows.append(row)
-                log(dict(row, trace=len(tr)))
+                log(row)
     return rows
 
 

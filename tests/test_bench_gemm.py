@@ -22,7 +22,7 @@ def test_peers_of_the_option(bench_gemm):
 
 def _cpu_stand_ins(bench_gemm, monkeypatch, graph_times):
     """The benchmark on the CPU: a 64 x 256 "qkv", every call run once in place of its eager
-    timing (its figure 2.0), and `graph_times` in place of the interleaved graph timer."""
+    timing (its figure 2.0), and `graph_times` in place of the steady-state graph timer."""
     monkeypatch.setattr(bench_gemm, "DEV", "cpu")
     monkeypatch.setattr(bench_gemm, "SHAPES", {"qkv": (64, 256)})
     monkeypatch.setattr(bench_gemm, "eager_ms", lambda fn: (fn(), 2.0)[1])
@@ -50,9 +50,8 @@ def test_only_the_named_peers_are_timed(bench_gemm, monkeypatch, peers):
 
 
 def test_every_case_of_a_point_is_graph_timed_together_and_keeps_its_own_figure(bench_gemm, monkeypatch):
-    # The peers and vsr at one M go to the graph timer in one call (interleaved on the GPU: H200
-    # run 33 saw a provider timed after lighter work run up to 18% faster); each row keeps its own
-    # case's figure.
+    # The peers and vsr at one M go to the graph timer in one call; each row keeps its own case's
+    # figure.
     calls = []
 
     def graph_times(cases):
