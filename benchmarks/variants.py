@@ -926,6 +926,45 @@ def study_power_trace(shapes, ms, log):
     return rows
 
 
+# The steady-picks study: how many of a key's recorded candidates it times again (the best first).
+STEADY_PICKS_TOP = 3
+
+
+def study_steady_picks(shapes, ms, log):
+    """Would the tuner pick otherwise with the steady-state timer? For the 27B-class bf16 and fp8
+    keys at each M's bucket, the shipped cache's best STEADY_PICKS_TOP candidates (by the times its
+    tuner recorded with the unwarmed graph timer, about 30 ms a candidate) timed again, each in its
+    own steady state (common_bench.steady_graph_ms, as bench_gemm.py times since run 33), every one
+    checked against the reference first. Rows: the recorded and steady times of each, the shipped
+    tile marked."""
+    from common_bench import steady_graph_ms
+    entries = json.loads(SHIPPED_CACHE.read_text())["entries"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-picks", ("fp8",), shapes, ms, rows, log):
+        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[tname]
+            e = next((e for e in entries if e["key"]["template"] == tname and e["key"]["N"] == N
+                      and e["key"]["K"] == K and e["key"]["bucket"] == bucket_for(M)
+                      and e["key"]["act_dtype"] == "bfloat16" and "H200" in e["key"]["device"]), None)
+            if e is None:
+                continue
+            cands = sorted((c for c in e["candidates"] if c["ok"]), key=lambda c: c["ms"])[:STEADY_PICKS_TOP]
+            ref = t.reference(x, ws[fmt][0])
+            cases, info = {}, {}
+            for i, c in enumerate(cands):
+                tile = c["tile"]
+                ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, ref)
+                info[i] = dict(tile=tile, recorded_ms=c["ms"], ok=ok, rel_err=rel, shipped=tile == e["tile"])
+                cases[i] = [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+            got, errors = steady_graph_ms(cases)
+            for i, d in info.items():
+                row = dict(study="steady-picks", format=fmt, shape=sh, M=M, variant=f"candidate {i}", **d,
+                           ms=got.get(i), error=errors.get(i), ratio_vs_cublas=base / got[i] if i in got else None)
+                rows.append(row)
+                log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -940,7 +979,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096"),
            "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
            "interleave": (study_interleave, "256,1024,4096"),
-           "power-trace": (study_power_trace, "1024,4096")}
+           "power-trace": (study_power_trace, "1024,4096"),
+           "steady-picks": (study_steady_picks, "256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
