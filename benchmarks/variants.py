@@ -774,6 +774,23 @@ def _fp8_overlapped(chunks: int, tile_for=None, early: bool = False):
     return launch
 
 
+def _fp8_shipped(t, x, w8):
+    """(tile, its prologue plan, x quantized by it: xq, xs) of fp8 at x's rows on the shipped tile."""
+    p = t.problem(w8[0], bucket_for(x.shape[0]), x.dtype)
+    tile = _shipped_tile(t, p) or t.default_tile(p)
+    plan, _ = fp8.tile_prologue(tile, x.shape[1])
+    return (tile, plan, *fp8.quantize_activation_triton(x, plan))
+
+
+def _prologue_alone_row(study, sh, M, x, plan) -> dict:
+    """The prologue alone on x (its plan), graph-timed; exact by construction of the plan (the
+    fp8-prologue study checks every plan's bytes)."""
+    row = dict(study=study, part="prologue", shape=sh, M=M, variant="prologue alone",
+               plan=dataclasses.asdict(plan), ok=True)
+    row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
+    return row
+
+
 def study_fp8_overlap(shapes, ms, log):
     """fp8 at many rows: the activation prologue (memory-bound, 4-12% of the call at M = 1024-4096)
     overlapped by the product (compute-bound) over row chunks (_fp8_overlapped), against
@@ -783,15 +800,9 @@ def study_fp8_overlap(shapes, ms, log):
     rows = []
     for sh, N, K, M, x, ws, base in _points("fp8-overlap", ("fp8",), shapes, ms, rows, log):
         w8 = ws["fp8"]
-        p = t.problem(w8[0], bucket_for(M), x.dtype)
-        tile = _shipped_tile(t, p) or t.default_tile(p)
-        plan, _ = fp8.tile_prologue(tile, K)
-        xq, xs = fp8.quantize_activation_triton(x, plan)
-        row = dict(study="fp8-overlap", part="prologue", shape=sh, M=M, variant="prologue alone",
-                   plan=dataclasses.asdict(plan), ok=True)
-        row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
-        rows.append(row)
-        log(row)
+        tile, plan, xq, xs = _fp8_shipped(t, x, w8)
+        rows.append(_prologue_alone_row("fp8-overlap", sh, M, x, plan))
+        log(rows[-1])
 
         def own_tile(r):
             q = t.problem(w8[0], bucket_for(r), x.dtype)
@@ -837,10 +848,7 @@ def study_fp8_call_parts(shapes, ms, log):
     rows = []
     for sh, N, K, M, x, ws, base in _points("fp8-call-parts", ("fp8",), shapes, ms, rows, log):
         w8 = ws["fp8"]
-        p = t.problem(w8[0], bucket_for(M), x.dtype)
-        tile = _shipped_tile(t, p) or t.default_tile(p)
-        plan, _ = fp8.tile_prologue(tile, K)
-        xq, xs = fp8.quantize_activation_triton(x, plan)
+        tile, plan, xq, xs = _fp8_shipped(t, x, w8)
         ref = t.reference(x, w8[0])
         cases = [("fp8.launch", fp8.launch),
                  ("product alone (x prequantized)",
@@ -853,11 +861,8 @@ def study_fp8_call_parts(shapes, ms, log):
             row["t"] = time.time()
             rows.append(row)
             log(row)
-        row = dict(study="fp8-call-parts", part="prologue", shape=sh, M=M, variant="prologue alone",
-                   plan=dataclasses.asdict(plan), ok=True)
-        row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
-        rows.append(row)
-        log(row)
+        rows.append(_prologue_alone_row("fp8-call-parts", sh, M, x, plan))
+        log(rows[-1])
     return rows
 
 
