@@ -69,12 +69,8 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
 
 
 def graph_times(cases: dict) -> tuple[dict, dict]:
-    """({name: CUDA-graph ms}, {name: error}) of every case at one point, each timed in its own
-    steady state (common_bench.steady_graph_ms: its graph replayed for 200 ms before its timed
-    replays): under the products' sustained load the H200 is power-limited, and without the warm-up
-    a provider timed after lighter work ran up to 18% faster than the same calls after heavier
-    work (H200 run 33). A case whose graph cannot be captured is returned as an error and the
-    others are timed without it."""
+    """({name: CUDA-graph ms}, {name: error}) of every case at one point, each in its own steady
+    state (common_bench.steady_graph_ms; the module docstring says why)."""
     return steady_graph_ms(cases)
 
 
@@ -202,8 +198,9 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
     """Every case's rows at one point: its eager time (triton's do_bench median, the cases one
     after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
     results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
-    1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, all the
-    case in its own steady state (graph_times). A case that cannot be timed is logged and left out."""
+    1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, each
+    case in its own steady state (graph_times). A case that cannot be timed is left out and
+    logged as an error (main writes every logged error into the results file)."""
     rows, live = [], {}
     for i, c in enumerate(cases):
         try:
@@ -227,7 +224,7 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
 
 def shape_rows(sh: str, ms, ceil: dict, log, peers=PEERS, formats=VSR_FORMATS, n_sweep: int = 0,
                resolver=None, cache_formats=()) -> list[dict]:
-    """Every row of one shape: at each M the peers' and vsr's cases timed together (point_rows);
+    """Every row of one shape: at each M the peers' and vsr's cases on the same x (point_rows);
     vsr's tiles from `resolver` for cache_formats, else as vsr_case says."""
     N, K = SHAPES[sh]
     ps = peer_setup(N, K, peers, log) if peers else None
@@ -238,6 +235,7 @@ def shape_rows(sh: str, ms, ceil: dict, log, peers=PEERS, formats=VSR_FORMATS, n
         cases = peer_cases(ps, x, log) if ps else []
         cases += [vsr_case(fmt, vs[fmt], x, n_sweep, resolver if fmt in cache_formats else None) for fmt in formats]
         rows += point_rows(sh, N, K, M, cases, ceil, log)
+        del x, cases   # before the next M's are made
     return rows
 
 
@@ -350,7 +348,13 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     commit = code_commit()  # of the code as it is when the run starts
-    log = (lambda r: None) if a.quiet else (lambda r: print(json.dumps(r, default=str), flush=True))
+    errors = []   # every logged error (a case left out, gemlite unavailable), written with the rows
+
+    def log(r: dict) -> None:
+        if "error" in r or "gemlite" in r:
+            errors.append(r)
+        if not a.quiet or "error" in r:
+            print(json.dumps(r, default=str), flush=True)
     ceil = ceilings()
     print("ceilings", ceil, flush=True)
     ms = [int(m) for m in a.ms.split(",")]
@@ -363,15 +367,15 @@ def main() -> int:
         rows += shape_rows(sh, ms, ceil, log, a.peers, tuple(f for f in a.formats.split(",") if f), a.sweep,
                            resolver, a.cache_formats.split(",") if a.cache else ())
         torch.cuda.empty_cache()
-        write(a, commit, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
-    write(a, commit, ceil, rows, t_start, partial=False)
+        write(a, commit, ceil, rows, t_start, partial=True, errors=errors)  # a run cut short keeps what it measured
+    write(a, commit, ceil, rows, t_start, partial=False, errors=errors)
     print(ratio_table(rows))
     from targets import evaluate, report   # (here: targets.py imports this module's helpers)
     print(report(evaluate({"rows": rows})))
     return 0
 
 
-def write(a, commit, ceil, rows, t_start, partial):
+def write(a, commit, ceil, rows, t_start, partial, errors=()):
     name = torch.cuda.get_device_name()
     out = Path(a.out) if a.out else result_path("gemm", name)
     write_atomic(out, json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
@@ -380,7 +384,7 @@ def write(a, commit, ceil, rows, t_start, partial):
                                "cache_formats": a.cache_formats if a.cache else None,
                                "peers": list(a.peers),   # gemlite's rows are missing where it failed (logged)
                                "wall_s": round(time.time() - t_start, 1),
-                               "partial": partial, "rows": rows}, indent=1))
+                               "partial": partial, "errors": list(errors), "rows": rows}, indent=1, default=str))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)
 
 

@@ -175,48 +175,22 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
     return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
 
 
-def _graph_of(fns, target_ms: float):
-    """(CUDA graph, calls in it) of back-to-back cycles through `fns` (one call per weight copy),
-    as many cycles as take about target_ms; warmed up off the default stream, as capture requires."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    stream = torch.cuda.Stream()
-
+def _cycle(fns):
+    """One call of each of `fns` (one per weight copy), as a single function to capture."""
     def cycle() -> None:
         for f in fns:
             f()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        cycle()
-        start.record(stream)
-        cycle()
-        end.record(stream)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    n = max(1, min(200, math.ceil(target_ms / max(start.elapsed_time(end), 1e-3))))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            cycle()
-    g.replay()
-    torch.cuda.synchronize()
-    return g, n * len(fns)
-
-
-def _replay_ms(g) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    return cycle
 
 
 # How long a case's own graph is replayed before its timed replays (steady_graph_ms). Under the
-# products' sustained load the H200 is power-limited (SM clock 1980 -> ~1600 MHz at 530-670 W, run
-# 33, nvidia-smi dmon), so without it a case's figure depends on what ran before it: the same calls
-# timed first at M=4096 ran up to 18% faster than timed after heavier ones (variants.py --study
-# interleave), while the medians of the last 100 of 400 ms of each case's own replays agreed within
-# 3% whichever case came before (--study power-trace).
+# products' sustained load the H200 is power-limited (1-second nvidia-smi samples at 500-671 W read
+# its SM clock anywhere from 1410 to 1980 MHz: run 33), and a graph replayed back
+# to back runs 12-17% faster for its first 25-50 ms than from about 100 ms on; without the warm-up
+# the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones
+# (variants.py --study interleave). With it, the medians of the last 100 of 400 ms of a case's
+# replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
+# (--study power-trace).
 STEADY_WARM_MS = 200.0
 
 
@@ -229,17 +203,18 @@ def steady_graph_ms(cases: dict, warm_ms: float = STEADY_WARM_MS, target_ms: flo
     from vsr.kernels import common
     times, errors = {}, {}
     for name, fns in cases.items():
-        mark = common.capture_counters_mark()
         try:
-            g, calls = _graph_of(fns, target_ms)
-            spent = 0.0
-            while spent < warm_ms:
-                spent += _replay_ms(g)
-            times[name] = statistics.median(_replay_ms(g) / calls for _ in range(reps))
+            g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
         except Exception as e:   # this case is reported, the others are still timed
             errors[name] = f"{type(e).__name__}: {e}"
+            continue
+        try:
+            spent = 0.0
+            while spent < warm_ms:
+                spent += tuner.replay_ms(g)
+            times[name] = statistics.median(tuner.replay_ms(g) / calls for _ in range(reps))
         finally:
-            g = None
+            del g
             torch.cuda.synchronize()
             common.rewind_capture_counters(mark)
     return times, errors
@@ -251,24 +226,28 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
     run 33's interleave study, which this timer was written for, found the figures still moved
     with that neighbour; bench_gemm.py times with steady_graph_ms)."""
     from vsr.kernels import common
-    mark = common.capture_counters_mark()
-    graphs, errors = {}, {}
+    graphs, errors, marks = {}, {}, []
     try:
         for name, fns in cases.items():
             try:
-                graphs[name] = _graph_of(fns, target_ms)
+                g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
             except Exception as e:
                 errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            graphs[name] = (g, calls)
+            marks.append(mark)
         times: dict = {name: [] for name in graphs}
         names = list(graphs)
-        for r in range(rounds):
+        for r in range(rounds if names else 0):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 g, calls = graphs[name]
-                times[name].append(_replay_ms(g) / calls)
+                times[name].append(tuner.replay_ms(g) / calls)
     finally:
+        g = None
         graphs.clear()
         torch.cuda.synchronize()
-        common.rewind_capture_counters(mark)
+        if marks:   # the first mark: every graph captured since is gone
+            common.rewind_capture_counters(marks[0])
     return {name: statistics.median(ts) for name, ts in times.items()}, errors
 
 
@@ -276,16 +255,17 @@ def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tu
     """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
     back to back for span_ms: how its speed moves as the card's power state settles under it."""
     from vsr.kernels import common
-    mark = common.capture_counters_mark()
-    g, calls = _graph_of(fns, target_ms)
+    g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
     out, t = [], 0.0
-    while t < span_ms:
-        ms = _replay_ms(g)
-        out.append((t, ms / calls))
-        t += ms
-    del g
-    torch.cuda.synchronize()
-    common.rewind_capture_counters(mark)
+    try:
+        while t < span_ms:
+            ms = tuner.replay_ms(g)
+            out.append((t, ms / calls))
+            t += ms
+    finally:
+        del g
+        torch.cuda.synchronize()
+        common.rewind_capture_counters(mark)
     return out
 
 

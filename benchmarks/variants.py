@@ -741,7 +741,9 @@ def _fp8_overlapped(chunks: int, tile_for=None, early: bool = False):
         M = x.shape[0]
         y = common.output(x, w.N, out)
         main = torch.cuda.current_stream()
-        side = _SIDE_STREAMS.setdefault(x.device, torch.cuda.Stream(x.device))
+        if x.device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+        side = _SIDE_STREAMS[x.device]
         rows = -(-M // chunks)
         rows = -(-rows // tile["BLOCK_M"]) * tile["BLOCK_M"]
         bounds = [(r, min(M, r + rows)) for r in range(0, M, rows)]
@@ -866,28 +868,35 @@ def study_fp8_call_parts(shapes, ms, log):
     return rows
 
 
+def _peer_and_vsr_cases(study, sh, M, x, ws, rows, log) -> dict:
+    """{name: calls over the weight copies} of cuBLAS bf16, vsr bf16 and vsr fp8 on the shipped
+    tiles (each checked against its reference first, the check logged as a row) and `_scaled_mm`
+    on x quantized outside the calls: the interleave and power-trace studies' cases."""
+    from common_bench import scaled_mm, scaled_mm_weight_scale, torch_quant
+    cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
+    for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+        t = registry.TEMPLATES[tname]
+        p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+        tile = _shipped_tile(t, p) or t.default_tile(p)
+        ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, t.reference(x, ws[fmt][0]))
+        rows.append(dict(study=study, format=fmt, shape=sh, M=M, variant="check", ok=ok, rel_err=rel, tile=tile))
+        log(rows[-1])
+        cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+    xq, sa = torch_quant(x)
+    sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
+    cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+    return cases
+
+
 def study_interleave(shapes, ms, log):
     """Timing order at many rows (run 33: the H200 power-limited under the products, a case timed
-    after heavier ones slower): cuBLAS bf16, vsr bf16 and vsr fp8 (fp8.launch) on the shipped
-    tiles and `_scaled_mm` on a prequantized x, each timed by graph_ms one after another as
-    bench_gemm.py does (twice, in that order and reversed), and by interleaved_graph_ms (replays
-    interleaved round by round, twice). Every vsr case checked against its reference first."""
-    from common_bench import interleaved_graph_ms, scaled_mm, scaled_mm_weight_scale, torch_quant
+    after heavier ones slower): _peer_and_vsr_cases, each timed by graph_ms one after another as
+    bench_gemm.py did until run 33 (in that order and reversed), and by interleaved_graph_ms
+    (replays interleaved round by round, twice)."""
+    from common_bench import interleaved_graph_ms
     rows = []
     for sh, N, K, M, x, ws, base in _points("interleave", ("fp8",), shapes, ms, rows, log):
-        cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
-        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
-            t = registry.TEMPLATES[tname]
-            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
-            tile = _shipped_tile(t, p) or t.default_tile(p)
-            ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, t.reference(x, ws[fmt][0]))
-            rows.append(dict(study="interleave", format=fmt, shape=sh, M=M, variant="check", ok=ok, rel_err=rel,
-                             tile=tile))
-            log(rows[-1])
-            cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
-        xq, sa = torch_quant(x)
-        sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
-        cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+        cases = _peer_and_vsr_cases("interleave", sh, M, x, ws, rows, log)
         for form, order in (("sequential", list(cases)), ("interleaved", None),
                             ("sequential, reversed", list(cases)[::-1]), ("interleaved", None)):
             if order is None:
@@ -903,31 +912,27 @@ def study_interleave(shapes, ms, log):
 
 
 def study_power_trace(shapes, ms, log):
-    """How fast a case's speed settles under its own load: cuBLAS bf16, vsr bf16, vsr fp8 and
-    `_scaled_mm` replayed back to back for 400 ms each, one after another, in both orders (run 33:
-    the first case timed after lighter work ran up to 18% faster). Each row: the trace (ms since
-    the case began, per-call ms), the median of its first 10 ms and of its last 100 ms."""
-    from common_bench import replay_trace, scaled_mm, scaled_mm_weight_scale, torch_quant
+    """How fast a case's speed settles under its own load: _peer_and_vsr_cases replayed back to
+    back for 400 ms each, one after another, in both orders (run 33: the first case timed after
+    lighter work ran up to 18% faster). Each row: the case timed just before it (`after`; the
+    point's cuBLAS baseline, timed unwarmed, before the first), the trace (ms since the case began,
+    per-call ms), the median of its first 10 ms and of its last 100 ms."""
+    from common_bench import replay_trace
     rows = []
     for sh, N, K, M, x, ws, base in _points("power-trace", ("fp8",), shapes, ms, rows, log):
-        cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
-        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
-            t = registry.TEMPLATES[tname]
-            tile = _shipped_tile(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
-            cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
-        xq, sa = torch_quant(x)
-        sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
-        cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+        cases = _peer_and_vsr_cases("power-trace", sh, M, x, ws, rows, log)
+        before = "cublas-bf16 baseline"
         for order in (list(cases), list(cases)[::-1]):
             for name in order:
                 tr = replay_trace(cases[name])
                 first = [v for t, v in tr if t < 10.0] or [tr[0][1]]
                 last = [v for t, v in tr if t >= tr[-1][0] - 100.0]
-                row = dict(study="power-trace", shape=sh, M=M, variant=name, order=order[0],
+                row = dict(study="power-trace", shape=sh, M=M, variant=name, after=before,
                            first_10ms=statistics.median(first), last_100ms=statistics.median(last),
                            trace=[(round(t, 2), round(v, 5)) for t, v in tr])
                 rows.append(row)
                 log(row)
+                before = name
     return rows
 
 
@@ -1042,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
     write(False)
     print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:
-        if "ratio_vs_cublas" in r:
+        if r.get("ratio_vs_cublas") is not None:
             t = r["tile"]
             wide = f"+{t['BLOCK_N2']}" if t and t.get("BLOCK_N2") else ""
             shape = (f"{t['path']} {t['BLOCK_M']}x{t['BLOCK_N']}{wide}x{t['BLOCK_K']} split {t['SPLIT_K']} "
@@ -1050,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
         elif "last_100ms" in r:
-            print(f"{r['study']:10s} {r['variant']:12s} {r['shape']:7s} {r['M']:5d} after {r['order']:12s} "
+            print(f"{r['study']:10s} {r['variant']:12s} {r['shape']:7s} {r['M']:5d} after {r['after']:20s} "
                   f"first 10 ms {r['first_10ms'] * 1e3:7.1f} us  last 100 ms {r['last_100ms'] * 1e3:7.1f} us")
         elif "ms_by_case" in r:
             cells = "  ".join(f"{k} {v * 1e3:7.1f} ({r['ratio_vs_cublas_by_case'][k]:.2f}x)" for k, v in r["ms_by_case"].items())
