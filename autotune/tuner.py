@@ -213,12 +213,16 @@ def eager_timer(fn: Callable[[], Any], reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7) -> float:
-    """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms)."""
+def capture_graph(fn: Callable[[], Any], target_ms: float = 2.0) -> tuple[Any, int, dict]:
+    """(CUDA graph of n back-to-back calls of fn, n, the capture-counter mark taken before it): fn
+    warmed up off the default stream (as capture requires), n sized to ~target_ms, the graph
+    replayed once. The caller destroys the graph after its last replay and then rewinds the
+    counters to the mark (kernels/common.py rewind_capture_counters); a failed capture rewinds
+    them itself (nothing captured will run) and raises."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
+    with torch.cuda.stream(stream):
         fn()
         start.record(stream)
         fn()
@@ -234,19 +238,28 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
             for _ in range(n):
                 fn()
     except BaseException:
-        # Nothing captured will run: the tile counters its fixup launches took go back now (the
-        # sweep falls back to eager timing for a launcher that cannot be captured).
+        # The sweep falls back to eager timing for a launcher that cannot be captured.
         common.rewind_capture_counters(mark)
         raise
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / n)
+    return graph, n, mark
+
+
+def replay_ms(graph) -> float:
+    """One replay of `graph`, timed with CUDA events (ms)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7) -> float:
+    """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms)."""
+    graph, n, mark = capture_graph(fn, target_ms)
+    times = [replay_ms(graph) / n for _ in range(reps)]
     del graph
     # Its replays are over (synchronized) and it is gone: the tile counters its fixup launches
     # took (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.

@@ -7,8 +7,10 @@
 BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 8192^3)
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
-for every M also CUDA-graph replays cycling through weight
-copies that together exceed twice the L2. vsr tiles come from an autotune cache (--cache: the
+for every M also CUDA-graph replays cycling through weight copies that together exceed twice the
+L2, each timed in its own steady state, after 200 ms of its own replays (graph_times: the H200 is
+power-limited under these products, and a provider timed after lighter work ran up to 18% faster
+than after heavier; run 33). vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
@@ -16,6 +18,7 @@ candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -26,8 +29,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms, graph_ms,  # noqa: E402
-                          result_path, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
+from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms,  # noqa: E402
+                          result_path, steady_graph_ms, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
@@ -65,129 +68,174 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
 
 
-def timings(fns) -> list[tuple[bool, float]]:
-    """[(graph, ms)]: eager and CUDA-graph replay. vsr's Python launch path costs 31-158 us of host
-    time per call (H200 run 7, results/launch-overhead-nvidia-h200-2026-11-29-run7.json), which
-    hides the kernel up to M ~ 1024 in eager timing; BENCHMARKS.md asks for both figures where
-    that happens: every M here."""
-    return [(False, eager_ms(fns[0])), (True, graph_ms(fns))]
+def graph_times(cases: dict) -> tuple[dict, dict]:
+    """({name: CUDA-graph ms}, {name: error}) of every case at one point, each in its own steady
+    state (common_bench.steady_graph_ms; the module docstring says why)."""
+    return steady_graph_ms(cases)
 
 
 # The benchmark's device (the CPU tests run the orchestration on "cpu").
 DEV = "cuda"
 
 
-def vsr_rows(fmt, sh, N, K, ms, ceil, n_sweep, log, resolver=None):
-    """vsr's rows: tiles from `resolver` (an autotune cache, what users run) when given, else from
-    a sweep of n_sweep candidates, else the default tiles."""
+@dataclasses.dataclass
+class Case:
+    """One provider at one point: its calls (one per weight copy), its check (ok, max rel error),
+    the bytes of its weight, and the fields its rows carry besides the common ones."""
+
+    fmt: str
+    provider: str
+    fns: list
+    check: tuple
+    wbytes: int
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def vsr_setup(fmt: str, N: int, K: int):
+    """(template, weight copies) of a vsr format at one shape."""
+    ws = weight_copies(fmt, N, K, torch.device(DEV))
+    return registry.template_for(ws[0], torch.bfloat16, emulate=fmt == "nvfp4-emulated"), ws
+
+
+def vsr_case(fmt: str, setup, x: torch.Tensor, n_sweep: int, resolver=None) -> Case:
+    """vsr's case at x's rows: the tile from `resolver` (an autotune cache, what users run) when
+    given, else from a sweep of n_sweep candidates, else the default tile."""
     from vsr.autotune.tuner import sweep
-    dev = torch.device(DEV)
-    ws = weight_copies(fmt, N, K, dev)
-    w0, wb = ws[0], ws[0].nbytes()
-    t = registry.template_for(w0, torch.bfloat16, emulate=fmt == "nvfp4-emulated")
-    rows = []
-    for M in ms:
-        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-        p = t.problem(w0, bucket_for(M), x.dtype)
-        tile, swept = t.default_tile(p), 0
-        if resolver is not None:
-            tile = resolver.tile(t, p)
-        elif n_sweep > 0:
-            res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep, t.pick_group))
-            swept = len(res)
-            if res and res[0]["ok"]:
-                tile = res[0]["tile"]
-        ok, rel = checked_launch(t.launch, x, w0, tile, t.reference(x, w0))
-        for graph, ms_ in timings([lambda w=w: t.launch(x, w, tile) for w in ws]):
-            rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": "vsr", "graph": graph,
-                         "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok,
-                         "max_rel_err": rel, "template": t.name, "tile": tile, "candidates_swept": swept,
-                         "tile_source": "cache" if resolver is not None else "sweep" if n_sweep > 0 else "default"})
-        log(rows[-1])
-    return rows
+    t, ws = setup
+    w0 = ws[0]
+    p = t.problem(w0, bucket_for(x.shape[0]), x.dtype)
+    tile, swept = t.default_tile(p), 0
+    if resolver is not None:
+        tile = resolver.tile(t, p)
+    elif n_sweep > 0:
+        res = sweep(t, w0, x, tiles=candidates(t.search_space(p), n_sweep, t.pick_group))
+        swept = len(res)
+        if res and res[0]["ok"]:
+            tile = res[0]["tile"]
+    ok = checked_launch(t.launch, x, w0, tile, t.reference(x, w0))
+    return Case(fmt, "vsr", [lambda w=w: t.launch(x, w, tile) for w in ws], ok, w0.nbytes(),
+                {"template": t.name, "tile": tile, "candidates_swept": swept,
+                 "tile_source": "cache" if resolver is not None else "sweep" if n_sweep > 0 else "default"})
 
 
 PEERS = ("cublas-bf16", "scaled_mm", "scaled_mm+quant", "tinygemm", "gemlite")
 
 
-def peer_rows(sh, N, K, ms, ceil, log, peers=PEERS):
-    """The rows of the named peers (of PEERS) at every M; only their weights are set up."""
+def peer_setup(N: int, K: int, peers, log) -> dict:
+    """The named peers' weights at one shape (only theirs are made)."""
     dev = torch.device(DEV)
-    rows = []
+    s = {"peers": peers}
     # cuBLAS bf16
-    wds = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
+    s["wds"] = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
     # FP8 _scaled_mm with row-wise scales
-    w8s = weight_copies("fp8", N, K, dev) if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
-    sb = [scaled_mm_weight_scale(w) for w in w8s]
-
+    s["w8s"] = weight_copies("fp8", N, K, dev) if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
+    s["sb"] = [scaled_mm_weight_scale(w) for w in s["w8s"]]
     # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
-    wis = weight_copies("int4-gptq", N, K, dev) if {"tinygemm", "gemlite"} & set(peers) else []
-    tg = []
-    for w in (wis if "tinygemm" in peers else []):
+    s["wis"] = weight_copies("int4-gptq", N, K, dev) if {"tinygemm", "gemlite"} & set(peers) else []
+    s["tg"] = []
+    for w in (s["wis"] if "tinygemm" in peers else []):
         u = int4mod.unpack_int4(w.packed, K)
         pk = ((u[:, ::2] << 4) | u[:, 1::2]).to(torch.uint8)
         wp = torch._convert_weight_to_int4pack(pk.contiguous(), 8)
         sz = torch.stack([w.scale.t(), torch.zeros_like(w.scale.t())], dim=-1).contiguous()
-        tg.append((wp, sz))
-    gl = []
+        s["tg"].append((wp, sz))
+    s["gl"] = []
     if "gemlite" in peers:
         try:
             from gemlite import DType, GemLiteLinearTriton
-            for w in wis:
+            for w in s["wis"]:
                 u = int4mod.unpack_int4(w.packed, K).to(torch.uint8)
                 g = GemLiteLinearTriton(4, group_size=128, in_features=K, out_features=N,
                                         input_dtype=DType.BF16, output_dtype=DType.BF16)
                 g.pack(u, w.scale, torch.full_like(w.scale, 8), bias=None)
-                gl.append(g)
+                s["gl"].append(g)
         except Exception as e:
             log({"gemlite": f"unavailable: {type(e).__name__}: {e}"})
-            gl = []
-    for M in ms:
-        x = torch.randn(M, K, device=dev).to(torch.bfloat16)
-        provs = []
-        if wds:
-            ok = check(x @ wds[0].weight.t(), registry.TEMPLATES["dense"].reference(x, wds[0]))
-            provs.append(("bf16", "cublas-bf16", [lambda w=w: x @ w.weight.t() for w in wds], ok, wds[0].nbytes()))
-        if w8s:
-            w8 = w8s[0]
-            ref8 = fp8mod.reference_linear(x, w8)
-            if "scaled_mm" in peers:
-                xq, sa = torch_quant(x)   # quantized once, outside the timed calls
-                provs.append(("fp8", "scaled_mm", [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(w8s, sb)],
-                    check(scaled_mm(xq, sa, w8, sb[0]), ref8), w8.nbytes()))
+            s["gl"] = []
+    return s
 
-            def sq(w, s):
-                return scaled_mm(*torch_quant(x), w, s)
-            if "scaled_mm+quant" in peers:
-                provs.append(("fp8", "scaled_mm+quant", [lambda w=w, s=s: sq(w, s) for w, s in zip(w8s, sb)],
-                              check(sq(w8, sb[0]), ref8), w8.nbytes()))
-        if tg or gl:
-            wi = wis[0]
-            refi = int4mod.reference_linear(x, wi)
-        if tg:
-            y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
-            okt = check(y, refi)
-            provs.append(("int4-gptq", "tinygemm", [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1])
-                                                    for p in tg], okt, wi.nbytes()))
-        if gl:
-            try:
-                for g in gl:  # gemlite's own warm-up (autotune) for this M
-                    g(x)
-                okg = check(gl[0](x), refi)
-                provs.append(("int4-gptq", "gemlite", [lambda g=g: g(x) for g in gl], okg, wi.nbytes()))
-            except Exception as e:
-                log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
-        for fmt, prov, fns, ok, wb in provs:
-            try:
-                tms = timings(fns)
-            except Exception as e:
-                log({"provider": prov, "M": M, "error": f"{type(e).__name__}: {e}"})
+
+def peer_cases(s: dict, x: torch.Tensor, log) -> list[Case]:
+    """The named peers' cases at x's rows, each checked against its format's reference."""
+    peers, M = s["peers"], x.shape[0]
+    out = []
+    if s["wds"]:
+        wds = s["wds"]
+        out.append(Case("bf16", "cublas-bf16", [lambda w=w: x @ w.weight.t() for w in wds],
+                        check(x @ wds[0].weight.t(), registry.TEMPLATES["dense"].reference(x, wds[0])), wds[0].nbytes()))
+    if s["w8s"]:
+        w8s, sb = s["w8s"], s["sb"]
+        ref8 = fp8mod.reference_linear(x, w8s[0])
+        if "scaled_mm" in peers:
+            xq, sa = torch_quant(x)   # quantized once, outside the timed calls
+            out.append(Case("fp8", "scaled_mm", [lambda w=w, b=b: scaled_mm(xq, sa, w, b) for w, b in zip(w8s, sb)],
+                            check(scaled_mm(xq, sa, w8s[0], sb[0]), ref8), w8s[0].nbytes()))
+
+        def sq(w, b):
+            return scaled_mm(*torch_quant(x), w, b)
+        if "scaled_mm+quant" in peers:
+            out.append(Case("fp8", "scaled_mm+quant", [lambda w=w, b=b: sq(w, b) for w, b in zip(w8s, sb)],
+                            check(sq(w8s[0], sb[0]), ref8), w8s[0].nbytes()))
+    tg, gl = s["tg"], s["gl"]
+    if tg or gl:
+        wi = s["wis"][0]
+        refi = int4mod.reference_linear(x, wi)
+    if tg:
+        y = torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1])
+        out.append(Case("int4-gptq", "tinygemm", [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1]) for p in tg],
+                        check(y, refi), wi.nbytes()))
+    if gl:
+        try:
+            for g in gl:  # gemlite's own warm-up (autotune) for this M
+                g(x)
+            out.append(Case("int4-gptq", "gemlite", [lambda g=g: g(x) for g in gl], check(gl[0](x), refi), wi.nbytes()))
+        except Exception as e:
+            log({"gemlite": f"M={M} failed: {type(e).__name__}: {e}"})
+    return out
+
+
+def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, log) -> list[dict]:
+    """Every case's rows at one point: its eager time (triton's do_bench median, the cases one
+    after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
+    results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
+    1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, each
+    case in its own steady state (graph_times). A case that cannot be timed is left out and
+    logged as an error (main writes every logged error into the results file)."""
+    rows, live = [], {}
+    for i, c in enumerate(cases):
+        try:
+            live[i] = eager_ms(c.fns[0])
+        except Exception as e:
+            log({"provider": c.provider, "format": c.fmt, "M": M, "error": f"{type(e).__name__}: {e}"})
+    graph, errors = graph_times({i: cases[i].fns for i in live})
+    for i, err in errors.items():
+        log({"provider": cases[i].provider, "format": cases[i].fmt, "M": M, "error": f"graph: {err}"})
+    for i, eager in live.items():
+        c = cases[i]
+        for is_graph, ms_ in ((False, eager), (True, graph.get(i))):
+            if ms_ is None:
                 continue
-            for graph, ms_ in tms:
-                rows.append({"format": fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": prov, "graph": graph,
-                             "ms": ms_, "floor_ms": floor_ms(fmt, wb, M, N, K, ceil), "checked": ok[0],
-                             "max_rel_err": ok[1]})
-                log(rows[-1])
+            rows.append({"format": c.fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": c.provider,
+                         "graph": is_graph, "ms": ms_, "floor_ms": floor_ms(c.fmt, c.wbytes, M, N, K, ceil),
+                         "checked": c.check[0], "max_rel_err": c.check[1], **c.extra})
+            log(rows[-1])
+    return rows
+
+
+def shape_rows(sh: str, ms, ceil: dict, log, peers=PEERS, formats=VSR_FORMATS, n_sweep: int = 0,
+               resolver=None, cache_formats=()) -> list[dict]:
+    """Every row of one shape: at each M the peers' and vsr's cases on the same x (point_rows);
+    vsr's tiles from `resolver` for cache_formats, else as vsr_case says."""
+    N, K = SHAPES[sh]
+    ps = peer_setup(N, K, peers, log) if peers else None
+    vs = {fmt: vsr_setup(fmt, N, K) for fmt in formats}
+    rows = []
+    for M in ms:
+        x = torch.randn(M, K, device=torch.device(DEV)).to(torch.bfloat16)
+        cases = peer_cases(ps, x, log) if ps else []
+        cases += [vsr_case(fmt, vs[fmt], x, n_sweep, resolver if fmt in cache_formats else None) for fmt in formats]
+        rows += point_rows(sh, N, K, M, cases, ceil, log)
+        del x, cases   # before the next M's are made
     return rows
 
 
@@ -300,7 +348,13 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     commit = code_commit()  # of the code as it is when the run starts
-    log = (lambda r: None) if a.quiet else (lambda r: print(json.dumps(r, default=str), flush=True))
+    errors = []   # every logged error (a case left out, gemlite unavailable), written with the rows
+
+    def log(r: dict) -> None:
+        if "error" in r or "gemlite" in r:
+            errors.append(r)
+        if not a.quiet or "error" in r:
+            print(json.dumps(r, default=str), flush=True)
     ceil = ceilings()
     print("ceilings", ceil, flush=True)
     ms = [int(m) for m in a.ms.split(",")]
@@ -310,23 +364,18 @@ def main() -> int:
         resolver = TileResolver(a.cache, "error", torch.device(DEV))
     rows = []
     for sh in a.shapes.split(","):
-        N, K = SHAPES[sh]
-        if a.peers:
-            rows += peer_rows(sh, N, K, ms, ceil, log, a.peers)
-            torch.cuda.empty_cache()
-        for fmt in a.formats.split(","):
-            from_cache = resolver if fmt in a.cache_formats.split(",") else None
-            rows += vsr_rows(fmt, sh, N, K, ms, ceil, a.sweep, log, from_cache)
-            torch.cuda.empty_cache()
-        write(a, commit, ceil, rows, t_start, partial=True)  # a run cut short still leaves what it measured
-    write(a, commit, ceil, rows, t_start, partial=False)
+        rows += shape_rows(sh, ms, ceil, log, a.peers, tuple(f for f in a.formats.split(",") if f), a.sweep,
+                           resolver, a.cache_formats.split(",") if a.cache else ())
+        torch.cuda.empty_cache()
+        write(a, commit, ceil, rows, t_start, partial=True, errors=errors)  # a run cut short keeps what it measured
+    write(a, commit, ceil, rows, t_start, partial=False, errors=errors)
     print(ratio_table(rows))
     from targets import evaluate, report   # (here: targets.py imports this module's helpers)
     print(report(evaluate({"rows": rows})))
     return 0
 
 
-def write(a, commit, ceil, rows, t_start, partial):
+def write(a, commit, ceil, rows, t_start, partial, errors=()):
     name = torch.cuda.get_device_name()
     out = Path(a.out) if a.out else result_path("gemm", name)
     write_atomic(out, json.dumps({"benchmark": "gemm", "device": name, "torch": torch.__version__,
@@ -335,7 +384,7 @@ def write(a, commit, ceil, rows, t_start, partial):
                                "cache_formats": a.cache_formats if a.cache else None,
                                "peers": list(a.peers),   # gemlite's rows are missing where it failed (logged)
                                "wall_s": round(time.time() - t_start, 1),
-                               "partial": partial, "rows": rows}, indent=1))
+                               "partial": partial, "errors": list(errors), "rows": rows}, indent=1, default=str))
     print(f"wrote {out} ({len(rows)} rows, {time.time() - t_start:.0f} s)", flush=True)
 
 

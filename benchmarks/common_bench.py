@@ -6,6 +6,7 @@ import datetime
 import functools
 import math
 import os
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -172,6 +173,100 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
         for f in fns:
             f()
     return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
+
+
+def _cycle(fns):
+    """One call of each of `fns` (one per weight copy), as a single function to capture."""
+    def cycle() -> None:
+        for f in fns:
+            f()
+    return cycle
+
+
+# How long a case's own graph is replayed before its timed replays (steady_graph_ms). Under the
+# products' sustained load the H200 is power-limited (1-second nvidia-smi samples at 500-671 W read
+# its SM clock anywhere from 1410 to 1980 MHz: run 33), and a graph replayed back
+# to back runs 12-17% faster for its first 25-50 ms than from about 100 ms on; without the warm-up
+# the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones
+# (variants.py --study interleave). With it, the medians of the last 100 of 400 ms of a case's
+# replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
+# (--study power-trace).
+STEADY_WARM_MS = 200.0
+
+
+def steady_graph_ms(cases: dict, warm_ms: float = STEADY_WARM_MS, target_ms: float = 3.0,
+                    reps: int = 9) -> tuple[dict, dict]:
+    """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
+    per weight copy, as graph_ms), timed in its own steady state: its graph replayed back to back
+    for warm_ms, then `reps` timed replays. A case whose warm-up or capture raises is left out, with
+    its error; the others are timed."""
+    from vsr.kernels import common
+    times, errors = {}, {}
+    for name, fns in cases.items():
+        try:
+            g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
+        except Exception as e:   # this case is reported, the others are still timed
+            errors[name] = f"{type(e).__name__}: {e}"
+            continue
+        try:
+            spent = 0.0
+            while spent < warm_ms:
+                spent += tuner.replay_ms(g)
+            times[name] = statistics.median(tuner.replay_ms(g) / calls for _ in range(reps))
+        finally:
+            del g
+            torch.cuda.synchronize()
+            common.rewind_capture_counters(mark)
+    return times, errors
+
+
+def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:
+    """As steady_graph_ms with no warm-up, the graphs' replays interleaved: every round replays each
+    graph once, in an order rotated by one each round (so each case always follows the same one:
+    run 33's interleave study, which this timer was written for, found the figures still moved
+    with that neighbour; bench_gemm.py times with steady_graph_ms)."""
+    from vsr.kernels import common
+    graphs, errors, marks = {}, {}, []
+    try:
+        for name, fns in cases.items():
+            try:
+                g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            graphs[name] = (g, calls)
+            marks.append(mark)
+        times: dict = {name: [] for name in graphs}
+        names = list(graphs)
+        for r in range(rounds if names else 0):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                g, calls = graphs[name]
+                times[name].append(tuner.replay_ms(g) / calls)
+    finally:
+        g = None
+        graphs.clear()
+        torch.cuda.synchronize()
+        if marks:   # the first mark: every graph captured since is gone
+            common.rewind_capture_counters(marks[0])
+    return {name: statistics.median(ts) for name, ts in times.items()}, errors
+
+
+def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tuple[float, float]]:
+    """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
+    back to back for span_ms: how its speed moves as the card's power state settles under it."""
+    from vsr.kernels import common
+    g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
+    out, t = [], 0.0
+    try:
+        while t < span_ms:
+            ms = tuner.replay_ms(g)
+            out.append((t, ms / calls))
+            t += ms
+    finally:
+        del g
+        torch.cuda.synchronize()
+        common.rewind_capture_counters(mark)
+    return out
 
 
 def checked_launch(launch, x: torch.Tensor, w, tile: dict, ref: torch.Tensor) -> tuple[bool, float]:

@@ -67,6 +67,7 @@ import dataclasses
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -723,6 +724,263 @@ def study_sk_reduce(shapes, ms, log):
     return rows
 
 
+# The fp8-overlap study's row chunks (each rounded up to a multiple of the tile's BLOCK_M).
+OVERLAP_CHUNKS = (2, 4, 8)
+_SIDE_STREAMS: dict = {}
+
+
+def _fp8_overlapped(chunks: int, tile_for=None, early: bool = False):
+    """fp8.launch with its prologue overlapped by its product: x's rows in `chunks` chunks; chunk
+    0's rows quantized on the calling stream, the others' on a side stream (after chunk 0's, or
+    with it where `early`), each chunk's product on the calling stream once its rows are ready.
+    The product is compute-bound at these rows and the prologue memory-bound: a prologue program
+    (4-16 warps, a few hundred bytes of shared memory) fits beside a product program on a
+    multiprocessor, so chunk i+1's rows can be quantized while chunk i's product runs. tile_for(rows):
+    the product tile of a chunk (default the call's tile)."""
+    def launch(x, w, tile, out=None):
+        M = x.shape[0]
+        y = common.output(x, w.N, out)
+        main = torch.cuda.current_stream()
+        if x.device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+        side = _SIDE_STREAMS[x.device]
+        rows = -(-M // chunks)
+        rows = -(-rows // tile["BLOCK_M"]) * tile["BLOCK_M"]
+        bounds = [(r, min(M, r + rows)) for r in range(0, M, rows)]
+        plan, _ = fp8.tile_prologue(tile, w.K)
+        xq = torch.empty((M, w.K), dtype=fp8.FP8_DTYPE, device=x.device)
+        xs = torch.empty((M,), dtype=x.dtype, device=x.device)
+
+        def quantize(r0, r1):   # quantize_activation_triton's launch, into rows r0..r1 of xq and xs
+            hw = common.device_features(x.device).hardware_e4m3
+            fp8._act_quant_kernel[(r1 - r0,)](
+                x[r0:r1], xq[r0:r1] if hw else xq[r0:r1].view(torch.uint8), xs[r0:r1], w.K, x.stride(0),
+                fp8.dtype_eps(x.dtype), BLOCK_A=plan.block_a, BLOCK_B=plan.block_b, CHUNKED=plan.chunked,
+                RECIPROCAL=x.is_cuda, HW_CVT=hw, RELEASE=False, BF16_RCP=x.dtype == torch.bfloat16,
+                num_warps=plan.warps)
+        ready = [None] * len(bounds)
+        if not early:
+            quantize(*bounds[0])
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for i in range(0 if early else 1, len(bounds)):
+                quantize(*bounds[i])
+                ready[i] = torch.cuda.Event()
+                ready[i].record(side)
+        for i, (r0, r1) in enumerate(bounds):
+            if ready[i] is not None:
+                main.wait_event(ready[i])
+            t = tile_for(r1 - r0) if tile_for else tile
+            fp8.launch_product(xq[r0:r1], xs[r0:r1], w, y[r0:r1], t)
+        return y
+    return launch
+
+
+def _fp8_shipped(t, x, w8):
+    """(tile, its prologue plan, x quantized by it: xq, xs) of fp8 at x's rows on the shipped tile."""
+    p = t.problem(w8[0], bucket_for(x.shape[0]), x.dtype)
+    tile = _shipped_tile(t, p) or t.default_tile(p)
+    plan, _ = fp8.tile_prologue(tile, x.shape[1])
+    return (tile, plan, *fp8.quantize_activation_triton(x, plan))
+
+
+def _prologue_alone_row(study, sh, M, x, plan) -> dict:
+    """The prologue alone on x (its plan), graph-timed; exact by construction of the plan (the
+    fp8-prologue study checks every plan's bytes)."""
+    row = dict(study=study, part="prologue", shape=sh, M=M, variant="prologue alone",
+               plan=dataclasses.asdict(plan), ok=True)
+    row["ms"] = graph_ms([lambda: fp8.quantize_activation_triton(x, plan)])
+    return row
+
+
+def study_fp8_overlap(shapes, ms, log):
+    """fp8 at many rows: the activation prologue (memory-bound, 4-12% of the call at M = 1024-4096)
+    overlapped by the product (compute-bound) over row chunks (_fp8_overlapped), against
+    fp8.launch on the shipped tile, the product alone on a prequantized x, and the prologue alone.
+    Each case checked against the reference; `same_bytes`: its output equal to fp8.launch's."""
+    t = registry.TEMPLATES["fp8_w8a8"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("fp8-overlap", ("fp8",), shapes, ms, rows, log):
+        w8 = ws["fp8"]
+        tile, plan, xq, xs = _fp8_shipped(t, x, w8)
+        rows.append(_prologue_alone_row("fp8-overlap", sh, M, x, plan))
+        log(rows[-1])
+
+        def own_tile(r):
+            q = t.problem(w8[0], bucket_for(r), x.dtype)
+            return _shipped_tile(t, q) or t.default_tile(q)
+        cases = [("fp8.launch", fp8.launch),
+                 ("product alone (x prequantized)",
+                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out))]
+        for n in OVERLAP_CHUNKS:
+            if M // n < 128:
+                continue
+            cases.append((f"overlap {n} chunks", _fp8_overlapped(n)))
+            cases.append((f"overlap {n} chunks, chunk's tile", _fp8_overlapped(n, own_tile)))
+            cases.append((f"overlap {n} chunks, early", _fp8_overlapped(n, early=True)))
+        ref = t.reference(x, w8[0])
+        y0 = fp8.launch(x, w8[0], tile)
+        for name, launch in cases:
+            row = timed_case(dict(study="fp8-overlap", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                                  tile=tile), launch, x, tile, w8, ref, base)
+            if "error" not in row:
+                row["same_bytes"] = bool(torch.equal(launch(x, w8[0], tile), y0))
+            rows.append(row)
+            log(row)
+    return rows
+
+
+def _prologue_then_product(plan):
+    """fp8.launch composed by hand: the prologue into fresh buffers, then the product (no PDL)."""
+    def launch(x, w, tile, out=None):
+        y = common.output(x, w.N, out)
+        xq, xs = fp8.quantize_activation_triton(x, plan)
+        fp8.launch_product(xq, xs, w, y, tile)
+        return y
+    return launch
+
+
+def study_fp8_call_parts(shapes, ms, log):
+    """fp8 at many rows, the call against its parts, in A-B-A order: fp8.launch, the product alone
+    on a prequantized x, the prologue then the product composed by hand, fp8.launch again, and
+    the prologue alone (run 33's fp8-overlap study found the product alone slower than the whole
+    call at M=4096 on every shape, and the call 13-16 us slower than its parts at M=1024 on
+    gate_up and down). With `nvidia-smi dmon` beside it, the clocks the card ran at."""
+    t = registry.TEMPLATES["fp8_w8a8"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("fp8-call-parts", ("fp8",), shapes, ms, rows, log):
+        w8 = ws["fp8"]
+        tile, plan, xq, xs = _fp8_shipped(t, x, w8)
+        ref = t.reference(x, w8[0])
+        cases = [("fp8.launch", fp8.launch),
+                 ("product alone (x prequantized)",
+                  lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out)),
+                 ("prologue, then product", _prologue_then_product(plan)),
+                 ("fp8.launch again", fp8.launch)]
+        for name, launch in cases:
+            row = timed_case(dict(study="fp8-call-parts", part="fp8", format="fp8", shape=sh, M=M, variant=name,
+                                  tile=tile), launch, x, tile, w8, ref, base)
+            row["t"] = time.time()
+            rows.append(row)
+            log(row)
+        rows.append(_prologue_alone_row("fp8-call-parts", sh, M, x, plan))
+        log(rows[-1])
+    return rows
+
+
+def _peer_and_vsr_cases(study, sh, M, x, ws, rows, log) -> dict:
+    """{name: calls over the weight copies} of cuBLAS bf16, vsr bf16 and vsr fp8 on the shipped
+    tiles (each checked against its reference first, the check logged as a row) and `_scaled_mm`
+    on x quantized outside the calls: the interleave and power-trace studies' cases."""
+    from common_bench import scaled_mm, scaled_mm_weight_scale, torch_quant
+    cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
+    for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+        t = registry.TEMPLATES[tname]
+        p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+        tile = _shipped_tile(t, p) or t.default_tile(p)
+        ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, t.reference(x, ws[fmt][0]))
+        rows.append(dict(study=study, format=fmt, shape=sh, M=M, variant="check", ok=ok, rel_err=rel, tile=tile))
+        log(rows[-1])
+        cases[f"vsr-{fmt}"] = [lambda w=w, t=t, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+    xq, sa = torch_quant(x)
+    sb = [scaled_mm_weight_scale(w) for w in ws["fp8"]]
+    cases["scaled_mm"] = [lambda w=w, s=s: scaled_mm(xq, sa, w, s) for w, s in zip(ws["fp8"], sb)]
+    return cases
+
+
+def study_interleave(shapes, ms, log):
+    """Timing order at many rows (run 33: the H200 power-limited under the products, a case timed
+    after heavier ones slower): _peer_and_vsr_cases, each timed by graph_ms one after another as
+    bench_gemm.py did until run 33 (in that order and reversed), and by interleaved_graph_ms
+    (replays interleaved round by round, twice)."""
+    from common_bench import interleaved_graph_ms
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("interleave", ("fp8",), shapes, ms, rows, log):
+        cases = _peer_and_vsr_cases("interleave", sh, M, x, ws, rows, log)
+        for form, order in (("sequential", list(cases)), ("interleaved", None),
+                            ("sequential, reversed", list(cases)[::-1]), ("interleaved", None)):
+            if order is None:
+                got, errors = interleaved_graph_ms(cases)
+                assert not errors, errors
+            else:
+                got = {name: graph_ms(cases[name]) for name in order}
+            row = dict(study="interleave", shape=sh, M=M, variant=form, ms_by_case=got,
+                       ratio_vs_cublas_by_case={k: got["cublas-bf16"] / v for k, v in got.items()})
+            rows.append(row)
+            log(row)
+    return rows
+
+
+def study_power_trace(shapes, ms, log):
+    """How fast a case's speed settles under its own load: _peer_and_vsr_cases replayed back to
+    back for 400 ms each, one after another, in both orders (run 33: the first case timed after
+    lighter work ran up to 18% faster). Each row: the case timed just before it (`after`; the
+    point's cuBLAS baseline, timed unwarmed, before the first), the trace (ms since the case began,
+    per-call ms), the median of its first 10 ms and of its last 100 ms."""
+    from common_bench import replay_trace
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("power-trace", ("fp8",), shapes, ms, rows, log):
+        cases = _peer_and_vsr_cases("power-trace", sh, M, x, ws, rows, log)
+        before = "cublas-bf16 baseline"
+        for order in (list(cases), list(cases)[::-1]):
+            for name in order:
+                tr = replay_trace(cases[name])
+                first = [v for t, v in tr if t < 10.0] or [tr[0][1]]
+                last = [v for t, v in tr if t >= tr[-1][0] - 100.0]
+                row = dict(study="power-trace", shape=sh, M=M, variant=name, after=before,
+                           first_10ms=statistics.median(first), last_100ms=statistics.median(last),
+                           trace=[(round(t, 2), round(v, 5)) for t, v in tr])
+                rows.append(row)
+                log(row)
+                before = name
+    return rows
+
+
+# The steady-picks study: how many of a key's recorded candidates it times again (the best first).
+STEADY_PICKS_TOP = 3
+STEADY_PICKS_PASSES = 2
+
+
+def study_steady_picks(shapes, ms, log):
+    """Would the tuner pick otherwise with the steady-state timer? For the 27B-class bf16 and fp8
+    keys at each M's bucket, the shipped cache's best STEADY_PICKS_TOP candidates (by the times its
+    tuner recorded with the unwarmed graph timer, about 30 ms a candidate) timed again, each in its
+    own steady state (common_bench.steady_graph_ms, as bench_gemm.py times since run 33), in
+    STEADY_PICKS_PASSES passes, every one checked against the reference first. Rows: the recorded
+    time and each pass's steady time (ms: their median), the shipped tile marked."""
+    from common_bench import steady_graph_ms
+    entries = json.loads(SHIPPED_CACHE.read_text())["entries"]
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-picks", ("fp8",), shapes, ms, rows, log):
+        for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
+            t = registry.TEMPLATES[tname]
+            e = next((e for e in entries if e["key"]["template"] == tname and e["key"]["N"] == N
+                      and e["key"]["K"] == K and e["key"]["bucket"] == bucket_for(M)
+                      and e["key"]["act_dtype"] == "bfloat16" and "H200" in e["key"]["device"]), None)
+            if e is None:
+                continue
+            cands = sorted((c for c in e["candidates"] if c["ok"]), key=lambda c: c["ms"])[:STEADY_PICKS_TOP]
+            ref = t.reference(x, ws[fmt][0])
+            cases, info = {}, {}
+            for i, c in enumerate(cands):
+                tile = c["tile"]
+                ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, ref)
+                info[i] = dict(tile=tile, recorded_ms=c["ms"], ok=ok, rel_err=rel, shipped=tile == e["tile"])
+                cases[i] = [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+            # Twice in turn (A B C A B C): what drifts over seconds (the card warming) shows as a
+            # difference between the two passes, not between the candidates.
+            passes = [steady_graph_ms(cases) for _ in range(STEADY_PICKS_PASSES)]
+            for i, d in info.items():
+                got = [p[0].get(i) for p in passes]
+                ms_ = statistics.median(g for g in got if g is not None) if any(g is not None for g in got) else None
+                row = dict(study="steady-picks", format=fmt, shape=sh, M=M, variant=f"candidate {i}", **d,
+                           ms=ms_, ms_passes=got, error=passes[0][1].get(i),
+                           ratio_vs_cublas=base / ms_ if ms_ else None)
+                rows.append(row)
+                log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -734,7 +992,11 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "int4-x-split": (study_int4_x_split, "1,16"), "wide": (study_wide, "256,512,1024"),
            "wide-64": (study_wide_64, "256,512"), "wide-few": (study_wide_few, "16,64"),
            "sk-256": (study_sk_256, "256,512"), "sk-reduce": (study_sk_reduce, "256,1024"),
-           "int4-m1": (study_int4_m1, "1,16")}
+           "int4-m1": (study_int4_m1, "1,16"), "fp8-overlap": (study_fp8_overlap, "256,1024,4096"),
+           "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
+           "interleave": (study_interleave, "256,1024,4096"),
+           "power-trace": (study_power_trace, "1024,4096"),
+           "steady-picks": (study_steady_picks, "256,1024,4096")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -785,13 +1047,19 @@ def main(argv: list[str] | None = None) -> int:
     write(False)
     print("\nstudy      format     shape M     variant                          us      vs cuBLAS  tile")
     for r in rows:
-        if "ratio_vs_cublas" in r:
+        if r.get("ratio_vs_cublas") is not None:
             t = r["tile"]
             wide = f"+{t['BLOCK_N2']}" if t and t.get("BLOCK_N2") else ""
             shape = (f"{t['path']} {t['BLOCK_M']}x{t['BLOCK_N']}{wide}x{t['BLOCK_K']} split {t['SPLIT_K']} "
                      f"s{t['num_stages']}{' P' if t.get('PERSISTENT') else ''}" if t else "")
             print(f"{r['study']:10s} {r.get('format', ''):10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r['ms'] * 1e3:7.1f}  {r['ratio_vs_cublas']:.2f}x  {shape}")
+        elif "last_100ms" in r:
+            print(f"{r['study']:10s} {r['variant']:12s} {r['shape']:7s} {r['M']:5d} after {r['after']:20s} "
+                  f"first 10 ms {r['first_10ms'] * 1e3:7.1f} us  last 100 ms {r['last_100ms'] * 1e3:7.1f} us")
+        elif "ms_by_case" in r:
+            cells = "  ".join(f"{k} {v * 1e3:7.1f} ({r['ratio_vs_cublas_by_case'][k]:.2f}x)" for k, v in r["ms_by_case"].items())
+            print(f"{r['study']:10s} {'':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:22s} {cells}")
         elif r.get("part") == "prologue":
             print(f"{r['study']:10s} {'prologue':10s} {r['shape']:5s} {r['M']:5d} {r['variant']:32s} "
                   f"{r.get('ms', float('nan')) * 1e3:7.1f}  {'exact' if r['ok'] else 'WRONG':6s} {r['plan']}")

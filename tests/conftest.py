@@ -39,6 +39,7 @@ def bench_script():
             sys.path.insert(0, str(BENCH))
         spec = importlib.util.spec_from_file_location(f"vsr_bench_{name}", BENCH / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod   # as importlib's recipe does: a dataclass looks its module up there
         spec.loader.exec_module(mod)
         return mod
     return load

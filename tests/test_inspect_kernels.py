@@ -15,6 +15,14 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 NEEDS_CUDA_BINARIES = pytest.mark.skipif(not (BIN / "cuobjdump").exists(),
                                          reason="this Triton has no bundled CUDA binaries")
+# Triton 3.8.0 sends int4 weight operands through shared memory where 3.6, 3.7 and 3.9 keep them in
+# registers (run 33, the CPU test set on each): compiled for sm_90, the PTX-pairs slices kernel
+# stores four of its eight unpacked 128 x 16 bf16 weight slices a step (16 KB, beside x's 4 KB of
+# slices, all the others store) and the SCALE_W join its 128 x 128 joined operand (32 KB a step;
+# the others none). The kernels compile and pass their reference tests there; only these codegen
+# properties, and so int4's speed on 3.8 (never measured: the H200 runs 3.6), differ.
+TRITON_38_LAYOUTS = pytest.mark.xfail(triton.__version__.startswith("3.8."), strict=True,
+                                      reason="Triton 3.8 sends more of the int4 operands through shared memory")
 
 
 def compile_outside_the_interpreter(*args: str) -> str:
@@ -35,6 +43,7 @@ def compile_script(tmp_path, body: str) -> str:
 
 
 @NEEDS_CUDA_BINARIES
+@TRITON_38_LAYOUTS
 def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     out = tmp_path / "inspect.json"
     compile_outside_the_interpreter(str(BENCH / "inspect_kernels.py"), "--cases",
@@ -56,6 +65,7 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
 
 
 @NEEDS_CUDA_BINARIES
+@TRITON_38_LAYOUTS
 def test_int4_join_scale_w_keeps_its_products_in_flight_on_sm90(tmp_path):
     # Why SCALE_W exists (run 25 item 2): compiled for sm_90 with its pointers and strides aligned
     # as launched, the join kernel that scales each step's fp32 product waits for every wgmma of

@@ -505,3 +505,60 @@ def test_the_int4_m1_study_checks_every_case(variants, on_a_tiny_shape, monkeypa
         assert [(r["variant"], r["tile"]) for r in cases if r["format"] == fmt] == (
             [("shipped", shipped), ("shipped, X_ROW", dict(shipped, X_SPLIT=1))]
             + [("slices, X_ROW", c) for c in others] + [("shipped, no x copy", shipped)]), fmt
+
+
+def test_the_fp8_call_parts_study_checks_every_case(variants, on_a_tiny_shape):
+    # Run 33's A-B-A study of fp8's call and its parts: every whole call and the product alone
+    # give the reference output, and the prologue alone is timed with the tile's plan.
+    on_a_tiny_shape(48, 304)
+    rows = variants.study_fp8_call_parts(["tiny"], [20], lambda r: None)
+    calls = [r for r in rows if r.get("part") == "fp8"]
+    assert [r["variant"] for r in calls] == ["fp8.launch", "product alone (x prequantized)",
+                                             "prologue, then product", "fp8.launch again"]
+    assert all(r["ok"] for r in calls), [(r["variant"], r.get("error"), r.get("rel_err")) for r in calls]
+    assert [r["variant"] for r in rows if r.get("part") == "prologue"] == ["prologue alone"]
+
+
+def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, monkeypatch, on_a_tiny_shape,
+                                                                      tmp_path):
+    # Run 33: a key's best recorded candidates (of those that passed), timed again by the
+    # steady-state timer in STEADY_PICKS_PASSES passes, each checked first, the shipped one marked.
+    import common_bench
+    from vsr.kernels import registry
+    on_a_tiny_shape(48, 256)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:4]
+    cands = [dict(tile=tile, ms=ms, ok=ok) for tile, ms, ok in zip(space, (0.3, 0.1, 0.2, 0.05),
+                                                                   (True, True, True, False))]
+    key = dict(template="fp8_w8a8", N=48, K=256, bucket=16, act_dtype="bfloat16", device='{"name":"NVIDIA H200"}')
+    cache = tmp_path / "cache.json"
+    cache.write_text(json.dumps({"entries": [dict(key=key, tile=space[2], candidates=cands)]}))
+    monkeypatch.setattr(variants, "SHIPPED_CACHE", cache)
+    passes = []
+
+    def steady(cases):
+        passes.append(sorted(cases))
+        for fns in cases.values():
+            for f in fns:
+                f()
+        return {i: 1.0 + i for i in cases}, {}
+    monkeypatch.setattr(common_bench, "steady_graph_ms", steady)
+    rows = [r for r in variants.study_steady_picks(["tiny"], [16], lambda r: None) if "recorded_ms" in r]
+    assert passes == [[0, 1, 2]] * variants.STEADY_PICKS_PASSES
+    # fp8 only: the bf16 key is not in this cache. Best recorded first; the failed candidate left out.
+    assert [r["recorded_ms"] for r in rows] == [0.1, 0.2, 0.3] and [r["shipped"] for r in rows] == [False, True, False]
+    assert all(r["ok"] for r in rows) and [r["ms"] for r in rows] == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.gpu
+def test_the_fp8_overlap_study_gives_the_calls_bytes(variants, monkeypatch):
+    # The overlapped forms (a side stream: CUDA only) are checked against the reference and give
+    # fp8.launch's bytes where the chunks keep the call's tile.
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA streams")
+    monkeypatch.setattr(variants, "SHAPES", {"tiny": (256, 512)})
+    monkeypatch.setattr(variants, "graph_ms", lambda fns: (fns[0](), 1.0)[1])
+    rows = variants.study_fp8_overlap(["tiny"], [512], lambda r: None)
+    calls = [r for r in rows if r.get("part") == "fp8"]
+    assert calls and all(r["ok"] for r in calls), [(r["variant"], r.get("error")) for r in calls]
+    assert all(r["same_bytes"] for r in calls if "chunk's tile" not in r["variant"])

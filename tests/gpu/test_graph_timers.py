@@ -1,0 +1,33 @@
+"""benchmarks/common_bench's graph timers: steady_graph_ms, which bench_gemm.py times every provider
+with, and interleaved_graph_ms, the interleave study's (GPU only: CUDA graphs)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.parametrize("timer", ["steady_graph_ms", "interleaved_graph_ms"])
+def test_each_case_keeps_its_own_time_and_a_case_that_cannot_be_captured_is_reported(timer):
+    import common_bench
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA graphs")
+    timed = getattr(common_bench, timer)
+    a = torch.randn(2048, 2048, device="cuda")
+    small, large = [lambda: a[:256, :256] @ a[:256, :256]], [lambda: a @ a, lambda: a @ a]
+
+    def host_sync():   # a call that synchronizes cannot be captured
+        torch.cuda.synchronize()
+        return a.sum().item()
+    times, errors = timed({"small": small, "large": large, "sync": [host_sync]})
+    assert set(times) == {"small", "large"} and set(errors) == {"sync"}
+    assert 0 < times["small"] < times["large"], times   # per call: 256^3 against 2048^3 flops
+    # Timed alone, the large case's figure is of the same order (a per-call time, not per graph).
+    alone, _ = timed({"large": large})
+    assert 0.5 < alone["large"] / times["large"] < 2.0
