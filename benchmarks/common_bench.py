@@ -183,15 +183,13 @@ def _cycle(fns):
     return cycle
 
 
-# How long a case's own graph is replayed before its timed replays (steady_graph_ms). Under the
-# products' sustained load the H200 is power-limited (1-second nvidia-smi samples at 500-671 W read
-# its SM clock anywhere from 1410 to 1980 MHz: run 33), and a graph replayed back
-# to back runs 12-17% faster for its first 25-50 ms than from about 100 ms on; without the warm-up
-# the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones
-# (variants.py --study interleave). With it, the medians of the last 100 of 400 ms of a case's
-# replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
-# (--study power-trace).
-STEADY_WARM_MS = 200.0
+# How long a case's own graph is replayed before its timed replays (steady_graph_ms): the tuner's
+# (vsr.autotune.tuner.STEADY_WARM_MS, which says why). In run 33 (1-second nvidia-smi samples at
+# 500-671 W read the H200's SM clock anywhere from 1410 to 1980 MHz) the same calls timed first at
+# M=4096 ran up to 18% faster than timed after heavier ones without it (variants.py --study
+# interleave); with it, the medians of the last 100 of 400 ms of a case's replays moved with the
+# case that ran before it by 3% or less on 28 of 32 cases, at most 8.1% (--study power-trace).
+STEADY_WARM_MS = tuner.STEADY_WARM_MS
 
 
 def steady_graph_ms(cases: dict, warm_ms: float = STEADY_WARM_MS, target_ms: float = 3.0,

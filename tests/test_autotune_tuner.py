@@ -260,3 +260,16 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
         assert groups == {("slices", "x-split")}
         assert len(got) == seen and (bucket > 1 or got[0] == space[0]), (bucket, got)
         assert sum(c["path"] == "slices" and not c.get("X_SPLIT") for c in pick) == copying, bucket
+
+
+def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
+    # H200 run 33: under compute-bound products the card is power-limited and a graph's first
+    # 25-50 ms run 12-17% faster, so from bucket 256 each candidate's graph is replayed for
+    # STEADY_WARM_MS before it is timed; fewer rows (memory-bound), and eager timing, stay as they were.
+    cuda = torch.device("cuda")
+    timer, graph = tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET)
+    assert graph and timer.func is tuner.cuda_graph_timer and timer.keywords == {"warm_ms": tuner.STEADY_WARM_MS}
+    assert tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET // 2) == (tuner.cuda_graph_timer, True)
+    assert tuner.default_timer(cuda, False, 4096) == (tuner.eager_timer, False)
+    assert tuner.default_timer(torch.device("cpu"), True, 4096) == (tuner.eager_timer, False)
+    assert tuner.STEADY_FROM_BUCKET == 256 and tuner.STEADY_WARM_MS == 200.0
