@@ -14,6 +14,12 @@
 #                                skips recorded ones) at the counts above, DB exported (int4's 280
 #                                keys: about 400 s on the H200 in run 30; an edit that stales every key
 #                                can take more than ten minutes: run it again, it resumes)
+#   caches/retune.sh steady DB   the 27B-class keys of 256 rows and more (STEADY_BUCKETS) re-tuned
+#                                with the tuner's steady-state timing (run 33; the file's picks there
+#                                were timed unwarmed) into a scratch store at the counts above, then
+#                                the file (FROM_JSON, default the file rebuilt) imported into DB and
+#                                the scratch store over it (its tiles preferred), DB exported. The
+#                                kernels did not change, so `stale` would tune none of them
 #
 # Every stage passes vsr-tune --incumbents the file it rebuilds (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
@@ -24,8 +30,8 @@
 # stage cut short keeps what it finished; run it again and it resumes.
 set -euo pipefail
 
-stage=${1:?usage: caches/retune.sh 27b|minilm|stale DB}
-db=${2:?usage: caches/retune.sh 27b|minilm|stale DB}
+stage=${1:?usage: caches/retune.sh 27b|minilm|stale|steady DB}
+db=${2:?usage: caches/retune.sh 27b|minilm|stale|steady DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-$(dirname "$0")/nvidia-h200.json}   # beside this script, wherever it is run from
 # OUT_JSON missing is a first build: no incumbents; a file that INCUMBENTS names (split on blanks,
@@ -45,8 +51,9 @@ for f in ${names[@]+"${names[@]}"}; do
   fi
 done
 
-# Each pass once, for the stages to share: the store to tune into is the argument.
-tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"}; }
+# Each pass once, for the stages to share: the store to tune into is the argument (then, for the
+# dense pass, any further vsr-tune options).
+tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"} "${@:2}"; }
 # Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
 # 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
 tune_27b_int4() {
@@ -77,8 +84,18 @@ case "$stage" in
     tune_minilm "$db"
     $tune export --autotune-cache "$db" --out "$out"
     ;;
+  steady)
+    buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}
+    scratch="${db%.db}.steady.db"
+    tune_27b_dense "$scratch" --buckets "$buckets"
+    $tune 27b --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --max-candidates 20 \
+      ${inc[@]+"${inc[@]}"}
+    $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
+    $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
+    $tune export --autotune-cache "$db" --out "$out"
+    ;;
   *)
-    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm or stale)" >&2
+    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale or steady)" >&2
     exit 2
     ;;
 esac

@@ -266,7 +266,20 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert [opts(c) for c in stale[2:6:2] + stale[5:6]] == [opts(c) for c in (big[0], big[2], small[0])]
     assert stale[3] == big[1] and opts(stale[2])[3] == str(shipped)
     assert stale[6] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
-    for cmd in big + small + stale:
+    # steady (run 33): the 27B-class keys of 256+ rows re-tuned into a scratch store at the same
+    # counts, with incumbents; the file imported, the scratch store over it (its tiles preferred), export
+    steady = stage("steady")
+    assert [c[0] for c in steady] == ["27b", "27b", "import", "import", "export"]
+    sbuckets = "256,512,1024,2048,4096,8192"
+    assert steady[0][2] == str(tmp_path / "h200.steady.db")
+    assert steady[0][:2] + steady[0][3:] == big[0][:2] + big[0][3:] + ["--buckets", sbuckets]
+    assert steady[1] == ["27b", "--autotune-cache", steady[0][2], "--formats", "int4-gptq,int4-awq", "--buckets",
+                         sbuckets, "--max-candidates", "20", "--incumbents", str(shipped)]
+    assert steady[2] == ["import", str(shipped), "--autotune-cache", db]
+    assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
+    assert steady[4] == small[1]
+    assert stage("steady", STEADY_BUCKETS="1024")[0][-1] == "1024"
+    for cmd in big + small + stale + steady:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
