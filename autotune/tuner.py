@@ -263,7 +263,8 @@ def replay_ms(graph) -> float:
 # candidate) could win by that much (H200 run 33, benchmarks/NOTES.md). From STEADY_FROM_BUCKET
 # rows, where the products become compute-bound, a candidate whose call takes STEADY_MIN_CALL_MS or
 # more is timed in its own steady state: its graph replayed for STEADY_WARM_MS first. (At 16 rows
-# the order of the cases moved no figure by more than 1% in run 33; small layers draw too little.)
+# the order of the cases moved a figure by 3.2% at most in run 33, most by 1% or less; small layers
+# draw too little.)
 STEADY_WARM_MS = 200.0
 STEADY_FROM_BUCKET = 256
 STEADY_MIN_CALL_MS = 0.02
