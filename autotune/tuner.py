@@ -258,7 +258,7 @@ def replay_ms(graph) -> float:
 
 
 # Under a compute-bound product's sustained load the H200 is power-limited: a graph replayed back to
-# back runs 12-17% faster for its first 25-50 ms than from about 100 ms on, so a candidate timed in
+# back can run up to 17% faster for its first 25-50 ms than from about 100 ms on, so a candidate timed in
 # a few tens of milliseconds after lighter work (the first of a sweep, or the one after a slow
 # candidate) could win by that much (H200 run 33, benchmarks/NOTES.md). From STEADY_FROM_BUCKET
 # rows, where the products become compute-bound, a candidate whose call takes STEADY_MIN_CALL_MS or

@@ -264,7 +264,7 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
 
 def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
     # H200 run 33: under compute-bound products the card is power-limited and a graph's first
-    # 25-50 ms run 12-17% faster, so from bucket 256 each candidate's graph is replayed for
+    # 25-50 ms can run up to 17% faster, so from bucket 256 each candidate's graph is replayed for
     # STEADY_WARM_MS before it is timed; fewer rows (memory-bound), and eager timing, stay as they were.
     cuda = torch.device("cuda")
     timer, graph = tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET)
