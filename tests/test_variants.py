@@ -562,3 +562,39 @@ def test_the_fp8_overlap_study_gives_the_calls_bytes(variants, monkeypatch):
     calls = [r for r in rows if r.get("part") == "fp8"]
     assert calls and all(r["ok"] for r in calls), [(r["variant"], r.get("error")) for r in calls]
     assert all(r["same_bytes"] for r in calls if "chunk's tile" not in r["variant"])
+
+
+def test_the_interleave_and_power_trace_studies_check_and_time_every_case(variants, monkeypatch, on_a_tiny_shape):
+    # Run 33's timing-order studies on a tiny shape, their timers replaced by running each call
+    # once: vsr's bf16 and fp8 cases checked first (fp16 x on the CPU), every case timed in each form.
+    import common_bench
+    on_a_tiny_shape(48, 256)
+    ran = []
+
+    def interleaved(cases):
+        ran.append(("interleaved", sorted(cases)))
+        for fns in cases.values():
+            for f in fns:
+                f()
+        return {k: 1.0 for k in cases}, {}
+
+    def trace(fns):
+        for f in fns:
+            f()
+        return [(0.0, 2.0), (5.0, 1.0)]
+    monkeypatch.setattr(common_bench, "interleaved_graph_ms", interleaved)
+    monkeypatch.setattr(common_bench, "replay_trace", trace)
+    names = ["cublas-bf16", "scaled_mm", "vsr-bf16", "vsr-fp8"]
+    rows = variants.study_interleave(["tiny"], [16], lambda r: None)
+    checks = [r for r in rows if r["variant"] == "check"]
+    assert [r["format"] for r in checks] == ["bf16", "fp8"] and all(r["ok"] for r in checks), checks
+    forms = [r for r in rows if "ms_by_case" in r]
+    assert [r["variant"] for r in forms] == ["sequential", "interleaved", "sequential, reversed", "interleaved"]
+    assert all(sorted(r["ms_by_case"]) == names for r in forms) and ran == [("interleaved", names)] * 2
+    rows = variants.study_power_trace(["tiny"], [16], lambda r: None)
+    traces = [r for r in rows if "last_100ms" in r]
+    assert [r["variant"] for r in traces[:4]] == [r["variant"] for r in traces[4:]][::-1] and len(traces) == 8
+    # each row names the case timed just before it; the first follows the point's cuBLAS baseline
+    assert traces[0]["after"] == "cublas-bf16 baseline"
+    assert [r["after"] for r in traces[1:]] == [r["variant"] for r in traces[:-1]]
+    assert all(r["first_10ms"] == 1.5 and r["last_100ms"] == 1.5 for r in traces)
