@@ -261,40 +261,47 @@ def replay_ms(graph) -> float:
 # back can run up to 17% faster for its first 25-50 ms than from about 100 ms on, so a candidate timed in
 # a few tens of milliseconds after lighter work (the first of a sweep, or the one after a slow
 # candidate) could win by that much (H200 run 33, benchmarks/NOTES.md). From STEADY_FROM_BUCKET
-# rows, where the products become compute-bound, a candidate whose call takes STEADY_MIN_CALL_MS or
-# more is timed in its own steady state: its graph replayed for STEADY_WARM_MS first. (At 16 rows
-# the order of the cases moved a figure by 3.2% at most in run 33, most by 1% or less; small layers
-# draw too little.)
+# rows a candidate whose call takes STEADY_MIN_CALL_MS or more is timed in its own steady state: its
+# graph replayed for STEADY_WARM_MS first. Both bounds are judgement, not measurement: run 33 timed
+# 16, 256, 1024 and 4096 rows (at 16 the order of the cases moved a figure by 3.2% at most, most by
+# 1% or less), not 32-128, and no call length was studied; 256 is about where the 27B-class
+# products turn compute-bound, and the bound on the call keeps small layers (the built-in router's)
+# as fast to tune as before.
 STEADY_WARM_MS = 200.0
 STEADY_FROM_BUCKET = 256
 STEADY_MIN_CALL_MS = 0.02
 
 
-def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7, warm_ms: float = 0.0) -> float:
+def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7, warm_ms: float = 0.0,
+                     warm_from_ms: float = 0.0) -> float:
     """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms);
-    with warm_ms, where a call takes STEADY_MIN_CALL_MS or more, the graph first replayed back to
-    back for warm_ms."""
+    with warm_ms, where a call takes warm_from_ms or more, the graph first replayed back to back
+    for warm_ms."""
     graph, n, mark = capture_graph(fn, target_ms)
-    if warm_ms > 0 and replay_ms(graph) / n >= STEADY_MIN_CALL_MS:
-        spent = 0.0
-        while spent < warm_ms:
-            spent += replay_ms(graph)
-    times = [replay_ms(graph) / n for _ in range(reps)]
-    del graph
-    # Its replays are over (synchronized) and it is gone: the tile counters its fixup launches
-    # took (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.
-    common.rewind_capture_counters(mark)
+    try:
+        if warm_ms > 0:
+            spent = replay_ms(graph)
+            if spent / n >= warm_from_ms:
+                while spent < warm_ms:
+                    spent += replay_ms(graph)
+        times = [replay_ms(graph) / n for _ in range(reps)]
+    finally:
+        del graph
+        torch.cuda.synchronize()
+        # Its replays are over and it is gone: the tile counters its fixup launches took
+        # (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.
+        common.rewind_capture_counters(mark)
     return statistics.median(times)
 
 
-def default_timer(device: torch.device, graph: bool, bucket: int = 1) -> tuple[Timer, bool]:
+def default_timer(device: torch.device, graph: bool, bucket: int) -> tuple[Timer, bool]:
     """(timer, whether it replays CUDA graphs) for a sweep on `device` at a row bucket: graphs on
     CUDA where asked, in steady state from STEADY_FROM_BUCKET rows; eager elsewhere."""
     if device.type == "cuda":
         if not graph:
             return eager_timer, False
         if bucket >= STEADY_FROM_BUCKET:
-            return functools.partial(cuda_graph_timer, warm_ms=STEADY_WARM_MS), True
+            return functools.partial(cuda_graph_timer, warm_ms=STEADY_WARM_MS, warm_from_ms=STEADY_MIN_CALL_MS), True
         return cuda_graph_timer, True
     return eager_timer, False
 

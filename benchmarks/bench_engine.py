@@ -77,7 +77,9 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     rows = []
     names = ("eager-own", "eager", "graphs-own-first", "graphs")
     loads = workloads(n)
-    for ladder in (False, True):   # every kernel compiled and every tile resolved before any timing
+    # Every kernel compiled before any timing (each engine loaded below still resolves its layers'
+    # tiles from the cache on its first pass: a lookup per layer and bucket, not a compile).
+    for ladder in (False, True):
         warm = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=ladder)
         for texts in (t for calls in loads.values() for t in calls):
             warm.forward(texts)
@@ -99,7 +101,8 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
                              "requests": n, "calls": len(calls), "provider": f"vsr-{name}", "ms": s * 1e3,
                              "requests_per_s": n / s, "graph": name.startswith("graphs"),
                              "captures": e.graphed.captures if e.graphed is not None else 0,
-                             "checked": all(map(torch.equal, got, answers[name]))})
+                             # pass 2 against pass 1's answers (pass 1 is checked by `same` below)
+                             "checked": rep == 1 or all(map(torch.equal, got, answers[name]))})
                 print(f"{fmt:11s} traffic {load:5s} pass {rep} {name:17s} {n / s:8.0f} requests/s captures "
                       f"{rows[-1]['captures']}", flush=True)
         same = {g: all(map(torch.equal, answers[g], answers[e]))

@@ -166,15 +166,6 @@ def eager_ms(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
 
-def graph_ms(fns, target_ms: float = 3.0, reps: int = 9) -> float:
-    """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy, so a
-    small layer is not timed out of L2): the tuner's graph timer over one cycle, per call."""
-    def cycle() -> None:
-        for f in fns:
-            f()
-    return tuner.cuda_graph_timer(cycle, target_ms, reps) / len(fns)
-
-
 def _cycle(fns):
     """One call of each of `fns` (one per weight copy), as a single function to capture."""
     def cycle() -> None:
@@ -183,38 +174,29 @@ def _cycle(fns):
     return cycle
 
 
-# How long a case's own graph is replayed before its timed replays (steady_graph_ms): the tuner's
-# (vsr.autotune.tuner.STEADY_WARM_MS, which says why). In run 33 (1-second nvidia-smi samples at
-# 500-671 W read the H200's SM clock anywhere from 1410 to 1980 MHz) the same calls timed first at
-# M=4096 ran up to 18% faster than timed after heavier ones without it (variants.py --study
-# interleave); with it, the medians of the last 100 of 400 ms of a case's replays moved with the
-# case that ran before it by 3% or less on 28 of 32 cases, at most 8.1% (--study power-trace).
-STEADY_WARM_MS = tuner.STEADY_WARM_MS
+def graph_ms(fns, target_ms: float = 3.0, reps: int = 9, warm_ms: float = 0.0) -> float:
+    """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy, so a
+    small layer is not timed out of L2): the tuner's graph timer over one cycle, per call; with
+    warm_ms, the graph first replayed back to back for that long, whatever a call takes."""
+    return tuner.cuda_graph_timer(_cycle(fns), target_ms, reps, warm_ms=warm_ms) / len(fns)
 
 
-def steady_graph_ms(cases: dict, warm_ms: float = STEADY_WARM_MS, target_ms: float = 3.0,
+def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_ms: float = 3.0,
                     reps: int = 9) -> tuple[dict, dict]:
     """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
     per weight copy, as graph_ms), timed in its own steady state: its graph replayed back to back
-    for warm_ms, then `reps` timed replays. A case whose warm-up or capture raises is left out, with
-    its error; the others are timed."""
-    from vsr.kernels import common
+    for warm_ms (the tuner's STEADY_WARM_MS, which says why), then `reps` timed replays. In run 33
+    the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones without
+    it (variants.py --study interleave); with it, the medians of the last 100 of 400 ms of a case's
+    replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
+    (--study power-trace). A case whose warm-up or capture raises is left out, with its error; the
+    others are timed."""
     times, errors = {}, {}
     for name, fns in cases.items():
         try:
-            g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
+            times[name] = graph_ms(fns, target_ms, reps, warm_ms)
         except Exception as e:   # this case is reported, the others are still timed
             errors[name] = f"{type(e).__name__}: {e}"
-            continue
-        try:
-            spent = 0.0
-            while spent < warm_ms:
-                spent += tuner.replay_ms(g)
-            times[name] = statistics.median(tuner.replay_ms(g) / calls for _ in range(reps))
-        finally:
-            del g
-            torch.cuda.synchronize()
-            common.rewind_capture_counters(mark)
     return times, errors
 
 

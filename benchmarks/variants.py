@@ -351,8 +351,7 @@ def study_fp8_prologue(shapes, ms, log):
                 row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[-600:]}"
             rows.append(row)
             log(row)
-        p = t.problem(w8[0], bucket_for(M), x.dtype)
-        tile = _shipped_tile(t, p) or t.default_tile(p)
+        tile = _tile_users_run(t, t.problem(w8[0], bucket_for(M), x.dtype))
         xq, xs = fp8.quantize_activation_triton(x)
         cases = [("run-14 prologue + product", _fp8_composed(_run14_prologue_plan, False)),
                  ("new prologue + product", _fp8_composed(lambda m, k: fp8.prologue_plan(k), False))]
@@ -376,6 +375,11 @@ def _shipped_tile(t, p):
     """The shipped cache's tile for template t's Problem p on this device, whatever kernel source it
     was tuned for (the fixup studies ran on kernels newer than the cache); None if it has none."""
     return shipped_tile(t, p, DEV, SHIPPED_CACHE)
+
+
+def _tile_users_run(t, p):
+    """The tile users run for template t's Problem p here: the shipped cache's, else t's default."""
+    return _shipped_tile(t, p) or t.default_tile(p)
 
 
 # The formats (and templates) of the fixup studies' shipped tiles.
@@ -748,38 +752,30 @@ def _fp8_overlapped(chunks: int, tile_for=None, early: bool = False):
         rows = -(-rows // tile["BLOCK_M"]) * tile["BLOCK_M"]
         bounds = [(r, min(M, r + rows)) for r in range(0, M, rows)]
         plan, _ = fp8.tile_prologue(tile, w.K)
-        xq = torch.empty((M, w.K), dtype=fp8.FP8_DTYPE, device=x.device)
-        xs = torch.empty((M,), dtype=x.dtype, device=x.device)
-
-        def quantize(r0, r1):   # quantize_activation_triton's launch, into rows r0..r1 of xq and xs
-            hw = common.device_features(x.device).hardware_e4m3
-            fp8._act_quant_kernel[(r1 - r0,)](
-                x[r0:r1], xq[r0:r1] if hw else xq[r0:r1].view(torch.uint8), xs[r0:r1], w.K, x.stride(0),
-                fp8.dtype_eps(x.dtype), BLOCK_A=plan.block_a, BLOCK_B=plan.block_b, CHUNKED=plan.chunked,
-                RECIPROCAL=x.is_cuda, HW_CVT=hw, RELEASE=False, BF16_RCP=x.dtype == torch.bfloat16,
-                num_warps=plan.warps)
+        parts = [None] * len(bounds)   # each chunk's (xq, xs), quantized by fp8's own prologue
         ready = [None] * len(bounds)
         if not early:
-            quantize(*bounds[0])
+            parts[0] = fp8.quantize_activation_triton(x[bounds[0][0]:bounds[0][1]], plan)
         side.wait_stream(main)
         with torch.cuda.stream(side):
             for i in range(0 if early else 1, len(bounds)):
-                quantize(*bounds[i])
+                parts[i] = fp8.quantize_activation_triton(x[bounds[i][0]:bounds[i][1]], plan)
+                for t_ in parts[i]:   # made on the side stream, read on the calling one
+                    t_.record_stream(main)
                 ready[i] = torch.cuda.Event()
                 ready[i].record(side)
         for i, (r0, r1) in enumerate(bounds):
             if ready[i] is not None:
                 main.wait_event(ready[i])
             t = tile_for(r1 - r0) if tile_for else tile
-            fp8.launch_product(xq[r0:r1], xs[r0:r1], w, y[r0:r1], t)
+            fp8.launch_product(*parts[i], w, y[r0:r1], t)
         return y
     return launch
 
 
 def _fp8_shipped(t, x, w8):
     """(tile, its prologue plan, x quantized by it: xq, xs) of fp8 at x's rows on the shipped tile."""
-    p = t.problem(w8[0], bucket_for(x.shape[0]), x.dtype)
-    tile = _shipped_tile(t, p) or t.default_tile(p)
+    tile = _tile_users_run(t, t.problem(w8[0], bucket_for(x.shape[0]), x.dtype))
     plan, _ = fp8.tile_prologue(tile, x.shape[1])
     return (tile, plan, *fp8.quantize_activation_triton(x, plan))
 
@@ -807,8 +803,7 @@ def study_fp8_overlap(shapes, ms, log):
         log(rows[-1])
 
         def own_tile(r):
-            q = t.problem(w8[0], bucket_for(r), x.dtype)
-            return _shipped_tile(t, q) or t.default_tile(q)
+            return _tile_users_run(t, t.problem(w8[0], bucket_for(r), x.dtype))
         cases = [("fp8.launch", fp8.launch),
                  ("product alone (x prequantized)",
                   lambda x_, w, tile_, out=None: _product_alone(x_, xq, xs, w, tile_, out))]
@@ -876,8 +871,7 @@ def _peer_and_vsr_cases(study, sh, M, x, ws, rows, log) -> dict:
     cases = {"cublas-bf16": [lambda w=w: x @ w.weight.t() for w in ws["bf16"]]}
     for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
         t = registry.TEMPLATES[tname]
-        p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
-        tile = _shipped_tile(t, p) or t.default_tile(p)
+        tile = _tile_users_run(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype))
         ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, t.reference(x, ws[fmt][0]))
         rows.append(dict(study=study, format=fmt, shape=sh, M=M, variant="check", ok=ok, rel_err=rel, tile=tile))
         log(rows[-1])

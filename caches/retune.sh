@@ -56,9 +56,13 @@ done
 tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"} "${@:2}"; }
 # Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
 # 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
+# The 20-tile pick of the int4 keys (then, as for the dense pass, any further vsr-tune options).
+tune_27b_int4_pick() {
+  $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"} "${@:2}"
+}
 tune_27b_int4() {
   $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --buckets 2,4
-  $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"}
+  tune_27b_int4_pick "$1"
 }
 tune_minilm() {
   $tune minilm --autotune-cache "$1" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
@@ -85,11 +89,10 @@ case "$stage" in
     $tune export --autotune-cache "$db" --out "$out"
     ;;
   steady)
-    buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}
+    buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}   # autotune/buckets.py's from tuner.STEADY_FROM_BUCKET
     scratch="${db%.db}.steady.db"
     tune_27b_dense "$scratch" --buckets "$buckets"
-    $tune 27b --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --max-candidates 20 \
-      ${inc[@]+"${inc[@]}"}
+    tune_27b_int4_pick "$scratch" --buckets "$buckets"
     $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
     $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
     $tune export --autotune-cache "$db" --out "$out"

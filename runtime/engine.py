@@ -21,8 +21,8 @@ up to a power of two (the extra rows repeat its last request, and their answers 
 its tokens to a power of two up to 8, a multiple of 8 up to 64, of 16 past it, never past the
 model's token limit (masked padding). Shapes then repeat across batches, so CUDA graphs replay;
 and since the eager engine runs the same shapes, a graph gives the eager engine's bytes. The
-padding costs compute where the products, not the host, take the time (up to twice the rows: 17
-requests run as 32). A request's answer depends on the batch it shares (as it did before the
+padding costs compute where the products, not the host, take the time (the requests at most
+doubled and the tokens rounded up as well: 17 requests of 9 tokens, 153 rows, run as 32 x 16, 512). A request's answer depends on the batch it shares (as it did before the
 ladder: a batch pads to its longest request), and the batches are a pure function of the
 request list.
 
@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import torch
 
+from vsr.autotune.buckets import ROW_BUCKETS, bucket_for
 from vsr.runtime.errors import DeviceRefusal, PackageError, RequestError
 from vsr.runtime.tokenize import PackageTokenizer
 
@@ -65,10 +66,15 @@ def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
     tiles: with tokens to a multiple of 8 from 1, the eager engine's one-token request took 1.1-1.5
     ms more than at its own shape (H200 run 31, results/engine-...-run31-ladder8.json), its
     products at bucket 8 launching more kernels than at bucket 1."""
-    if not 1 <= tokens <= limit or requests < 1:
-        raise ValueError(f"a batch has at least one request of 1 to {limit} tokens, got {requests} x {tokens}")
-    step = 1 << (tokens - 1).bit_length() if tokens <= 8 else 8 if tokens <= 64 else 16
-    return 1 << (requests - 1).bit_length(), min(limit, -(-tokens // step) * step)
+    if not 1 <= tokens <= limit or not 1 <= requests <= ROW_BUCKETS[-1]:
+        raise ValueError(f"a batch has at least one request (at most {ROW_BUCKETS[-1]}) of 1 to {limit} tokens, "
+                         f"got {requests} x {tokens}")
+    if tokens <= 8:
+        padded = bucket_for(tokens)
+    else:
+        step = 8 if tokens <= 64 else 16
+        padded = -(-tokens // step) * step
+    return bucket_for(requests), min(limit, padded)
 
 
 class _Graph(NamedTuple):
@@ -117,7 +123,9 @@ class GraphedForward:
                 entry, warm = self._capture(inputs)
                 self.graphs[key] = entry
                 while len(self.graphs) > self.kept:   # an evicted shape is captured again on its next call
-                    self._remember(self.graphs.popitem(last=False)[0], self.capture_at - 1)
+                    evicted = self.graphs.popitem(last=False)[0]
+                    if self.capture_at > 1:   # (at 1, any next call captures: nothing to remember)
+                        self._remember(evicted, self.capture_at - 1)
                 return warm   # the same kernels and tiles as a replay: its bytes, one forward fewer
             self.graphs.move_to_end(key)
             for buf, t in zip(entry.inputs, inputs):

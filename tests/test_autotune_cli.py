@@ -273,8 +273,8 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     sbuckets = "256,512,1024,2048,4096,8192"
     assert steady[0][2] == str(tmp_path / "h200.steady.db")
     assert steady[0][:2] + steady[0][3:] == big[0][:2] + big[0][3:] + ["--buckets", sbuckets]
-    assert steady[1] == ["27b", "--autotune-cache", steady[0][2], "--formats", "int4-gptq,int4-awq", "--buckets",
-                         sbuckets, "--max-candidates", "20", "--incumbents", str(shipped)]
+    assert steady[1] == ["27b", "--autotune-cache", steady[0][2], "--formats", "int4-gptq,int4-awq",
+                         "--max-candidates", "20", "--incumbents", str(shipped), "--buckets", sbuckets]
     assert steady[2] == ["import", str(shipped), "--autotune-cache", db]
     assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
     assert steady[4] == small[1]

@@ -268,7 +268,8 @@ def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
     # STEADY_WARM_MS before it is timed; fewer rows (memory-bound), and eager timing, stay as they were.
     cuda = torch.device("cuda")
     timer, graph = tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET)
-    assert graph and timer.func is tuner.cuda_graph_timer and timer.keywords == {"warm_ms": tuner.STEADY_WARM_MS}
+    assert graph and timer.func is tuner.cuda_graph_timer
+    assert timer.keywords == {"warm_ms": tuner.STEADY_WARM_MS, "warm_from_ms": tuner.STEADY_MIN_CALL_MS}
     assert tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET // 2) == (tuner.cuda_graph_timer, True)
     assert tuner.default_timer(cuda, False, 4096) == (tuner.eager_timer, False)
     assert tuner.default_timer(torch.device("cpu"), True, 4096) == (tuner.eager_timer, False)

@@ -206,6 +206,7 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     for texts in lists + lists:
         assert torch.equal(graphed.forward(texts), eager.forward(texts))
     assert len(small.graphs) == 2 and small.captures > len(calls)
+    assert not small.seen, "captured at the first call: an evicted shape needs no count"
     # One graph kept, captured at a shape's second call: an evicted shape is captured again at
     # its next call; the shapes seen and not captured are at most SEEN_PER_GRAPH.
     one = engine_mod.GraphedForward(graphed.model, graphed.device, kept=1, capture_at=2)

@@ -16,13 +16,13 @@ BIN = Path(os.path.dirname(triton.backends.nvidia.__file__)) / "bin"
 NEEDS_CUDA_BINARIES = pytest.mark.skipif(not (BIN / "cuobjdump").exists(),
                                          reason="this Triton has no bundled CUDA binaries")
 # Triton 3.8.0 sends int4 weight operands through shared memory where 3.6, 3.7 and 3.9 keep them in
-# registers (run 33, the CPU test set on each): compiled for sm_90, the PTX-pairs slices kernel
-# stores four of its eight unpacked 128 x 16 bf16 weight slices a step (16 KB, beside x's 4 KB of
-# slices, all the others store) and the SCALE_W join its 128 x 128 joined operand (32 KB a step;
-# the others none). The kernels compile and pass their reference tests there; only these codegen
-# properties, and so int4's speed on 3.8 (never measured: the H200 runs 3.6), differ.
-TRITON_38_LAYOUTS = pytest.mark.xfail(triton.__version__.startswith("3.8."), strict=True,
-                                      reason="Triton 3.8 sends more of the int4 operands through shared memory")
+# registers (run 33, compiled for sm_90 on the CPU): the PTX-pairs slices kernel stores four of its
+# eight unpacked 128 x 16 bf16 weight slices a step (16 KB, beside x's 4 KB of slices, all the others
+# store) and the SCALE_W join its 128 x 128 joined operand (32 KB a step; the others none). So on
+# 3.8 the tests below leave out those shared-memory assertions and keep the rest. (On 3.8 the
+# kernels compile for sm_90 and pass the interpreter's reference tests; none ran on a GPU, whose
+# Triton is 3.6, so int4's speed on 3.8 is unknown.)
+TRITON_38 = triton.__version__.startswith("3.8.")
 
 
 def compile_outside_the_interpreter(*args: str) -> str:
@@ -43,7 +43,6 @@ def compile_script(tmp_path, body: str) -> str:
 
 
 @NEEDS_CUDA_BINARIES
-@TRITON_38_LAYOUTS
 def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     out = tmp_path / "inspect.json"
     compile_outside_the_interpreter(str(BENCH / "inspect_kernels.py"), "--cases",
@@ -60,12 +59,12 @@ def test_reports_resources_of_a_compiled_int4_kernel(tmp_path):
     # The shipped slices path (each nibble slice its own wgmma operand) keeps the unpacked weights
     # in registers: only x's [128, 16] tile reaches shared memory, and its main loop is shorter.
     assert sl["hgmma"] > 0 and sl["main_loop_ops"].get("HGMMA", 0) > 0
-    assert sl["register_bytes_to_shared_per_step"] <= 128 * 16 * 2 < r["register_bytes_to_shared_per_step"]
+    if not TRITON_38:
+        assert sl["register_bytes_to_shared_per_step"] <= 128 * 16 * 2 < r["register_bytes_to_shared_per_step"]
     assert sl["main_loop_instructions"] < r["main_loop_instructions"]
 
 
 @NEEDS_CUDA_BINARIES
-@TRITON_38_LAYOUTS
 def test_int4_join_scale_w_keeps_its_products_in_flight_on_sm90(tmp_path):
     # Why SCALE_W exists (run 25 item 2): compiled for sm_90 with its pointers and strides aligned
     # as launched, the join kernel that scales each step's fp32 product waits for every wgmma of
@@ -88,8 +87,10 @@ for scale_w in (False, True):
     cases = {c[1]: list(map(int, c[2:])) for c in (line.split() for line in stdout.splitlines()) if c[0] == "case"}
     (fp32_pending, fp32_stored, fp32_smem), (sw_pending, sw_stored, sw_smem) = cases["False"], cases["True"]
     assert fp32_pending == 0 and fp32_stored > 0, "the fp32-scaled form: waits for each step, operand via shared memory"
-    assert sw_pending > 0 and sw_stored == 0, "SCALE_W: products left in flight, no shared-memory trip"
-    assert sw_smem < fp32_smem
+    assert sw_pending > 0, "SCALE_W: products left in flight"
+    if not TRITON_38:
+        assert sw_stored == 0, "SCALE_W: no shared-memory trip"
+        assert sw_smem < fp32_smem
 
 
 @NEEDS_CUDA_BINARIES
