@@ -5,6 +5,8 @@
                                    wide-few,sk-256,sk-reduce,int4-m1]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
+    python benchmarks/variants.py --study steady-ab --against OLD_CACHE   (every key whose tile the
+                                  shipped cache changed, both tiles timed in steady state in turn)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -975,6 +977,52 @@ def study_steady_picks(shapes, ms, log):
     return rows
 
 
+# The steady-ab study: the file whose tiles the shipped cache's are timed against (--against), and
+# how many times each pair is timed (in turn, the order flipped each time).
+STEADY_AB_AGAINST: Path | None = None
+STEADY_AB_PASSES = 4
+STEADY_AB_FORMATS = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
+
+
+def study_steady_ab(shapes, ms, log):
+    """A re-tuned cache against the one it replaced (run 34): at each 27B-class key of each M's
+    bucket whose tile differs between the shipped cache and --against, both tiles checked against
+    the reference, then each timed in its own steady state (common_bench.steady_graph_ms)
+    STEADY_AB_PASSES times, A B, B A, A B, ..., so the card's drift over seconds falls on both
+    alike. Rows: each tile's median over the passes and every pass, marked shipped or against."""
+    from common_bench import steady_graph_ms
+    if STEADY_AB_AGAINST is None:
+        raise SystemExit("variants.py: --study steady-ab needs --against CACHE (the cache the shipped one replaced)")
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-ab", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
+                                            rows, log):
+        for fmt, tname in STEADY_AB_FORMATS:
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tiles = {"shipped": shipped_tile(t, p, DEV, SHIPPED_CACHE), "against": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
+            if None in tiles.values() or tiles["shipped"] == tiles["against"]:
+                continue
+            ref = t.reference(x, ws[fmt][0])
+            checks = {k: checked_launch(t.launch, x, ws[fmt][0], tile, ref) for k, tile in tiles.items()}
+            cases = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+                     for k, tile in tiles.items() if checks[k][0]}
+            passes = []
+            for i in range(STEADY_AB_PASSES):
+                order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
+                passes.append(steady_graph_ms({k: cases[k] for k in order}))
+            for k, tile in tiles.items():
+                got = [p_[0].get(k) for p_ in passes]
+                timed = [g for g in got if g is not None]
+                ms_ = statistics.median(timed) if timed else None
+                row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
+                           rel_err=checks[k][1], ms=ms_, ms_passes=got,
+                           error=next((p_[1][k] for p_ in passes if k in p_[1]), None),
+                           ratio_vs_cublas=base / ms_ if ms_ else None)
+                rows.append(row)
+                log(row)
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -990,7 +1038,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
            "interleave": (study_interleave, "256,1024,4096"),
            "power-trace": (study_power_trace, "1024,4096"),
-           "steady-picks": (study_steady_picks, "256,1024,4096")}
+           "steady-picks": (study_steady_picks, "256,1024,4096"),
+           "steady-ab": (study_steady_ab, "256,512,1024,2048,4096,8192")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -1003,7 +1052,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
+    ap.add_argument("--against", default=None, help="steady-ab: the autotune cache (.json or .db) whose tiles the "
+                                                    "shipped cache's are timed against")
     a = ap.parse_args(argv)
+    global STEADY_AB_AGAINST
+    STEADY_AB_AGAINST = Path(a.against) if a.against else None
     t0 = time.time()
     head = {"benchmark": "variants", "commit": code_commit(),   # as it is when the run starts
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

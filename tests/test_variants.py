@@ -550,6 +550,46 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
     assert all(r["ok"] for r in rows) and [r["ms"] for r in rows] == [1.0, 2.0, 3.0]
 
 
+def test_the_steady_ab_study_times_both_tiles_of_each_key_that_differs_in_turn(variants, monkeypatch,
+                                                                              on_a_tiny_shape, tmp_path):
+    # Run 34: where the shipped cache and --against give a key different tiles, both are checked,
+    # then timed STEADY_AB_PASSES times, the order flipped each time; keys whose tiles agree (or
+    # that a cache lacks) are not timed.
+    import common_bench
+    from vsr.kernels import registry
+    on_a_tiny_shape(48, 256)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:2]
+    against = tmp_path / "old.json"
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", against)
+
+    def tile_of(template, problem, device, cache):
+        if template.name == "fp8_w8a8":
+            return dict(space[0] if cache == against else space[1])
+        return None if template.name == "dense" else dict(space[0])   # bf16 in neither; int4 the same in both
+    monkeypatch.setattr(variants, "shipped_tile", tile_of)
+    orders = []
+
+    def steady(cases):
+        orders.append(list(cases))
+        for fns in cases.values():
+            for f in fns:
+                f()
+        return {k: {"shipped": 1.0, "against": 2.0}[k] + len(orders) for k in cases}, {}
+    monkeypatch.setattr(common_bench, "steady_graph_ms", steady)
+    rows = [r for r in variants.study_steady_ab(["tiny"], [16], lambda r: None) if r["variant"] != "cublas-bf16"]
+    assert orders == [["shipped", "against"], ["against", "shipped"]] * (variants.STEADY_AB_PASSES // 2)
+    assert [(r["format"], r["variant"]) for r in rows] == [("fp8", "shipped"), ("fp8", "against")]
+    assert rows[0]["tile"] == space[1] and rows[1]["tile"] == space[0] and all(r["ok"] for r in rows)
+    assert rows[0]["ms_passes"] == [1.0 + i for i in range(1, variants.STEADY_AB_PASSES + 1)]
+    assert rows[1]["ms"] == 2.0 + (1 + variants.STEADY_AB_PASSES) / 2
+
+
+def test_the_steady_ab_study_asks_for_the_cache_it_compares_with(variants, monkeypatch):
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", None)
+    with pytest.raises(SystemExit, match="--against"):
+        variants.study_steady_ab(["qkv"], [256], lambda r: None)
+
 @pytest.mark.gpu
 def test_the_fp8_overlap_study_gives_the_calls_bytes(variants, monkeypatch):
     # The overlapped forms (a side stream: CUDA only) are checked against the reference and give
