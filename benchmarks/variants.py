@@ -7,6 +7,8 @@
                                   [--out FILE]
     python benchmarks/variants.py --study steady-ab --against OLD_CACHE   (every key whose tile the
                                   shipped cache changed, both tiles timed in steady state in turn)
+    python benchmarks/variants.py --study steady-order --against OTHER_CACHE [--shapes qkv --ms 1024]
+                                  (why that A/B was one-sided: each pair timed ABBAABBA three ways)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -81,6 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, shipped_tile,  # noqa: E402
                           weight_copies)
 
+from vsr.autotune import tuner  # noqa: E402
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, int4_tiles, registry  # noqa: E402
@@ -1023,6 +1026,86 @@ def study_steady_ab(shapes, ms, log):
     return rows
 
 
+# The steady-order study's sequence of timings: each tile after itself and after the other twice.
+STEADY_ORDER = "ABBAABBA"
+
+
+def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
+    """Median per-replay time of an already captured graph (tuner.capture_graph), divided by its n
+    calls, after warm_ms of back-to-back replays: the steady timer without a capture of its own."""
+    spent = 0.0
+    while spent < warm_ms:
+        spent += tuner.replay_ms(graph)
+    return statistics.median(tuner.replay_ms(graph) / n for _ in range(reps))
+
+
+def study_steady_order(shapes, ms, log):
+    """What made run 34's A/B one-sided (NOTES run 34 item 5: the re-tuned tile timed right after
+    the old one read 6-12% slower on 12 of 32 keys, the old tile barely moved). At each key whose
+    tile the shipped cache and --against give differently (A: shipped, B: against), both tiles
+    timed in the order STEADY_ORDER, each timing in its own steady state, three ways:
+      fresh      each timing captures its own graph (steady_graph_ms, as the A/B and bench_gemm),
+                 outputs allocated inside it;
+      fresh-out  the same into outputs allocated once, before any capture (so the other tile's
+                 freed graph memory cannot change where this one's output lands);
+      captured   each tile's graph captured once, before the sequence, and only replayed.
+    Rows: one a timing, with the tile timed just before it (`after`)."""
+    from common_bench import _cycle, steady_graph_ms
+    if STEADY_AB_AGAINST is None:
+        raise SystemExit("variants.py: --study steady-order needs --against CACHE")
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-order", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
+                                            rows, log):
+        for fmt, tname in STEADY_AB_FORMATS:
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tiles = {"A": shipped_tile(t, p, DEV, SHIPPED_CACHE), "B": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
+            if None in tiles.values() or tiles["A"] == tiles["B"]:
+                continue
+            ref = t.reference(x, ws[fmt][0])
+            if not all(checked_launch(t.launch, x, ws[fmt][0], tile, ref)[0] for tile in tiles.values()):
+                rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, variant="failed its check",
+                                 tiles=tiles))
+                log(rows[-1])
+                continue
+            outs = [torch.empty(M, N, device=x.device, dtype=ref.dtype) for _ in ws[fmt]]
+            fns = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]] for k, tile in tiles.items()}
+            fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws[fmt], outs)]
+                       for k, tile in tiles.items()}
+            captured = {}
+            try:
+                for k in tiles:   # captured once, in the order A B
+                    captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
+                def fresh(cases, k):
+                    times, errors = steady_graph_ms({k: cases[k]})
+                    if k in errors:
+                        raise RuntimeError(f"{fmt} {sh} M={M} tile {k}: {errors[k]}")
+                    return times[k]
+                timers = {
+                    "fresh": lambda k: fresh(fns, k),
+                    "fresh-out": lambda k: fresh(fns_out, k),
+                    "captured": lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws[fmt]),
+                                                              tuner.STEADY_WARM_MS),
+                }
+                for mode, timer in timers.items():
+                    prev = "another key"
+                    for pos, k in enumerate(STEADY_ORDER):
+                        ms_ = timer(k)
+                        rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, mode=mode, position=pos,
+                                         variant=f"{mode} {k} after {prev}", which=k, after=prev, tile=tiles[k],
+                                         ms=ms_, ratio_vs_cublas=base / ms_))
+                        log(rows[-1])
+                        prev = k
+            finally:
+                marks = [c[2] for c in captured.values()]
+                captured.clear()
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                if marks:   # both graphs gone: their fixup counters back to the pool
+                    common.rewind_capture_counters(marks[0])
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -1039,7 +1122,8 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "interleave": (study_interleave, "256,1024,4096"),
            "power-trace": (study_power_trace, "1024,4096"),
            "steady-picks": (study_steady_picks, "256,1024,4096"),
-           "steady-ab": (study_steady_ab, "256,512,1024,2048,4096,8192")}
+           "steady-ab": (study_steady_ab, "256,512,1024,2048,4096,8192"),
+           "steady-order": (study_steady_order, "512,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.
