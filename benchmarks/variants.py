@@ -5,6 +5,10 @@
                                    wide-few,sk-256,sk-reduce,int4-m1]
                                   [--shapes qkv,o,gate_up,down] [--ms 1,16,64]
                                   [--out FILE]
+    python benchmarks/variants.py --study steady-ab --against OLD_CACHE   (every key whose tile the
+                                  shipped cache changed, both tiles timed in steady state in turn)
+    python benchmarks/variants.py --study steady-order --against OTHER_CACHE [--shapes qkv --ms 1024]
+                                  (why that A/B was one-sided: each pair timed ABBAABBA three ways)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -79,6 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, shipped_tile,  # noqa: E402
                           weight_copies)
 
+from vsr.autotune import tuner  # noqa: E402
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
 from vsr.kernels import common, fp8, gemm, gemm_tiles, int4, int4_tiles, registry  # noqa: E402
@@ -975,6 +980,132 @@ def study_steady_picks(shapes, ms, log):
     return rows
 
 
+# The steady-ab study: the file whose tiles the shipped cache's are timed against (--against), and
+# how many times each pair is timed (in turn, the order flipped each time).
+STEADY_AB_AGAINST: Path | None = None
+STEADY_AB_PASSES = 4
+STEADY_AB_FORMATS = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
+
+
+def study_steady_ab(shapes, ms, log):
+    """A re-tuned cache against the one it replaced (run 34): at each 27B-class key of each M's
+    bucket whose tile differs between the shipped cache and --against, both tiles checked against
+    the reference, then each timed in its own steady state (common_bench.steady_graph_ms)
+    STEADY_AB_PASSES times, A B, B A, A B, ..., so the card's drift over seconds falls on both
+    alike. Rows: each tile's median over the passes and every pass, marked shipped or against."""
+    from common_bench import steady_graph_ms
+    if STEADY_AB_AGAINST is None:
+        raise SystemExit("variants.py: --study steady-ab needs --against CACHE (the cache the shipped one replaced)")
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-ab", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
+                                            rows, log):
+        for fmt, tname in STEADY_AB_FORMATS:
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tiles = {"shipped": shipped_tile(t, p, DEV, SHIPPED_CACHE), "against": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
+            if None in tiles.values() or tiles["shipped"] == tiles["against"]:
+                continue
+            ref = t.reference(x, ws[fmt][0])
+            checks = {k: checked_launch(t.launch, x, ws[fmt][0], tile, ref) for k, tile in tiles.items()}
+            cases = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+                     for k, tile in tiles.items() if checks[k][0]}
+            passes = []
+            for i in range(STEADY_AB_PASSES):
+                order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
+                passes.append(steady_graph_ms({k: cases[k] for k in order}))
+            for k, tile in tiles.items():
+                got = [p_[0].get(k) for p_ in passes]
+                timed = [g for g in got if g is not None]
+                ms_ = statistics.median(timed) if timed else None
+                row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
+                           rel_err=checks[k][1], ms=ms_, ms_passes=got,
+                           error=next((p_[1][k] for p_ in passes if k in p_[1]), None),
+                           ratio_vs_cublas=base / ms_ if ms_ else None)
+                rows.append(row)
+                log(row)
+    return rows
+
+
+# The steady-order study's sequence of timings: each tile after itself and after the other twice.
+STEADY_ORDER = "ABBAABBA"
+
+
+def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
+    """Median per-replay time of an already captured graph (tuner.capture_graph), divided by its n
+    calls, after warm_ms of back-to-back replays: the steady timer without a capture of its own."""
+    spent = 0.0
+    while spent < warm_ms:
+        spent += tuner.replay_ms(graph)
+    return statistics.median(tuner.replay_ms(graph) / n for _ in range(reps))
+
+
+def study_steady_order(shapes, ms, log):
+    """What made run 34's A/B one-sided (NOTES run 34 item 5: the re-tuned tile timed right after
+    the old one read 6-12% slower on 12 of 32 keys, the old tile barely moved). At each key whose
+    tile the shipped cache and --against give differently (A: shipped, B: against), both tiles
+    timed in the order STEADY_ORDER, each timing in its own steady state, three ways:
+      fresh      each timing captures its own graph (steady_graph_ms, as the A/B and bench_gemm),
+                 outputs allocated inside it;
+      fresh-out  the same into outputs allocated once, before any capture (so the other tile's
+                 freed graph memory cannot change where this one's output lands);
+      captured   each tile's graph captured once, before the sequence, and only replayed.
+    Rows: one a timing, with the tile timed just before it (`after`)."""
+    from common_bench import _cycle, steady_graph_ms
+    if STEADY_AB_AGAINST is None:
+        raise SystemExit("variants.py: --study steady-order needs --against CACHE")
+    rows = []
+    for sh, N, K, M, x, ws, base in _points("steady-order", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
+                                            rows, log):
+        for fmt, tname in STEADY_AB_FORMATS:
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tiles = {"A": shipped_tile(t, p, DEV, SHIPPED_CACHE), "B": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
+            if None in tiles.values() or tiles["A"] == tiles["B"]:
+                continue
+            ref = t.reference(x, ws[fmt][0])
+            if not all(checked_launch(t.launch, x, ws[fmt][0], tile, ref)[0] for tile in tiles.values()):
+                rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, variant="failed its check",
+                                 tiles=tiles))
+                log(rows[-1])
+                continue
+            outs = [torch.empty(M, N, device=x.device, dtype=ref.dtype) for _ in ws[fmt]]
+            fns = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]] for k, tile in tiles.items()}
+            fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws[fmt], outs)]
+                       for k, tile in tiles.items()}
+            captured = {}
+            try:
+                for k in tiles:   # captured once, in the order A B
+                    captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
+                def fresh(cases, k):
+                    times, errors = steady_graph_ms({k: cases[k]})
+                    if k in errors:
+                        raise RuntimeError(f"{fmt} {sh} M={M} tile {k}: {errors[k]}")
+                    return times[k]
+                timers = {
+                    "fresh": lambda k: fresh(fns, k),
+                    "fresh-out": lambda k: fresh(fns_out, k),
+                    "captured": lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws[fmt]),
+                                                              tuner.STEADY_WARM_MS),
+                }
+                for mode, timer in timers.items():
+                    prev = "another key"
+                    for pos, k in enumerate(STEADY_ORDER):
+                        ms_ = timer(k)
+                        rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, mode=mode, position=pos,
+                                         variant=f"{mode} {k} after {prev}", which=k, after=prev, tile=tiles[k],
+                                         ms=ms_, ratio_vs_cublas=base / ms_))
+                        log(rows[-1])
+                        prev = k
+            finally:
+                marks = [c[2] for c in captured.values()]
+                captured.clear()
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                if marks:   # both graphs gone: their fixup counters back to the pool
+                    common.rewind_capture_counters(marks[0])
+    return rows
+
+
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
            "int4-join-tiles": (study_int4_join_tiles, "16,32,64,128"),
@@ -990,7 +1121,9 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "fp8-call-parts": (study_fp8_call_parts, "1024,4096"),
            "interleave": (study_interleave, "256,1024,4096"),
            "power-trace": (study_power_trace, "1024,4096"),
-           "steady-picks": (study_steady_picks, "256,1024,4096")}
+           "steady-picks": (study_steady_picks, "256,1024,4096"),
+           "steady-ab": (study_steady_ab, "256,512,1024,2048,4096,8192"),
+           "steady-order": (study_steady_order, "512,1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -1003,7 +1136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
+    ap.add_argument("--against", default=None, help="steady-ab: the autotune cache (.json or .db) whose tiles the "
+                                                    "shipped cache's are timed against")
     a = ap.parse_args(argv)
+    global STEADY_AB_AGAINST
+    STEADY_AB_AGAINST = Path(a.against) if a.against else None
     t0 = time.time()
     head = {"benchmark": "variants", "commit": code_commit(),   # as it is when the run starts
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

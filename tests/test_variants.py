@@ -550,6 +550,97 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
     assert all(r["ok"] for r in rows) and [r["ms"] for r in rows] == [1.0, 2.0, 3.0]
 
 
+def test_the_steady_ab_study_times_both_tiles_of_each_key_that_differs_in_turn(variants, monkeypatch,
+                                                                              on_a_tiny_shape, tmp_path):
+    # Run 34: where the shipped cache and --against give a key different tiles, both are checked,
+    # then timed STEADY_AB_PASSES times, the order flipped each time; keys whose tiles agree (or
+    # that a cache lacks) are not timed.
+    import common_bench
+    from vsr.kernels import registry
+    on_a_tiny_shape(48, 256)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:2]
+    against = tmp_path / "old.json"
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", against)
+
+    def tile_of(template, problem, device, cache):
+        if template.name == "fp8_w8a8":
+            return dict(space[0] if cache == against else space[1])
+        return None if template.name == "dense" else dict(space[0])   # bf16 in neither; int4 the same in both
+    monkeypatch.setattr(variants, "shipped_tile", tile_of)
+    orders = []
+
+    def steady(cases):
+        orders.append(list(cases))
+        for fns in cases.values():
+            for f in fns:
+                f()
+        return {k: {"shipped": 1.0, "against": 2.0}[k] + len(orders) for k in cases}, {}
+    monkeypatch.setattr(common_bench, "steady_graph_ms", steady)
+    rows = [r for r in variants.study_steady_ab(["tiny"], [16], lambda r: None) if r["variant"] != "cublas-bf16"]
+    assert orders == [["shipped", "against"], ["against", "shipped"]] * (variants.STEADY_AB_PASSES // 2)
+    assert [(r["format"], r["variant"]) for r in rows] == [("fp8", "shipped"), ("fp8", "against")]
+    assert rows[0]["tile"] == space[1] and rows[1]["tile"] == space[0] and all(r["ok"] for r in rows)
+    assert rows[0]["ms_passes"] == [1.0 + i for i in range(1, variants.STEADY_AB_PASSES + 1)]
+    assert rows[1]["ms"] == 2.0 + (1 + variants.STEADY_AB_PASSES) / 2
+
+
+def test_the_steady_order_study_times_both_tiles_in_its_sequence_three_ways(variants, monkeypatch,
+                                                                           on_a_tiny_shape, tmp_path):
+    # NOTES run 34 item 5: A (shipped) and B (--against) in STEADY_ORDER, by a fresh capture per
+    # timing (outputs inside the graph or allocated once) and by graphs captured once up front.
+    import common_bench
+    from vsr.kernels import registry
+    on_a_tiny_shape(48, 256, copies=2)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:2]
+    against = tmp_path / "old.json"
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", against)
+    monkeypatch.setattr(variants, "STEADY_ORDER", "ABBA")
+    monkeypatch.setattr(variants, "shipped_tile", lambda template, problem, device, cache: (
+        dict(space[0] if cache == against else space[1]) if template.name == "fp8_w8a8" else None))
+    fresh_outs = []
+
+    def steady(cases):   # times each case once, by how many calls it makes
+        for fns in cases.values():
+            for f in fns:
+                fresh_outs.append(f())
+        return {k: 1.0 for k in cases}, {}
+    monkeypatch.setattr(common_bench, "steady_graph_ms", steady)
+    captures, rewound = [], []
+
+    def capture(fn, target_ms):
+        captures.append(fn)
+        return fn, 2, len(captures)
+    replays = []
+
+    def replay(graph):   # the graph (here the cycle it would hold) is not run: only which one is replayed
+        replays.append(graph)
+        return 4.0
+    monkeypatch.setattr(variants.tuner, "capture_graph", capture)
+    monkeypatch.setattr(variants.tuner, "replay_ms", replay)
+    monkeypatch.setattr(variants.common, "rewind_capture_counters", rewound.append)
+    monkeypatch.setattr(variants.tuner, "STEADY_WARM_MS", 8.0)
+    rows = [r for r in variants.study_steady_order(["tiny"], [16], lambda r: None) if "mode" in r]
+    n = len(variants.STEADY_ORDER)
+    assert [r["mode"] for r in rows] == ["fresh"] * n + ["fresh-out"] * n + ["captured"] * n
+    assert "".join(r["which"] for r in rows[:n]) == variants.STEADY_ORDER
+    assert [r["after"] for r in rows[:3]] == ["another key", "A", "B"]
+    assert all(r["tile"] == (space[1] if r["which"] == "A" else space[0]) for r in rows)
+    # Each tile captured once; the captured timings replay only those two graphs (warm-up: two
+    # replays of 4 ms reach 8 ms; then 9 timed), per call 4 ms / (2 captured cycles x copies).
+    copies = len(variants._weights("fp8", 48, 256, DEV))
+    assert len(captures) == 2 and set(replays) == set(captures) and len(replays) == n * (2 + 9)
+    assert all(r["ms"] == 4.0 / (2 * copies) for r in rows[2 * n:]) and rewound == [1]
+    # fresh-out writes into outputs allocated once: the same tensors every time.
+    outs = fresh_outs[n * copies:]
+    assert len({o.data_ptr() for o in outs}) == copies
+
+def test_the_steady_ab_study_asks_for_the_cache_it_compares_with(variants, monkeypatch):
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", None)
+    with pytest.raises(SystemExit, match="--against"):
+        variants.study_steady_ab(["qkv"], [256], lambda r: None)
+
 @pytest.mark.gpu
 def test_the_fp8_overlap_study_gives_the_calls_bytes(variants, monkeypatch):
     # The overlapped forms (a side stream: CUDA only) are checked against the reference and give
