@@ -987,6 +987,22 @@ STEADY_AB_PASSES = 4
 STEADY_AB_FORMATS = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
 
 
+def _keys_tiled_apart(study, names, shapes, ms, rows, log):
+    """Each (shape, M, format, template, weight copies, x, reference, cuBLAS time, {name: tile}) of
+    a study's 27B-class keys (STEADY_AB_FORMATS at each M's bucket) whose tile differs between the
+    shipped cache and --against, names[0] naming the shipped cache's tile and names[1] the other's."""
+    if STEADY_AB_AGAINST is None:
+        raise SystemExit(f"variants.py: --study {study} needs --against CACHE (the cache to compare the shipped one with)")
+    for sh, N, K, M, x, ws, base in _points(study, tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms, rows, log):
+        for fmt, tname in STEADY_AB_FORMATS:
+            t = registry.TEMPLATES[tname]
+            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
+            tiles = dict(zip(names, (shipped_tile(t, p, DEV, SHIPPED_CACHE), shipped_tile(t, p, DEV, STEADY_AB_AGAINST))))
+            if None in tiles.values() or tiles[names[0]] == tiles[names[1]]:
+                continue
+            yield sh, M, fmt, t, ws[fmt], x, t.reference(x, ws[fmt][0]), base, tiles
+
+
 def study_steady_ab(shapes, ms, log):
     """A re-tuned cache against the one it replaced (run 34): at each 27B-class key of each M's
     bucket whose tile differs between the shipped cache and --against, both tiles checked against
@@ -994,35 +1010,26 @@ def study_steady_ab(shapes, ms, log):
     STEADY_AB_PASSES times, A B, B A, A B, ..., so the card's drift over seconds falls on both
     alike. Rows: each tile's median over the passes and every pass, marked shipped or against."""
     from common_bench import steady_graph_ms
-    if STEADY_AB_AGAINST is None:
-        raise SystemExit("variants.py: --study steady-ab needs --against CACHE (the cache the shipped one replaced)")
     rows = []
-    for sh, N, K, M, x, ws, base in _points("steady-ab", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
-                                            rows, log):
-        for fmt, tname in STEADY_AB_FORMATS:
-            t = registry.TEMPLATES[tname]
-            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
-            tiles = {"shipped": shipped_tile(t, p, DEV, SHIPPED_CACHE), "against": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
-            if None in tiles.values() or tiles["shipped"] == tiles["against"]:
-                continue
-            ref = t.reference(x, ws[fmt][0])
-            checks = {k: checked_launch(t.launch, x, ws[fmt][0], tile, ref) for k, tile in tiles.items()}
-            cases = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
-                     for k, tile in tiles.items() if checks[k][0]}
-            passes = []
-            for i in range(STEADY_AB_PASSES):
-                order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
-                passes.append(steady_graph_ms({k: cases[k] for k in order}))
-            for k, tile in tiles.items():
-                got = [p_[0].get(k) for p_ in passes]
-                timed = [g for g in got if g is not None]
-                ms_ = statistics.median(timed) if timed else None
-                row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
-                           rel_err=checks[k][1], ms=ms_, ms_passes=got,
-                           error=next((p_[1][k] for p_ in passes if k in p_[1]), None),
-                           ratio_vs_cublas=base / ms_ if ms_ else None)
-                rows.append(row)
-                log(row)
+    for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-ab", ("shipped", "against"), shapes, ms,
+                                                                   rows, log):
+        checks = {k: checked_launch(t.launch, x, ws[0], tile, ref) for k, tile in tiles.items()}
+        cases = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws]
+                 for k, tile in tiles.items() if checks[k][0]}
+        passes = []
+        for i in range(STEADY_AB_PASSES):
+            order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
+            passes.append(steady_graph_ms({k: cases[k] for k in order}))
+        for k, tile in tiles.items():
+            got = [p_[0].get(k) for p_ in passes]
+            timed = [g for g in got if g is not None]
+            ms_ = statistics.median(timed) if timed else None
+            row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
+                       rel_err=checks[k][1], ms=ms_, ms_passes=got,
+                       error=next((p_[1][k] for p_ in passes if k in p_[1]), None),
+                       ratio_vs_cublas=base / ms_ if ms_ else None)
+            rows.append(row)
+            log(row)
     return rows
 
 
@@ -1039,6 +1046,15 @@ def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
     return statistics.median(tuner.replay_ms(graph) / n for _ in range(reps))
 
 
+def _fresh_steady_ms(fns, label: str) -> float:
+    """common_bench.steady_graph_ms of one case (its own capture), raising where it could not time it."""
+    from common_bench import steady_graph_ms
+    times, errors = steady_graph_ms({label: fns})
+    if label in errors:
+        raise RuntimeError(f"{label}: {errors[label]}")
+    return times[label]
+
+
 def study_steady_order(shapes, ms, log):
     """What made run 34's A/B one-sided (NOTES run 34 item 5: the re-tuned tile timed right after
     the old one read 6-12% slower on 12 of 32 keys, the old tile barely moved). At each key whose
@@ -1050,59 +1066,44 @@ def study_steady_order(shapes, ms, log):
                  freed graph memory cannot change where this one's output lands);
       captured   each tile's graph captured once, before the sequence, and only replayed.
     Rows: one a timing, with the tile timed just before it (`after`)."""
-    from common_bench import _cycle, steady_graph_ms
-    if STEADY_AB_AGAINST is None:
-        raise SystemExit("variants.py: --study steady-order needs --against CACHE")
+    from common_bench import _cycle
     rows = []
-    for sh, N, K, M, x, ws, base in _points("steady-order", tuple(f for f, _ in STEADY_AB_FORMATS[1:]), shapes, ms,
-                                            rows, log):
-        for fmt, tname in STEADY_AB_FORMATS:
-            t = registry.TEMPLATES[tname]
-            p = t.problem(ws[fmt][0], bucket_for(M), x.dtype)
-            tiles = {"A": shipped_tile(t, p, DEV, SHIPPED_CACHE), "B": shipped_tile(t, p, DEV, STEADY_AB_AGAINST)}
-            if None in tiles.values() or tiles["A"] == tiles["B"]:
-                continue
-            ref = t.reference(x, ws[fmt][0])
-            if not all(checked_launch(t.launch, x, ws[fmt][0], tile, ref)[0] for tile in tiles.values()):
-                rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, variant="failed its check",
-                                 tiles=tiles))
-                log(rows[-1])
-                continue
-            outs = [torch.empty(M, N, device=x.device, dtype=ref.dtype) for _ in ws[fmt]]
-            fns = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]] for k, tile in tiles.items()}
-            fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws[fmt], outs)]
-                       for k, tile in tiles.items()}
-            captured = {}
-            try:
-                for k in tiles:   # captured once, in the order A B
-                    captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
-                def fresh(cases, k):
-                    times, errors = steady_graph_ms({k: cases[k]})
-                    if k in errors:
-                        raise RuntimeError(f"{fmt} {sh} M={M} tile {k}: {errors[k]}")
-                    return times[k]
-                timers = {
-                    "fresh": lambda k: fresh(fns, k),
-                    "fresh-out": lambda k: fresh(fns_out, k),
-                    "captured": lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws[fmt]),
-                                                              tuner.STEADY_WARM_MS),
-                }
-                for mode, timer in timers.items():
-                    prev = "another key"
-                    for pos, k in enumerate(STEADY_ORDER):
-                        ms_ = timer(k)
-                        rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, mode=mode, position=pos,
-                                         variant=f"{mode} {k} after {prev}", which=k, after=prev, tile=tiles[k],
-                                         ms=ms_, ratio_vs_cublas=base / ms_))
-                        log(rows[-1])
-                        prev = k
-            finally:
-                marks = [c[2] for c in captured.values()]
-                captured.clear()
-                if x.is_cuda:
-                    torch.cuda.synchronize()
-                if marks:   # both graphs gone: their fixup counters back to the pool
-                    common.rewind_capture_counters(marks[0])
+    for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
+        if not all(checked_launch(t.launch, x, ws[0], tile, ref)[0] for tile in tiles.values()):
+            rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, variant="failed its check",
+                             tiles=tiles))
+            log(rows[-1])
+            continue
+        outs = [torch.empty(*ref.shape, device=x.device, dtype=ref.dtype) for _ in ws]
+        fns = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws] for k, tile in tiles.items()}
+        fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws, outs)]
+                   for k, tile in tiles.items()}
+        captured = {}
+        try:
+            for k in tiles:   # captured once, in the order A B
+                captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
+            timers = {
+                "fresh": lambda k: _fresh_steady_ms(fns[k], f"{fmt} {sh} M={M} tile {k}"),
+                "fresh-out": lambda k: _fresh_steady_ms(fns_out[k], f"{fmt} {sh} M={M} tile {k}"),
+                "captured": lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws),
+                                                          tuner.STEADY_WARM_MS),
+            }
+            for mode, timer in timers.items():
+                prev = "another key"
+                for pos, k in enumerate(STEADY_ORDER):
+                    ms_ = timer(k)
+                    rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, mode=mode, position=pos,
+                                     variant=f"{mode} {k} after {prev}", which=k, after=prev, tile=tiles[k],
+                                     ms=ms_, ratio_vs_cublas=base / ms_))
+                    log(rows[-1])
+                    prev = k
+        finally:
+            marks = [c[2] for c in captured.values()]
+            captured.clear()
+            if x.is_cuda:
+                torch.cuda.synchronize()
+            if marks:   # both graphs gone: their fixup counters back to the pool
+                common.rewind_capture_counters(marks[0])
     return rows
 
 
