@@ -8,7 +8,7 @@
     python benchmarks/variants.py --study steady-ab --against OLD_CACHE   (every key whose tile the
                                   shipped cache changed, both tiles timed in steady state in turn)
     python benchmarks/variants.py --study steady-order --against OTHER_CACHE [--shapes qkv --ms 1024]
-                                  (why that A/B was one-sided: each pair timed ABBAABBA three ways)
+                                  (why that A/B was uneven: each pair timed ABBAABBA three ways)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -1056,47 +1056,52 @@ def _fresh_steady_ms(fns, label: str) -> float:
 
 
 def study_steady_order(shapes, ms, log):
-    """What made run 34's A/B one-sided (NOTES run 34 item 5: the re-tuned tile timed right after
-    the old one read 6-12% slower on 12 of 32 keys, the old tile barely moved). At each key whose
-    tile the shipped cache and --against give differently (A: shipped, B: against), both tiles
-    timed in the order STEADY_ORDER, each timing in its own steady state, three ways:
+    """What made run 34's A/B uneven (NOTES run 34 item 5: on 12 of 32 keys the re-tuned tile
+    read 6-12% slower timed right after the old one than timed first, and on five the old tile
+    4-7% faster timed right after the new one). At each key whose tile the shipped cache and
+    --against give differently (A: shipped, B: against), both tiles timed in the order
+    STEADY_ORDER, each timing in its own steady state, three ways, in this order:
       fresh      each timing captures its own graph (steady_graph_ms, as the A/B and bench_gemm),
-                 outputs allocated inside it;
-      fresh-out  the same into outputs allocated once, before any capture (so the other tile's
+                 outputs allocated inside it, nothing else of the key's held in memory;
+      fresh-out  the same into outputs allocated once, before these timings (so the other tile's
                  freed graph memory cannot change where this one's output lands);
-      captured   each tile's graph captured once, before the sequence, and only replayed.
-    Rows: one a timing, with the tile timed just before it (`after`)."""
+      captured   each tile's graph captured once, before these timings, and only replayed.
+    Rows: one a timing, with the tile timed just before it (`after`: the previous mode's last
+    timing carries over); a key whose check, capture or timing fails gives one row, its error."""
     from common_bench import _cycle
     rows = []
     for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
-        if not all(checked_launch(t.launch, x, ws[0], tile, ref)[0] for tile in tiles.values()):
-            rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, variant="failed its check",
-                             tiles=tiles))
-            log(rows[-1])
-            continue
-        outs = [torch.empty(*ref.shape, device=x.device, dtype=ref.dtype) for _ in ws]
-        fns = {k: [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws] for k, tile in tiles.items()}
-        fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws, outs)]
-                   for k, tile in tiles.items()}
-        captured = {}
+        ids = dict(study="steady-order", format=fmt, shape=sh, M=M)
+        captured, prev = {}, "another key"
         try:
-            for k in tiles:   # captured once, in the order A B
-                captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
-            timers = {
-                "fresh": lambda k: _fresh_steady_ms(fns[k], f"{fmt} {sh} M={M} tile {k}"),
-                "fresh-out": lambda k: _fresh_steady_ms(fns_out[k], f"{fmt} {sh} M={M} tile {k}"),
-                "captured": lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws),
-                                                          tuner.STEADY_WARM_MS),
-            }
-            for mode, timer in timers.items():
-                prev = "another key"
+            for k, tile in tiles.items():
+                ok, rel = checked_launch(t.launch, x, ws[0], tile, ref)
+                if not ok:
+                    raise RuntimeError(f"tile {k} failed its reference check (max error {rel:.3g} of max|ref|)")
+
+            def sequence(mode, timer):
+                nonlocal prev
                 for pos, k in enumerate(STEADY_ORDER):
                     ms_ = timer(k)
-                    rows.append(dict(study="steady-order", format=fmt, shape=sh, M=M, mode=mode, position=pos,
-                                     variant=f"{mode} {k} after {prev}", which=k, after=prev, tile=tiles[k],
-                                     ms=ms_, ratio_vs_cublas=base / ms_))
+                    rows.append(dict(ids, mode=mode, position=pos, variant=f"{mode} {k} after {prev}", which=k,
+                                     after=prev, tile=tiles[k], ms=ms_, ratio_vs_cublas=base / ms_))
                     log(rows[-1])
                     prev = k
+
+            label = f"{fmt} {sh} M={M} tile"
+            sequence("fresh", lambda k: _fresh_steady_ms(
+                [lambda w=w: t.launch(x, w, tiles[k]) for w in ws], f"{label} {k}"))
+            outs = [torch.empty(*ref.shape, device=x.device, dtype=ref.dtype) for _ in ws]
+            fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws, outs)]
+                       for k, tile in tiles.items()}
+            sequence("fresh-out", lambda k: _fresh_steady_ms(fns_out[k], f"{label} {k}"))
+            for k in tiles:   # captured once, in the order A B
+                captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
+            sequence("captured", lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws),
+                                                               tuner.STEADY_WARM_MS))
+        except Exception as e:   # this key is reported, the others are still timed
+            rows.append(dict(ids, variant="error", tiles=tiles, error=f"{type(e).__name__}: {e}"))
+            log(rows[-1])
         finally:
             marks = [c[2] for c in captured.values()]
             captured.clear()
@@ -1105,7 +1110,6 @@ def study_steady_order(shapes, ms, log):
             if marks:   # both graphs gone: their fixup counters back to the pool
                 common.rewind_capture_counters(marks[0])
     return rows
-
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
@@ -1137,8 +1141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
-    ap.add_argument("--against", default=None, help="steady-ab: the autotune cache (.json or .db) whose tiles the "
-                                                    "shipped cache's are timed against")
+    ap.add_argument("--against", default=None, help="steady-ab and steady-order: the autotune cache (.json or .db) "
+                                                    "whose tiles the shipped cache's are timed against")
     a = ap.parse_args(argv)
     global STEADY_AB_AGAINST
     STEADY_AB_AGAINST = Path(a.against) if a.against else None
