@@ -8,7 +8,7 @@
     python benchmarks/variants.py --study steady-ab --against OLD_CACHE   (every key whose tile the
                                   shipped cache changed, both tiles timed in steady state in turn)
     python benchmarks/variants.py --study steady-order --against OTHER_CACHE [--shapes qkv --ms 1024]
-                                  (why that A/B was uneven: each pair timed ABBAABBA three ways)
+                                  (why that A/B was uneven: each pair timed ABBAABBA four ways)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -1033,8 +1033,24 @@ def study_steady_ab(shapes, ms, log):
     return rows
 
 
-# The steady-order study's sequence of timings: each tile after itself and after the other twice.
+# The steady-order study's sequence of timings: each tile after itself and after the other twice;
+# and the idle seconds before each timing of its "captured-rest" mode (0: that mode left out).
 STEADY_ORDER = "ABBAABBA"
+STEADY_ORDER_REST_S = 1.0
+
+
+def _gpu_state() -> dict:
+    """The GPU's temperature (C), power draw (W) and SM clock (MHz) as NVML reports them now (the
+    clock and power averaged over NVML's last sample period, 1/6 to 1 s), each None where it cannot
+    be read (no NVML binding, nvidia-ml-py, installed; no GPU)."""
+    out = {}
+    for name, read, scale in (("temp_c", "temperature", 1), ("power_w", "power_draw", 1e-3),
+                              ("sm_mhz", "clock_rate", 1)):
+        try:
+            out[name] = getattr(torch.cuda, read)() * scale
+        except Exception:   # an optional reading: its absence is recorded as None
+            out[name] = None
+    return out
 
 
 def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
@@ -1060,14 +1076,18 @@ def study_steady_order(shapes, ms, log):
     read 6-12% slower timed right after the old one than timed first, and on five the old tile
     4-7% faster timed right after the new one). At each key whose tile the shipped cache and
     --against give differently (A: shipped, B: against), both tiles timed in the order
-    STEADY_ORDER, each timing in its own steady state, three ways, in this order:
-      fresh      each timing captures its own graph (steady_graph_ms, as the A/B and bench_gemm),
-                 outputs allocated inside it, nothing else of the key's held in memory;
-      fresh-out  the same into outputs allocated once, before these timings (so the other tile's
-                 freed graph memory cannot change where this one's output lands);
-      captured   each tile's graph captured once, before these timings, and only replayed.
+    STEADY_ORDER, each timing in its own steady state, four ways, in this order:
+      fresh          each timing captures its own graph (steady_graph_ms, as the A/B and
+                     bench_gemm), outputs allocated inside it, nothing else of the key's held;
+      fresh-out      the same into outputs allocated once, before these timings (so the other
+                     tile's freed graph memory cannot change where this one's output lands);
+      captured       each tile's graph captured once, before these timings, and only replayed;
+      captured-rest  the same after STEADY_ORDER_REST_S idle seconds before each timing (heat left
+                     by the tile before, whose time constant is seconds, not the warm-up's 200 ms,
+                     would fade).
     Rows: one a timing, with the tile timed just before it (`after`: the previous mode's last
-    timing carries over); a key whose check, capture or timing fails gives one row, its error."""
+    timing carries over) and the GPU's temperature, power and SM clock read right after it
+    (`gpu`, _gpu_state); a key whose check, capture or timing fails gives one row, its error."""
     from common_bench import _cycle
     rows = []
     for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
@@ -1082,9 +1102,14 @@ def study_steady_order(shapes, ms, log):
             def sequence(mode, timer):
                 nonlocal prev
                 for pos, k in enumerate(STEADY_ORDER):
+                    if mode == "captured-rest":
+                        if x.is_cuda:
+                            torch.cuda.synchronize()
+                        time.sleep(STEADY_ORDER_REST_S)
                     ms_ = timer(k)
                     rows.append(dict(ids, mode=mode, position=pos, variant=f"{mode} {k} after {prev}", which=k,
-                                     after=prev, tile=tiles[k], ms=ms_, ratio_vs_cublas=base / ms_))
+                                     after=prev, tile=tiles[k], ms=ms_, ratio_vs_cublas=base / ms_,
+                                     gpu=_gpu_state() if x.is_cuda else None))
                     log(rows[-1])
                     prev = k
 
@@ -1097,8 +1122,11 @@ def study_steady_order(shapes, ms, log):
             sequence("fresh-out", lambda k: _fresh_steady_ms(fns_out[k], f"{label} {k}"))
             for k in tiles:   # captured once, in the order A B
                 captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
-            sequence("captured", lambda k: _captured_steady_ms(captured[k][0], captured[k][1] * len(ws),
-                                                               tuner.STEADY_WARM_MS))
+            def replayed(k):
+                return _captured_steady_ms(captured[k][0], captured[k][1] * len(ws), tuner.STEADY_WARM_MS)
+            sequence("captured", replayed)
+            if STEADY_ORDER_REST_S > 0:
+                sequence("captured-rest", replayed)
         except Exception as e:   # this key is reported, the others are still timed
             rows.append(dict(ids, variant="error", tiles=tiles, error=f"{type(e).__name__}: {e}"))
             log(rows[-1])

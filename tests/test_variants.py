@@ -628,29 +628,42 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_three_ways(vari
     monkeypatch.setattr(variants.tuner, "replay_ms", replay)
     monkeypatch.setattr(variants.common, "rewind_capture_counters", rewound.append)
     monkeypatch.setattr(variants.tuner, "STEADY_WARM_MS", 8.0)
+    sleeps = []
+    monkeypatch.setattr(variants.time, "sleep", sleeps.append)
     copies = len(variants._weights("fp8", 48, 256, DEV))
     fail_capture = False
     rows = [r for r in variants.study_steady_order(["tiny"], [16], lambda r: None) if "mode" in r]
     n = len(variants.STEADY_ORDER)
-    assert [r["mode"] for r in rows] == ["fresh"] * n + ["fresh-out"] * n + ["captured"] * n
-    assert all("".join(r["which"] for r in rows[i:i + n]) == "ABBA" for i in (0, n, 2 * n))
+    assert [r["mode"] for r in rows] == ["fresh"] * n + ["fresh-out"] * n + ["captured"] * n + ["captured-rest"] * n
+    assert all("".join(r["which"] for r in rows[i:i + n]) == "ABBA" for i in range(0, 4 * n, n))
     # Each timing's `after` is the tile timed just before it, across the modes too.
-    assert [r["after"] for r in rows] == ["another key", "A", "B", "B"] + ["A", "A", "B", "B"] * 2
+    assert [r["after"] for r in rows] == ["another key", "A", "B", "B"] + ["A", "A", "B", "B"] * 3
     assert all(r["tile"] == (space[1] if r["which"] == "A" else space[0]) for r in rows)
-    # Each tile captured once; the captured timings replay only those two graphs (warm-up: two
-    # replays of 4 ms reach 8 ms; then 9 timed), per call 4 ms / (2 captured cycles x copies).
-    assert len(captures) == 2 and set(replays) == set(captures) and len(replays) == n * (2 + 9)
+    # Each tile captured once; the captured timings, with and without a rest before each, replay
+    # only those two graphs (warm-up: two replays of 4 ms reach 8 ms; then 9 timed), per call
+    # 4 ms / (2 captured cycles x copies); only the rest mode sleeps, once a timing.
+    assert len(captures) == 2 and set(replays) == set(captures) and len(replays) == 2 * n * (2 + 9)
     assert all(r["ms"] == 4.0 / (2 * copies) for r in rows[2 * n:]) and rewound == [1]
+    assert sleeps == [variants.STEADY_ORDER_REST_S] * n
     # fresh-out writes into outputs allocated once: the same tensors every time.
     outs = fresh_outs[n * copies:]
     assert len({o.data_ptr() for o in outs}) == copies
     # A key whose second capture fails gives one error row, the first graph's counters given back.
-    captures.clear(), rewound.clear(), replays.clear(), fresh_outs.clear()
+    captures.clear(), rewound.clear(), replays.clear(), fresh_outs.clear(), sleeps.clear()
     fail_capture = True
     rows = [r for r in variants.study_steady_order(["tiny"], [16], lambda r: None) if r["variant"] != "cublas-bf16"]
     assert [r["mode"] for r in rows[:-1]] == ["fresh"] * n + ["fresh-out"] * n and not replays
     assert rows[-1]["variant"] == "error" and "capture failed" in rows[-1]["error"] and rewound == [1]
 
+
+def test_the_gpu_state_reads_what_nvml_gives_and_none_for_the_rest(variants, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "temperature", lambda: 61)
+    monkeypatch.setattr(torch.cuda, "power_draw", lambda: 512_000)   # mW
+
+    def no_clock():
+        raise ModuleNotFoundError("pynvml")
+    monkeypatch.setattr(torch.cuda, "clock_rate", no_clock)
+    assert variants._gpu_state() == {"temp_c": 61, "power_w": 512.0, "sm_mhz": None}
 
 def test_the_steady_ab_study_asks_for_the_cache_it_compares_with(variants, monkeypatch):
     monkeypatch.setattr(variants, "STEADY_AB_AGAINST", None)
