@@ -1122,6 +1122,7 @@ def study_steady_order(shapes, ms, log):
             sequence("fresh-out", lambda k: _fresh_steady_ms(fns_out[k], f"{label} {k}"))
             for k in tiles:   # captured once, in the order A B
                 captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
+
             def replayed(k):
                 return _captured_steady_ms(captured[k][0], captured[k][1] * len(ws), tuner.STEADY_WARM_MS)
             sequence("captured", replayed)
