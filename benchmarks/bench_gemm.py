@@ -29,7 +29,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms,  # noqa: E402
+from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps, eager_ms, gpu_state,  # noqa: E402
                           result_path, steady_graph_ms, scaled_mm, scaled_mm_weight_scale, torch_quant, weight_copies)
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
@@ -68,10 +68,11 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
 
 
-def graph_times(cases: dict) -> tuple[dict, dict]:
+def graph_times(cases: dict, after=None) -> tuple[dict, dict]:
     """({name: CUDA-graph ms}, {name: error}) of every case at one point, each in its own steady
-    state (common_bench.steady_graph_ms; the module docstring says why)."""
-    return steady_graph_ms(cases)
+    state (common_bench.steady_graph_ms, calling after(name) as each ends; the module docstring
+    says why)."""
+    return steady_graph_ms(cases, after=after)
 
 
 # The benchmark's device (the CPU tests run the orchestration on "cpu").
@@ -207,7 +208,9 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
             live[i] = eager_ms(c.fns[0])
         except Exception as e:
             log({"provider": c.provider, "format": c.fmt, "M": M, "error": f"{type(e).__name__}: {e}"})
-    graph, errors = graph_times({i: cases[i].fns for i in live})
+    states = {}   # the GPU's temperature, power and clock as each graph timing ended
+    graph, errors = graph_times({i: cases[i].fns for i in live},
+                                after=lambda i: states.__setitem__(i, gpu_state()))
     for i, err in errors.items():
         log({"provider": cases[i].provider, "format": cases[i].fmt, "M": M, "error": f"graph: {err}"})
     for i, eager in live.items():
@@ -217,7 +220,8 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
                 continue
             rows.append({"format": c.fmt, "shape": sh, "N": N, "K": K, "M": M, "provider": c.provider,
                          "graph": is_graph, "ms": ms_, "floor_ms": floor_ms(c.fmt, c.wbytes, M, N, K, ceil),
-                         "checked": c.check[0], "max_rel_err": c.check[1], **c.extra})
+                         "checked": c.check[0], "max_rel_err": c.check[1], **c.extra,
+                         **({"gpu": states.get(i)} if is_graph else {})})
             log(rows[-1])
     return rows
 

@@ -182,7 +182,7 @@ def graph_ms(fns, target_ms: float = 3.0, reps: int = 9, warm_ms: float = 0.0) -
 
 
 def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_ms: float = 3.0,
-                    reps: int = 9) -> tuple[dict, dict]:
+                    reps: int = 9, after=None) -> tuple[dict, dict]:
     """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
     per weight copy, as graph_ms), timed in its own steady state: its graph replayed back to back
     for warm_ms (the tuner's STEADY_WARM_MS, which says why), then `reps` timed replays. In run 33
@@ -190,14 +190,32 @@ def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_m
     it (variants.py --study interleave); with it, the medians of the last 100 of 400 ms of a case's
     replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
     (--study power-trace). A case whose warm-up or capture raises is left out, with its error; the
-    others are timed."""
+    others are timed. `after(name)`, where given, is called as each case's timing ends (bench_gemm
+    reads the GPU's state there, gpu_state)."""
     times, errors = {}, {}
     for name, fns in cases.items():
         try:
             times[name] = graph_ms(fns, target_ms, reps, warm_ms)
         except Exception as e:   # this case is reported, the others are still timed
             errors[name] = f"{type(e).__name__}: {e}"
+        if after is not None and name in times:
+            after(name)
     return times, errors
+
+
+def gpu_state() -> dict:
+    """The GPU's temperature (C), power draw (W) and SM clock (MHz) as NVML reports them now (power
+    and clock averaged over NVML's last sample period, 1/6 to 1 s), each None where it cannot be
+    read (no NVML binding, nvidia-ml-py, installed; no GPU). Run 34 found a tile's steady time
+    moving with the tile timed before it (benchmarks/NOTES.md); these say what state it ran in."""
+    out = {}
+    for name, read, scale in (("temp_c", "temperature", 1), ("power_w", "power_draw", 1e-3),
+                              ("sm_mhz", "clock_rate", 1)):
+        try:
+            out[name] = getattr(torch.cuda, read)() * scale
+        except Exception:   # an optional reading: its absence is recorded as None
+            out[name] = None
+    return out
 
 
 def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:

@@ -1039,19 +1039,6 @@ STEADY_ORDER = "ABBAABBA"
 STEADY_ORDER_REST_S = 1.0
 
 
-def _gpu_state() -> dict:
-    """The GPU's temperature (C), power draw (W) and SM clock (MHz) as NVML reports them now (the
-    clock and power averaged over NVML's last sample period, 1/6 to 1 s), each None where it cannot
-    be read (no NVML binding, nvidia-ml-py, installed; no GPU)."""
-    out = {}
-    for name, read, scale in (("temp_c", "temperature", 1), ("power_w", "power_draw", 1e-3),
-                              ("sm_mhz", "clock_rate", 1)):
-        try:
-            out[name] = getattr(torch.cuda, read)() * scale
-        except Exception:   # an optional reading: its absence is recorded as None
-            out[name] = None
-    return out
-
 
 def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
     """Median per-replay time of an already captured graph (tuner.capture_graph), divided by its n
@@ -1087,8 +1074,8 @@ def study_steady_order(shapes, ms, log):
                      would fade).
     Rows: one a timing, with the tile timed just before it (`after`: the previous mode's last
     timing carries over) and the GPU's temperature, power and SM clock read right after it
-    (`gpu`, _gpu_state); a key whose check, capture or timing fails gives one row, its error."""
-    from common_bench import _cycle
+    (`gpu`, common_bench.gpu_state); a key whose check, capture or timing fails gives one row, its error."""
+    from common_bench import _cycle, gpu_state
     rows = []
     for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
         ids = dict(study="steady-order", format=fmt, shape=sh, M=M)
@@ -1109,7 +1096,7 @@ def study_steady_order(shapes, ms, log):
                     ms_ = timer(k)
                     rows.append(dict(ids, mode=mode, position=pos, variant=f"{mode} {k} after {prev}", which=k,
                                      after=prev, tile=tiles[k], ms=ms_, ratio_vs_cublas=base / ms_,
-                                     gpu=_gpu_state() if x.is_cuda else None))
+                                     gpu=gpu_state() if x.is_cuda else None))
                     log(rows[-1])
                     prev = k
 

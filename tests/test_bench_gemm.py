@@ -31,11 +31,13 @@ def _cpu_stand_ins(bench_gemm, monkeypatch, graph_times):
     monkeypatch.setattr(bench_gemm, "graph_times", graph_times)
 
 
-def _run_all(cases):
+def _run_all(cases, after=None):
     """A graph-timer stand-in: runs every case's calls once and gives case i the figure 1 + i."""
-    for fns in cases.values():
+    for i, fns in cases.items():
         for f in fns:
             f()
+        if after:
+            after(i)
     return {i: 1.0 + i for i in cases}, {}
 
 
@@ -56,12 +58,18 @@ def test_every_case_of_a_point_keeps_its_own_eager_and_graph_figures(bench_gemm,
     # steady state); each row keeps its own case's figures, eager and graph.
     calls = []
 
-    def graph_times(cases):
+    def graph_times(cases, after=None):
         calls.append(len(cases))
-        return _run_all(cases)
+        return _run_all(cases, after)
     _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)
+    states = []   # the n-th reading gives temperature n
+    monkeypatch.setattr(bench_gemm, "gpu_state", lambda: states.append(1) or {"temp_c": len(states)})
     rows = bench_gemm.shape_rows("qkv", [2], CEIL, lambda r: None, ("cublas-bf16", "scaled_mm"), formats=("fp8",))
     assert calls == [3]
+    # Each graph row carries the GPU's state as its own timing ended; eager rows carry none.
+    assert {r["provider"]: r["gpu"]["temp_c"] for r in rows if r["graph"]} == {"cublas-bf16": 1, "scaled_mm": 2,
+                                                                               "vsr": 3}
+    assert not any("gpu" in r for r in rows if not r["graph"])
     graph = {r["provider"]: r["ms"] for r in rows if r["graph"]}
     assert graph == {"cublas-bf16": 1.0, "scaled_mm": 2.0, "vsr": 3.0}
     assert {r["provider"]: r["ms"] for r in rows if not r["graph"]} == {"cublas-bf16": 10.0, "scaled_mm": 11.0,
@@ -76,7 +84,7 @@ def test_every_case_of_a_point_keeps_its_own_eager_and_graph_figures(bench_gemm,
 def test_a_case_the_graph_timer_refuses_keeps_its_eager_row_and_is_reported(bench_gemm, monkeypatch):
     logged = []
 
-    def graph_times(cases):
+    def graph_times(cases, after=None):
         times, _ = _run_all(cases)
         return {i: v for i, v in times.items() if i != 0}, {0: "RuntimeError: capture failed"}
     _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)

@@ -26,3 +26,27 @@ def test_the_default_model_dtype_is_bf16(common_bench):
     assert w.scale.dtype == torch.bfloat16 and w.bias.dtype == torch.bfloat16
     same = common_bench.make_weight("int4-awq", 24, 256, "cpu", bias=True, model_dtype=torch.bfloat16)
     assert torch.equal(w.packed, same.packed) and torch.equal(w.scale, same.scale)
+
+
+def test_the_gpu_state_reads_what_nvml_gives_and_none_for_the_rest(common_bench, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "temperature", lambda: 61)
+    monkeypatch.setattr(torch.cuda, "power_draw", lambda: 512_000)   # mW
+
+    def no_clock():
+        raise ModuleNotFoundError("pynvml")
+    monkeypatch.setattr(torch.cuda, "clock_rate", no_clock)
+    assert common_bench.gpu_state() == {"temp_c": 61, "power_w": 512.0, "sm_mhz": None}
+
+
+def test_the_steady_timer_calls_after_as_each_timed_case_ends(common_bench, monkeypatch):
+    order = []
+
+    def graph_ms(fns, target_ms, reps, warm_ms):
+        order.append(("timed", fns))
+        if fns == "bad":
+            raise RuntimeError("capture failed")
+        return 1.0
+    monkeypatch.setattr(common_bench, "graph_ms", graph_ms)
+    times, errors = common_bench.steady_graph_ms({"a": "ok", "b": "bad", "c": "ok"}, after=lambda n: order.append(n))
+    assert times == {"a": 1.0, "c": 1.0} and list(errors) == ["b"]
+    assert order == [("timed", "ok"), "a", ("timed", "bad"), ("timed", "ok"), "c"]

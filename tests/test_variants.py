@@ -585,7 +585,7 @@ def test_the_steady_ab_study_times_both_tiles_of_each_key_that_differs_in_turn(v
     assert rows[1]["ms"] == 2.0 + (1 + variants.STEADY_AB_PASSES) / 2
 
 
-def test_the_steady_order_study_times_both_tiles_in_its_sequence_three_ways(variants, monkeypatch,
+def test_the_steady_order_study_times_both_tiles_in_its_sequence_four_ways(variants, monkeypatch,
                                                                            on_a_tiny_shape, tmp_path):
     # NOTES run 34 item 5: A (shipped) and B (--against) in STEADY_ORDER, by a fresh capture per
     # timing (outputs inside the graph or allocated once) and by graphs captured once up front.
@@ -655,15 +655,6 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_three_ways(vari
     assert [r["mode"] for r in rows[:-1]] == ["fresh"] * n + ["fresh-out"] * n and not replays
     assert rows[-1]["variant"] == "error" and "capture failed" in rows[-1]["error"] and rewound == [1]
 
-
-def test_the_gpu_state_reads_what_nvml_gives_and_none_for_the_rest(variants, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "temperature", lambda: 61)
-    monkeypatch.setattr(torch.cuda, "power_draw", lambda: 512_000)   # mW
-
-    def no_clock():
-        raise ModuleNotFoundError("pynvml")
-    monkeypatch.setattr(torch.cuda, "clock_rate", no_clock)
-    assert variants._gpu_state() == {"temp_c": 61, "power_w": 512.0, "sm_mhz": None}
 
 def test_the_steady_ab_study_asks_for_the_cache_it_compares_with(variants, monkeypatch):
     monkeypatch.setattr(variants, "STEADY_AB_AGAINST", None)
