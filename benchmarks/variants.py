@@ -1039,7 +1039,6 @@ STEADY_ORDER = "ABBAABBA"
 STEADY_ORDER_REST_S = 1.0
 
 
-
 def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
     """Median per-replay time of an already captured graph (tuner.capture_graph), divided by its n
     calls, after warm_ms of back-to-back replays: the steady timer without a capture of its own."""
