@@ -27,7 +27,10 @@
 #
 # VSR_TUNE: the vsr-tune command (default vsr-tune; "python -m vsr.cli.tune" where the sources are
 # on PYTHONPATH but not installed, as on the device tool). The tuner writes each key as it is tuned, so a
-# stage cut short keeps what it finished; run it again and it resumes.
+# stage cut short keeps what it finished; run it again and it resumes. A stage that finishes removes
+# its scratch store (the tuner skips the keys a store holds, so a later run of the stage would
+# otherwise import that run's picks again); give each new run a new DB, since importing the
+# file into a DB that already holds other tiles for its keys stops on the conflicts.
 set -euo pipefail
 
 stage=${1:?usage: caches/retune.sh 27b|minilm|stale|steady DB}
@@ -54,16 +57,18 @@ done
 # Each pass once, for the stages to share: the store to tune into is the argument (then, for the
 # dense pass, any further vsr-tune options).
 tune_27b_dense() { $tune 27b --autotune-cache "$1" --formats bf16,fp8 --max-candidates 16 ${inc[@]+"${inc[@]}"} "${@:2}"; }
-# Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
-# 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
 # The 20-tile pick of the int4 keys (then, as for the dense pass, any further vsr-tune options).
 tune_27b_int4_pick() {
   $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"} "${@:2}"
 }
+# Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
+# 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
 tune_27b_int4() {
   $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --buckets 2,4
   tune_27b_int4_pick "$1"
 }
+# A scratch store and what SQLite and its lock leave beside it, once its tiles are imported.
+drop_store() { rm -rf -- "$1" "$1-wal" "$1-shm" "$1.lock" "$1.locks"; }
 tune_minilm() {
   $tune minilm --autotune-cache "$1" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
     --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
@@ -75,6 +80,7 @@ case "$stage" in
     tune_27b_dense "$scratch"
     tune_27b_int4 "$db"
     $tune import "$scratch" --autotune-cache "$db"
+    drop_store "$scratch"
     ;;
   minilm)
     tune_minilm "$db"
@@ -89,13 +95,15 @@ case "$stage" in
     $tune export --autotune-cache "$db" --out "$out"
     ;;
   steady)
-    buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}   # autotune/buckets.py's from tuner.STEADY_FROM_BUCKET
+    # autotune/buckets.py's ROW_BUCKETS from tuner.STEADY_FROM_BUCKET (tests/test_autotune_cli.py checks)
+    buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}
     scratch="${db%.db}.steady.db"
     tune_27b_dense "$scratch" --buckets "$buckets"
     tune_27b_int4_pick "$scratch" --buckets "$buckets"
     $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
     $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
     $tune export --autotune-cache "$db" --out "$out"
+    drop_store "$scratch"
     ;;
   *)
     echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale or steady)" >&2

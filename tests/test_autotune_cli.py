@@ -270,7 +270,8 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     # counts, with incumbents; the file imported, the scratch store over it (its tiles preferred), export
     steady = stage("steady")
     assert [c[0] for c in steady] == ["27b", "27b", "import", "import", "export"]
-    sbuckets = "256,512,1024,2048,4096,8192"
+    from vsr.autotune import buckets, tuner   # the script's default list, written out there
+    sbuckets = ",".join(str(b) for b in buckets.ROW_BUCKETS if b >= tuner.STEADY_FROM_BUCKET)
     assert steady[0][2] == str(tmp_path / "h200.steady.db")
     assert steady[0][:2] + steady[0][3:] == big[0][:2] + big[0][3:] + ["--buckets", sbuckets]
     assert steady[1] == ["27b", "--autotune-cache", steady[0][2], "--formats", "int4-gptq,int4-awq",
@@ -279,6 +280,13 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
     assert steady[4] == small[1]
     assert stage("steady", STEADY_BUCKETS="1024")[0][-1] == "1024"
+    # A finished stage removes its scratch store (and its lock files): a later run would otherwise
+    # skip the keys it holds and import its old picks again.
+    for name, scratch in (("steady", "h200.steady.db"), ("27b", "h200.27b-16.db")):
+        left = [tmp_path / scratch, tmp_path / (scratch + ".lock"), tmp_path / (scratch + ".locks")]
+        left[0].write_text(""), left[1].write_text(""), left[2].mkdir()
+        stage(name)
+        assert not any(p.exists() for p in left), name
     for cmd in big + small + stale + steady:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
