@@ -272,26 +272,36 @@ STEADY_FROM_BUCKET = 256
 STEADY_MIN_CALL_MS = 0.02
 
 
+def steady_replay_ms(graph, n: int, reps: int, warm_ms: float = 0.0, warm_from_ms: float = 0.0) -> float:
+    """Median per-call time of `reps` replays of a captured graph of n calls; with warm_ms, where a
+    call takes warm_from_ms or more (the first replay counts towards the warm-up), the graph first
+    replayed back to back for warm_ms."""
+    if warm_ms > 0:
+        spent = replay_ms(graph)
+        if spent / n >= warm_from_ms:
+            while spent < warm_ms:
+                spent += replay_ms(graph)
+    return statistics.median(replay_ms(graph) / n for _ in range(reps))
+
+
+def release_captures(first_mark) -> None:
+    """After the last replay of graphs captured from first_mark on (capture_graph's third value; the
+    caller has dropped them): the device synchronized, and the tile counters their fixup launches
+    took (kernels/common.py tile_counters) back to the pool for the next capture."""
+    torch.cuda.synchronize()
+    common.rewind_capture_counters(first_mark)
+
+
 def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7, warm_ms: float = 0.0,
                      warm_from_ms: float = 0.0) -> float:
-    """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms);
-    with warm_ms, where a call takes warm_from_ms or more, the graph first replayed back to back
-    for warm_ms."""
+    """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms),
+    timed by steady_replay_ms (warm_ms, warm_from_ms)."""
     graph, n, mark = capture_graph(fn, target_ms)
     try:
-        if warm_ms > 0:
-            spent = replay_ms(graph)
-            if spent / n >= warm_from_ms:
-                while spent < warm_ms:
-                    spent += replay_ms(graph)
-        times = [replay_ms(graph) / n for _ in range(reps)]
+        return steady_replay_ms(graph, n, reps, warm_ms, warm_from_ms)
     finally:
         del graph
-        torch.cuda.synchronize()
-        # Its replays are over and it is gone: the tile counters its fixup launches took
-        # (kernels/common.py tile_counters) go back to the pool for the next candidate's graph.
-        common.rewind_capture_counters(mark)
-    return statistics.median(times)
+        release_captures(mark)
 
 
 def default_timer(device: torch.device, graph: bool, bucket: int) -> tuple[Timer, bool]:
@@ -455,9 +465,10 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
             r["graph"] = use_graph
         except Exception as e:
             if use_graph and timer is None:
-                # An uncapturable launcher (host sync, allocation pattern): time it eagerly and say so.
-                warnings.warn(f"{template.name} tile {tile_json(tile)}: CUDA graph capture failed "
-                              f"({type(e).__name__}); timed eagerly", stacklevel=2)
+                # An uncapturable launcher (host sync, allocation pattern), or a graph whose replays
+                # failed: time it eagerly and say so, with what failed.
+                warnings.warn(f"{template.name} tile {tile_json(tile)}: timing in a CUDA graph failed "
+                              f"({type(e).__name__}: {e}); timed eagerly", stacklevel=2)
                 torch.cuda.synchronize()
                 r["ms"] = float(eager_timer(call))
                 r["graph"] = False

@@ -223,7 +223,6 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
     graph once, in an order rotated by one each round (so each case always follows the same one:
     run 33's interleave study, which this timer was written for, found the figures still moved
     with that neighbour; bench_gemm.py times with steady_graph_ms)."""
-    from vsr.kernels import common
     graphs, errors, marks = {}, {}, []
     try:
         for name, fns in cases.items():
@@ -243,16 +242,14 @@ def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -
     finally:
         g = None
         graphs.clear()
-        torch.cuda.synchronize()
         if marks:   # the first mark: every graph captured since is gone
-            common.rewind_capture_counters(marks[0])
+            tuner.release_captures(marks[0])
     return {name: statistics.median(ts) for name, ts in times.items()}, errors
 
 
 def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tuple[float, float]]:
     """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
     back to back for span_ms: how its speed moves as the card's power state settles under it."""
-    from vsr.kernels import common
     g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
     out, t = [], 0.0
     try:
@@ -262,8 +259,7 @@ def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tu
             t += ms
     finally:
         del g
-        torch.cuda.synchronize()
-        common.rewind_capture_counters(mark)
+        tuner.release_captures(mark)
     return out
 
 

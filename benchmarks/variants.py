@@ -1039,15 +1039,6 @@ STEADY_ORDER = "ABBAABBA"
 STEADY_ORDER_REST_S = 1.0
 
 
-def _captured_steady_ms(graph, n: int, warm_ms: float, reps: int = 9) -> float:
-    """Median per-replay time of an already captured graph (tuner.capture_graph), divided by its n
-    calls, after warm_ms of back-to-back replays: the steady timer without a capture of its own."""
-    spent = 0.0
-    while spent < warm_ms:
-        spent += tuner.replay_ms(graph)
-    return statistics.median(tuner.replay_ms(graph) / n for _ in range(reps))
-
-
 def _fresh_steady_ms(fns, label: str) -> float:
     """common_bench.steady_graph_ms of one case (its own capture), raising where it could not time it."""
     from common_bench import steady_graph_ms
@@ -1110,7 +1101,7 @@ def study_steady_order(shapes, ms, log):
                 captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
 
             def replayed(k):
-                return _captured_steady_ms(captured[k][0], captured[k][1] * len(ws), tuner.STEADY_WARM_MS)
+                return tuner.steady_replay_ms(captured[k][0], captured[k][1] * len(ws), 9, tuner.STEADY_WARM_MS)
             sequence("captured", replayed)
             if STEADY_ORDER_REST_S > 0:
                 sequence("captured-rest", replayed)
@@ -1120,10 +1111,8 @@ def study_steady_order(shapes, ms, log):
         finally:
             marks = [c[2] for c in captured.values()]
             captured.clear()
-            if x.is_cuda:
-                torch.cuda.synchronize()
             if marks:   # both graphs gone: their fixup counters back to the pool
-                common.rewind_capture_counters(marks[0])
+                tuner.release_captures(marks[0])
     return rows
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),

@@ -274,3 +274,24 @@ def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
     assert tuner.default_timer(cuda, False, 4096) == (tuner.eager_timer, False)
     assert tuner.default_timer(torch.device("cpu"), True, 4096) == (tuner.eager_timer, False)
     assert tuner.STEADY_FROM_BUCKET == 256 and tuner.STEADY_WARM_MS == 200.0
+
+
+def test_the_graph_timer_warms_only_calls_long_enough_and_gives_them_back_their_counters(monkeypatch):
+    # cuda_graph_timer's logic on the CPU, capture and replays faked: a graph of n calls replayed
+    # for warm_ms first (the first replay counted) where a call takes warm_from_ms or more, then
+    # the median of `reps` replays per call; the graph's counters rewound to its mark after.
+    from vsr.autotune import tuner
+    replays, rewound = [], []
+    monkeypatch.setattr(tuner, "capture_graph", lambda fn, target_ms: ("graph", 4, "mark"))
+    monkeypatch.setattr(tuner, "replay_ms", lambda g: replays.append(g) or 2.0 + len(replays) % 3)
+    monkeypatch.setattr(tuner.common, "rewind_capture_counters", rewound.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ms = tuner.cuda_graph_timer(lambda: None, reps=5, warm_ms=10.0, warm_from_ms=0.5)
+    # replays 1-4 (3 + 4 + 2 + 3 = 12 ms >= 10) warm it; 5-9 give 4, 2, 3, 4, 2 ms: median 3 / 4 calls
+    assert len(replays) == 4 + 5 and ms == 3.0 / 4 and rewound == ["mark"]
+    replays.clear()
+    assert tuner.cuda_graph_timer(lambda: None, reps=5, warm_ms=10.0, warm_from_ms=1.0) == 3.0 / 4
+    assert len(replays) == 1 + 5   # a call of 3 / 4 ms < 1 ms: the probe replay only, no warm-up
+    replays.clear()
+    tuner.cuda_graph_timer(lambda: None, reps=5)
+    assert len(replays) == 5 and rewound == ["mark"] * 3

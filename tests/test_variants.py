@@ -627,6 +627,7 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_four_ways(varia
     monkeypatch.setattr(variants.tuner, "capture_graph", capture)
     monkeypatch.setattr(variants.tuner, "replay_ms", replay)
     monkeypatch.setattr(variants.common, "rewind_capture_counters", rewound.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)   # tuner.release_captures' wait, here on the CPU
     monkeypatch.setattr(variants.tuner, "STEADY_WARM_MS", 8.0)
     sleeps = []
     monkeypatch.setattr(variants.time, "sleep", sleeps.append)
