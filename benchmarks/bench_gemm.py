@@ -8,7 +8,7 @@ BENCHMARKS.md "Method": ceilings (copy bandwidth, bf16 8192^3, fp8 _scaled_mm 81
 measured in the same run; random data; every row checked against its reference before
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
 for every M also CUDA-graph replays cycling through weight copies that together exceed twice the
-L2, each timed in its own steady state, after 200 ms of its own replays (graph_times: the H200 is
+L2, each timed in its own steady state, after 200 ms of its own replays (common_bench.steady_graph_ms: the H200 is
 power-limited under these products, and a provider timed after lighter work ran up to 18% faster
 than after heavier; run 33). vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
@@ -66,13 +66,6 @@ def floor_ms(fmt: str, wbytes: int, M: int, N: int, K: int, ceil: dict) -> float
     moved = wbytes + M * K * 2 + M * N * 2
     rate = ceil["fp8_TFLOPs"] if fmt == "fp8" else ceil["bf16_TFLOPs"]
     return max(moved / (ceil["copy_TBps"] * 1e12), 2 * M * N * K / (rate * 1e12)) * 1e3
-
-
-def graph_times(cases: dict, after=None) -> tuple[dict, dict]:
-    """({name: CUDA-graph ms}, {name: error}) of every case at one point, each in its own steady
-    state (common_bench.steady_graph_ms, calling after(name) as each ends; the module docstring
-    says why)."""
-    return steady_graph_ms(cases, after=after)
 
 
 # The benchmark's device (the CPU tests run the orchestration on "cpu").
@@ -200,7 +193,7 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
     after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
     results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
     1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, each
-    case in its own steady state (graph_times). A case that cannot be timed is left out and
+    case in its own steady state (common_bench.steady_graph_ms). A case that cannot be timed is left out and
     logged as an error (main writes every logged error into the results file)."""
     rows, live = [], {}
     for i, c in enumerate(cases):
@@ -209,8 +202,8 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
         except Exception as e:
             log({"provider": c.provider, "format": c.fmt, "M": M, "error": f"{type(e).__name__}: {e}"})
     states = {}   # the GPU's temperature, power and clock as each graph timing ended
-    graph, errors = graph_times({i: cases[i].fns for i in live},
-                                after=lambda i: states.__setitem__(i, gpu_state()))
+    graph, errors = steady_graph_ms({i: cases[i].fns for i in live},
+                                    after=lambda i: states.__setitem__(i, gpu_state()))
     for i, err in errors.items():
         log({"provider": cases[i].provider, "format": cases[i].fmt, "M": M, "error": f"graph: {err}"})
     for i, eager in live.items():

@@ -23,12 +23,12 @@ def test_peers_of_the_option(bench_gemm):
 def _cpu_stand_ins(bench_gemm, monkeypatch, graph_times):
     """The benchmark on the CPU: a 64 x 256 "qkv", every call run once in place of its eager
     timing (the figures 10, 11, 12, ... in the order the cases are timed), and `graph_times` in
-    place of the steady-state graph timer."""
+    place of the steady-state graph timer bench_gemm calls (common_bench.steady_graph_ms)."""
     monkeypatch.setattr(bench_gemm, "DEV", "cpu")
     monkeypatch.setattr(bench_gemm, "SHAPES", {"qkv": (64, 256)})
     eager = iter(range(10, 1000))
     monkeypatch.setattr(bench_gemm, "eager_ms", lambda fn: (fn(), float(next(eager)))[1])
-    monkeypatch.setattr(bench_gemm, "graph_times", graph_times)
+    monkeypatch.setattr(bench_gemm, "steady_graph_ms", graph_times)
 
 
 def _run_all(cases, after=None):

@@ -42,6 +42,7 @@ def test_the_steady_timer_calls_after_as_each_timed_case_ends(common_bench, monk
     order = []
 
     def graph_ms(fns, target_ms, reps, warm_ms):
+        assert warm_ms == common_bench.tuner.STEADY_WARM_MS   # each case in its own steady state
         order.append(("timed", fns))
         if fns == "bad":
             raise RuntimeError("capture failed")
