@@ -85,9 +85,9 @@ class Case:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
-def vsr_setup(fmt: str, N: int, K: int):
-    """(template, weight copies) of a vsr format at one shape."""
-    ws = weight_copies(fmt, N, K, torch.device(DEV))
+def vsr_setup(fmt: str, copies):
+    """(template, weight copies) of a vsr format at one shape (copies(fmt): its weights, shape_rows')."""
+    ws = copies(fmt)
     return registry.template_for(ws[0], torch.bfloat16, emulate=fmt == "nvfp4-emulated"), ws
 
 
@@ -115,17 +115,17 @@ def vsr_case(fmt: str, setup, x: torch.Tensor, n_sweep: int, resolver=None) -> C
 PEERS = ("cublas-bf16", "scaled_mm", "scaled_mm+quant", "tinygemm", "gemlite")
 
 
-def peer_setup(N: int, K: int, peers, log) -> dict:
-    """The named peers' weights at one shape (only theirs are made)."""
-    dev = torch.device(DEV)
+def peer_setup(N: int, K: int, peers, log, copies) -> dict:
+    """The named peers' weights at one shape (only theirs are made; copies(fmt): a format's weights,
+    shared with vsr's cases, shape_rows')."""
     s = {"peers": peers}
     # cuBLAS bf16
-    s["wds"] = weight_copies("bf16", N, K, dev) if "cublas-bf16" in peers else []
+    s["wds"] = copies("bf16") if "cublas-bf16" in peers else []
     # FP8 _scaled_mm with row-wise scales
-    s["w8s"] = weight_copies("fp8", N, K, dev) if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
+    s["w8s"] = copies("fp8") if {"scaled_mm", "scaled_mm+quant"} & set(peers) else []
     s["sb"] = [scaled_mm_weight_scale(w) for w in s["w8s"]]
     # int4: tinygemm and gemlite on the GPTQ weight (w = (u - 8) · scale, group 128)
-    s["wis"] = weight_copies("int4-gptq", N, K, dev) if {"tinygemm", "gemlite"} & set(peers) else []
+    s["wis"] = copies("int4-gptq") if {"tinygemm", "gemlite"} & set(peers) else []
     s["tg"] = []
     for w in (s["wis"] if "tinygemm" in peers else []):
         u = int4mod.unpack_int4(w.packed, K)
@@ -224,8 +224,14 @@ def shape_rows(sh: str, ms, ceil: dict, log, peers=PEERS, formats=VSR_FORMATS, n
     """Every row of one shape: at each M the peers' and vsr's cases on the same x (point_rows);
     vsr's tiles from `resolver` for cache_formats, else as vsr_case says."""
     N, K = SHAPES[sh]
-    ps = peer_setup(N, K, peers, log) if peers else None
-    vs = {fmt: vsr_setup(fmt, N, K) for fmt in formats}
+    made = {}   # each format's weight copies made once, for the peers and vsr alike
+
+    def copies(fmt):
+        if fmt not in made:
+            made[fmt] = weight_copies(fmt, N, K, torch.device(DEV))
+        return made[fmt]
+    ps = peer_setup(N, K, peers, log, copies) if peers else None
+    vs = {fmt: vsr_setup(fmt, copies) for fmt in formats}
     rows = []
     for M in ms:
         x = torch.randn(M, K, device=torch.device(DEV)).to(torch.bfloat16)

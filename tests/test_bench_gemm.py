@@ -64,8 +64,11 @@ def test_every_case_of_a_point_keeps_its_own_eager_and_graph_figures(bench_gemm,
     _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)
     states = []   # the n-th reading gives temperature n
     monkeypatch.setattr(bench_gemm, "gpu_state", lambda: states.append(1) or {"temp_c": len(states)})
+    made, every = [], bench_gemm.weight_copies
+    monkeypatch.setattr(bench_gemm, "weight_copies", lambda fmt, *a: made.append(fmt) or every(fmt, *a))
     rows = bench_gemm.shape_rows("qkv", [2], CEIL, lambda r: None, ("cublas-bf16", "scaled_mm"), formats=("fp8",))
     assert calls == [3]
+    assert sorted(made) == ["bf16", "fp8"], "fp8's weights are made once, for _scaled_mm and vsr alike"
     # Each graph row carries the GPU's state as its own timing ended; eager rows carry none.
     assert {r["provider"]: r["gpu"]["temp_c"] for r in rows if r["graph"]} == {"cublas-bf16": 1, "scaled_mm": 2,
                                                                                "vsr": 3}
