@@ -71,16 +71,22 @@ def _entries_by_lineage(cache: Path) -> dict:
     return entries_by_lineage([cache]) if cache.exists() else {}
 
 
-def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE, identity=None) -> dict | None:
-    """The tile `cache` (default the shipped one) holds for template's Problem on `device` (or on
-    the device `identity` names, a DeviceIdentity, where it is not this machine's): its
-    exact key's, else that of a key tuned for another kernel source or Triton (a branch's kernels
-    stale the cache, and studies and profiles of a branch still want the tiles users run), every
-    other key field matching; None if it has neither."""
+def shipped_entry(template, problem, device, cache: Path = SHIPPED_CACHE, identity=None):
+    """The entry (autotune.store.Entry: tile, candidates) `cache` (default the shipped one) holds for
+    template's Problem on `device` (or on the device `identity` names, a DeviceIdentity, where it is
+    not this machine's): its exact key's, else that of a key tuned for another kernel source or
+    Triton (a branch's kernels stale the cache, and studies and profiles of a branch still want the
+    tiles users run), every other key field matching; None if it has neither."""
     want = make_key(template, problem, identity or current_device_identity(torch.device(device)))
     entries = _entries_by_lineage(Path(cache)).get(want.lineage(), [])
     exact = [e for e in entries if e.key == want]
-    return dict((exact or entries)[0].tile) if entries else None
+    return (exact or entries)[0] if entries else None
+
+
+def shipped_tile(template, problem, device, cache: Path = SHIPPED_CACHE, identity=None) -> dict | None:
+    """The tile of shipped_entry (a copy), None where there is no entry."""
+    e = shipped_entry(template, problem, device, cache, identity)
+    return dict(e.tile) if e else None
 
 
 def compiled_kernels() -> dict[int, dict]:

@@ -80,8 +80,8 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, shipped_tile,  # noqa: E402
-                          weight_copies)
+from common_bench import (SHAPES, SHIPPED_CACHE, checked_launch, code_commit, graph_ms, shipped_entry,  # noqa: E402
+                          shipped_tile, weight_copies)
 
 from vsr.autotune import tuner  # noqa: E402
 from vsr.autotune.buckets import bucket_for  # noqa: E402
@@ -940,6 +940,14 @@ STEADY_PICKS_TOP = 3
 STEADY_PICKS_PASSES = 2
 
 
+def _over_passes(passes, name):
+    """(median ms or None, each pass's ms or None, the first error) of one case over several
+    steady_graph_ms passes."""
+    got = [times.get(name) for times, _ in passes]
+    timed = [g for g in got if g is not None]
+    return (statistics.median(timed) if timed else None), got, next((e[name] for _, e in passes if name in e), None)
+
+
 def study_steady_picks(shapes, ms, log):
     """Would the tuner pick otherwise with the steady-state timer? For the 27B-class bf16 and fp8
     keys at each M's bucket, the shipped cache's best STEADY_PICKS_TOP candidates (by the times its
@@ -948,33 +956,29 @@ def study_steady_picks(shapes, ms, log):
     STEADY_PICKS_PASSES passes, every one checked against the reference first. Rows: the recorded
     time and each pass's steady time (ms: their median), the shipped tile marked."""
     from common_bench import steady_graph_ms
-    entries = json.loads(SHIPPED_CACHE.read_text())["entries"]
     rows = []
     for sh, N, K, M, x, ws, base in _points("steady-picks", ("fp8",), shapes, ms, rows, log):
         for fmt, tname in (("bf16", "dense"), ("fp8", "fp8_w8a8")):
             t = registry.TEMPLATES[tname]
-            e = next((e for e in entries if e["key"]["template"] == tname and e["key"]["N"] == N
-                      and e["key"]["K"] == K and e["key"]["bucket"] == bucket_for(M)
-                      and e["key"]["act_dtype"] == "bfloat16" and "H200" in e["key"]["device"]), None)
+            e = shipped_entry(t, t.problem(ws[fmt][0], bucket_for(M), x.dtype), DEV, SHIPPED_CACHE)
             if e is None:
                 continue
-            cands = sorted((c for c in e["candidates"] if c["ok"]), key=lambda c: c["ms"])[:STEADY_PICKS_TOP]
+            cands = sorted((c for c in e.candidates if c["ok"]), key=lambda c: c["ms"])[:STEADY_PICKS_TOP]
             ref = t.reference(x, ws[fmt][0])
             cases, info = {}, {}
             for i, c in enumerate(cands):
                 tile = c["tile"]
                 ok, rel = checked_launch(t.launch, x, ws[fmt][0], tile, ref)
-                info[i] = dict(tile=tile, recorded_ms=c["ms"], ok=ok, rel_err=rel, shipped=tile == e["tile"])
-                cases[i] = [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
+                info[i] = dict(tile=tile, recorded_ms=c["ms"], ok=ok, rel_err=rel, shipped=tile == e.tile)
+                if ok:   # a candidate that fails its check now is reported, not timed
+                    cases[i] = [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
             # Twice in turn (A B C A B C): what drifts over seconds (the card warming) shows as a
             # difference between the two passes, not between the candidates.
             passes = [steady_graph_ms(cases) for _ in range(STEADY_PICKS_PASSES)]
             for i, d in info.items():
-                got = [p[0].get(i) for p in passes]
-                ms_ = statistics.median(g for g in got if g is not None) if any(g is not None for g in got) else None
+                ms_, got, error = _over_passes(passes, i)
                 row = dict(study="steady-picks", format=fmt, shape=sh, M=M, variant=f"candidate {i}", **d,
-                           ms=ms_, ms_passes=got, error=passes[0][1].get(i),
-                           ratio_vs_cublas=base / ms_ if ms_ else None)
+                           ms=ms_, ms_passes=got, error=error, ratio_vs_cublas=base / ms_ if ms_ else None)
                 rows.append(row)
                 log(row)
     return rows
@@ -984,7 +988,7 @@ def study_steady_picks(shapes, ms, log):
 # how many times each pair is timed (in turn, the order flipped each time).
 STEADY_AB_AGAINST: Path | None = None
 STEADY_AB_PASSES = 4
-STEADY_AB_FORMATS = (("bf16", "dense"), ("fp8", "fp8_w8a8"), ("int4-gptq", "int4_w4a16"), ("int4-awq", "int4_w4a16"))
+STEADY_AB_FORMATS = FIXUP_FORMATS   # every format of the shipped cache's 27B-class keys
 
 
 def _keys_tiled_apart(study, names, shapes, ms, rows, log):
@@ -1021,12 +1025,9 @@ def study_steady_ab(shapes, ms, log):
             order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
             passes.append(steady_graph_ms({k: cases[k] for k in order}))
         for k, tile in tiles.items():
-            got = [p_[0].get(k) for p_ in passes]
-            timed = [g for g in got if g is not None]
-            ms_ = statistics.median(timed) if timed else None
+            ms_, got, error = _over_passes(passes, k)
             row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
-                       rel_err=checks[k][1], ms=ms_, ms_passes=got,
-                       error=next((p_[1][k] for p_ in passes if k in p_[1]), None),
+                       rel_err=checks[k][1], ms=ms_, ms_passes=got, error=error,
                        ratio_vs_cublas=base / ms_ if ms_ else None)
             rows.append(row)
             log(row)

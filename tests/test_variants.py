@@ -519,8 +519,7 @@ def test_the_fp8_call_parts_study_checks_every_case(variants, on_a_tiny_shape):
     assert [r["variant"] for r in rows if r.get("part") == "prologue"] == ["prologue alone"]
 
 
-def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, monkeypatch, on_a_tiny_shape,
-                                                                      tmp_path):
+def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, monkeypatch, on_a_tiny_shape):
     # Run 33: a key's best recorded candidates (of those that passed), timed again by the
     # steady-state timer in STEADY_PICKS_PASSES passes, each checked first, the shipped one marked.
     import common_bench
@@ -530,10 +529,13 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
     space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:4]
     cands = [dict(tile=tile, ms=ms, ok=ok) for tile, ms, ok in zip(space, (0.3, 0.1, 0.2, 0.05),
                                                                    (True, True, True, False))]
-    key = dict(template="fp8_w8a8", N=48, K=256, bucket=16, act_dtype="bfloat16", device='{"name":"NVIDIA H200"}')
-    cache = tmp_path / "cache.json"
-    cache.write_text(json.dumps({"entries": [dict(key=key, tile=space[2], candidates=cands)]}))
-    monkeypatch.setattr(variants, "SHIPPED_CACHE", cache)
+    from vsr.autotune.store import Entry
+    looked_up = []
+
+    def shipped_entry(template, problem, device, cache):   # the shipped cache's entry: fp8's only
+        looked_up.append((template.name, problem.bucket, cache))
+        return Entry(key=None, tile=space[2], candidates=cands) if template.name == "fp8_w8a8" else None
+    monkeypatch.setattr(variants, "shipped_entry", shipped_entry)
     passes = []
 
     def steady(cases):
@@ -548,6 +550,7 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
     # fp8 only: the bf16 key is not in this cache. Best recorded first; the failed candidate left out.
     assert [r["recorded_ms"] for r in rows] == [0.1, 0.2, 0.3] and [r["shipped"] for r in rows] == [False, True, False]
     assert all(r["ok"] for r in rows) and [r["ms"] for r in rows] == [1.0, 2.0, 3.0]
+    assert looked_up == [("dense", 16, variants.SHIPPED_CACHE), ("fp8_w8a8", 16, variants.SHIPPED_CACHE)]
 
 
 def test_the_steady_ab_study_times_both_tiles_of_each_key_that_differs_in_turn(variants, monkeypatch,
