@@ -117,9 +117,10 @@ def _weights(fmt, N, K, dev):
 
 
 def cublas_baseline(rows, log, x, wb, **ids) -> float:
-    """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies: every ratio's
+    """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies in its own steady
+    state (tuner.STEADY_WARM_MS first, as bench_gemm.py times it since run 33): every ratio's
     denominator, recorded (and logged) as a row of its own."""
-    base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb])
+    base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb], warm_ms=tuner.STEADY_WARM_MS)
     rows.append(dict(ids, variant="cublas-bf16", ms=base))
     log(rows[-1])
     return base
@@ -897,7 +898,7 @@ def study_interleave(shapes, ms, log):
     for sh, N, K, M, x, ws, base in _points("interleave", ("fp8",), shapes, ms, rows, log):
         cases = _peer_and_vsr_cases("interleave", sh, M, x, ws, rows, log)
         for form, order in (("sequential", list(cases)), ("interleaved", None),
-                            ("sequential, reversed", list(cases)[::-1]), ("interleaved", None)):
+                            ("sequential, reversed", list(cases)[::-1]), ("interleaved, again", None)):
             if order is None:
                 got, errors = interleaved_graph_ms(cases)
                 assert not errors, errors
@@ -1070,7 +1071,7 @@ def study_steady_order(shapes, ms, log):
     rows = []
     for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
         ids = dict(study="steady-order", format=fmt, shape=sh, M=M)
-        captured, prev = {}, "another key"
+        captured, prev = {}, "what ran before this key"
         try:
             for k, tile in tiles.items():
                 ok, rel = checked_launch(t.launch, x, ws[0], tile, ref)

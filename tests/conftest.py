@@ -51,7 +51,7 @@ def run_each_once():
     list of calls: it runs each call once (so every case is built, run and checked), appends how
     many calls it got to `timed` when given, and returns `result` in place of a time."""
     def timer(result, timed=None):
-        def run(fns):
+        def run(fns, *args, **kwargs):   # a timer's further options (warm_ms, ...) have no stand-in
             for f in fns:
                 f()
             if timed is not None:

@@ -212,7 +212,7 @@ def test_the_capture_counters_study_checks_every_case(variants, monkeypatch, on_
     shipped_counters = variants.common.tile_counters
     once = run_each_once(1.0)
 
-    def capturing_once(fns):
+    def capturing_once(fns, **options):
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
         try:
             return once(fns)
@@ -641,7 +641,7 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_four_ways(varia
     assert [r["mode"] for r in rows] == ["fresh"] * n + ["fresh-out"] * n + ["captured"] * n + ["captured-rest"] * n
     assert all("".join(r["which"] for r in rows[i:i + n]) == "ABBA" for i in range(0, 4 * n, n))
     # Each timing's `after` is the tile timed just before it, across the modes too.
-    assert [r["after"] for r in rows] == ["another key", "A", "B", "B"] + ["A", "A", "B", "B"] * 3
+    assert [r["after"] for r in rows] == ["what ran before this key", "A", "B", "B"] + ["A", "A", "B", "B"] * 3
     assert all(r["tile"] == (space[1] if r["which"] == "A" else space[0]) for r in rows)
     # Each tile captured once; the captured timings, with and without a rest before each, replay
     # only those two graphs (warm-up: two replays of 4 ms reach 8 ms; then 9 timed), per call
@@ -672,7 +672,7 @@ def test_the_fp8_overlap_study_gives_the_calls_bytes(variants, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("CUDA streams")
     monkeypatch.setattr(variants, "SHAPES", {"tiny": (256, 512)})
-    monkeypatch.setattr(variants, "graph_ms", lambda fns: (fns[0](), 1.0)[1])
+    monkeypatch.setattr(variants, "graph_ms", lambda fns, **options: (fns[0](), 1.0)[1])
     rows = variants.study_fp8_overlap(["tiny"], [512], lambda r: None)
     calls = [r for r in rows if r.get("part") == "fp8"]
     assert calls and all(r["ok"] for r in calls), [(r["variant"], r.get("error")) for r in calls]
@@ -704,7 +704,8 @@ def test_the_interleave_and_power_trace_studies_check_and_time_every_case(varian
     checks = [r for r in rows if r["variant"] == "check"]
     assert [r["format"] for r in checks] == ["bf16", "fp8"] and all(r["ok"] for r in checks), checks
     forms = [r for r in rows if "ms_by_case" in r]
-    assert [r["variant"] for r in forms] == ["sequential", "interleaved", "sequential, reversed", "interleaved"]
+    assert [r["variant"] for r in forms] == ["sequential", "interleaved", "sequential, reversed",
+                                                    "interleaved, again"]
     assert all(sorted(r["ms_by_case"]) == names for r in forms) and ran == [("interleaved", names)] * 2
     rows = variants.study_power_trace(["tiny"], [16], lambda r: None)
     traces = [r for r in rows if "last_100ms" in r]
@@ -713,3 +714,14 @@ def test_the_interleave_and_power_trace_studies_check_and_time_every_case(varian
     assert traces[0]["after"] == "cublas-bf16 baseline"
     assert [r["after"] for r in traces[1:]] == [r["variant"] for r in traces[:-1]]
     assert all(r["first_10ms"] == 1.5 and r["last_100ms"] == 1.5 for r in traces)
+
+
+def test_the_cublas_baseline_is_timed_in_its_own_steady_state(variants, monkeypatch):
+    # Every study's ratio denominator is timed as bench_gemm times cuBLAS since run 33, so that a
+    # steady-state vsr figure is not divided by an unwarmed one.
+    got = []
+    monkeypatch.setattr(variants, "graph_ms", lambda fns, **options: got.append(options) or 2.0)
+    rows = []
+    assert variants.cublas_baseline(rows, lambda r: None, torch.ones(2, 4), [], study="s", M=2) == 2.0
+    assert got == [{"warm_ms": variants.tuner.STEADY_WARM_MS}] and rows == [dict(study="s", M=2, variant="cublas-bf16",
+                                                                                 ms=2.0)]
