@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-from vsr.autotune.buckets import ROW_BUCKETS, bucket_for
+from vsr.autotune.buckets import bucket_for
 from vsr.runtime.errors import DeviceRefusal, PackageError, RequestError
 from vsr.runtime.tokenize import PackageTokenizer
 
@@ -66,15 +66,15 @@ def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
     tiles: with tokens to a multiple of 8 from 1, the eager engine's one-token request took 1.1-1.5
     ms more than at its own shape (H200 run 31, results/engine-...-run31-ladder8.json), its
     products at bucket 8 launching more kernels than at bucket 1."""
-    if not 1 <= tokens <= limit or not 1 <= requests <= ROW_BUCKETS[-1]:
-        raise ValueError(f"a batch has at least one request (at most {ROW_BUCKETS[-1]}) of 1 to {limit} tokens, "
+    if not 1 <= tokens <= limit or not 1 <= requests <= BATCH_SIZE:
+        raise ValueError(f"a batch has at least one request (at most {BATCH_SIZE}) of 1 to {limit} tokens, "
                          f"got {requests} x {tokens}")
     if tokens <= 8:
         padded = bucket_for(tokens)
     else:
         step = 8 if tokens <= 64 else 16
         padded = -(-tokens // step) * step
-    return bucket_for(requests), min(limit, padded)
+    return 1 << (requests - 1).bit_length(), min(limit, padded)
 
 
 class _Graph(NamedTuple):

@@ -226,7 +226,7 @@ def test_batch_shapes_lie_on_the_ladder():
     assert [batch_shape(1, t, 256)[1] for t in (1, 2, 3, 5, 8, 9, 63, 64, 65, 80, 81, 250)] == \
         [1, 2, 4, 8, 8, 16, 64, 64, 80, 80, 96, 256]
     assert batch_shape(3, 250, 250) == (4, 250) and batch_shape(BATCH_SIZE, 1, 1) == (BATCH_SIZE, 1)
-    for r, t in ((0, 5), (3, 0), (3, 257)):
+    for r, t in ((0, 5), (3, 0), (3, 257), (BATCH_SIZE + 1, 5)):
         with pytest.raises(ValueError, match="at least one request"):
             batch_shape(r, t, 256)
 
