@@ -2,20 +2,15 @@
 with, and interleaved_graph_ms, the interleave study's (GPU only: CUDA graphs)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
 
 @pytest.mark.parametrize("timer", ["steady_graph_ms", "interleaved_graph_ms"])
-def test_each_case_keeps_its_own_time_and_a_case_that_cannot_be_captured_is_reported(timer):
-    import common_bench
+def test_each_case_keeps_its_own_time_and_a_case_that_cannot_be_captured_is_reported(timer, bench_script):
+    common_bench = bench_script("common_bench")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA graphs")
     timed = getattr(common_bench, timer)
