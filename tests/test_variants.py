@@ -696,7 +696,8 @@ def test_the_interleave_and_power_trace_studies_check_and_time_every_case(varian
     def trace(fns):
         for f in fns:
             f()
-        return [(0.0, 2.0), (5.0, 1.0)]
+        # 0-10 ms: 2 and 1 (median 1.5); the last 100 ms (from 300 - 100 ms): 3, 4 and 6 (median 4)
+        return [(0.0, 2.0), (5.0, 1.0), (50.0, 9.0), (200.0, 3.0), (250.0, 4.0), (300.0, 6.0)]
     monkeypatch.setattr(common_bench, "interleaved_graph_ms", interleaved)
     monkeypatch.setattr(common_bench, "replay_trace", trace)
     names = ["cublas-bf16", "scaled_mm", "vsr-bf16", "vsr-fp8"]
@@ -713,7 +714,7 @@ def test_the_interleave_and_power_trace_studies_check_and_time_every_case(varian
     # each row names the case timed just before it; the first follows the point's cuBLAS baseline
     assert traces[0]["after"] == "cublas-bf16 baseline"
     assert [r["after"] for r in traces[1:]] == [r["variant"] for r in traces[:-1]]
-    assert all(r["first_10ms"] == 1.5 and r["last_100ms"] == 1.5 for r in traces)
+    assert all(r["first_10ms"] == 1.5 and r["last_100ms"] == 4.0 for r in traces)
 
 
 def test_the_cublas_baseline_is_timed_in_its_own_steady_state(variants, monkeypatch):
