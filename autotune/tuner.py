@@ -270,15 +270,37 @@ def replay_ms(graph) -> float:
 STEADY_WARM_MS = 200.0
 STEADY_FROM_BUCKET = 256
 STEADY_MIN_CALL_MS = 0.02
+# ...and, since run 35, from rest: the card left idle for STEADY_REST_S before that warm-up. The
+# warm-up alone did not make a timing independent of what ran before it, as the power limiter's
+# state carries over for seconds. Run 35's study (variants.py --study steady-order: two tiles of
+# each of 14 keys at 512 and 1024 rows, each timed four times in the order ABBAABBA) found:
+#   - while the card heated up to its 700 W cap, the timings spread by a median of 5.2% and by as
+#     much as 34% (SM clock 975 against 1395 MHz);
+#   - hot, with no rest, by 1.8% (at most 5.0%);
+#   - after a second's rest before each timing, by 1.1% (at most 3.0%).
+# After the rest every timing of one tile fell below every timing of the other on 10 of the 14
+# keys; hot, on 8, and while heating, on 1.
+STEADY_REST_S = 1.0
 
 
-def steady_replay_ms(graph, n: int, reps: int, warm_ms: float = 0.0, warm_from_ms: float = 0.0) -> float:
+def steady_rest_s(bucket: int) -> float:
+    """The idle seconds a steady timing at this row bucket starts from (the tuner's sweep, and
+    bench_gemm.py and variants.py timing alike): STEADY_REST_S from STEADY_FROM_BUCKET, else none."""
+    return STEADY_REST_S if bucket >= STEADY_FROM_BUCKET else 0.0
+
+
+def steady_replay_ms(graph, n: int, reps: int, warm_ms: float = 0.0, warm_from_ms: float = 0.0,
+                     rest_s: float = 0.0) -> float:
     """Median per-call time of `reps` replays of a captured graph of n calls; with warm_ms, where a
-    call takes warm_from_ms or more (the first replay counts towards the warm-up), the graph first
-    replayed back to back for warm_ms."""
+    call takes warm_from_ms or more (the first replay, the probe, tells), the graph first replayed
+    back to back for warm_ms: after rest_s idle seconds where given (the probe then does not count
+    towards the warm-up), else counting the probe."""
     if warm_ms > 0:
         spent = replay_ms(graph)
         if spent / n >= warm_from_ms:
+            if rest_s > 0:   # replay_ms synchronized: the card is idle from here
+                time.sleep(rest_s)
+                spent = 0.0
             while spent < warm_ms:
                 spent += replay_ms(graph)
     return statistics.median(replay_ms(graph) / n for _ in range(reps))
@@ -293,12 +315,12 @@ def release_captures(first_mark) -> None:
 
 
 def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 7, warm_ms: float = 0.0,
-                     warm_from_ms: float = 0.0) -> float:
+                     warm_from_ms: float = 0.0, rest_s: float = 0.0) -> float:
     """Median per-call time of a CUDA graph holding n back-to-back calls (n sized to ~target_ms),
-    timed by steady_replay_ms (warm_ms, warm_from_ms)."""
+    timed by steady_replay_ms (warm_ms, warm_from_ms, rest_s)."""
     graph, n, mark = capture_graph(fn, target_ms)
     try:
-        return steady_replay_ms(graph, n, reps, warm_ms, warm_from_ms)
+        return steady_replay_ms(graph, n, reps, warm_ms, warm_from_ms, rest_s)
     finally:
         del graph
         release_captures(mark)
@@ -306,12 +328,13 @@ def cuda_graph_timer(fn: Callable[[], Any], target_ms: float = 2.0, reps: int = 
 
 def default_timer(device: torch.device, graph: bool, bucket: int) -> tuple[Timer, bool]:
     """(timer, whether it replays CUDA graphs) for a sweep on `device` at a row bucket: graphs on
-    CUDA where asked, in steady state from STEADY_FROM_BUCKET rows; eager elsewhere."""
+    CUDA where asked, in steady state from rest from STEADY_FROM_BUCKET rows; eager elsewhere."""
     if device.type == "cuda":
         if not graph:
             return eager_timer, False
         if bucket >= STEADY_FROM_BUCKET:
-            return functools.partial(cuda_graph_timer, warm_ms=STEADY_WARM_MS, warm_from_ms=STEADY_MIN_CALL_MS), True
+            return functools.partial(cuda_graph_timer, warm_ms=STEADY_WARM_MS, warm_from_ms=STEADY_MIN_CALL_MS,
+                                     rest_s=steady_rest_s(bucket)), True
         return cuda_graph_timer, True
     return eager_timer, False
 

@@ -10,7 +10,8 @@ its time counts; eager times are triton's do_bench medians (L2 cleared before ea
 for every M also CUDA-graph replays cycling through weight copies that together exceed twice the
 L2, each timed in its own steady state, after 200 ms of its own replays (common_bench.steady_graph_ms: the H200 is
 power-limited under these products, and a provider timed after lighter work ran up to 18% faster
-than after heavier; run 33). vsr tiles come from an autotune cache (--cache: the
+than after heavier; run 33), and from M=256 after a second's idle first (the tuner's STEADY_REST_S:
+the power limiter's state carries over for seconds; run 35). vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
@@ -34,7 +35,7 @@ from common_bench import (SHAPES, check, checked_launch, code_commit, copy_TBps,
 
 from vsr.autotune.buckets import bucket_for  # noqa: E402
 from vsr.autotune.store import write_atomic  # noqa: E402
-from vsr.autotune.tuner import candidates  # noqa: E402
+from vsr.autotune.tuner import candidates, steady_rest_s  # noqa: E402
 from vsr.kernels import fp8 as fp8mod  # noqa: E402
 from vsr.kernels import int4 as int4mod  # noqa: E402
 from vsr.kernels import registry  # noqa: E402
@@ -193,7 +194,8 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
     after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
     results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
     1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, each
-    case in its own steady state (common_bench.steady_graph_ms). A case that cannot be timed is left out and
+    case in its own steady state (common_bench.steady_graph_ms), from rest where the tuner times
+    its candidates from rest (tuner.steady_rest_s), so the two measure alike. A case that cannot be timed is left out and
     logged as an error (main writes every logged error into the results file)."""
     rows, live = [], {}
     for i, c in enumerate(cases):
@@ -203,7 +205,8 @@ def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, l
             log({"provider": c.provider, "format": c.fmt, "M": M, "error": f"{type(e).__name__}: {e}"})
     states = {}   # the GPU's temperature, power and clock as each graph timing ended
     graph, errors = steady_graph_ms({i: cases[i].fns for i in live},
-                                    after=lambda i: states.__setitem__(i, gpu_state()))
+                                    after=lambda i: states.__setitem__(i, gpu_state()),
+                                    rest_s=steady_rest_s(bucket_for(M)))
     for i, err in errors.items():
         log({"provider": cases[i].provider, "format": cases[i].fmt, "M": M, "error": f"graph: {err}"})
     for i, eager in live.items():

@@ -180,18 +180,20 @@ def _cycle(fns):
     return cycle
 
 
-def graph_ms(fns, target_ms: float = 3.0, reps: int = 9, warm_ms: float = 0.0) -> float:
+def graph_ms(fns, target_ms: float = 3.0, reps: int = 9, warm_ms: float = 0.0, rest_s: float = 0.0) -> float:
     """Median per-call time of a CUDA graph that cycles through `fns` (one per weight copy, so a
     small layer is not timed out of L2): the tuner's graph timer over one cycle, per call; with
-    warm_ms, the graph first replayed back to back for that long, whatever a call takes."""
-    return tuner.cuda_graph_timer(_cycle(fns), target_ms, reps, warm_ms=warm_ms) / len(fns)
+    warm_ms, the graph first replayed back to back for that long, whatever a call takes, after
+    rest_s idle seconds where given."""
+    return tuner.cuda_graph_timer(_cycle(fns), target_ms, reps, warm_ms=warm_ms, rest_s=rest_s) / len(fns)
 
 
 def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_ms: float = 3.0,
-                    reps: int = 9, after=None) -> tuple[dict, dict]:
+                    reps: int = 9, after=None, rest_s: float = 0.0) -> tuple[dict, dict]:
     """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
-    per weight copy, as graph_ms), timed in its own steady state: its graph replayed back to back
-    for warm_ms (the tuner's STEADY_WARM_MS, which says why), then `reps` timed replays. In run 33
+    per weight copy, as graph_ms), timed in its own steady state: after rest_s idle seconds where
+    given (the tuner's STEADY_REST_S says why), its graph replayed back to back for warm_ms (the
+    tuner's STEADY_WARM_MS), then `reps` timed replays. In run 33
     the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones without
     it (variants.py --study interleave); with it, the medians of the last 100 of 400 ms of a case's
     replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
@@ -201,7 +203,7 @@ def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_m
     times, errors = {}, {}
     for name, fns in cases.items():
         try:
-            times[name] = graph_ms(fns, target_ms, reps, warm_ms)
+            times[name] = graph_ms(fns, target_ms, reps, warm_ms, rest_s)
         except Exception as e:   # this case is reported, the others are still timed
             errors[name] = f"{type(e).__name__}: {e}"
         if after is not None and name in times:

@@ -9,6 +9,8 @@
                                   shipped cache changed, both tiles timed in steady state in turn)
     python benchmarks/variants.py --study steady-order --against OTHER_CACHE [--shapes qkv --ms 1024]
                                   (why that A/B was uneven: each pair timed ABBAABBA four ways)
+    python benchmarks/variants.py --study steady-rest --against OTHER_CACHE [--shapes qkv --ms 1024]
+                                  (the same pairs, captured, after rests of 0-2 s)
 
 int4-x (session 6, run 12): the int4 slices path at M = 1-256 (GPTQ), the template's default tile
 (int4.default_tile, which needs no cache) beside slices tiles. At M = 1-16 it adds tiles that
@@ -118,9 +120,11 @@ def _weights(fmt, N, K, dev):
 
 def cublas_baseline(rows, log, x, wb, **ids) -> float:
     """cuBLAS bf16 on the same rows, graph-replayed over the bf16 weight copies in its own steady
-    state (tuner.STEADY_WARM_MS first, as bench_gemm.py times it since run 33): every ratio's
-    denominator, recorded (and logged) as a row of its own."""
-    base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb], warm_ms=tuner.STEADY_WARM_MS)
+    state (tuner.STEADY_WARM_MS first, as bench_gemm.py times it since run 33, from rest at the
+    tuner's steady buckets since run 35): every ratio's denominator, recorded (and logged) as a row
+    of its own."""
+    base = graph_ms([lambda w=w: x @ w.weight.t() for w in wb], warm_ms=tuner.STEADY_WARM_MS,
+                    rest_s=tuner.steady_rest_s(bucket_for(x.shape[0])))
     rows.append(dict(ids, variant="cublas-bf16", ms=base))
     log(rows[-1])
     return base
@@ -975,7 +979,8 @@ def study_steady_picks(shapes, ms, log):
                     cases[i] = [lambda w=w, tile=tile: t.launch(x, w, tile) for w in ws[fmt]]
             # Twice in turn (A B C A B C): what drifts over seconds (the card warming) shows as a
             # difference between the two passes, not between the candidates.
-            passes = [steady_graph_ms(cases) for _ in range(STEADY_PICKS_PASSES)]
+            passes = [steady_graph_ms(cases, rest_s=tuner.steady_rest_s(bucket_for(M)))
+                      for _ in range(STEADY_PICKS_PASSES)]
             for i, d in info.items():
                 ms_, got, error = _over_passes(passes, i)
                 row = dict(study="steady-picks", format=fmt, shape=sh, M=M, variant=f"candidate {i}", **d,
@@ -1013,7 +1018,8 @@ def study_steady_ab(shapes, ms, log):
     bucket whose tile differs between the shipped cache and --against, both tiles checked against
     the reference, then each timed in its own steady state (common_bench.steady_graph_ms)
     STEADY_AB_PASSES times, A B, B A, A B, ..., so the card's drift over seconds falls on both
-    alike. Rows: each tile's median over the passes and every pass, marked shipped or against."""
+    alike, from rest at the tuner's steady buckets (tuner.steady_rest_s, since run 35). Rows: each
+    tile's median over the passes and every pass, marked shipped or against."""
     from common_bench import steady_graph_ms
     rows = []
     for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-ab", ("shipped", "against"), shapes, ms,
@@ -1024,7 +1030,7 @@ def study_steady_ab(shapes, ms, log):
         passes = []
         for i in range(STEADY_AB_PASSES):
             order = list(cases) if i % 2 == 0 else list(reversed(list(cases)))
-            passes.append(steady_graph_ms({k: cases[k] for k in order}))
+            passes.append(steady_graph_ms({k: cases[k] for k in order}, rest_s=tuner.steady_rest_s(bucket_for(M))))
         for k, tile in tiles.items():
             ms_, got, error = _over_passes(passes, k)
             row = dict(study="steady-ab", format=fmt, shape=sh, M=M, variant=k, tile=tile, ok=checks[k][0],
@@ -1039,6 +1045,8 @@ def study_steady_ab(shapes, ms, log):
 # and the idle seconds before each timing of its "captured-rest" mode (0: that mode left out).
 STEADY_ORDER = "ABBAABBA"
 STEADY_ORDER_REST_S = 1.0
+# The steady-rest study's rests (s) before each timing, after the same sequence with none.
+STEADY_REST_LENGTHS_S = (0.25, 0.5, 1.0, 2.0)
 
 
 def _fresh_steady_ms(fns, label: str) -> float:
@@ -1050,27 +1058,21 @@ def _fresh_steady_ms(fns, label: str) -> float:
     return times[label]
 
 
-def study_steady_order(shapes, ms, log):
-    """What made run 34's A/B uneven (NOTES run 34 item 5: on 12 of 32 keys the re-tuned tile
-    read 6-12% slower timed right after the old one than timed first, and on five the old tile
-    4-7% faster timed right after the new one). At each key whose tile the shipped cache and
-    --against give differently (A: shipped, B: against), both tiles timed in the order
-    STEADY_ORDER, each timing in its own steady state, four ways, in this order:
-      fresh          each timing captures its own graph (steady_graph_ms, as the A/B and
-                     bench_gemm), outputs allocated inside it, nothing else of the key's held;
-      fresh-out      the same into outputs allocated once, before these timings (so the other
-                     tile's freed graph memory cannot change where this one's output lands);
-      captured       each tile's graph captured once, before these timings, and only replayed;
-      captured-rest  the same after STEADY_ORDER_REST_S idle seconds before each timing (heat left
-                     by the tile before, whose time constant is seconds, not the warm-up's 200 ms,
-                     would fade).
-    Rows: one a timing, with the tile timed just before it (`after`: the previous mode's last
-    timing carries over) and the GPU's temperature, power and SM clock read right after it
-    (`gpu`, common_bench.gpu_state); a key whose check, capture or timing fails gives one row, its error."""
+def _timed_in_order(study, shapes, ms, log, fresh: bool, rests: dict):
+    """steady-order's and steady-rest's rows: at each key whose tile the shipped cache and --against
+    give differently (A: shipped, B: against), both tiles timed in the order STEADY_ORDER, each
+    timing in its own steady state; with `fresh`, first each timing on its own capture (as
+    steady_graph_ms), into outputs allocated inside it ("fresh") and into outputs allocated once
+    before ("fresh-out"); then, for each {mode: rest_s} of `rests`, on graphs captured once (in
+    the order A B) and only replayed, the card left idle rest_s seconds after each graph's probe
+    replay (tuner.steady_replay_ms, as the tuner's sweep). Rows: one a timing, with the tile timed
+    just before it (`after`: the previous mode's last timing carries over) and the GPU's
+    temperature, power and SM clock read right after it (`gpu`, common_bench.gpu_state); a key
+    whose check, capture or timing fails gives one row, its error."""
     from common_bench import _cycle, gpu_state
     rows = []
-    for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart("steady-order", ("A", "B"), shapes, ms, rows, log):
-        ids = dict(study="steady-order", format=fmt, shape=sh, M=M)
+    for sh, M, fmt, t, ws, x, ref, base, tiles in _keys_tiled_apart(study, ("A", "B"), shapes, ms, rows, log):
+        ids = dict(study=study, format=fmt, shape=sh, M=M)
         captured, prev = {}, "what ran before this key"
         try:
             for k, tile in tiles.items():
@@ -1081,10 +1083,6 @@ def study_steady_order(shapes, ms, log):
             def sequence(mode, timer):
                 nonlocal prev
                 for pos, k in enumerate(STEADY_ORDER):
-                    if mode == "captured-rest":
-                        if x.is_cuda:
-                            torch.cuda.synchronize()
-                        time.sleep(STEADY_ORDER_REST_S)
                     ms_ = timer(k)
                     rows.append(dict(ids, mode=mode, position=pos, variant=f"{mode} {k} after {prev}", which=k,
                                      after=prev, tile=tiles[k], ms=ms_, ratio_vs_cublas=base / ms_,
@@ -1093,20 +1091,18 @@ def study_steady_order(shapes, ms, log):
                     prev = k
 
             label = f"{fmt} {sh} M={M} tile"
-            sequence("fresh", lambda k: _fresh_steady_ms(
-                [lambda w=w: t.launch(x, w, tiles[k]) for w in ws], f"{label} {k}"))
             outs = [torch.empty(*ref.shape, device=x.device, dtype=ref.dtype) for _ in ws]
             fns_out = {k: [lambda w=w, y=y, tile=tile: t.launch(x, w, tile, out=y) for w, y in zip(ws, outs)]
                        for k, tile in tiles.items()}
-            sequence("fresh-out", lambda k: _fresh_steady_ms(fns_out[k], f"{label} {k}"))
+            if fresh:
+                sequence("fresh", lambda k: _fresh_steady_ms(
+                    [lambda w=w: t.launch(x, w, tiles[k]) for w in ws], f"{label} {k}"))
+                sequence("fresh-out", lambda k: _fresh_steady_ms(fns_out[k], f"{label} {k}"))
             for k in tiles:   # captured once, in the order A B
                 captured[k] = tuner.capture_graph(_cycle(fns_out[k]), 3.0)
-
-            def replayed(k):
-                return tuner.steady_replay_ms(captured[k][0], captured[k][1] * len(ws), 9, tuner.STEADY_WARM_MS)
-            sequence("captured", replayed)
-            if STEADY_ORDER_REST_S > 0:
-                sequence("captured-rest", replayed)
+            for mode, rest_s in rests.items():
+                sequence(mode, lambda k, rest_s=rest_s: tuner.steady_replay_ms(
+                    captured[k][0], captured[k][1] * len(ws), 9, tuner.STEADY_WARM_MS, rest_s=rest_s))
         except Exception as e:   # this key is reported, the others are still timed
             rows.append(dict(ids, variant="error", tiles=tiles, error=f"{type(e).__name__}: {e}"))
             log(rows[-1])
@@ -1116,6 +1112,33 @@ def study_steady_order(shapes, ms, log):
             if marks:   # both graphs gone: their fixup counters back to the pool
                 tuner.release_captures(marks[0])
     return rows
+
+
+def study_steady_order(shapes, ms, log):
+    """What made run 34's A/B uneven (NOTES run 34 item 5: on 12 of 32 keys the re-tuned tile
+    read 6-12% slower timed right after the old one than timed first, and on five the old tile
+    4-7% faster timed right after the new one). _timed_in_order's four ways, in this order:
+      fresh          each timing captures its own graph (steady_graph_ms, as the A/B and
+                     bench_gemm), outputs allocated inside it, nothing else of the key's held;
+      fresh-out      the same into outputs allocated once, before these timings (so the other
+                     tile's freed graph memory cannot change where this one's output lands);
+      captured       each tile's graph captured once, before these timings, and only replayed;
+      captured-rest  the same after STEADY_ORDER_REST_S idle seconds before each timing (heat left
+                     by the tile before, whose time constant is seconds, not the warm-up's 200 ms,
+                     would fade).
+    Run 35 (results/variants-nvidia-h200-2026-12-01-run35-steady-order-*.json): the power
+    limiter's state, not memory placement; the tuner and the benchmarks time from rest since."""
+    rests = {"captured": 0.0}
+    if STEADY_ORDER_REST_S > 0:
+        rests["captured-rest"] = STEADY_ORDER_REST_S
+    return _timed_in_order("steady-order", shapes, ms, log, True, rests)
+
+
+def study_steady_rest(shapes, ms, log):
+    """How long a rest the steady timer needs (run 35): steady-order's captured graphs, timed in
+    the order STEADY_ORDER with no rest ("captured"), then after each of STEADY_REST_LENGTHS_S."""
+    rests = {"captured": 0.0, **{f"rest {r:g} s": r for r in STEADY_REST_LENGTHS_S}}
+    return _timed_in_order("steady-rest", shapes, ms, log, False, rests)
 
 STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_join, "1,16,64"),
            "int4-join-wide": (study_int4_join_wide, "128,256,512,1024"),
@@ -1134,7 +1157,7 @@ STUDIES = {"int4-x": (study_int4_x, "1,16,64,256"), "int4-join": (study_int4_joi
            "power-trace": (study_power_trace, "1024,4096"),
            "steady-picks": (study_steady_picks, "256,1024,4096"),
            "steady-ab": (study_steady_ab, "256,512,1024,2048,4096,8192"),
-           "steady-order": (study_steady_order, "512,1024")}
+           "steady-order": (study_steady_order, "512,1024"), "steady-rest": (study_steady_rest, "1024")}
 
 
 # Seconds between rewrites of the results file while a study runs.
@@ -1147,7 +1170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="qkv,o,gate_up,down")
     ap.add_argument("--ms", default=None, help="rows (default: per study)")
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/variants.json")
-    ap.add_argument("--against", default=None, help="steady-ab and steady-order: the autotune cache (.json or .db) "
+    ap.add_argument("--against", default=None, help="steady-ab, steady-order and steady-rest: the autotune cache "
+                                                    "(.json or .db) "
                                                     "whose tiles the shipped cache's are timed against")
     a = ap.parse_args(argv)
     global STEADY_AB_AGAINST

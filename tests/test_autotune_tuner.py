@@ -269,11 +269,12 @@ def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
     cuda = torch.device("cuda")
     timer, graph = tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET)
     assert graph and timer.func is tuner.cuda_graph_timer
-    assert timer.keywords == {"warm_ms": tuner.STEADY_WARM_MS, "warm_from_ms": tuner.STEADY_MIN_CALL_MS}
+    assert timer.keywords == {"warm_ms": tuner.STEADY_WARM_MS, "warm_from_ms": tuner.STEADY_MIN_CALL_MS,
+                              "rest_s": tuner.STEADY_REST_S}
     assert tuner.default_timer(cuda, True, tuner.STEADY_FROM_BUCKET // 2) == (tuner.cuda_graph_timer, True)
     assert tuner.default_timer(cuda, False, 4096) == (tuner.eager_timer, False)
     assert tuner.default_timer(torch.device("cpu"), True, 4096) == (tuner.eager_timer, False)
-    assert tuner.STEADY_FROM_BUCKET == 256 and tuner.STEADY_WARM_MS == 200.0
+    assert tuner.STEADY_FROM_BUCKET == 256 and tuner.STEADY_WARM_MS == 200.0 and tuner.STEADY_REST_S == 1.0
 
 
 def test_the_graph_timer_warms_only_calls_long_enough_and_gives_them_back_their_counters(monkeypatch):
@@ -295,3 +296,13 @@ def test_the_graph_timer_warms_only_calls_long_enough_and_gives_them_back_their_
     replays.clear()
     tuner.cuda_graph_timer(lambda: None, reps=5)
     assert len(replays) == 5 and rewound == ["mark"] * 3
+    # From rest: after the probe the card idles rest_s seconds, and the probe no longer counts.
+    slept = []
+    monkeypatch.setattr(tuner.time, "sleep", lambda s: slept.append((s, len(replays))))
+    replays.clear()
+    tuner.cuda_graph_timer(lambda: None, reps=5, warm_ms=10.0, warm_from_ms=0.5, rest_s=1.5)
+    # probe 3; rest; 4 + 2 + 3 + 4 = 13 ms >= 10 warm it; then five timed replays
+    assert slept == [(1.5, 1)] and len(replays) == 1 + 4 + 5
+    replays.clear()
+    tuner.cuda_graph_timer(lambda: None, reps=5, warm_ms=10.0, warm_from_ms=1.0, rest_s=1.5)
+    assert slept == [(1.5, 1)] and len(replays) == 1 + 5   # a short call: no warm-up, so no rest

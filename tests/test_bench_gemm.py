@@ -31,7 +31,7 @@ def _cpu_stand_ins(bench_gemm, monkeypatch, graph_times):
     monkeypatch.setattr(bench_gemm, "steady_graph_ms", graph_times)
 
 
-def _run_all(cases, after=None):
+def _run_all(cases, after=None, rest_s=0.0):
     """A graph-timer stand-in: runs every case's calls once and gives case i the figure 1 + i."""
     for i, fns in cases.items():
         for f in fns:
@@ -58,7 +58,7 @@ def test_every_case_of_a_point_keeps_its_own_eager_and_graph_figures(bench_gemm,
     # steady state); each row keeps its own case's figures, eager and graph.
     calls = []
 
-    def graph_times(cases, after=None):
+    def graph_times(cases, after=None, rest_s=0.0):
         calls.append(len(cases))
         return _run_all(cases, after)
     _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)
@@ -87,7 +87,7 @@ def test_every_case_of_a_point_keeps_its_own_eager_and_graph_figures(bench_gemm,
 def test_a_case_the_graph_timer_refuses_keeps_its_eager_row_and_is_reported(bench_gemm, monkeypatch):
     logged = []
 
-    def graph_times(cases, after=None):
+    def graph_times(cases, after=None, rest_s=0.0):
         times, _ = _run_all(cases)
         return {i: v for i, v in times.items() if i != 0}, {0: "RuntimeError: capture failed"}
     _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)
@@ -125,3 +125,19 @@ def test_the_ratio_table_compares_figures_timed_alike_and_names_each_formats_pee
     table = {line.split(" | ")[0][2:]: line for line in bench_gemm.ratio_table(rows).splitlines()[2:]}
     assert table["int4-gptq"] == "| int4-gptq | 1 | 2.00x | 2.00x | qkv 1.50x tinygemm; qkv 0.50x gemlite; qkv 50% BW |"
     assert table["fp8"] == "| fp8 | 1 | 1.60x | 1.60x | qkv 2.00x sm+q; qkv 40% BW |"
+
+
+def test_graph_figures_are_timed_from_rest_where_the_tuner_times_its_candidates_from_rest(bench_gemm, monkeypatch):
+    # Run 35: the power limiter's state carries over for seconds, so from the tuner's steady bucket
+    # on every case starts from STEADY_REST_S idle seconds, as the tuner's candidates do; below it, none.
+    rests = {}
+
+    def graph_times(cases, after=None, rest_s=0.0):
+        rests[len(rests)] = rest_s
+        return _run_all(cases, after)
+    _cpu_stand_ins(bench_gemm, monkeypatch, graph_times)
+    from vsr.autotune import tuner
+    low, high = tuner.STEADY_FROM_BUCKET // 2 + 1, tuner.STEADY_FROM_BUCKET   # buckets 256 and 256
+    bench_gemm.shape_rows("qkv", [tuner.STEADY_FROM_BUCKET // 2, low, high], CEIL, lambda r: None, ("cublas-bf16",),
+                          formats=())
+    assert rests == {0: 0.0, 1: tuner.STEADY_REST_S, 2: tuner.STEADY_REST_S} and tuner.STEADY_REST_S > 0

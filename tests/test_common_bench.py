@@ -41,13 +41,15 @@ def test_the_gpu_state_reads_what_nvml_gives_and_none_for_the_rest(common_bench,
 def test_the_steady_timer_calls_after_as_each_timed_case_ends(common_bench, monkeypatch):
     order = []
 
-    def graph_ms(fns, target_ms, reps, warm_ms):
+    def graph_ms(fns, target_ms, reps, warm_ms, rest_s):
         assert warm_ms == common_bench.tuner.STEADY_WARM_MS   # each case in its own steady state
+        assert rest_s == 0.5                                  # from the rest it was asked to start from
         order.append(("timed", fns))
         if fns == "bad":
             raise RuntimeError("capture failed")
         return 1.0
     monkeypatch.setattr(common_bench, "graph_ms", graph_ms)
-    times, errors = common_bench.steady_graph_ms({"a": "ok", "b": "bad", "c": "ok"}, after=lambda n: order.append(n))
+    times, errors = common_bench.steady_graph_ms({"a": "ok", "b": "bad", "c": "ok"}, after=lambda n: order.append(n),
+                                                 rest_s=0.5)
     assert times == {"a": 1.0, "c": 1.0} and list(errors) == ["b"]
     assert order == [("timed", "ok"), "a", ("timed", "bad"), ("timed", "ok"), "c"]

@@ -536,10 +536,12 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
         looked_up.append((template.name, problem.bucket, cache))
         return Entry(key=None, tile=space[2], candidates=cands) if template.name == "fp8_w8a8" else None
     monkeypatch.setattr(variants, "shipped_entry", shipped_entry)
-    passes = []
+    passes, rests = [], []
+    monkeypatch.setattr(variants.tuner, "STEADY_FROM_BUCKET", 16)   # 16 rows timed from rest, as 256+ are
 
-    def steady(cases):
+    def steady(cases, rest_s=0.0):
         passes.append(sorted(cases))
+        rests.append(rest_s)
         for fns in cases.values():
             for f in fns:
                 f()
@@ -547,6 +549,7 @@ def test_the_steady_picks_study_times_a_keys_best_recorded_candidates(variants, 
     monkeypatch.setattr(common_bench, "steady_graph_ms", steady)
     rows = [r for r in variants.study_steady_picks(["tiny"], [16], lambda r: None) if "recorded_ms" in r]
     assert passes == [[0, 1, 2]] * variants.STEADY_PICKS_PASSES
+    assert rests == [variants.tuner.STEADY_REST_S] * variants.STEADY_PICKS_PASSES
     # fp8 only: the bf16 key is not in this cache. Best recorded first; the failed candidate left out.
     assert [r["recorded_ms"] for r in rows] == [0.1, 0.2, 0.3] and [r["shipped"] for r in rows] == [False, True, False]
     assert all(r["ok"] for r in rows) and [r["ms"] for r in rows] == [1.0, 2.0, 3.0]
@@ -573,7 +576,8 @@ def test_the_steady_ab_study_times_both_tiles_of_each_key_that_differs_in_turn(v
     monkeypatch.setattr(variants, "shipped_tile", tile_of)
     orders = []
 
-    def steady(cases):
+    def steady(cases, rest_s=0.0):
+        assert rest_s == 0.0   # 16 rows: below the tuner's steady buckets, no rest
         orders.append(list(cases))
         for fns in cases.values():
             for f in fns:
@@ -646,7 +650,8 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_four_ways(varia
     # Each tile captured once; the captured timings, with and without a rest before each, replay
     # only those two graphs (warm-up: two replays of 4 ms reach 8 ms; then 9 timed), per call
     # 4 ms / (2 captured cycles x copies); only the rest mode sleeps, once a timing.
-    assert len(captures) == 2 and set(replays) == set(captures) and len(replays) == 2 * n * (2 + 9)
+    # (with the rest the probe replay comes before it and no longer counts: 1 + 2 + 9 replays).
+    assert len(captures) == 2 and set(replays) == set(captures) and len(replays) == n * (2 + 9) + n * (1 + 2 + 9)
     assert all(r["ms"] == 4.0 / (2 * copies) for r in rows[2 * n:]) and rewound == [1]
     assert sleeps == [variants.STEADY_ORDER_REST_S] * n
     # fresh-out writes into outputs allocated once: the same tensors every time.
@@ -658,6 +663,32 @@ def test_the_steady_order_study_times_both_tiles_in_its_sequence_four_ways(varia
     rows = [r for r in variants.study_steady_order(["tiny"], [16], lambda r: None) if r["variant"] != "cublas-bf16"]
     assert [r["mode"] for r in rows[:-1]] == ["fresh"] * n + ["fresh-out"] * n and not replays
     assert rows[-1]["variant"] == "error" and "capture failed" in rows[-1]["error"] and rewound == [1]
+
+
+def test_the_steady_rest_study_times_the_captured_pair_after_each_rest(variants, monkeypatch, on_a_tiny_shape,
+                                                                        tmp_path):
+    # Run 35: the captured graphs only, in STEADY_ORDER with no rest, then after each rest length.
+    from vsr.kernels import registry
+    on_a_tiny_shape(48, 256)
+    t = registry.TEMPLATES["fp8_w8a8"]
+    space = t.search_space(t.problem(variants._weights("fp8", 48, 256, DEV)[0], 16, torch.float16))[:2]
+    against = tmp_path / "old.json"
+    monkeypatch.setattr(variants, "STEADY_AB_AGAINST", against)
+    monkeypatch.setattr(variants, "STEADY_ORDER", "AB")
+    monkeypatch.setattr(variants, "STEADY_REST_LENGTHS_S", (0.5, 2.0))
+    monkeypatch.setattr(variants, "shipped_tile", lambda template, problem, device, cache: (
+        dict(space[0] if cache == against else space[1]) if template.name == "fp8_w8a8" else None))
+    monkeypatch.setattr(variants.tuner, "capture_graph", lambda fn, target_ms: (fn, 2, "mark"))
+    monkeypatch.setattr(variants.tuner, "replay_ms", lambda graph: 4.0)
+    monkeypatch.setattr(variants.common, "rewind_capture_counters", lambda mark: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(variants.tuner, "STEADY_WARM_MS", 8.0)
+    sleeps = []
+    monkeypatch.setattr(variants.time, "sleep", sleeps.append)
+    rows = [r for r in variants.study_steady_rest(["tiny"], [16], lambda r: None) if "mode" in r]
+    assert [(r["mode"], r["which"]) for r in rows] == [(m, k) for m in ("captured", "rest 0.5 s", "rest 2 s")
+                                                       for k in "AB"]
+    assert sleeps == [0.5, 0.5, 2.0, 2.0] and all(r["study"] == "steady-rest" for r in rows)
 
 
 def test_the_steady_ab_study_asks_for_the_cache_it_compares_with(variants, monkeypatch):
@@ -724,5 +755,8 @@ def test_the_cublas_baseline_is_timed_in_its_own_steady_state(variants, monkeypa
     monkeypatch.setattr(variants, "graph_ms", lambda fns, **options: got.append(options) or 2.0)
     rows = []
     assert variants.cublas_baseline(rows, lambda r: None, torch.ones(2, 4), [], study="s", M=2) == 2.0
-    assert got == [{"warm_ms": variants.tuner.STEADY_WARM_MS}] and rows == [dict(study="s", M=2, variant="cublas-bf16",
-                                                                                 ms=2.0)]
+    assert got == [{"warm_ms": variants.tuner.STEADY_WARM_MS, "rest_s": 0.0}]
+    assert rows == [dict(study="s", M=2, variant="cublas-bf16", ms=2.0)]
+    # From the tuner's steady buckets, from rest, as bench_gemm times it (run 35).
+    variants.cublas_baseline(rows, lambda r: None, torch.ones(variants.tuner.STEADY_FROM_BUCKET, 4), [], study="s")
+    assert got[-1] == {"warm_ms": variants.tuner.STEADY_WARM_MS, "rest_s": variants.tuner.STEADY_REST_S}
