@@ -79,3 +79,34 @@ def test_an_unchecked_point_misses_the_peer_and_geomean_targets_too(targets):
     assert t["bf16 geomean >= 1.0x"]["met"] is False and t["bf16 geomean >= 1.0x"]["value"] == 2.0
     peers = t["int4 faster than tinygemm and gemlite at every M >= 16"]
     assert peers["met"] is False and "9.00x tinygemm UNCHECKED" in targets.report([peers])
+
+
+def test_results_of_one_commit_on_different_shapes_are_read_as_one(targets):
+    a = result([row("bf16", "cublas-bf16", 1, 30.0), row("int4-gptq", "vsr", 1, 12.0)])
+    b = result([row("bf16", "cublas-bf16", 1, 20.0, shape="down"), row("int4-gptq", "vsr", 1, 5.0, shape="down")])
+    t = by_name(targets.evaluate(targets.join_results([a, b])))["int4 >= 3.0x at M=1"]
+    # each shape against its own run's cuBLAS: qkv 30 / 12 = 2.5x misses, down 20 / 5 = 4x holds
+    assert t["points"] == 2 and [(m["shape"], m["ratio"]) for m in t["misses"]] == [("qkv", 2.5)]
+
+
+def test_results_that_overlap_or_differ_in_commit_are_refused(targets):
+    a = result([row("bf16", "cublas-bf16", 1, 30.0)])
+    with pytest.raises(ValueError, match="both time"):
+        targets.join_results([a, result([row("bf16", "cublas-bf16", 1, 31.0)])])
+    with pytest.raises(ValueError, match="different commits"):
+        targets.join_results([a, {**result([row("bf16", "cublas-bf16", 1, 20.0, shape="o")]), "commit": "other"}])
+
+
+def test_the_command_line_takes_several_results(targets, tmp_path, capsys):
+    import json
+    paths = []
+    for i, shape in enumerate(("qkv", "down")):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps(result([row("bf16", "cublas-bf16", 1, 30.0, shape=shape),
+                                        row("bf16", "vsr", 1, 20.0, shape=shape, floor=18.0)])))
+        paths.append(str(p))
+    out = tmp_path / "t.json"
+    assert targets.main(paths + ["--out", str(out)]) == 0
+    t = by_name(json.loads(out.read_text())["targets"])
+    assert t["bf16: no point below 0.9x"]["points"] == 2 and t["bf16: no point below 0.9x"]["met"] is True
+    assert "r0.json, " in capsys.readouterr().out
