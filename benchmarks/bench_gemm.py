@@ -15,8 +15,9 @@ the power limiter's state carries over for seconds; run 35). vsr tiles come from
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
-The whole table takes about 570 s on the H200 (run 36: qkv, o and gate_up 449 s, down 112 s), the
-second's rest before each of its 120 steady cases included: past one 10-minute device command, so
+The whole table takes about 560 s on the H200 (run 36: qkv, o and gate_up 449 s, down 112 s), the
+second's rest before each steady case included (nvfp4's swept candidates rest too, in the tuner's
+timer): past one 10-minute device command, so
 run it as `--shapes qkv,o,gate_up` and `--shapes down` and read the targets off both files at once
 (`targets.py A.json B.json`). A run cut short keeps the shapes it finished (`"partial": true`).
 """

@@ -134,7 +134,7 @@ def join_results(results: list[dict]) -> dict:
             if seen.setdefault(point, i) != i:
                 raise ValueError(f"results {seen[point]} and {i} both time {point[:4]}")
             rows.append(r)
-    return {**results[0], "rows": rows, "partial": any(r.get("partial") for r in results)}
+    return {**results[0], "rows": rows}
 
 
 def report(targets: list[dict]) -> str:
@@ -176,8 +176,8 @@ def main(argv=None) -> int:
     print(f"{names} (commit {result.get('commit')}, {result.get('device')}, triton {result.get('triton')})")
     print(report(targets))
     if a.out:
-        a.out.write_text(json.dumps({"result": names if len(a.result) > 1 else str(a.result[0]),
-                                     "commit": result.get("commit"), "targets": targets}, indent=1) + "\n")
+        a.out.write_text(json.dumps({"result": names, "commit": result.get("commit"), "targets": targets},
+                                    indent=1) + "\n")
     return 0
 
 
