@@ -30,7 +30,10 @@ each graphed engine gave its eager counterpart's bytes (Engine.forward, what Eng
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -49,6 +52,23 @@ from vsr.runtime import engine as engine_mod  # noqa: E402
 from vsr.runtime.engine import load_engine  # noqa: E402
 
 WORDS = " ".join(TEST_TEXTS).split()
+
+
+def profile_top(fn, calls: int = 200, top: int = 10) -> list[dict]:
+    """The `top` functions by own host time over `calls` calls of fn (cProfile, microseconds per call)."""
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof, stream=io.StringIO())
+    rows = [{"fn": f"{Path(file).name}:{line}:{name}", "own_us": tt / calls * 1e6, "cum_us": ct / calls * 1e6,
+             "calls_per_call": nc / calls}
+            for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items()]
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
 
 
 def batches() -> dict[str, list[str]]:
@@ -119,7 +139,7 @@ def main() -> int:
                     help="also a (quantized) package of the same model, run in bf16")
     ap.add_argument("--traffic", type=int, default=512, metavar="N", help="requests of the traffic study (0: none)")
     ap.add_argument("--profile", action="store_true",
-                    help="add each model's eager host time by function (cProfile; launch_overhead.profile_top)")
+                    help="add each model's eager host time by function (cProfile)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     pkg = Pkg(build_random_bert(Path(tempfile.mkdtemp()) / "random-bert"))
@@ -149,7 +169,6 @@ def main() -> int:
                 print(f"{fmt:11s} {name:9s} {len(texts):3d} x {tokens:3d} tokens {provider:13s} {ms:7.3f} ms "
                       f"same bytes {same}", flush=True)
         if a.profile:
-            from launch_overhead import profile_top
             for name, texts in batches().items():
                 top = profile_top(lambda: engines["vsr-eager"].forward(texts), calls=20, top=15)
                 profiles.append({"format": fmt, "batch": name, "top": top})

@@ -6,7 +6,6 @@ import datetime
 import functools
 import math
 import os
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -75,8 +74,8 @@ def shipped_entry(template, problem, device, cache: Path = SHIPPED_CACHE, identi
     """The entry (autotune.store.Entry: tile, candidates) `cache` (default the shipped one) holds for
     template's Problem on `device` (or on the device `identity` names, a DeviceIdentity, where it is
     not this machine's): its exact key's, else that of a key tuned for another kernel source or
-    Triton (a branch's kernels stale the cache, and studies and profiles of a branch still want the
-    tiles users run), every other key field matching; None if it has neither."""
+    Triton (a branch's kernels stale the cache, and a branch's benchmarks still want the tiles users
+    run), every other key field matching; None if it has neither."""
     want = make_key(template, problem, identity or current_device_identity(torch.device(device)))
     entries = _entries_by_lineage(Path(cache)).get(want.lineage(), [])
     exact = [e for e in entries if e.key == want]
@@ -193,12 +192,10 @@ def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_m
     """({name: median per-call ms}, {name: error}) of each case's CUDA graph (a list of calls, one
     per weight copy, as graph_ms), timed in its own steady state: after rest_s idle seconds where
     given (the tuner's STEADY_REST_S says why), its graph replayed back to back for warm_ms (the
-    tuner's STEADY_WARM_MS), then `reps` timed replays. In run 33
-    the same calls timed first at M=4096 ran up to 18% faster than timed after heavier ones without
-    it (variants.py --study interleave); with it, the medians of the last 100 of 400 ms of a case's
-    replays moved with the case that ran before it by 3% or less on 28 of 32 cases, at most 8.1%
-    (--study power-trace). A case whose warm-up or capture raises is left out, with its error; the
-    others are timed. `after(name)`, where given, is called as each case's timing ends (bench_gemm
+    tuner's STEADY_WARM_MS), then `reps` timed replays. Without the warm-up, the same calls at
+    M=4096 run up to 18% faster when timed first than when timed after heavier ones
+    (docs/cache.md, "Timing"). A case whose warm-up or capture raises is left out, with its error;
+    the others are timed. `after(name)`, where given, is called as each case's timing ends (bench_gemm
     reads the GPU's state there, gpu_state)."""
     times, errors = {}, {}
     for name, fns in cases.items():
@@ -214,8 +211,8 @@ def steady_graph_ms(cases: dict, warm_ms: float = tuner.STEADY_WARM_MS, target_m
 def gpu_state() -> dict:
     """The GPU's temperature (C), power draw (W) and SM clock (MHz) as NVML reports them now (power
     and clock averaged over NVML's last sample period, 1/6 to 1 s), each None where it cannot be
-    read (no NVML binding, nvidia-ml-py, installed; no GPU). Run 34 found a tile's steady time
-    moving with the tile timed before it (benchmarks/NOTES.md); these say what state it ran in."""
+    read (no NVML binding, nvidia-ml-py, installed; no GPU). A power-limited GPU's steady time
+    moves with what ran before it (docs/cache.md, "Timing"); these say what state a case ran in."""
     out = {}
     for name, read, scale in (("temp_c", "temperature", 1), ("power_w", "power_draw", 1e-3),
                               ("sm_mhz", "clock_rate", 1)):
@@ -223,51 +220,6 @@ def gpu_state() -> dict:
             out[name] = getattr(torch.cuda, read)() * scale
         except Exception:   # an optional reading: its absence is recorded as None
             out[name] = None
-    return out
-
-
-def interleaved_graph_ms(cases: dict, target_ms: float = 3.0, rounds: int = 9) -> tuple[dict, dict]:
-    """As steady_graph_ms with no warm-up, the graphs' replays interleaved: every round replays each
-    graph once, in an order rotated by one each round (so each case always follows the same one:
-    run 33's interleave study, which this timer was written for, found the figures still moved
-    with that neighbour; bench_gemm.py times with steady_graph_ms)."""
-    graphs, errors, marks = {}, {}, []
-    try:
-        for name, fns in cases.items():
-            try:
-                g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
-            except Exception as e:
-                errors[name] = f"{type(e).__name__}: {e}"
-                continue
-            graphs[name] = (g, calls)
-            marks.append(mark)
-        times: dict = {name: [] for name in graphs}
-        names = list(graphs)
-        for r in range(rounds if names else 0):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                g, calls = graphs[name]
-                times[name].append(tuner.replay_ms(g) / calls)
-    finally:
-        g = None
-        graphs.clear()
-        if marks:   # the first mark: every graph captured since is gone
-            tuner.release_captures(marks[0])
-    return {name: statistics.median(ts) for name, ts in times.items()}, errors
-
-
-def replay_trace(fns, span_ms: float = 400.0, target_ms: float = 3.0) -> list[tuple[float, float]]:
-    """[(ms since the first replay, per-call ms)] of one case's CUDA graph (as graph_ms) replayed
-    back to back for span_ms: how its speed moves as the card's power state settles under it."""
-    g, calls, mark = tuner.capture_graph(_cycle(fns), target_ms)
-    out, t = [], 0.0
-    try:
-        while t < span_ms:
-            ms = tuner.replay_ms(g)
-            out.append((t, ms / calls))
-            t += ms
-    finally:
-        del g
-        tuner.release_captures(mark)
     return out
 
 
