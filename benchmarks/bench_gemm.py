@@ -9,13 +9,13 @@ measured in the same run; random data; every row checked against its reference b
 its time counts; eager times are triton's do_bench medians (L2 cleared before each call);
 for every M also CUDA-graph replays cycling through weight copies that together exceed twice the
 L2, each timed in its own steady state, after 200 ms of its own replays (common_bench.steady_graph_ms: the H200 is
-power-limited under these products, and a provider timed after lighter work ran up to 18% faster
-than after heavier; run 33), and from M=256 after a second's idle first (the tuner's STEADY_REST_S:
-the power limiter's state carries over for seconds; run 35). vsr tiles come from an autotune cache (--cache: the
+power-limited under these products, and a provider timed after lighter work runs up to 18% faster
+than after heavier), and from M=256 after a second's idle first (the tuner's STEADY_REST_S: the
+power limiter's state carries over for seconds; docs/cache.md). vsr tiles come from an autotune cache (--cache: the
 tiles users run) or from vsr.autotune.tuner.sweep over the template's search space (--sweep N
 candidates per key, 0 = default tiles). JSON keys as BENCHMARKS.md
 "Results file"; a ratio table is printed last, then issue 4's targets read off the run (targets.py).
-The whole table takes about 560 s on the H200 (run 36: qkv, o and gate_up 449 s, down 112 s), the
+The whole table takes about 560 s on the H200 (qkv, o and gate_up 449 s, down 112 s), the
 second's rest before each steady case included (nvfp4's swept candidates rest too, in the tuner's
 timer): past one 10-minute device command, so
 run it as `--shapes qkv,o,gate_up` and `--shapes down` and read the targets off both files at once
@@ -196,9 +196,9 @@ def peer_cases(s: dict, x: torch.Tensor, log) -> list[Case]:
 
 def point_rows(sh: str, N: int, K: int, M: int, cases: list[Case], ceil: dict, log) -> list[dict]:
     """Every case's rows at one point: its eager time (triton's do_bench median, the cases one
-    after another: vsr's Python launch path costs 31-158 us of host time per call, H200 run 7,
-    results/launch-overhead-nvidia-h200-2026-11-29-run7.json, which hides the kernel up to M ~
-    1024, so BENCHMARKS.md asks for both figures: every M here) and its CUDA-graph time, each
+    after another: vsr's Python launch path costs 66-177 us of host time per call on the H200,
+    which hides the kernel up to M ~ 1024, so BENCHMARKS.md asks for both figures: every M here)
+    and its CUDA-graph time, each
     case in its own steady state (common_bench.steady_graph_ms), from rest where the tuner times
     its candidates from rest (tuner.steady_rest_s), so the two measure alike. A case that cannot be timed is left out and
     logged as an error (main writes every logged error into the results file)."""

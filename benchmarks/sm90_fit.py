@@ -18,12 +18,10 @@ RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of)
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
 device's Triton; its default where the cache has none).
 
-Run 24 (results/sm90-fit-triton-{3.9.0,3.6.0}-2026-11-30*.json, NOTES run 24 item 7): on the
-H200, 1050 of 1078 default launches fit on Triton 3.9 and 3.6 alike; the 28 that do not are fp8
-with fp32 activations at buckets 1024-8192 (327,712 / 278,552 bytes). Aimed at the MI300X, every
-launch of gemm.py's kernels was refused by Triton's HIP backend (launch_pdl). The arguments'
-specialization matters: compiled from a bare signature (as inspect_kernels.compile_cuda does), a
-shipped H200 tile that runs on the device asked for 262,176 bytes.
+On the H200 every default and every shipped launch fits, 1078 of 1078, on Triton 3.6-3.9
+(benchmarks/results/sm90-fit-nvidia-h200-2026-12-01*.json). Each launch is compiled from its own
+arguments because their specialization matters: compiled from a bare signature, a shipped H200
+tile that runs on the device asks for 262,176 bytes and would read as not fitting.
 """
 from __future__ import annotations
 

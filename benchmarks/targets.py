@@ -1,12 +1,12 @@
 """Issue 4's speed targets (its point 6) read off a bench_gemm.py result: each met or missed,
 with every point that misses, the time the target asks for there, and the run's roofline floor.
 
-    python benchmarks/targets.py benchmarks/results/gemm-nvidia-h200-2026-11-30-run29.json [--out FILE]
+    python benchmarks/targets.py benchmarks/results/gemm-nvidia-h200-2026-12-01.json [--out FILE]
     python benchmarks/targets.py RESULT_A RESULT_B ...   # runs of the same commit on different shapes
 
 Several results are read as one when they measure the same commit and share no point (format,
 provider, shape, M): a whole run of every format and shape no longer fits one 10-minute device
-command since the steady timer rests before each case (run 36), so it is run by shapes. Each
+command when the steady timer rests before each case, so it is run by shapes. Each
 point's ratio is still taken against the cuBLAS time of its own run (cuBLAS is timed at every
 shape of every run).
 

@@ -1,29 +1,29 @@
 #!/usr/bin/env bash
-# Rebuild caches/nvidia-h200.json the way runs 13-20 did (benchmarks/NOTES.md), on the device the
-# file is for, in two stages of under ten minutes each (the device tool's limit per command):
+# Rebuild caches/nvidia-h200.json on the device the file is for (docs/cache.md), in stages of under
+# ten minutes each (the device tool's limit per command):
 #
 #   caches/retune.sh 27b DB      the 27B-class bf16 and fp8 keys at 16 candidates into a scratch
-#                                store, their int4 keys at 20 into DB (int4 at 16 lost 9% at M=64,
-#                                run 14; buckets 2 and 4 over their whole spaces, run 30), the
-#                                first imported into DB
+#                                store, their int4 keys at 20 into DB (a 16-candidate pick leaves
+#                                int4 at M=64 9% slower; buckets 2 and 4 over their whole spaces),
+#                                the first imported into DB
 #   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
 #                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
 #   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
 #                                file rebuilt) imported into DB, the entries whose kernel source
 #                                changed pruned, only the keys left without a tile tuned (vsr-tune
 #                                skips recorded ones) at the counts above, DB exported (int4's 280
-#                                keys: about 400 s on the H200 in run 30; an edit that stales every key
-#                                can take more than ten minutes: run it again, it resumes)
+#                                keys: about 400 s on the H200; an edit that stales every key can
+#                                take more than ten minutes: run it again, it resumes)
 #   caches/retune.sh steady DB   the 27B-class keys of 256 rows and more (STEADY_BUCKETS) re-tuned
-#                                with the tuner's steady-state timing (run 33; the file's picks there
-#                                were timed unwarmed) into a scratch store at the counts above, then
+#                                with the tuner's steady-state timing from rest into a scratch
+#                                store at the counts above, then
 #                                the file (FROM_JSON, default the file rebuilt) imported into DB and
-#                                the scratch store over it (its tiles preferred), DB exported. The
-#                                kernels did not change, so `stale` would tune none of them
+#                                the scratch store over it (its tiles preferred), DB exported: a
+#                                re-timing of unchanged kernels, which `stale` would not tune
 #
 # Every stage passes vsr-tune --incumbents the file it rebuilds (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
-# tile a key had joins that key's candidate pick, so a re-tune cannot lose it (run 20).
+# tile a key had joins that key's candidate pick, so a re-tune cannot lose it.
 #
 # VSR_TUNE: the vsr-tune command (default vsr-tune; "python -m vsr.cli.tune" where the sources are
 # on PYTHONPATH but not installed, as on the device tool). The tuner writes each key as it is tuned, so a
@@ -62,7 +62,7 @@ tune_27b_int4_pick() {
   $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --max-candidates 20 ${inc[@]+"${inc[@]}"} "${@:2}"
 }
 # Buckets 2 and 4 of the int4 keys over their whole spaces first (16 keys, 78 s on the H200): the
-# 20-tile pick there holds the X_ROW tile that wins for few of them (run 30, benchmarks/NOTES.md).
+# 20-tile pick there can miss the X_ROW tiles that win at bucket 2 (docs/cache.md).
 tune_27b_int4() {
   $tune 27b --autotune-cache "$1" --formats int4-gptq,int4-awq --buckets 2,4
   tune_27b_int4_pick "$1"

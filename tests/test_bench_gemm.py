@@ -98,7 +98,7 @@ def test_a_case_the_graph_timer_refuses_keeps_its_eager_row_and_is_reported(benc
 
 
 def test_the_results_file_is_written(bench_gemm, monkeypatch, tmp_path):
-    # Run 14's first bench_gemm stopped on the H200 when its writer met an unimported name.
+    # The writer runs only at the end of a long device run: a name it misses loses the whole run.
     monkeypatch.setattr(bench_gemm.torch.cuda, "get_device_name", lambda: "NVIDIA H200")
     out = tmp_path / "gemm.json"
     a = argparse.Namespace(out=str(out), sweep=0, cache=None, cache_formats="bf16", peers=("cublas-bf16",))
@@ -128,7 +128,7 @@ def test_the_ratio_table_compares_figures_timed_alike_and_names_each_formats_pee
 
 
 def test_graph_figures_are_timed_from_rest_where_the_tuner_times_its_candidates_from_rest(bench_gemm, monkeypatch):
-    # Run 35: the power limiter's state carries over for seconds, so from the tuner's steady bucket
+    # The power limiter's state carries over for seconds, so from the tuner's steady bucket
     # on every case starts from STEADY_REST_S idle seconds, as the tuner's candidates do; below it, none.
     rests = {}
 
