@@ -22,8 +22,8 @@ N requests of varied length (1-63 tokens) in two workloads: "file", 64 at a time
 way a process serving requests as they come might. Each workload runs twice over (a long-lived
 process: the second pass finds its shapes seen) on four engines of one model: eager at each
 batch's own longest request ("eager-own"), eager at the ladder's shapes (engine.batch_shape,
-"eager"), CUDA graphs of every batch's own shape captured on first use (the engine before the
-ladder, "graphs-own-first") and CUDA graphs at the ladder's shapes captured on a shape's second
+"eager"), CUDA graphs of every batch's own shape captured on first use (for comparison,
+"graphs-own-first") and CUDA graphs at the ladder's shapes captured on a shape's second
 call ("graphs"). Rows give the requests per second of each pass, the captures so far, and whether
 each graphed engine gave its eager counterpart's bytes (Engine.forward, what Engine.answer runs).
 """
@@ -108,7 +108,7 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
         for name in names:
             e = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=name == "graphs",
                             shape_ladder=not name.endswith(("-own", "-own-first")))
-            if name == "graphs-own-first":   # the engine before the ladder: each shape captured on first use
+            if name == "graphs-own-first":   # no ladder: each batch's own shape captured on first use
                 e.graphed = engine_mod.GraphedForward(e.model, e.device, capture_at=1)
             for rep in (1, 2):
                 torch.cuda.synchronize()
@@ -151,7 +151,7 @@ def main() -> int:
         runs.append((name, Pkg(Path(path)), "bfloat16"))
     rows, profiles = [], []
     for fmt, pkg, dtype in runs:
-        own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)   # as before the ladder
+        own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)   # each batch at its own shape
         engines = {"vsr-eager-own": own, "vsr-eager": load_engine(pkg, device="cuda", dtype=dtype),
                    "vsr-graphs": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)}
         for name, texts in batches().items():

@@ -5,7 +5,7 @@ with every point that misses, the time the target asks for there, and the run's 
     python benchmarks/targets.py RESULT_A RESULT_B ...   # runs of the same commit on different shapes
 
 Several results are read as one when they measure the same commit and share no point (format,
-provider, shape, M): a whole run of every format and shape no longer fits one 10-minute device
+provider, shape, M): a whole run of every format and shape does not fit one 10-minute device
 command when the steady timer rests before each case, so it is run by shapes. Each
 point's ratio is still taken against the cuBLAS time of its own run (cuBLAS is timed at every
 shape of every run).
