@@ -91,7 +91,7 @@ def _load_sum(x_ptr, r_ptr, stride_x, stride_r, row, offs, mask, HAS_RES: tl.con
 
 
 @triton.jit
-def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, stride_x, stride_r, eps, EPS_Q,
+def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, INV_N, stride_x, stride_r, eps, EPS_Q,
                  BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LAYER: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, EXACT: tl.constexpr, QUANT: tl.constexpr,
                  RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr):
@@ -115,7 +115,7 @@ def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, str
         tot = tl.sum(sa, axis=0)
         if BLOCK_B > 0:
             tot += tl.sum(sb, axis=0)
-        mean = tot / N
+        mean = tot * INV_N
         sa = tl.where(ma, sa - mean, 0.0)
         ss = tl.sum(sa * sa, axis=0)
         if BLOCK_B > 0:
@@ -125,7 +125,7 @@ def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, str
         ss = tl.sum(sa * sa, axis=0)
         if BLOCK_B > 0:
             ss += tl.sum(sb * sb, axis=0)
-    rstd = tl.math.rsqrt(ss / N + eps)
+    rstd = tl.math.rsqrt(ss * INV_N + eps)   # torch's mean: the sum times fp32(1/N)
     ya = _scale(sa * rstd, w_ptr, b_ptr, offs_a, ma, x_ptr.dtype.element_ty, LAYER, HAS_BIAS, ZERO_CENTERED, EXACT)
     tl.store(y_ptr + row * N + offs_a, ya, mask=ma)
     if BLOCK_B > 0:
@@ -174,7 +174,7 @@ def _launch(x, residual, weight, bias, eps, layer, zero_centered, exact, quant_f
         _norm_kernel[(T,)](
             x, x if residual is None else residual, weight, weight if bias is None else bias, y,
             y if s is None else s, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else y,
-            xs if quant_fp8 else y, N, x.stride(0), 0 if residual is None else residual.stride(0), eps, eps_q,
+            xs if quant_fp8 else y, N, 1.0 / N, x.stride(0), 0 if residual is None else residual.stride(0), eps, eps_q,
             BLOCK_A=a, BLOCK_B=b, LAYER=layer, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
             ZERO_CENTERED=zero_centered, EXACT=exact, QUANT=quant_fp8, RECIPROCAL=rcp, HW_CVT=hw,
             BF16_RCP=bf16_rcp, num_warps=warps)
