@@ -45,7 +45,7 @@ def _act(x, MODE: tl.constexpr, TANH: tl.constexpr, LIBDEVICE: tl.constexpr):
             e = tl.exp(-x)
         return tl.div_rn(x, 1.0 + e)
     if TANH:
-        z = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        z = 0.7978845608028654 * (x + 0.044715 * (x * x * x))   # torch's order: x³ first
         if LIBDEVICE:
             t = libdevice.tanh(z)
         else:
