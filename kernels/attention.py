@@ -1,0 +1,162 @@
+"""Prefill attention as a Triton flash-attention kernel, with a pure-torch reference of the same
+signature. https://arxiv.org/abs/2205.14135 (FlashAttention), online softmax in fp32.
+
+    o[b, i, h] = Σ_j softmax_j(scale · q[b, i, h] · k[b, j, g(h)]) · v[b, j, g(h)]
+
+over the keys j allowed for query i: j < lengths[b] (right padding), and j <= i when causal
+(decoders), |i - j| <= window // 2 when a window is given (ModernBERT's local attention).
+g(h) = h // (Hq / Hkv): grouped-query heads read their key/value head in place.
+Query rows i >= lengths[b] are written as zeros (they carry no token; the reference does the same).
+
+q [B, S, Hq, D], k and v [B, S, Hkv, D] may be strided views (the head columns of a fused qkv
+output), with unit stride along D; head dims 32, 64, 128, 256. The output is contiguous
+[B, S, Hq, D] in q's dtype. Each program owns BLOCK_M queries of one (request, head) and walks
+its key blocks in a fixed order, one after another: no split over keys, no atomics, so the bytes
+depend only on that request's own q, k, v and length, never on the rest of the batch. The tiles
+are fixed per head dim and sequence length (_config), chosen without timing at run time.
+
+Numerics: q · kᵀ accumulated in fp32, the softmax in fp32 (exp2 of logits scaled by
+scale · log2 e), probabilities rounded to v's dtype for the P · V product (fp32 accumulation), the
+output divided by the fp32 row sum once at the end and rounded to q's dtype. fp32 inputs use IEEE
+fp32 products (no TF32).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+HEAD_DIMS = (32, 64, 128, 256)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, S, HQ, GROUP, qk_scale, HALF_W,
+                      sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
+                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                      WINDOW: tl.constexpr, IEEE: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = bh % HQ
+    g = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    length = tl.load(len_ptr + b)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    o_rows = o_ptr + ((b * S + offs_m.to(tl.int64)) * HQ + h) * D
+    o_ptrs = o_rows[:, None] + offs_d[None, :]
+    if start_m >= length:   # a block of padding queries only
+        tl.store(o_ptrs, tl.zeros((BLOCK_M, D), dtype=o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
+        return
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :],
+                mask=offs_m[:, None] < length, other=0.0)
+    k_base = k_ptr + b * skb + g * skh
+    v_base = v_ptr + b * svb + g * svh
+    lo = 0
+    hi = length
+    if CAUSAL:
+        hi = tl.minimum(hi, start_m + BLOCK_M)
+    if WINDOW:
+        lo = tl.maximum(start_m - HALF_W, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(hi, start_m + BLOCK_M + HALF_W)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    offs_nb = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_nb
+        kv_mask = offs_n[:, None] < length
+        k = tl.load(k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        allowed = offs_n[None, :] < length
+        if CAUSAL:
+            allowed &= offs_n[None, :] <= offs_m[:, None]
+        if WINDOW:
+            d = offs_m[:, None] - offs_n[None, :]
+            allowed &= (d <= HALF_W) & (d >= -HALF_W)
+        qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key allowed yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    valid = offs_m < length
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o = tl.where(valid[:, None], o, 0.0)
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
+
+
+@functools.cache
+def _config(D: int, S: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages), fixed per head dim: BLOCK_N 64 keys a step; BLOCK_M 128
+    queries for long sequences at D <= 128, else 64 (more programs for short prompts, and the
+    registers of a 64 x 256 accumulator at D = 256)."""
+    if D not in HEAD_DIMS:
+        raise ValueError(f"attention supports head dims {HEAD_DIMS}, got {D}")
+    block_m = 128 if (S > 256 and D <= 128) else 64
+    warps = 8 if (D >= 128 and block_m == 128) or D == 256 else 4
+    stages = 2 if D == 256 else 3
+    return block_m, 64, warps, stages
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, causal: bool,
+              window: int | None = None, scale: float | None = None) -> torch.Tensor:
+    """o [B, S, Hq, D] in q's dtype; lengths int32 [B] on q's device (rows >= length: zeros)."""
+    B, S, HQ, D = q.shape
+    HKV = k.shape[2]
+    assert k.shape == (B, S, HKV, D) and v.shape == k.shape, "k and v must be [B, S, Hkv, D] as q's"
+    assert HQ % HKV == 0, f"query heads {HQ} are not a multiple of key/value heads {HKV}"
+    assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1, "q, k, v need unit stride along D"
+    assert q.dtype == k.dtype == v.dtype, "q, k, v must share a dtype"
+    assert lengths.shape == (B,) and lengths.dtype == torch.int32, "lengths must be int32 [B]"
+    block_m, block_n, warps, stages = _config(D, S)
+    o = torch.empty((B, S, HQ, D), dtype=q.dtype, device=q.device)
+    if B == 0 or S == 0:
+        return o
+    sc = D ** -0.5 if scale is None else scale
+    grid = (triton.cdiv(S, block_m), B * HQ)
+    _attention_kernel[grid](
+        q, k, v, o, lengths, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
+        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    return o
+
+
+def attention_mask(lengths: torch.Tensor, S: int, causal: bool, window: int | None) -> torch.Tensor:
+    """The boolean mask [B, 1, S, S] of the keys each query may attend to (True: allowed)."""
+    i = torch.arange(S, device=lengths.device)
+    allow = (i[None, :] < lengths.long()[:, None])[:, None, None, :]
+    if causal:
+        allow = allow & (i[None, :] <= i[:, None])
+    if window is not None:
+        allow = allow & ((i[:, None] - i[None, :]).abs() <= window // 2)
+    return allow
+
+
+def attention_reference(q, k, v, lengths, *, causal, window=None, scale=None):
+    """torch's scaled_dot_product_attention in fp32 with the explicit mask (attention_mask), key and
+    value heads repeated for grouped-query attention; rows >= length zeroed."""
+    B, S, HQ, D = q.shape
+    rep = HQ // k.shape[2]
+    qf = q.float().transpose(1, 2)
+    kf = k.float().repeat_interleave(rep, dim=2).transpose(1, 2)
+    vf = v.float().repeat_interleave(rep, dim=2).transpose(1, 2)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qf, kf, vf, attn_mask=attention_mask(lengths, S, causal, window), scale=D ** -0.5 if scale is None else scale)
+    valid = torch.arange(S, device=q.device)[None, :] < lengths.long()[:, None]
+    o = torch.where(valid[:, :, None, None], o.transpose(1, 2), 0.0)
+    return o.to(q.dtype)

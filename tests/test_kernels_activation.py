@@ -1,0 +1,57 @@
+"""kernels/activation.py against its pure-torch references (Triton interpreter on the CPU)."""
+import pytest
+import torch
+
+from test_kernels_norm import DEV, _poison, _strided, _ulp_close
+from vsr.kernels import activation, fp8
+
+CASES = [(name, kw, exact) for name, kw in [("silu_mul", {}), ("gelu_mul", {"approximate": "none"}),
+                                            ("gelu_mul", {"approximate": "tanh"})] for exact in (True, False)]
+CASES += [("gelu", {"approximate": "none"}, None), ("gelu", {"approximate": "tanh"}, None)]   # one rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name,kw,exact", CASES)
+@pytest.mark.parametrize("C", [192, 4200])   # one program a row; several column programs
+def test_activation(monkeypatch, dtype, name, kw, exact, C):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(C)
+    x = (_strided(3, C, dtype, g) * 3).to(DEV)
+    if name != "gelu":
+        kw = dict(kw, exact=exact)
+    y = getattr(activation, name)(x, **kw)
+    yr = getattr(activation, name + "_reference")(x, **kw)
+    assert y.shape == yr.shape and y.dtype == dtype
+    _ulp_close(y, yr, dtype)
+
+
+def test_exact_and_approximate_differ():
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(32, 256, generator=g) * 3).to(torch.float16).to(DEV)
+    ye, ya = activation.silu_mul(x), activation.silu_mul(x, exact=False)
+    assert not torch.equal(ye, ya)
+    assert (ye != activation.silu_mul_reference(x)).float().mean() < 0.01
+    assert (ya != activation.silu_mul_reference(x, exact=False)).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", ["silu_mul", "gelu", "gelu_mul"])
+def test_fused_fp8_quantization_is_quantize_activation(monkeypatch, dtype, name):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(9)
+    x = (_strided(5, 640, dtype, g) * 2).to(DEV)   # 320 output columns of a gated form: 256 + 64
+    x[1] = 0
+    y, xq, xs = getattr(activation, name)(x, quant_fp8=True)
+    yr = getattr(activation, name + "_reference")(x, quant_fp8=True)[0]
+    q, qs = fp8.quantize_activation(y)
+    assert torch.equal(xq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(xs, qs.reshape(-1))
+    assert xs[1] == fp8.dtype_eps(dtype)
+    _ulp_close(y, yr, dtype)
+
+
+def test_bad_arguments():
+    x = torch.randn(2, 6).to(DEV)
+    with pytest.raises(ValueError):
+        activation.gelu(x, approximate="erf")
+    with pytest.raises(AssertionError):
+        activation.silu_mul(torch.randn(2, 5).to(DEV))

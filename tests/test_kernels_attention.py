@@ -1,0 +1,69 @@
+"""kernels/attention.py against its pure-torch reference (Triton interpreter on the CPU)."""
+import pytest
+import torch
+
+from test_kernels_norm import DEV, _poison
+from vsr.kernels import attention
+
+TOL = {torch.float16: 2e-3, torch.float32: 2e-5}
+
+
+def _qkv(B, S, HQ, HKV, D, dtype, g):
+    """q, k, v as strided head views of one fused qkv output [B, S, (HQ + 2 HKV) D]."""
+    qkv = torch.randn(B, S, HQ + 2 * HKV, D, generator=g).to(dtype).to(DEV)
+    return qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HKV], qkv[:, :, HQ + HKV:]
+
+
+def _check(q, k, v, lengths, **kw):
+    o = attention.attention(q, k, v, lengths, **kw)
+    ref = attention.attention_reference(q, k, v, lengths, **kw)
+    assert o.shape == q.shape and o.is_contiguous() and o.dtype == q.dtype
+    torch.testing.assert_close(o.float(), ref.float(), rtol=TOL[q.dtype], atol=TOL[q.dtype])
+    return o
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("HQ,HKV", [(2, 2), (4, 1), (8, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_gqa_and_padding(monkeypatch, dtype, HQ, HKV, causal):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(HQ * 10 + HKV)
+    S = 70   # two key blocks, the second ragged
+    q, k, v = _qkv(3, S, HQ, HKV, 32, dtype, g)
+    lengths = torch.tensor([S, 41, 1], dtype=torch.int32, device=DEV)
+    o = _check(q, k, v, lengths, causal=causal)
+    assert torch.all(o[1, 41:] == 0) and torch.all(o[2, 1:] == 0)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_head_dims(monkeypatch, D, causal):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(D)
+    q, k, v = _qkv(2, 20, 4, 2, D, torch.float16, g)
+    _check(q, k, v, torch.tensor([20, 13], dtype=torch.int32, device=DEV), causal=causal, scale=0.1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_window(monkeypatch, causal):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    S = 140  # three key blocks; a window of +-16 skips blocks on either side
+    q, k, v = _qkv(2, S, 2, 1, 32, torch.float16, g)
+    lengths = torch.tensor([S, 100], dtype=torch.int32, device=DEV)
+    _check(q, k, v, lengths, causal=causal, window=32)
+
+
+def test_attention_is_batch_independent():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = _qkv(3, 24, 4, 1, 32, torch.float16, g)
+    lengths = torch.tensor([24, 9, 17], dtype=torch.int32, device=DEV)
+    o = attention.attention(q, k, v, lengths, causal=True)
+    o1 = attention.attention(q[1:2], k[1:2], v[1:2], lengths[1:2], causal=True)
+    assert torch.equal(o[1:2], o1)
+
+
+def test_attention_rejects_head_dim():
+    q = torch.randn(1, 4, 2, 48).to(DEV)
+    with pytest.raises(ValueError):
+        attention.attention(q, q, q, torch.tensor([4], dtype=torch.int32, device=DEV), causal=True)

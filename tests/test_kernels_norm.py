@@ -1,0 +1,121 @@
+"""kernels/norm.py against its pure-torch references (Triton interpreter on the CPU)."""
+import pytest
+import torch
+
+from vsr.kernels import fp8, norm
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float16: 1e-3, torch.float32: 1e-5}
+
+
+def _ulp_close(a, b, dtype):
+    """Within one rounding of the dtype (the fp32 sums' order may move a value across a midpoint)."""
+    torch.testing.assert_close(a.float(), b.float(), rtol=TOL[dtype] * 2, atol=TOL[dtype] * 2)
+
+
+def _poison(monkeypatch):
+    """torch.empty inside norm.py hands out NaN-filled tensors, so an unwritten element fails."""
+    real = torch.empty
+
+    def empty(*a, **k):
+        t = real(*a, **k)
+        if t.dtype.is_floating_point and t.dtype.itemsize > 1:
+            t.fill_(float("nan"))
+        elif t.dtype == fp8.FP8_DTYPE:
+            t.view(torch.uint8).fill_(0x7F)
+        return t
+    monkeypatch.setattr(norm.torch, "empty", empty)
+
+
+def _strided(T, N, dtype, g):
+    """[T, N] as a column slice of a wider tensor (a fused product's output)."""
+    wide = torch.randn(T, N + 24, generator=g, dtype=torch.float32).to(dtype)
+    return wide[:, 8:8 + N]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("N", [64, 384, 320])   # one block; 256 + 128; 256 + 64
+@pytest.mark.parametrize("res", [False, True])
+@pytest.mark.parametrize("zero_centered", [False, True])
+@pytest.mark.parametrize("exact", [True, False])
+def test_rms_norm(monkeypatch, dtype, N, res, zero_centered, exact):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(N + 7 * res)
+    x = _strided(5, N, dtype, g).to(DEV)
+    r = (torch.randn(5, N, generator=g) * 3).to(dtype).to(DEV) if res else None
+    w = (torch.randn(N, generator=g) * 0.5 + 1).to(dtype).to(DEV)
+    kw = dict(residual=r, zero_centered=zero_centered, exact=exact)
+    y, s = norm.rms_norm(x, w, 1e-6, **kw)
+    yr, sr = norm.rms_norm_reference(x, w, 1e-6, **kw)
+    _ulp_close(y, yr, dtype)
+    if res:
+        assert torch.equal(s, sr)
+    else:
+        assert s is None and sr is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("N", [384, 128])
+@pytest.mark.parametrize("res", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("exact", [True, False])
+def test_layer_norm(monkeypatch, dtype, N, res, bias, exact):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(N + 3 * res + bias)
+    x = (_strided(4, N, dtype, g) + 0.7).to(DEV)
+    r = torch.randn(4, N, generator=g).to(dtype).to(DEV) if res else None
+    w = (torch.randn(N, generator=g) * 0.5 + 1).to(dtype).to(DEV)
+    b = torch.randn(N, generator=g).to(dtype).to(DEV) if bias else None
+    y, s = norm.layer_norm(x, w, b, 1e-12, residual=r, exact=exact)
+    yr, sr = norm.layer_norm_reference(x, w, b, 1e-12, residual=r, exact=exact)
+    _ulp_close(y, yr, dtype)
+    assert (s is None) == (not res) and (not res or torch.equal(s, sr))
+
+
+def test_exact_rms_rounds_twice():
+    """The exact form rounds n before the weight (Qwen3RMSNorm); the approximate form does not:
+    on enough rows the two differ, and each matches its own reference."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 128, generator=g).to(torch.float16).to(DEV)
+    w = (torch.randn(128, generator=g) * 3).to(torch.float16).to(DEV)
+    ye, _ = norm.rms_norm(x, w, 1e-6)
+    ya, _ = norm.rms_norm(x, w, 1e-6, exact=False)
+    assert not torch.equal(ye, ya)
+    assert (ye != norm.rms_norm_reference(x, w, 1e-6)[0]).float().mean() < 0.01
+    assert (ya != norm.rms_norm_reference(x, w, 1e-6, exact=False)[0]).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("layer", [False, True])
+def test_fused_fp8_quantization_is_quantize_activation(monkeypatch, dtype, layer):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(5 + layer)
+    N = 320
+    x = _strided(6, N, dtype, g).to(DEV)
+    x[2] = 0   # an all-zero row: the eps scale
+    r = torch.randn(6, N, generator=g).to(dtype).to(DEV)
+    r[2] = 0
+    w = (torch.randn(N, generator=g) + 1).to(dtype).to(DEV)
+    if layer:
+        y, s, xq, xs = norm.layer_norm(x, w, None, 1e-5, residual=r, quant_fp8=True)
+        ref = norm.layer_norm_reference(x, w, None, 1e-5, residual=r, quant_fp8=True)
+    else:
+        y, s, xq, xs = norm.rms_norm(x, w, 1e-6, residual=r, quant_fp8=True)
+        ref = norm.rms_norm_reference(x, w, 1e-6, residual=r, quant_fp8=True)
+    q, qs = fp8.quantize_activation(y)
+    assert xq.dtype == fp8.FP8_DTYPE and xs.shape == (6,) and xs.dtype == dtype
+    assert torch.equal(xq.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(xs, qs.reshape(-1))
+    _ulp_close(y, ref[0], dtype)
+    assert torch.equal(s, ref[1])
+
+
+def test_empty_and_batch_independence():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 256, generator=g).to(torch.float16).to(DEV)
+    w = torch.randn(256, generator=g).to(torch.float16).to(DEV)
+    y0, _ = norm.rms_norm(x[:0], w, 1e-6)
+    assert y0.shape == (0, 256)
+    y_all, _ = norm.rms_norm(x, w, 1e-6)
+    y_one, _ = norm.rms_norm(x[3:4], w, 1e-6)
+    assert torch.equal(y_all[3:4], y_one)
