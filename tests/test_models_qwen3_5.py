@@ -115,3 +115,50 @@ def test_unsupported_architectures_are_named(tmp_path, tiny_qwen3_5, mtype, arch
     path = _copy_with_config(tiny_qwen3_5, tmp_path / "y", architectures=["Qwen3_5ForCausalLM"])
     with pytest.raises(PackageError, match="Qwen3_5ForCausalLM"):
         load_engine(Pkg(path))
+
+
+# ---- compressed by llm-compressor --------------------------------------------------------------
+
+FORMAT = {"FP8_DYNAMIC": "fp8", "W4A16": "int4", "W4A16_ASYM": "int4", "NVFP4": "nvfp4"}
+# Whole-model tolerance relative to the largest logit (as tests/test_models_compressed.py): FP8
+# quantizes activations per token and NVFP4 per 16 values, so flipped codes compound over layers.
+MODEL_TOL = {"FP8_DYNAMIC": 0.1, "W4A16": 1e-4, "W4A16_ASYM": 1e-4, "NVFP4": 0.6}
+
+
+@pytest.mark.parametrize("scheme", list(FORMAT))
+def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # noqa: F811
+    path = compressed(tiny_qwen3_5, scheme)
+    bf16 = scheme == "NVFP4"    # transformers cannot run an fp32 NVFP4 package
+    e = load_engine(Pkg(path), dtype="bfloat16" if bf16 else "auto")
+    # Every linear of both layer kinds is quantized, in_proj_b/in_proj_a included (llm-compressor
+    # targets every Linear); the conv1d stays dense.
+    assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
+    assert any("in_proj_a" in n for n in e.linears) and any("self_attn.q_proj" in n for n in e.linears)
+    hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
+    seen = {}
+
+    def capture(n):
+        def hook(mod, inp, out):
+            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
+        return hook
+
+    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in e.linears]
+    b = e.tokenizer.batch(TEXTS)
+    ours, ref = _ours_logits(e, b), _hf_logits(hf, b)
+    for h in hooks:
+        h.remove()
+    assert set(seen) == set(e.linears)
+    for n, (x, y_ref) in seen.items():
+        with torch.no_grad():
+            y = e.linears[n](x.to(e.act_dtype)).float()
+        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.float().abs().max())
+        err = float((y - y_ref.float()).abs().max())
+        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
+    scale = float(ref.abs().max())
+    err = float((ours - ref).abs().max())
+    assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: logits differ by {err:.3g} (scale {scale:.3g})"
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * err
+    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    if not bf16:
+        assert clear.float().mean() >= 0.5   # the top-1 check covers most requests
