@@ -1,5 +1,5 @@
-"""Plain-torch models built from a package's config.json: BERT encoders, Qwen3 and Qwen3.5
-(hybrid Gated DeltaNet) classifiers.
+"""Plain-torch models built from a package's config.json: BERT and ModernBERT encoders, Qwen3 and
+Qwen3.5 (hybrid Gated DeltaNet) classifiers.
 
 Every Linear layer is a vsr.runtime.linear.QLinear over the weight object
 vsr.runtime.loaders.PackageLoader gives for it; nothing here knows a format.
@@ -10,10 +10,11 @@ from vsr.runtime.errors import PackageError
 from vsr.runtime.models.common import Builder
 
 # model_type -> family; a config without model_type is placed by its architecture's name.
-_MODEL_TYPES = {"bert": "bert", "qwen3": "qwen3", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5"}
-_ARCH_PREFIXES = (("Bert", "bert"), ("Qwen3_5", "qwen3_5"), ("Qwen3For", "qwen3"))
-SUPPORTED = ("BERT encoders (BertModel with a vsr_classifier head), Qwen3ForSequenceClassification, "
-             "Qwen3_5TextForSequenceClassification")
+_MODEL_TYPES = {"bert": "bert", "qwen3": "qwen3", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5",
+                "modernbert": "modernbert"}
+_ARCH_PREFIXES = (("Bert", "bert"), ("ModernBert", "modernbert"), ("Qwen3_5", "qwen3_5"), ("Qwen3For", "qwen3"))
+SUPPORTED = ("BERT encoders (BertModel with a vsr_classifier head), ModernBertForSequenceClassification, "
+             "Qwen3ForSequenceClassification, Qwen3_5TextForSequenceClassification")
 
 
 def _family(config: dict) -> str:
@@ -34,6 +35,8 @@ def _module(family: str):
         from vsr.runtime.models import bert as m
     elif family == "qwen3":
         from vsr.runtime.models import qwen3 as m
+    elif family == "modernbert":
+        from vsr.runtime.models import modernbert as m
     else:
         from vsr.runtime.models import qwen3_5 as m
     return m
@@ -57,6 +60,10 @@ def build_model(config: dict, builder: Builder):
         from vsr.runtime.models.bert import BertRouter
 
         return BertRouter(config, builder)
+    if family == "modernbert":
+        from vsr.runtime.models.modernbert import ModernBertRouter
+
+        return ModernBertRouter(config, builder)
     if family == "qwen3_5":
         from vsr.runtime.models.qwen3_5 import Qwen3_5Router
 
