@@ -67,9 +67,8 @@ def _recipe(scheme: str, config: dict, model=None):
 
             mappings = build_hybrid_attention_mappings(model)
         elif config.get("model_type") == "modernbert":
-            # mlp_norm -> Wi, and attn_norm -> Wqkv on the layers that have one (layer 0's is an Identity).
-            mappings = [AWQMapping("re:.*layers\\.[1-9][0-9]*\\.attn_norm$", ["re:.*attn\\.Wqkv$"]),
-                        AWQMapping("re:.*mlp_norm$", ["re:.*mlp\\.Wi$"])]
+            # mlp_norm -> Wi (layer 0's attn_norm is an Identity, which AWQ cannot pair layer by layer).
+            mappings = [AWQMapping("re:.*mlp_norm$", ["re:.*mlp\\.Wi$"])]
         else:
             raise PackageError(f"AWQ: no smoothing mapping for model_type {config.get('model_type')!r}")
         q = "W4A16_ASYM" if scheme == "W4A16_ASYM" else "NVFP4"

@@ -242,7 +242,7 @@ MODERNBERT_LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_attent
 
 def build_tiny_modernbert(out: Path, seed: int = 0, pooling: str = "mean") -> Path:
     """Random ModernBertForSequenceClassification (hidden 128, 5 layers with an irregular layer_types,
-    4 heads of 32, GeGLU 192, local window 8 so the sliding layers mask within the test requests,
+    4 heads of 32, GeGLU 256, local window 8 so the sliding layers mask within the test requests,
     thetas 160000 / 10000), saved in fp32 by transformers, with its own word-level tokenizer."""
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
@@ -250,7 +250,7 @@ def build_tiny_modernbert(out: Path, seed: int = 0, pooling: str = "mean") -> Pa
     n_vocab = build_word_tokenizer(out)
     torch.manual_seed(seed)
     cfg = ModernBertConfig(
-        vocab_size=n_vocab, hidden_size=128, intermediate_size=192, num_hidden_layers=len(MODERNBERT_LAYER_TYPES),
+        vocab_size=n_vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=len(MODERNBERT_LAYER_TYPES),
         num_attention_heads=4, layer_types=list(MODERNBERT_LAYER_TYPES), local_attention=8,
         max_position_embeddings=256, initializer_range=0.1, pad_token_id=0, bos_token_id=None, eos_token_id=None,
         cls_token_id=None, sep_token_id=None, classifier_pooling=pooling, classifier_bias=True,
