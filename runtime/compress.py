@@ -44,7 +44,7 @@ def _require_llmcompressor():
     return oneshot
 
 
-def _recipe(scheme: str, config: dict):
+def _recipe(scheme: str, config: dict, model=None):
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 
     if scheme == "FP8_DYNAMIC":
@@ -60,6 +60,15 @@ def _recipe(scheme: str, config: dict):
             mappings = [AWQMapping("re:.*attention\\.self\\.value$", ["re:.*attention\\.output\\.dense$"])]
         elif config.get("model_type") == "qwen3":
             mappings = default_mappings
+        elif config.get("model_type") == "qwen3_5_text" and model is not None:
+            # llm-compressor's hybrid mappings (keyed there by the causal-LM class names): each
+            # layer's input norm -> its mixer's input projections, post-attention norm -> MLP.
+            from llmcompressor.modifiers.transform.awq.dynamic_mappings import build_hybrid_attention_mappings
+
+            mappings = build_hybrid_attention_mappings(model)
+        elif config.get("model_type") == "modernbert":
+            # mlp_norm -> Wi (layer 0's attn_norm is an Identity, which AWQ cannot pair layer by layer).
+            mappings = [AWQMapping("re:.*mlp_norm$", ["re:.*mlp\\.Wi$"])]
         else:
             raise PackageError(f"AWQ: no smoothing mapping for model_type {config.get('model_type')!r}")
         q = "W4A16_ASYM" if scheme == "W4A16_ASYM" else "NVFP4"
@@ -173,7 +182,7 @@ def compress_package(src_dir, out_dir, scheme: str, calibration_texts: list[str]
         torch.manual_seed(seed)
         model = _load_model(src, config)
         ds, max_len = _calibration(src, config, calibration_texts)
-        recipe = _recipe(scheme, config)
+        recipe = _recipe(scheme, config, model)
         with _no_pinning_without_accelerator():
             oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=len(ds),
                     shuffle_calibration_samples=False, max_seq_length=max_len, batch_size=1)

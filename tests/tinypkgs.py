@@ -188,3 +188,81 @@ def compressed(src: Path, scheme: str) -> Path:
         # compare implementations on the same package, whatever its calibration.
         _built[key] = compress_package(src, src.parent / f"{src.name}-{scheme}", scheme, CALIBRATION[:8], seed=0)
     return _built[key]
+
+
+# ---- Qwen3.5 (hybrid Gated DeltaNet) and ModernBERT classifiers ------------------------------
+
+QWEN3_5_LAYER_TYPES = ["linear_attention", "full_attention", "full_attention", "linear_attention"]
+# Long enough (with the word-level tokenizer) to cross the delta rule's 64-token chunk.
+LONG_TEXT = " ".join(TEST_TEXTS + CALIBRATION[:6])
+
+
+def _spread_small_params(model, seed: int) -> None:
+    """Norm weights (transformers initialises the zero-centred ones to 0), A_log and dt_bias made
+    random, so every term of the numerics is exercised."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and not name.endswith("bias") or name.endswith("dt_bias"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def build_tiny_qwen3_5(out: Path, seed: int = 0, layer_types=None) -> Path:
+    """Random Qwen3_5TextForSequenceClassification (hidden 128, 4 layers of an irregular layer_types,
+    DeltaNet 2 key / 4 value heads of 32, attention 4 heads / 2 KV heads of 32, rotary on 8 dims),
+    saved in bf16 by transformers, with its own word-level tokenizer."""
+    from transformers import Qwen3_5TextConfig, Qwen3_5TextForSequenceClassification
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_vocab = build_word_tokenizer(out)
+    torch.manual_seed(seed)
+    types = list(layer_types or QWEN3_5_LAYER_TYPES)
+    cfg = Qwen3_5TextConfig(
+        vocab_size=n_vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=len(types),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32, layer_types=types,
+        max_position_embeddings=256, initializer_range=0.1, rms_norm_eps=1e-6, pad_token_id=0,
+        num_labels=len(QWEN3_LABELS), id2label=dict(enumerate(QWEN3_LABELS)),
+        label2id={l: i for i, l in enumerate(QWEN3_LABELS)},
+    )
+    model = Qwen3_5TextForSequenceClassification(cfg)
+    _spread_small_params(model, seed)
+    model.to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5(tmp_path_factory) -> Path:
+    return _build_once("tiny-qwen3_5", tmp_path_factory, build_tiny_qwen3_5)
+
+
+MODERNBERT_LAYER_TYPES = ["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                          "sliding_attention"]
+
+
+def build_tiny_modernbert(out: Path, seed: int = 0, pooling: str = "mean") -> Path:
+    """Random ModernBertForSequenceClassification (hidden 128, 5 layers with an irregular layer_types,
+    4 heads of 32, GeGLU 256, local window 8 so the sliding layers mask within the test requests,
+    thetas 160000 / 10000), saved in fp32 by transformers, with its own word-level tokenizer."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_vocab = build_word_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = ModernBertConfig(
+        vocab_size=n_vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=len(MODERNBERT_LAYER_TYPES),
+        num_attention_heads=4, layer_types=list(MODERNBERT_LAYER_TYPES), local_attention=8,
+        max_position_embeddings=256, initializer_range=0.1, pad_token_id=0, bos_token_id=None, eos_token_id=None,
+        cls_token_id=None, sep_token_id=None, classifier_pooling=pooling, classifier_bias=True,
+        num_labels=len(QWEN3_LABELS), id2label=dict(enumerate(QWEN3_LABELS)),
+        label2id={l: i for i, l in enumerate(QWEN3_LABELS)},
+    )
+    model = ModernBertForSequenceClassification(cfg)
+    _spread_small_params(model, seed)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert(tmp_path_factory) -> Path:
+    return _build_once("tiny-modernbert", tmp_path_factory, build_tiny_modernbert)

@@ -1,4 +1,5 @@
-"""Plain-torch models built from a package's config.json: a BERT encoder and a Qwen3 classifier.
+"""Plain-torch models built from a package's config.json: BERT and ModernBERT encoders, Qwen3 and
+Qwen3.5 (hybrid Gated DeltaNet) classifiers.
 
 Every Linear layer is a vsr.runtime.linear.QLinear over the weight object
 vsr.runtime.loaders.PackageLoader gives for it; nothing here knows a format.
@@ -8,28 +9,42 @@ from __future__ import annotations
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models.common import Builder
 
+# model_type -> family; a config without model_type is placed by its architecture's name.
+_MODEL_TYPES = {"bert": "bert", "qwen3": "qwen3", "qwen3_5_text": "qwen3_5", "qwen3_5": "qwen3_5",
+                "modernbert": "modernbert"}
+_ARCH_PREFIXES = (("Bert", "bert"), ("ModernBert", "modernbert"), ("Qwen3_5", "qwen3_5"), ("Qwen3For", "qwen3"))
+SUPPORTED = ("BERT encoders (BertModel with a vsr_classifier head), ModernBertForSequenceClassification, "
+             "Qwen3ForSequenceClassification, Qwen3_5TextForSequenceClassification")
+
 
 def _family(config: dict) -> str:
-    """"bert" or "qwen3": the model family of config.json (model_type, else the architecture)."""
+    """The model family of config.json: its model_type when it has one, else its architecture's name.
+    Anything else (Qwen3-Next, Qwen3-MoE, Qwen3.5-MoE, ...) is refused by name."""
     arch = (config.get("architectures") or [None])[0]
     mtype = config.get("model_type")
-    if mtype == "bert" or (arch or "").startswith("Bert"):
-        return "bert"
-    if mtype == "qwen3" or (arch or "").startswith("Qwen3"):
-        return "qwen3"
-    raise PackageError(f"config.json: model_type {mtype!r} / architecture {arch!r} is not supported "
-                       "(supported: bert encoders, Qwen3ForSequenceClassification)")
+    family = _MODEL_TYPES.get(mtype) if mtype is not None else \
+        next((f for p, f in _ARCH_PREFIXES if (arch or "").startswith(p)), None)
+    if family is None:
+        raise PackageError(f"config.json: model_type {mtype!r} / architecture {arch!r} is not supported "
+                           f"(supported: {SUPPORTED})")
+    return family
+
+
+def _module(family: str):
+    if family == "bert":
+        from vsr.runtime.models import bert as m
+    elif family == "qwen3":
+        from vsr.runtime.models import qwen3 as m
+    elif family == "modernbert":
+        from vsr.runtime.models import modernbert as m
+    else:
+        from vsr.runtime.models import qwen3_5 as m
+    return m
 
 
 def linear_names(config: dict, loader) -> list[str]:
     """Every Linear layer (module name) the model of config.json runs, for validation and tuning."""
-    if _family(config) == "bert":
-        from vsr.runtime.models import bert
-
-        return bert.linear_names(config, loader)
-    from vsr.runtime.models import qwen3
-
-    return qwen3.linear_names(config, loader)
+    return _module(_family(config)).linear_names(config, loader)
 
 
 def build_model(config: dict, builder: Builder):
@@ -45,6 +60,14 @@ def build_model(config: dict, builder: Builder):
         from vsr.runtime.models.bert import BertRouter
 
         return BertRouter(config, builder)
+    if family == "modernbert":
+        from vsr.runtime.models.modernbert import ModernBertRouter
+
+        return ModernBertRouter(config, builder)
+    if family == "qwen3_5":
+        from vsr.runtime.models.qwen3_5 import Qwen3_5Router
+
+        return Qwen3_5Router(config, builder)
     if arch not in (None, "Qwen3ForSequenceClassification"):
         raise PackageError(f"config.json: architecture {arch!r} is not supported; Qwen3 packages must be "
                            "Qwen3ForSequenceClassification (a router with a score head)")

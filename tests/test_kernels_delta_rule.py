@@ -1,0 +1,107 @@
+"""The gated delta rule and the causal conv1d (Gated DeltaNet): Triton kernels (interpreter on the CPU)
+against their pure-torch references, and the references against transformers' own forms."""
+import pytest
+import torch
+
+from vsr.kernels import conv1d, delta_rule
+
+
+def _inputs(B, S, Hk, Hv, K, V, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, Hk, K, generator=g).to(dtype)
+    k = torch.randn(B, S, Hk, K, generator=g).to(dtype)
+    v = torch.randn(B, S, Hv, V, generator=g).to(dtype)
+    # Decays as the model makes them: -exp(A_log) * softplus(a + dt_bias), some near 0, some strong.
+    gate = -torch.rand(B, S, Hv, generator=g) * torch.tensor([0.02, 0.3, 1.0, 3.0])[torch.arange(Hv) % 4]
+    beta = torch.rand(B, S, Hv, generator=g).to(dtype)
+    return q, k, v, gate, beta
+
+
+def _poisoned(*shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def test_reference_is_transformers_chunked_form_and_the_recurrence():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    q, k, v, g, beta = _inputs(2, 70, 2, 4, 32, 16)
+    ours = delta_rule.chunk_gated_delta_rule_reference(q, k, v, g, beta)
+    qq, kk = (x.repeat_interleave(2, dim=2) for x in (q, k))
+    theirs, _ = hf.torch_chunk_gated_delta_rule(qq, kk, v, g, beta, use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    rec = delta_rule.recurrent_gated_delta_rule_reference(q, k, v, g, beta)
+    torch.testing.assert_close(ours, rec, atol=2e-6, rtol=1e-5)
+    assert ours.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 2e-3)])
+def test_triton_matches_the_reference(dtype, tol):
+    # 70 tokens: a full chunk and a partial one; K 32 < V 48 (two value blocks of 32, the last partial).
+    q, k, v, g, beta = _inputs(2, 70, 2, 4, 32, 48, dtype)
+    ref = delta_rule.chunk_gated_delta_rule_reference(q, k, v, g, beta)
+    out = _poisoned(2, 70, 4, 48, dtype=dtype)
+    got = delta_rule.chunk_gated_delta_rule(q, k, v, g, beta, block_v=32, out=out)
+    assert got.dtype == dtype and not got.isnan().any()
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
+
+
+def test_strided_views_of_the_conv_output():
+    """q, k, v as column slices of one [B, S, 2*Hk*K + Hv*V] tensor, as the model passes them."""
+    B, S, Hk, Hv, K, V = 1, 20, 1, 2, 16, 16
+    mixed = torch.randn(B, S, 2 * Hk * K + Hv * V)
+    q = mixed[..., :Hk * K].unflatten(-1, (Hk, K))
+    k = mixed[..., Hk * K:2 * Hk * K].unflatten(-1, (Hk, K))
+    v = mixed[..., 2 * Hk * K:].unflatten(-1, (Hv, V))
+    g, beta = -torch.rand(B, S, Hv), torch.rand(B, S, Hv)
+    ref = delta_rule.chunk_gated_delta_rule_reference(q.contiguous(), k.contiguous(), v.contiguous(), g, beta)
+    torch.testing.assert_close(delta_rule.chunk_gated_delta_rule(q, k, v, g, beta), ref, atol=2e-6, rtol=0)
+
+
+def test_right_padding_and_batch_composition_leave_a_request_bytes_alone():
+    q, k, v, g, beta = _inputs(3, 80, 1, 2, 16, 16)
+    lengths = torch.tensor([80, 37, 64])
+    got = delta_rule.chunk_gated_delta_rule(q, k, v, g, beta, lengths)
+    ref = delta_rule.chunk_gated_delta_rule_reference(q, k, v, g, beta, lengths)
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=0)
+    assert torch.equal(got[1, 37:], torch.zeros_like(got[1, 37:]))   # rows past the length are zeros
+    # The padding's content does not matter, and neither do the other requests or the padded width.
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[1, 37:] = 1e3
+    again = delta_rule.chunk_gated_delta_rule(q2, k2, v2, g, beta, lengths)
+    alone = delta_rule.chunk_gated_delta_rule(q[1:2, :37], k[1:2, :37], v[1:2, :37], g[1:2, :37], beta[1:2, :37])
+    assert torch.equal(again, got)
+    assert torch.equal(alone[0], got[1, :37])
+    # Causal: the unpadded forward gives a real token the same output as the padded one.
+    full = delta_rule.chunk_gated_delta_rule_reference(q, k, v, g, beta)
+    torch.testing.assert_close(got[1, :37], full[1, :37], atol=2e-6, rtol=0)
+
+
+def test_same_bytes_on_every_call():
+    args = _inputs(2, 65, 2, 2, 16, 32)
+    a = delta_rule.chunk_gated_delta_rule(*args)
+    assert torch.equal(a, delta_rule.chunk_gated_delta_rule(*args))
+
+
+def test_shapes_are_checked():
+    q, k, v, g, beta = _inputs(1, 8, 2, 3, 16, 16)
+    with pytest.raises(ValueError, match="not a multiple"):
+        delta_rule.chunk_gated_delta_rule(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv1d_matches_transformers(dtype):
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    B, S, C = 2, 45, 200
+    x = torch.randn(B, S, C + 8).to(dtype)[..., 8:]     # a column slice: row stride C + 8
+    w = (torch.randn(C, 4) * 0.5).to(dtype)
+    ref = conv1d.causal_conv1d_silu_reference(x, w)
+    theirs = hf.causal_conv1d_fn(x.transpose(1, 2), w, activation="silu").transpose(1, 2)
+    torch.testing.assert_close(ref, theirs, atol=0, rtol=0)
+    got = conv1d.causal_conv1d_silu(x, w, out=_poisoned(B, S, C, dtype=dtype))
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
+    assert torch.equal(got, conv1d.causal_conv1d_silu(x, w))
+    # A request's rows do not depend on its batch or on what follows it.
+    assert torch.equal(conv1d.causal_conv1d_silu(x[1:, :20], w)[0], got[1, :20])

@@ -1,0 +1,164 @@
+"""The Qwen3.5 hybrid classifier (Gated DeltaNet + gated attention) against transformers, dense and
+compressed by llm-compressor; the family check and the refusals."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from tinypkgs import LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, compressed, tiny_qwen3_5  # noqa: F401
+from vsr.runtime.engine import load_engine
+from vsr.runtime.errors import PackageError
+from vsr.runtime.models import qwen3_5
+
+TEXTS = TEST_TEXTS + [LONG_TEXT]
+
+
+def _ours_logits(e, b):
+    with torch.no_grad():
+        h = e.model.encode(b.input_ids, b.attention_mask)
+        return e.model.logits(h[torch.arange(h.shape[0]), b.lengths - 1])
+
+
+def _hf(path, dtype=torch.float32):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).eval()
+
+
+def _hf_logits(m, b):
+    with torch.no_grad():
+        return m(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
+
+
+def _copy_with_config(src, dst, **changes):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_logits_match_transformers_on_a_right_padded_batch(tiny_qwen3_5):  # noqa: F811
+    e = load_engine(Pkg(tiny_qwen3_5))
+    assert e.mode == "reference" and e.act_dtype == torch.float32
+    assert e.model.types == qwen3_5.layer_types(Pkg(tiny_qwen3_5).config) == \
+        ["linear_attention", "full_attention", "full_attention", "linear_attention"]
+    b = e.tokenizer.batch(TEXTS)
+    assert int(b.lengths.max()) > 64 and int(b.lengths.min()) < 8   # crosses a chunk; padded
+    ours = _ours_logits(e, b)
+    ref = _hf_logits(_hf(tiny_qwen3_5), b)   # bf16 weights upcast exactly to fp32
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    assert ref.std() > 0.1
+    torch.testing.assert_close(e.forward(TEXTS), torch.softmax(ref, -1), atol=1e-5, rtol=1e-4)
+
+
+def test_padding_does_not_change_an_answer(tiny_qwen3_5):  # noqa: F811
+    e = load_engine(Pkg(tiny_qwen3_5))
+    together = e.forward(TEXTS)
+    alone = torch.cat([e.forward([t]) for t in TEXTS])
+    torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-5)
+    assert all(r["choice"] in QWEN3_LABELS for r in e.predict(TEXTS))
+
+
+def test_bf16_activations_match_transformers_in_bf16(tiny_qwen3_5):  # noqa: F811
+    e = load_engine(Pkg(tiny_qwen3_5), dtype="bfloat16")
+    b = e.tokenizer.batch(TEXTS)
+    ours, ref = _ours_logits(e, b), _hf_logits(_hf(tiny_qwen3_5, torch.bfloat16), b)
+    assert (ours - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+def test_layer_types_are_read_as_given():
+    cfg = {"num_hidden_layers": 3, "layer_types": ["full_attention", "linear_attention", "full_attention"]}
+    assert qwen3_5.layer_types(cfg) == cfg["layer_types"]
+    assert qwen3_5.layer_types({"num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "mamba"]}) \
+        == ["linear_attention", "full_attention", "linear_attention", "linear_attention"]
+    # No layer_types: transformers' own derivation (every full_attention_interval-th layer).
+    assert qwen3_5.layer_types({"num_hidden_layers": 4}) == ["linear_attention"] * 3 + ["full_attention"]
+    with pytest.raises(PackageError, match="'sliding_attention'"):
+        qwen3_5.layer_types({"num_hidden_layers": 2, "layer_types": ["linear_attention", "sliding_attention"]})
+
+
+def test_a_vision_tower_is_refused(tmp_path, tiny_qwen3_5):  # noqa: F811
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "vl", model_type="qwen3_5",
+                             architectures=["Qwen3_5ForSequenceClassification"], vision_config={"depth": 2})
+    with pytest.raises(PackageError, match="vision tower"):
+        load_engine(Pkg(path))
+    # Visual tensors without a vision_config are refused too, before any weight loads.
+    from safetensors.torch import load_file, save_file
+
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "visual")
+    t = load_file(path / "model.safetensors")
+    t["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 4)
+    save_file(t, path / "model.safetensors")
+    with pytest.raises(PackageError, match="vision tower.*model.visual.patch_embed"):
+        load_engine(Pkg(path))
+
+
+def test_a_text_config_package_loads(tmp_path, tiny_qwen3_5):  # noqa: F811
+    """model_type qwen3_5 with the text model's fields in text_config and no vision tower."""
+    cfg = json.loads((tiny_qwen3_5 / "config.json").read_text())
+    top = {k: cfg.pop(k) for k in ("architectures", "id2label", "label2id", "dtype", "max_position_embeddings")}
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "tc")
+    (path / "config.json").write_text(json.dumps({**top, "model_type": "qwen3_5", "text_config": cfg}))
+    e, ref = load_engine(Pkg(path)), load_engine(Pkg(tiny_qwen3_5))
+    assert torch.equal(e.forward(TEXTS), ref.forward(TEXTS))
+
+
+@pytest.mark.parametrize("mtype,arch", [("qwen3_next", "Qwen3NextForSequenceClassification"),
+                                        ("qwen3_5_moe_text", "Qwen3_5MoeForSequenceClassification"),
+                                        (None, "Qwen3MoeForSequenceClassification")])
+def test_unsupported_architectures_are_named(tmp_path, tiny_qwen3_5, mtype, arch):  # noqa: F811
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "x", model_type=mtype, architectures=[arch])
+    with pytest.raises(PackageError, match=f"{arch}.*not supported"):
+        load_engine(Pkg(path))
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "y", architectures=["Qwen3_5ForCausalLM"])
+    with pytest.raises(PackageError, match="Qwen3_5ForCausalLM"):
+        load_engine(Pkg(path))
+
+
+# ---- compressed by llm-compressor --------------------------------------------------------------
+
+FORMAT = {"FP8_DYNAMIC": "fp8", "W4A16": "int4", "W4A16_ASYM": "int4", "NVFP4": "nvfp4"}
+# Whole-model tolerance relative to the largest logit (as tests/test_models_compressed.py): FP8
+# quantizes activations per token and NVFP4 per 16 values, so flipped codes compound over layers.
+MODEL_TOL = {"FP8_DYNAMIC": 0.1, "W4A16": 1e-4, "W4A16_ASYM": 1e-4, "NVFP4": 0.6}
+
+
+@pytest.mark.parametrize("scheme", list(FORMAT))
+def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # noqa: F811
+    path = compressed(tiny_qwen3_5, scheme)
+    bf16 = scheme == "NVFP4"    # transformers cannot run an fp32 NVFP4 package
+    e = load_engine(Pkg(path), dtype="bfloat16" if bf16 else "auto")
+    # Every linear of both layer kinds is quantized, in_proj_b/in_proj_a included (llm-compressor
+    # targets every Linear); the conv1d stays dense.
+    assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
+    assert any("in_proj_a" in n for n in e.linears) and any("self_attn.q_proj" in n for n in e.linears)
+    hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
+    seen = {}
+
+    def capture(n):
+        def hook(mod, inp, out):
+            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
+        return hook
+
+    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in e.linears]
+    b = e.tokenizer.batch(TEXTS)
+    ours, ref = _ours_logits(e, b), _hf_logits(hf, b)
+    for h in hooks:
+        h.remove()
+    assert set(seen) == set(e.linears)
+    for n, (x, y_ref) in seen.items():
+        with torch.no_grad():
+            y = e.linears[n](x.to(e.act_dtype)).float()
+        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.float().abs().max())
+        err = float((y - y_ref.float()).abs().max())
+        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
+    scale = float(ref.abs().max())
+    err = float((ours - ref).abs().max())
+    assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: logits differ by {err:.3g} (scale {scale:.3g})"
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * err
+    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    if not bf16:
+        assert clear.float().mean() >= 0.5   # the top-1 check covers most requests
