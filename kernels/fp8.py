@@ -209,13 +209,11 @@ def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
     return ProloguePlan(a, b, False, warps or max(1, min(16, a // 512)))
 
 
-def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None, release: bool = False,
-                               divide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype). `plan`:
-    by default prologue_plan(K) (fp8.launch passes its tile's, tile_prologue).
-    `release` (where common.pdl_supported): the next launch may be a programmatic dependent.
-    `divide`: bf16 rows divided by s as other dtypes are, not multiplied by 1/s (the same bits;
-    the variant study times both)."""
+def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None,
+                               release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype), covering each
+    row by `plan` (default prologue_plan(K)). `release` (where common.pdl_supported): the next launch
+    may be a programmatic dependent."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
@@ -225,7 +223,7 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     hw = common.device_features(x.device).hardware_e4m3
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
-                            HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16 and not divide, num_warps=p.warps)
+                            HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16, num_warps=p.warps)
     return xq, s
 
 
@@ -233,28 +231,19 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
 WIDE_PATHS = ("tma",)
 
 
-def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, *,
-           plan: ProloguePlan | None = None, pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
-    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come
-    from the tile (tile_prologue; PDL only where the device has it); `plan`, `pdl` and `prefetch`
-    (the prologue plan, programmatic dependent launch, prefetched lines per weight row) override
-    the tile and PDL_PREFETCH_LINES; the variant studies time them."""
+def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come from
+    the tile (tile_prologue); PDL applies only where the device has it."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
-    tile_plan, tile_pdl = tile_prologue(tile, w.K)
-    supported = common.device_features(x.device).pdl
-    if pdl is None:
-        pdl = tile_pdl and supported
-    elif pdl and not supported:
-        raise ValueError(f"programmatic dependent launch needs an NVIDIA GPU of sm_90 or newer, not {x.device}")
-    xq, xs = quantize_activation_triton(x, plan=plan or tile_plan, release=pdl)
-    if prefetch is None:
-        prefetch = PDL_PREFETCH_LINES
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch)   # launch_tma prefetches only with wait
+    plan, pdl = tile_prologue(tile, w.K)
+    pdl = pdl and common.device_features(x.device).pdl
+    xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=PDL_PREFETCH_LINES)   # launch_tma prefetches only with wait
     return y
 
 

@@ -449,7 +449,7 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 def test_fp8_launch_decisions(monkeypatch):
     # fp8.launch's choices, recorded on any device: the prologue's warps (PRO_WARPS) and PDL come
     # from the tile (the default tiles: PDL up to bucket 64; 4 warps from bucket 4096, M = 3000
-    # included), a tile without them running plain; PDL only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
+    # included), a tile without them running plain; PDL only where the device has it. With PDL the prologue
     # releases its dependent and the product waits; the product is passed PDL_PREFETCH_LINES either
     # way (launch_tma prefetches only with the wait). Up to 64 rows the kernels run as usual
     # (without PDL, which the interpreter lacks) and are checked against the reference; beyond,
@@ -459,12 +459,12 @@ def test_fp8_launch_decisions(monkeypatch):
     seen = {}
     real_quantize, real_product, real_features = fp8.quantize_activation_triton, fp8.launch_product, common.device_features
 
-    def quantize(x, plan=None, release=False, divide=False):
+    def quantize(x, plan=None, release=False):
         seen.update(release=release, warps=plan.warps)
         if x.shape[0] > 64:
             return (torch.zeros(x.shape, dtype=fp8.FP8_DTYPE, device=x.device),
                     torch.ones(x.shape[0], dtype=x.dtype, device=x.device))
-        return real_quantize(x, plan, False, divide)
+        return real_quantize(x, plan, False)
 
     def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
         seen.update(wait=wait, prefetch=prefetch)
@@ -473,16 +473,16 @@ def test_fp8_launch_decisions(monkeypatch):
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
     monkeypatch.setattr(fp8, "launch_product", product)
 
-    def check(M, tile, release, warps, supported=True, **overrides):
+    def check(M, tile, release, warps, supported=True):
         feats = dataclasses.replace(real_features(torch.device(DEV)), pdl=supported)
         monkeypatch.setattr(common, "device_features", lambda device: feats)
         seen.clear()
         x = torch.randn(M, K, generator=g).half().to(DEV)
-        y = fp8.launch(x, w, tile, **overrides)
+        y = fp8.launch(x, w, tile)
         if M <= 64:
             assert_close(y, fp8.reference_linear(x, w))
         assert seen == dict(release=release, wait=release, prefetch=fp8.PDL_PREFETCH_LINES, warps=warps), \
-            (M, tile, overrides, seen)
+            (M, tile, seen)
     own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
     assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
     # Tiles without the knobs (hand-written): the plan's own warps, no PDL, at any M.
@@ -500,10 +500,6 @@ def test_fp8_launch_decisions(monkeypatch):
         check(M, fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16)), release, warps)
     # PDL in the tile on a device without it: off, no error.
     check(4, dict(TILED, PDL=1, PRO_WARPS=0), False, own, supported=False)
-    # The overrides win over the tile.
-    check(4, dict(TILED, PDL=1, PRO_WARPS=2), False, 8, pdl=False, plan=fp8.prologue_plan(K, 8))
-    check(100, dict(TILED, PDL=0), True, own, pdl=True)
-    check(3000, dict(TILED, PRO_WARPS=8), False, 16, plan=fp8.prologue_plan(K, 16))
 
 
 def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
@@ -600,15 +596,11 @@ def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkey
     assert all("RELEASE" not in kw for name, _, kw in calls if name == "reduce")
 
 
-def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
+def test_fp8_prologue_refuses_a_short_plan():
     g = gen(96)
-    w = fp8_weight(g, torch.float16, False)
     x = torch.randn(2, K, generator=g).half().to(DEV)
     with pytest.raises(ValueError, match="covers 192 of the row's 256 columns"):
-        fp8.launch(x, w, TILED, plan=fp8.ProloguePlan(128, 64, False, 1))
-    if not common.pdl_supported(x.device):
-        with pytest.raises(ValueError, match="programmatic dependent launch needs"):
-            fp8.launch(x, w, TILED, pdl=True)
+        fp8.quantize_activation_triton(x, plan=fp8.ProloguePlan(128, 64, False, 1))
 
 
 @triton.jit
