@@ -152,7 +152,7 @@ class GraphedForward:
             warm = self.model(*static)
         here.wait_stream(self.capture_stream)
         warm.record_stream(here)   # made on the capture stream, read on the caller's
-        from vsr.kernels import common   # (here: the CPU path never imports Triton)
+        from vsr.kernels import common
         graph = torch.cuda.CUDAGraph()
         mark = common.capture_counters_mark()
         try:
