@@ -864,8 +864,7 @@ def test_int4_slices_x_row_reads_its_rows_in_place(dtype, M, split, fixup, bm, K
     # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
     # each, for round-to-nearest fp32 adds, as the MMA's accumulator and the fixup make them), and
     # each result's rounding to x's dtype adds up to half an ulp (allowed: 2·eps·|y|, two ulps or
-    # more): a fixed multiple of eps·max|y| (the tolerance before run 29) is too tight for fp32
-    # outputs, whose rounding hides nothing.
+    # more): a fixed multiple of eps·max|y| is too tight for fp32 outputs, whose rounding hides nothing.
     xp = x if w.act_perm is None else x[:, w.act_perm]
     sums = xp.float().abs() @ int4.dequantize(w).abs().t()
     if w.bias is not None:
@@ -971,8 +970,8 @@ def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
 def test_int4_scale_w_tiles_of_the_space_are_right_and_repeatable(symmetric):
     # Every SCALE_W tile the search space offers at bucket 256, on the 27B "o" layer (K = 8192, so
     # the tiles split K), against the reference in a NaN-filled output, and the same bytes from a
-    # second launch. Run 25's 256 x 128 tile at 3 stages failed this with zero points (wrong and
-    # different from run to run on the H200, Triton 3.6: run 26); the space now holds it at 2.
+    # second launch. (The 256 x 128 tile fails this with zero points at 3 stages on the H200 with
+    # Triton 3.6, wrong and varying; the space holds it at 2.)
     from vsr.autotune import synth
     t = int4.TEMPLATE
     N, Kx = 5120, 8192
@@ -1376,7 +1375,7 @@ def test_int4_gemv_refuses_the_fixup():
 @pytest.mark.parametrize("bucket", tuple(gemm_tiles.WIDE_SPLITS))
 def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
     # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
-    # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps (those that won in run 21's studies)
+    # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps
     # goes untimed on the 27B-class shapes.
     for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
         for t in (dense, fp8):

@@ -372,7 +372,7 @@ def test_qlinear_cuda_triton_bf16(tmp_path, fmt):
 
 def test_qlinear_names_the_layer_and_tile_when_a_tile_does_not_fit_the_gpu(monkeypatch):
     # Triton's OutOfResources only counts bytes; QLinear says which layer, rows and tile, and
-    # what to do (run 24: fp8 with fp32 activations raised it at 513+ rows on a cache miss).
+    # what to do (fp8 with fp32 activations raises it at 513+ rows on a cache miss on Hopper).
     from triton.runtime.errors import OutOfResources
     from vsr.kernels import registry
     gen = torch.Generator().manual_seed(5)
