@@ -13,8 +13,19 @@ from vsr.kernels import formats
 
 
 def weight_format(template_name: str) -> str:
-    """The weight format a template computes (its spec's name)."""
+    """The weight format a registered template computes (its spec's name)."""
     return formats.of_template(template_name).name
+
+
+def template_format(template) -> str:
+    """The weight format `template` computes: its registered format's, else its module's
+    WEIGHT_FORMAT (a template no format registers, such as autotune.fake's)."""
+    if template.name in formats.TEMPLATES:
+        return weight_format(template.name)
+    fmt = getattr(template.module, "WEIGHT_FORMAT", None)
+    if fmt is None:
+        raise ValueError(f"template {template.name!r} is no registered format's and its module names no WEIGHT_FORMAT")
+    return fmt
 
 
 def random_weight(fmt: str, N: int, K: int, params: dict, model_dtype: torch.dtype,
@@ -34,7 +45,7 @@ def random_activations(M: int, K: int, dtype: torch.dtype, device, seed: int = 1
 
 def for_problem(template, problem, device, seed: int = 0):
     """(weight, x) for tuning `problem`: x has `bucket` rows, the most the bucket serves."""
-    w = random_weight(weight_format(template.name), problem.N, problem.K, dict(problem.params),
+    w = random_weight(template_format(template), problem.N, problem.K, dict(problem.params),
                       problem.act_dtype, device, seed)
     x = random_activations(problem.bucket, problem.K, problem.act_dtype, device, seed + 1)
     return w, x
