@@ -49,5 +49,8 @@ def _problem(w: DenseWeight, bucket: int, act_dtype: torch.dtype) -> Problem:
     return Problem(N=w.N, K=w.K, bucket=int(bucket), act_dtype=act_dtype, params=tuple(w.params()))
 
 
+# The weight format synth.for_problem builds this template's weights in (no format registers it).
+WEIGHT_FORMAT = "dense"
+
 FAKE_DENSE = Template(name="fake_dense", module=sys.modules[__name__], search_space=_search_space,
                       default_tile=_default_tile, launch=_launch, reference=reference_linear, problem=_problem)

@@ -1,19 +1,21 @@
 """Shape specs and record-format names for vsr-tune: what to tune when no package is named.
 
 A shape spec is "27b" (the 27B-class backbone of BENCHMARKS.md), "minilm" (the built-in
-router's encoder), or "NxK[,NxK...]" (N outputs, K inputs). A record format is one of the
-names BENCHMARKS.md uses (bf16, fp8, int4-gptq, int4-awq, nvfp4, nvfp4-emulated) plus the
-dense fp16/fp32 variants; each becomes a weight layout, an activation dtype and a template.
+router's encoder), or "NxK[,NxK...]" (N outputs, K inputs). A record format is a name the
+registered formats' specs give (kernels/formats.py: bf16, fp16, fp32, fp8, int4-gptq, int4-awq,
+nvfp4, nvfp4-emulated); each becomes a weight layout, an activation dtype and a template.
 """
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from vsr.autotune import synth
+from vsr.kernels import formats
 
 SHAPES_27B: tuple[tuple[str, int, int], ...] = (
     ("qkv", 10240, 5120), ("o", 5120, 8192), ("gate_up", 34816, 5120), ("down", 5120, 17408))
@@ -34,16 +36,23 @@ class FormatSpec:
     act: str | None = None   # activation dtype of a quantized format ("fp8@fp32"); None: bf16 or --act-dtype
 
 
-FORMATS: dict[str, FormatSpec] = {
-    "bf16": FormatSpec("bf16", "dense", (("wdtype", "bfloat16"),)),
-    "fp16": FormatSpec("fp16", "dense", (("wdtype", "float16"),)),
-    "fp32": FormatSpec("fp32", "dense", (("wdtype", "float32"),)),
-    "fp8": FormatSpec("fp8", "fp8", ()),
-    "int4-gptq": FormatSpec("int4-gptq", "int4", (("group", 128), ("symmetric", True))),
-    "int4-awq": FormatSpec("int4-awq", "int4", (("group", 128), ("symmetric", False))),
-    "nvfp4": FormatSpec("nvfp4", "nvfp4", (("act", "e2m1-block16-dynamic"),)),
-    "nvfp4-emulated": FormatSpec("nvfp4-emulated", "nvfp4", (("act", "e2m1-block16-dynamic"),), emulate=True),
-}
+class _Records(Mapping):
+    """Record name -> FormatSpec, read from the registered formats' records on each access."""
+
+    def _specs(self) -> dict[str, FormatSpec]:
+        return {name: FormatSpec(name, spec.name, r.params, r.emulate) for name, (spec, r) in formats.records().items()}
+
+    def __getitem__(self, name: str) -> FormatSpec:
+        return self._specs()[name]
+
+    def __iter__(self):
+        return iter(self._specs())
+
+    def __len__(self) -> int:
+        return len(self._specs())
+
+
+FORMATS: Mapping[str, FormatSpec] = _Records()
 
 
 def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
@@ -109,16 +118,8 @@ def weight_for(spec: FormatSpec, N: int, K: int, act_dtype: torch.dtype, device,
 
 def format_label(key) -> str:
     """The record-format name of a cache key (ls --json's "format")."""
-    params = json.loads(key.params)
-    if key.template == "dense" or key.template.endswith("dense"):
-        return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(params.get("wdtype", key.act_dtype),
-                                                                             key.act_dtype)
-    if key.template.startswith("fp8"):
-        return "fp8"
-    if key.template.startswith("int4"):
-        return "int4-gptq" if params.get("symmetric", True) else "int4-awq"
-    if key.template == "nvfp4_emulated":
-        return "nvfp4-emulated"
-    if key.template.startswith("nvfp4"):
-        return "nvfp4"
-    return key.template
+    try:
+        spec = formats.of_template(key.template)
+    except ValueError:
+        return key.template
+    return spec.label(key.template, json.loads(key.params))

@@ -85,17 +85,16 @@ def _spread(items: list, k: int) -> list:
 def candidates(space: list, n: int | None, group: Callable[[Any], Any] = path_group) -> list:
     """At most n tiles of a search space, the default (first) always, in search-space order (so
     ties still go to the earlier tile). The spaces list tiles grouped by path and shape; their
-    first n alone would be one corner (run 5: at bucket 256 the first tiles were all TMA tiles,
-    and a faster pointer-load tile went unseen).
+    first n alone would be one corner (at bucket 256, TMA tiles only).
 
     The pick is shared among groups of tiles: `group(tile)`, the template's pick_group (its path,
     and kernel forms that few tiles of a path stand for on their own), called a path below.
     When n - 1 >= 2 x the number of paths in the rest (the tiles after the default), the n-1 are
     shared out round robin among those paths (fewest tiles first in each round), each share spread
     over its path: a share of two or more includes the path's first and last tile, a share of
-    one its first; a path with fewer tiles than its turn gets them all. An even spread over the
-    whole space showed a path with few tiles (int4 "join", 3-5 of 54-82) at most once, or not at
-    all (run 12). Below that n (e.g. n <= 12 for int4's six groups at buckets 32-128) the n-1
+    one its first; a path with fewer tiles than its turn gets them all (an even spread over the
+    whole space would show a path of few tiles, such as int4's 3-5 "join" tiles of 54-82, at most
+    once). Below that n (e.g. n <= 12 for int4's six groups at buckets 32-128) the n-1
     are spread evenly over the whole rest, its first and last included. With n == 2 the one
     other tile is the last: the far end from the default."""
     if n is None or len(space) <= max(1, n):
@@ -110,10 +109,8 @@ def candidates(space: list, n: int | None, group: Callable[[Any], Any] = path_gr
         shares = dict.fromkeys(groups, 0)
         left = n - 1
         # Each round serves the paths with the fewest tiles first (ties: first appearance), so a
-        # form of a few tiles (wide, tall) is seen whole before a long path's next turn (run 23:
-        # in order of appearance, bucket 256's 16-tile pick left out a wide tile once the tall
-        # stream-K tiles came in). The price: there the long paths (plain TMA tiles, pointer
-        # loads) get two tiles each instead of three.
+        # form of a few tiles (wide, tall) is seen whole before a long path's next turn; the long
+        # paths (plain TMA tiles, pointer loads) then get fewer picks.
         order = sorted(groups, key=lambda g: len(groups[g]))
         while left:
             for g in order:
@@ -132,8 +129,7 @@ def with_incumbents(tiles: list, space: list, incumbents: list) -> list:
     """`tiles` (a pick from `space`) plus each incumbent tile that `space` still holds and the pick
     left out, in the given order after the pick (so ties still go to the pick's earlier tiles).
     Incumbents are the tiles that won this key before (vsr-tune --incumbents): with them a re-tune
-    at max-candidates n cannot lose a tile it already had, which a pick of 20 of 75 did (run 20:
-    int4 gate_up at M=1, 59.6 -> 62.9 us, when X_SPLIT tiles moved the pick)."""
+    at max-candidates n cannot lose a tile it already had when a changed space moves the pick."""
     out = list(tiles)
     have = {tile_json(t) for t in out}
     held = {tile_json(t) for t in space}
@@ -260,32 +256,25 @@ def replay_ms(graph) -> float:
 # Under a compute-bound product's sustained load the H200 is power-limited: a graph replayed back to
 # back can run up to 17% faster for its first 25-50 ms than from about 100 ms on, so a candidate timed in
 # a few tens of milliseconds after lighter work (the first of a sweep, or the one after a slow
-# candidate) could win by that much (H200 run 33, benchmarks/NOTES.md). From STEADY_FROM_BUCKET
-# rows a candidate whose call takes STEADY_MIN_CALL_MS or more is timed in its own steady state: its
-# graph replayed for STEADY_WARM_MS first. Both bounds are judgement, not measurement: run 33 timed
-# 16, 256, 1024 and 4096 rows (at 16 the order of the cases moved a figure by 3.2% at most, most by
-# 1% or less), not 32-128, and no call length was studied; 256 is about where the 27B-class
-# products turn compute-bound, and the bound on the call keeps small layers (the built-in router's)
-# as fast to tune as before.
+# candidate) could win by that much. From STEADY_FROM_BUCKET rows a candidate whose call takes
+# STEADY_MIN_CALL_MS or more is timed in its own steady state: its graph replayed for
+# STEADY_WARM_MS first. Both bounds are judgement: 256 rows is about where the 27B-class products
+# turn compute-bound (at 16 rows the order of the cases moves a figure by 3.2% at most), and the
+# bound on the call keeps small layers (the built-in router's) quick to tune.
 STEADY_WARM_MS = 200.0
 STEADY_FROM_BUCKET = 256
 STEADY_MIN_CALL_MS = 0.02
-# ...and, since run 35, from rest: the card left idle for STEADY_REST_S before that warm-up. The
-# warm-up alone did not make a timing independent of what ran before it, as the power limiter's
-# state carries over for seconds. Run 35's study (variants.py --study steady-order: two tiles of
-# each of 14 keys at 512 and 1024 rows, each timed four times in the order ABBAABBA) found:
-#   - while the card heated up to its 700 W cap, the timings spread by a median of 5.2% and by as
-#     much as 34% (SM clock 975 against 1395 MHz);
-#   - hot, with no rest, by 1.8% (at most 5.0%);
-#   - after a second's rest before each timing, by 1.1% (at most 3.0%).
-# After the rest every timing of one tile fell below every timing of the other on 10 of the 14
-# keys; hot, on 8, and while heating, on 1.
+# ...and from rest: the card left idle for STEADY_REST_S before that warm-up, since the power
+# limiter's state carries over for seconds and the warm-up alone leaves a timing dependent on what
+# ran before it. Timing two tiles of 14 keys four times each (ABBAABBA) at 512 and 1024 rows, the
+# timings of one tile spread by a median of 5.2% (at most 34%) while the card heats up to its
+# 700 W cap, 1.8% hot with no rest, and 1.1% (at most 3.0%) after a second's rest before each.
 STEADY_REST_S = 1.0
 
 
 def steady_rest_s(bucket: int) -> float:
     """The idle seconds a steady timing at this row bucket starts from (the tuner's sweep, and
-    bench_gemm.py and variants.py timing alike): STEADY_REST_S from STEADY_FROM_BUCKET, else none."""
+    bench_gemm.py alike): STEADY_REST_S from STEADY_FROM_BUCKET, else none."""
     return STEADY_REST_S if bucket >= STEADY_FROM_BUCKET else 0.0
 
 

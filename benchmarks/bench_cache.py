@@ -100,7 +100,7 @@ def small_candidates(args) -> int | None:
 
 
 def role_tune(args):
-    from vsr.cli.tune import shape_jobs
+    from vsr.autotune.jobs import shape_jobs
 
     dev = torch.device(DEV)
     hash_shape = shapes.parse_shapes(args.big)[0]
@@ -116,8 +116,7 @@ def role_tune(args):
         t0 = time.monotonic()
         jobs = []
         for label, N, K in shapes.parse_shapes(spec):  # shape-major: every format gets each shape
-            jobs += shape_jobs(f"{N}x{K}", args.formats if name == "27b" else args.small_formats, dev,
-                               resolver.identity, BUCKETS, None)
+            jobs += shape_jobs(f"{N}x{K}", args.formats if name == "27b" else args.small_formats, dev, BUCKETS)
         tuned = skipped = failed = 0
         for job in jobs:
             if time.monotonic() - t0 > budget:

@@ -50,18 +50,10 @@ def _dtype(name: str | None):
 
 # --- what to tune ----------------------------------------------------------------------------
 
-def _template_for(w, act_dtype, emulate: bool, what: str, hint: str = ""):
-    """The template of a weight; a format this device cannot run is a vsr-tune message, not a traceback."""
-    from vsr.kernels.registry import template_for
-    try:
-        return template_for(w, act_dtype, emulate=emulate)
-    except RuntimeError as e:  # e.g. NVFP4 W4A4 without FP4 tensor cores
-        raise VsrError(f"{what}: {e}{hint}") from None
-
-
 def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
-    """(label, template, weight, problem) for every distinct Linear layer shape of a package."""
-    from vsr.kernels.dense import DenseWeight
+    """One job per bucket for every distinct Linear layer (template, N, K, params) of a package."""
+    from vsr.autotune.jobs import choose_template, weight_jobs
+    from vsr.runtime.linear import to_run_dtype
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.models import linear_names
     from vsr.runtime.package import open_package
@@ -75,43 +67,27 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
         for name in linear_names(config, loader):
             w = loader.linear(name)
             if w.format == "dense" and w.weight.dtype != act_dtype:
-                w = DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))
-            template = _template_for(w, act_dtype, False, f"{target}: {name}")
+                w = to_run_dtype(w, act_dtype)
+            try:
+                template = choose_template(w, act_dtype, False, f"{target}: {name}")
+            except ValueError as e:
+                raise VsrError(str(e)) from None
             sig = (template.name, w.N, w.K, tuple(w.params()))
             if sig in seen:
                 continue
             seen.add(sig)
-            w = w.to(device)
-            for b in buckets:
-                jobs.append({"label": f"{name} ({w.format})", "template": template, "weight": w,
-                             "problem": template.problem(w, b, act_dtype)})
+            jobs += weight_jobs(f"{name} ({w.format})", template, w.to(device), buckets, act_dtype)
     finally:
         loader.close()
     return jobs
 
 
-def shape_jobs(spec: str, formats: str | None, device, identity, buckets, act: str | None) -> list[dict]:
-    from vsr.autotune import shapes
-    from vsr.runtime.device import device_formats
-
-    fmts = shapes.parse_formats(formats or ",".join(device_formats(identity)))
-    jobs = []
-    for fs in fmts:
-        act_dtype = shapes.act_dtype_for(fs, act)
-        for label, N, K in shapes.parse_shapes(spec):
-            w = shapes.weight_for(fs, N, K, act_dtype, device)
-            template = _template_for(w, act_dtype, fs.emulate, f"format {fs.name}",
-                                     " (vsr-tune: --formats nvfp4-emulated)" if fs.fmt == "nvfp4" else "")
-            for b in buckets:
-                jobs.append({"label": f"{label} {fs.name}", "template": template, "weight": w,
-                             "problem": template.problem(w, b, act_dtype)})
-    return jobs
-
-
 def build_jobs(target, formats, device, identity, buckets, act):
     from vsr.autotune import shapes
+    from vsr.autotune.jobs import shape_jobs
+    from vsr.runtime.device import device_formats
     if shapes.looks_like_shape_spec(target) and not Path(target).exists():
-        return shape_jobs(target, formats, device, identity, buckets, act)
+        return shape_jobs(target, formats or ",".join(device_formats(identity)), device, buckets, act)
     if formats:
         raise click.UsageError("--formats applies to shape specs; a package's formats come from its config")
     try:

@@ -1,14 +1,11 @@
-"""Pieces every format's Triton template shares: the epilogue, the program-id swizzle, the
-split-K workspace and its fixed-order reduction (a second kernel, or with the tile field FIXUP
-the tile's last program to finish: last_to_finish and its arrival counters), the activation and
-output bookkeeping, the device's features, the e4m3 conversions and KernelTemplate. The dense and
-fp8 templates' product kernels and launchers are in gemm.py, their tile spaces in gemm_tiles.py.
+"""Pieces every template shares: the epilogue, the program-id swizzle, the split-K workspace and
+its fixed-order reduction, the activation and output checks, the device's features, the e4m3
+conversions and KernelTemplate.
 
-Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and are added in the
-order s = 0, 1, ..., SPLIT-1 (stream-K's, gemm.py, in program order). The adding is done by a
-second, tiny kernel (splitk_reduce_kernel; gemm.streamk_reduce_kernel), or with the tile field
-FIXUP by the tile's last program to finish, in the same order (last_to_finish: the one atomic, an
-arrival count on an int32 counter; no value is ever added atomically).
+Determinism: split-K partial sums go to an fp32 workspace [SPLIT, M, N] and are added in the order
+s = 0, 1, ..., SPLIT-1, by a second kernel (splitk_reduce_kernel) or, with the tile field FIXUP, by
+the tile's last program to finish (last_to_finish). The one atomic counts arrivals on an int32
+counter; no value is ever added atomically.
 """
 from __future__ import annotations
 
@@ -28,11 +25,9 @@ from vsr.kernels.template import Template
 
 @triton.jit
 def wait_for_producer(WAIT: tl.constexpr):
-    """WAIT (launched with programmatic dependent launch, `launch_pdl`, sm_90+): this grid may
-    start while the kernel before it on the stream, fp8's activation prologue, still runs, so
-    it waits here, before reading any memory, until that grid has finished and its writes are
-    visible. What it gains is the launch gap and the programs' setup, run in the shadow of the
-    producer. A compile-time switch: no instruction without it."""
+    """WAIT (programmatic dependent launch, sm_90+): this grid may start while the kernel before it
+    (fp8's activation prologue) still runs, so it waits here, before reading any memory, until that
+    grid's writes are visible. No instruction without WAIT."""
     if WAIT:
         gdc_wait()
 
@@ -40,10 +35,8 @@ def wait_for_producer(WAIT: tl.constexpr):
 def prefetch_weight_rows(w_ptr, stride_wn, off_n, k_lo, N, K, BLOCK_N: tl.constexpr, LINES: tl.constexpr,
                          LINE_COLS: tl.constexpr):
     """Ask the L2 for the first LINES 128-byte lines (LINE_COLS columns each) of the program's
-    BLOCK_N weight rows from column k_lo (`prefetch.global.L2`: no registers filled, nothing
-    waited for). Issued before wait_for_producer, it starts the weight's stream from DRAM
-    while the producer still runs, so the first TMA loads after the wait hit the L2. Rows and
-    columns past the edge are clamped onto it (a prefetch takes no mask)."""
+    BLOCK_N weight rows from column k_lo. Issued before wait_for_producer, so the first loads after
+    the wait hit the L2. Rows and columns past the edge are clamped (a prefetch takes no mask)."""
     rows = tl.minimum(off_n + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
     cols = tl.minimum(k_lo + tl.arange(0, LINES) * LINE_COLS, K - 1)
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
@@ -66,9 +59,9 @@ def swizzle(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 @triton.jit
 def tile_setup(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """The output tile of a pointer-load program (grid: swizzled tiles x K splits): (pid_k, offs_m,
-    offs_n, rm, rn). Rows/columns past the edge read a valid row (modulo) instead of masking:
-    their results are never stored, and the loads stay unmasked and vectorised."""
+    """(pid_k, offs_m, offs_n, rm, rn) of a pointer-load program (grid: swizzled tiles x K splits).
+    rm/rn wrap past the edge instead of masking: those results are never stored, and the loads stay
+    unmasked and vectorised."""
     pid_m, pid_n = swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,9 +90,8 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
                    bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr,
                    HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr, FIXUP: tl.constexpr):
-    """One split: apply the epilogue and write y. Several: write the fp32 partial sum to the
-    workspace [SPLIT_K, M, N]; with FIXUP the tile's last split to finish adds them up here
-    (last_to_finish), without it splitk_reduce_kernel does, launched after this grid."""
+    """One split: the epilogue, then y. Several: the fp32 partial sum to the workspace; with FIXUP the
+    tile's last split to finish adds them up here, else splitk_reduce_kernel does."""
     if SPLIT_K == 1:
         store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
@@ -115,7 +107,6 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
 @triton.jit
 def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
-    """The epilogue of an output tile's fp32 sums and their masked store to y."""
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -124,9 +115,8 @@ def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
 
 @triton.jit
 def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
-    """Σ_s ws[s, idx] for s = 0, 1, ..., SPLIT_K-1 in that order (the split-K workspace [SPLIT_K, M, N]),
-    read from L2 (`.cg`: see last_to_finish): the one sum both forms of the reduction take, so they
-    give the same bytes."""
+    """Σ_s ws[s, idx] for s = 0, 1, ..., SPLIT_K-1 in that order, read from L2 (`.cg`): the one sum
+    both forms of the reduction take, so they give the same bytes."""
     acc = tl.load(ws_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
     for s in tl.static_range(1, SPLIT_K):
         # (M may arrive as a plain int: Triton specialises arguments equal to 1.)
@@ -136,12 +126,11 @@ def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
 @triton.jit
 def last_to_finish(cnt_ptr, programs):
     """The in-kernel fixup's ticket: True for the last of the `programs` programs sharing an output
-    tile to get here, after every one has stored its partial sum; that program then adds the
-    partials up, in a fixed order, so the bytes do not depend on which one it is. The counter
-    (tile_counters) counts arrivals only, never values, and the last resets it to 0 for the next
-    launch. The barrier orders all of this program's threads' stores before the release of the
-    acq_rel increment, whose acquire makes the others' partials visible to the last (the reads
-    that follow go to L2, `.cg`). (H200 run 18: against the reduction launched after the grid.)"""
+    tile to arrive, after every one has stored its partial sum; that program adds the partials up
+    in a fixed order, so the bytes do not depend on which one it is. The counter (tile_counters)
+    counts arrivals only and the last resets it to 0 for the next launch. The barrier orders this
+    program's stores before the acq_rel increment, whose acquire makes the others' partials visible
+    to the last (whose reads go to L2, `.cg`)."""
     tl.debug_barrier()
     ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     last = ticket == programs - 1
@@ -164,9 +153,8 @@ def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, 
     store_tile(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr,
                alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
-# Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr functions
-# from Triton 3.5 on, a few microseconds of wrapper per host call (seen in the H200 profile
-# of the launch path, run 7): the launchers use these instead.
+# Host-side integer helpers: from Triton 3.5 on triton.cdiv and triton.next_power_of_2 are constexpr
+# functions whose wrapper costs microseconds per host call.
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -177,8 +165,7 @@ def next_pow2(n: int) -> int:
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str) -> torch.Tensor:
-    """The launchers' checks on x (2-D, K columns, one of ACT_DTYPES, the weight's device),
-    returned with unit column stride."""
+    """x checked (2-D, K columns, one of ACT_DTYPES, the weight's device), with unit column stride."""
     assert x.dim() == 2 and x.shape[1] == K, f"x must be [M, K={K}], got {tuple(x.shape)}"
     assert x.dtype in ACT_DTYPES, \
         f"{kernel} kernel takes {'/'.join(str(d)[6:] for d in ACT_DTYPES)} activations, got {x.dtype}"
@@ -186,9 +173,7 @@ def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str)
     return x if x.stride(1) == 1 else x.contiguous()
 
 class MatrixWeight:
-    """The N / K of a weight stored whole as `weight` [N, K] (the dense and fp8 formats, whose
-    products run on gemm.py's kernels): a mixin for their dataclasses, adding no fields.
-    (int4's and nvfp4's weights derive their shapes otherwise: K a field, or packed halves.)"""
+    """N and K of a weight stored whole as `weight` [N, K] (dense, fp8): a mixin adding no fields."""
 
     @property
     def N(self) -> int:
@@ -199,31 +184,25 @@ class MatrixWeight:
         return self.weight.shape[1]
 
 def output(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
-    """y [M, N] in x's dtype: `out` when given (checked), else a new tensor."""
     y = out if out is not None else torch.empty((x.shape[0], N), dtype=x.dtype, device=x.device)
     assert y.shape == (x.shape[0], N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     return y
 
 def workspace(split: int, y: torch.Tensor) -> torch.Tensor:
-    """The fp32 partial sums [split, M, N] of a split-K launch (y itself, unused, for one split)."""
     return torch.empty((split,) + tuple(y.shape), dtype=torch.float32, device=y.device) if split > 1 else y
 
 @dataclass(frozen=True)
 class DeviceFeatures:
-    """What the launchers ask of a device, read once per device (device_features). On a CPU
-    device (the interpreter) everything is False and capability None; the interpreter on a CUDA
-    device (TRITON_INTERPRET=1 on a GPU machine) is not supported: it has neither griddepcontrol
-    nor inline PTX."""
+    """What the launchers ask of a device. On a CPU device (the interpreter) everything is False and
+    capability None; the interpreter on a CUDA device is not supported (no griddepcontrol, no PTX)."""
 
     nvidia: bool                          # a CUDA device of NVIDIA's (not ROCm): inline PTX applies
     capability: tuple[int, int] | None    # compute capability of a CUDA device
-    pdl: bool            # programmatic dependent launch (griddepcontrol: a grid starting before the
-                         # one it depends on has ended): NVIDIA sm_90+
+    pdl: bool            # programmatic dependent launch (griddepcontrol): NVIDIA sm_90+
     hardware_e4m3: bool  # fp32 -> e4m3 converted in hardware, to nearest even as torch's cast: NVIDIA sm_89+
 
 def device_features(device: torch.device) -> DeviceFeatures:
-    """The DeviceFeatures of `device`, built once per device (an index-less "cuda" is the current
-    device, as torch reads it, resolved before the memo)."""
+    """The DeviceFeatures of `device`, once per device (an index-less "cuda" is the current one)."""
     return _device_features(_indexed(device))
 
 
@@ -234,29 +213,23 @@ def _device_features(device: torch.device) -> DeviceFeatures:
     return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
 
 def pdl_option(wait: bool) -> dict:
-    """A product's launch option for programmatic dependent launch (launch_pdl), given only when
-    the launch waits: Triton's HIP backend has no such option and refuses a launch that names it,
-    False included (JITFunction._pack_args, Triton 3.6 and 3.9: "Keyword argument launch_pdl was
-    specified but unrecognised"), so naming it always failed every launch of gemm.py's kernels on
-    ROCm (run 24, benchmarks/sm90_fit.py retargeted at gfx942)."""
+    """The launch option for programmatic dependent launch, given only when the launch waits:
+    Triton's HIP backend refuses a launch that names launch_pdl at all, False included."""
     return {"launch_pdl": True} if wait else {}
 
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch (DeviceFeatures.pdl): NVIDIA sm_90 and newer."""
     return device_features(device).pdl
 
 def split_plan(K: int, tile: dict) -> tuple[int, int]:
-    """(K columns per split, number of splits actually launched). Each split's range is a
-    whole number of BLOCK_K tiles, so tiles never straddle a quantization group."""
+    """(K columns per split, splits launched): each split a whole number of BLOCK_K steps, so a step
+    never straddles a quantization group."""
     bk = tile["BLOCK_K"]
     split = max(1, int(tile.get("SPLIT_K", 1)))
     k_split = cdiv(cdiv(K, split), bk) * bk
     return k_split, cdiv(K, k_split)
 
 def split_fixup(tile: dict, split: int) -> bool:
-    """Whether a launch of `split` (> 1) K splits adds its partial sums in the product kernel, by
-    each output tile's last split to finish (tile field FIXUP, last_to_finish), rather than in
-    splitk_reduce_kernel launched after it."""
+    """Whether `split` (> 1) partial sums are added in the product kernel (tile field FIXUP)."""
     return split > 1 and bool(tile.get("FIXUP", 0))
 
 # tile_counters' buffers, by (device, stream), and the smaller ones they replaced (kept: a CUDA
@@ -265,12 +238,10 @@ _COUNTERS: dict = {}
 _RETIRED: list = []
 # Counters for launches captured in CUDA graphs, by device: [a buffer zeroed outside any capture,
 # the index of its first counter not yet handed out, how many buffers the device has had]. Each
-# slice goes to one captured launch, so graphs never share counters with each other nor with eager
-# launches, and a graph holds no zeroing node (H200 run 19, variants.py --study capture-counters:
-# a zeroing node per captured launch cost 0.9-2.0 us). A slice is never handed out again
-# (rewind_capture_counters aside), so the buffers only grow: CAPTURE_POOL_COUNTERS int32s each,
-# at most CAPTURE_POOLS_MAX of them per device (64 MiB), after which a captured launch zeroes
-# its own counters in the graph.
+# slice goes to one captured launch, so graphs share counters with nothing, and a graph holds no
+# zeroing node (one per captured launch costs 1-2 us on the H200). The buffers only grow:
+# CAPTURE_POOL_COUNTERS int32s each, at most CAPTURE_POOLS_MAX per device (64 MiB), after which a
+# captured launch zeroes its own counters in the graph.
 _CAPTURE_POOLS: dict = {}
 CAPTURE_POOL_COUNTERS = 1 << 20
 CAPTURE_POOLS_MAX = 16
@@ -280,13 +251,9 @@ _COUNTERS_LOCK = threading.Lock()
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """int32 arrival counters for `tiles` output tiles of an in-kernel fixup (last_to_finish).
-    Eager: one buffer per (device, current stream), zeroed when made and left at zero by every
-    launch, whose last arrival on each tile resets its counter; one stream's launches never
-    overlap (a programmatic dependent waits for the grid before it, wait_for_producer, before
-    touching memory), and another stream has its own. A buffer outgrown is kept, never freed, so
-    a graph captured with it stays valid. While a CUDA graph is being captured: counters for this
-    launch alone (_captured_counters), so that no two graphs, nor a graph and eager launches,
-    share counters, however they are replayed."""
+    Eager: one buffer per (device, stream), left at zero by every launch (its last arrival on each
+    tile resets the counter); a buffer outgrown is kept, so a graph captured with it stays valid.
+    While a CUDA graph is captured: counters for this launch alone (_captured_counters)."""
     device = _indexed(device)
     with _COUNTERS_LOCK:
         if device.type == "cuda":
@@ -304,15 +271,13 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         return c
 
 def _indexed(device: torch.device) -> torch.device:
-    """A CUDA device with its index (the current one's where it has none): the counters' dict key."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
 
 def _captured_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """A captured launch's counters (under _COUNTERS_LOCK): the next `tiles` of the device's capture
-    pool, zeroed before the capture; where the pool lacks them (none made yet: no eager fixup
-    launch on the device before; or used up), a buffer zeroed in the graph."""
+    pool; where the pool lacks them, a buffer zeroed in the graph."""
     pool = _CAPTURE_POOLS.get(device)
     if pool is not None and pool[1] + tiles <= pool[0].numel():
         start = pool[1]
@@ -321,9 +286,8 @@ def _captured_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return torch.zeros(tiles, dtype=torch.int32, device=device)
 
 def _refill_capture_pool(device: torch.device) -> None:
-    """Outside a capture (a capture cannot zero memory except as a node of its graph), under
-    _COUNTERS_LOCK: a new zeroed pool for the device when it has none or less than half of one
-    left, up to CAPTURE_POOLS_MAX; the old one kept, since graphs captured with it use it still."""
+    """Outside a capture, under _COUNTERS_LOCK: a new zeroed pool when the device has none or less
+    than half of one left, up to CAPTURE_POOLS_MAX; the old one is kept for the graphs that use it."""
     pool = _CAPTURE_POOLS.get(device)
     if pool is not None and (pool[0].numel() - pool[1] >= CAPTURE_POOL_COUNTERS // 2 or pool[2] >= CAPTURE_POOLS_MAX):
         return
@@ -340,11 +304,9 @@ def capture_counters_mark() -> dict:
         return {d: (pool[0].data_ptr(), pool[1]) for d, pool in _CAPTURE_POOLS.items()}
 
 def rewind_capture_counters(mark: dict) -> None:
-    """Hand the counters given to captured launches since `mark` (capture_counters_mark) out again,
-    on every device whose pool is the one marked. Only for a caller that has destroyed every graph
-    captured since the mark, after their last replay finished (each replay left its counters at
-    zero), or whose capture failed (nothing captured runs): the autotune's graph timer, which
-    captures, times and destroys one graph at a time, so a long sweep does not use up the pools."""
+    """Hand out again the counters given to captured launches since `mark`. Only for a caller that
+    has destroyed every graph captured since, after their last replay (or whose capture failed):
+    the autotuner's graph timer, so that a long sweep does not use up the pools."""
     with _COUNTERS_LOCK:
         for d, (ptr, index) in mark.items():
             pool = _CAPTURE_POOLS.get(d)
@@ -352,12 +314,10 @@ def rewind_capture_counters(mark: dict) -> None:
                 pool[1] = index
 
 def fixup_counters(fixup: bool, device: torch.device, tiles: int, unused: torch.Tensor) -> torch.Tensor:
-    """The counters argument of a product kernel: tile_counters with FIXUP, else `unused` (any
-    tensor: the kernel never reads it)."""
+    """The counters argument of a product kernel: tile_counters with FIXUP, else `unused` (never read)."""
     return tile_counters(device, tiles) if fixup else unused
 
 def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
-    """Launch the fixed-order reduction over `split` partial sums into y."""
     dummy = ws
     grid = (cdiv(M, 16), cdiv(N, 128))
     splitk_reduce_kernel[grid](
@@ -367,10 +327,8 @@ def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
         HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
 def check_tile(t: dict, wide_paths: tuple = ()) -> None:
-    """A tile from a cache file is data: refuse one missing a field, naming it, and a wide one
-    (BLOCK_N2) unless its path is one of the template's `wide_paths` (whose kernel computes the
-    second block: gemm.tma_gemm_kernel, one tile per program) and it is not persistent; any other
-    kernel would drop the second block."""
+    """A tile from a cache file is data: refuse one missing a field, and a wide one (BLOCK_N2) unless
+    its path is one of `wide_paths` and it is not persistent (any other kernel drops the second block)."""
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"):
         if k not in t:
             raise ValueError(f"tile {t} lacks {k}")
@@ -380,27 +338,23 @@ def check_tile(t: dict, wide_paths: tuple = ()) -> None:
 
 @triton.jit
 def abs_bits(v):
-    """|v| as the int32 bits of its fp32 value: ordered as the values are, inf above every finite
-    value and NaN above inf, so an integer max is the amax, NaN where one is held (as torch's
-    amax; a float max would drop it): fp8's row and nvfp4's block scales."""
+    """|v| as the int32 bits of its fp32 value, ordered as the values with NaN above inf: an integer
+    max is the amax and keeps a NaN, as torch's amax does (a float max drops it)."""
     return v.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
 @triton.jit
 def clamp_keep_nan(v, bound):
-    """v clamped to [-bound, bound] as torch.clamp does: a NaN stays NaN (fp8's and nvfp4's
-    prologues, whose NaN rows and blocks must stay NaN as in the references)."""
+    """v clamped to [-bound, bound] as torch.clamp does: a NaN stays NaN."""
     return tl.minimum(tl.maximum(v, -bound, propagate_nan=tl.PropagateNan.ALL), bound,
                       propagate_nan=tl.PropagateNan.ALL)
 
-# e4m3 conversions written out in integer arithmetic: the Triton interpreter's own
-# fp32 -> float8e4nv cast rounds wrongly (seen with Triton 3.9: -126.3 -> -64, and ties
-# not to even), and these give the same bits as torch's cast on every backend.
+# e4m3 conversions in integer arithmetic: the Triton interpreter's fp32 -> float8e4nv cast rounds
+# wrongly (Triton 3.9: -126.3 -> -64, ties not to even); these give torch's bits on every backend.
 
 @triton.jit
 def e4m3_encode(v):
-    """fp32 (already clamped to ±448) -> e4m3fn code (uint8), round to nearest even, as torch's
-    cast; a NaN -> 0x7F, torch's code for a NaN (which for a negative NaN sets the sign bit too:
-    the callers' NaN rows are compared sign-blind, a NaN's sign differing between CPU and GPU)."""
+    """fp32 (clamped to ±448) -> e4m3fn code (uint8), round to nearest even as torch's cast; a NaN
+    -> 0x7F (NaN signs differ between CPU and GPU: callers compare NaN rows sign-blind)."""
     nan = v != v
     v = tl.where(nan, 0.0, v)
     bits = v.to(tl.uint32, bitcast=True)
@@ -424,8 +378,7 @@ def e4m3_encode(v):
 
 @triton.jit
 def e4m3_decode(code):
-    """e4m3fn code (any int type) -> fp32 value, exact, as torch's cast: the NaN codes 0x7F
-    and 0xFF give NaN."""
+    """e4m3fn code (any int type) -> fp32, exact; 0x7F and 0xFF give NaN."""
     c = code.to(tl.int32) & 0xFF
     e = (c >> 3) & 15
     m = c & 7
@@ -437,17 +390,13 @@ def e4m3_decode(code):
 
 @dataclass(frozen=True)
 class KernelTemplate(Template):
-    """A Template whose source hash also covers the modules its kernels call into (this one and
-    the shared products, gemm.py and gemm_tiles.py, which every template reaches, directly or as
-    int4's dequant path reaches them through dense; and its deps, e.g. dense for int4): a change
-    there must not reuse tiles recorded for the old code, since the cache promises the same kernel
-    source for the same key."""
+    """A Template whose source hash also covers the modules its kernels call into: this one, gemm.py,
+    gemm_tiles.py and its `deps` (dense for int4, fp8 for nvfp4). A change there must not reuse
+    tiles recorded for the old code: the cache promises the same kernel source for the same key."""
 
     deps: tuple[ModuleType, ...] = ()
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:
-        """The modules the source hash covers, each once, in order: the template's, this one, gemm,
-        gemm_tiles, deps."""
         from vsr.kernels import gemm, gemm_tiles   # (they import this module: not at its top)
         return tuple(dict.fromkeys((self.module, sys.modules[__name__], gemm, gemm_tiles) + tuple(self.deps)))

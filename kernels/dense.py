@@ -1,11 +1,9 @@
 """Dense (bf16 / fp16 / fp32) linear: the weight layout and the pure-torch reference.
 
-Below the reference: the Triton template "dense", whose kernels live in gemm.py, shared
-with fp8's: a CUDA-core GEMV for one row; for small row buckets the transposed TMA product
-("tma-swap") and split-K tiles; tiled paths for large ones (TMA descriptors where the row
-strides allow, stream-K for buckets 512-2048, persistent from bucket 4096; pointer loads
-otherwise); fp32 operands multiply
-in IEEE precision, never tf32.
+The Triton template "dense" runs gemm.py's kernels (shared with fp8): a CUDA-core GEMV for one
+row; the transposed TMA product ("tma-swap") and split-K tiles for small row buckets; tiled paths
+for large ones (TMA descriptors where the row strides allow, stream-K for buckets 512-2048,
+persistent from 4096; pointer loads otherwise). fp32 operands multiply in IEEE precision.
 """
 from __future__ import annotations
 
@@ -75,7 +73,7 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
 
 
 def problem(w: DenseWeight, M: int, act_dtype: torch.dtype) -> Problem:
-    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
 
 
@@ -91,7 +89,7 @@ def default_tile(p: Problem) -> dict:
 def search_space(p: Problem) -> list[dict]:
     b = _bytes(p.act_dtype)
     space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, default_tile(p))
-    if p.bucket == 1:  # one row: the CUDA-core GEMV (fp8's M=1 winner) beside the split-K tiles
+    if p.bucket == 1:  # one row: the CUDA-core GEMV beside the split-K tiles
         space = space[:1] + gemm_tiles.gemv_tiles(p.K, b) + space[1:]
     return space
 

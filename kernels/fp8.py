@@ -1,12 +1,11 @@
 """FP8 W8A8 (compressed-tensors FP8_DYNAMIC): weight layout and pure-torch reference.
 
-Weights: e4m3 [N, K] with one scale per output channel. Activations: e4m3 with
-one dynamic scale per row (token), computed as each call runs. FORMATS.md §4.
-Below the reference: the Triton template "fp8_w8a8": a prologue kernel quantizes each
-row of x exactly as quantize_activation does (same roundings: the division in x's
-dtype, then e4m3 round-to-nearest-even), then an fp8 product with fp32 accumulation
-applies row scale × channel scale and the bias in its epilogue: a CUDA-core GEMV for one
-row, else gemm.py's tensor-core kernels (shared with the dense template).
+Weights: e4m3 [N, K] with one scale per output channel. Activations: e4m3 with one dynamic scale
+per row (token), computed as each call runs. FORMATS.md §4.
+The Triton template "fp8_w8a8": a prologue kernel quantizes each row of x exactly as
+quantize_activation does (the division in x's dtype, then e4m3 round-to-nearest-even), then an
+fp8 product with fp32 accumulation applies row scale × channel scale and the bias in its
+epilogue: a CUDA-core GEMV for one row, else gemm.py's tensor-core kernels.
 """
 from __future__ import annotations
 
@@ -68,10 +67,8 @@ def dequantize(w: Fp8Weight) -> torch.Tensor:
 
 
 def quantize_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row dynamic e4m3 quantization in the activation dtype, as the reference library does.
-
-    Returns (xq e4m3 [M, K], scale [M, 1] in x's dtype).
-    """
+    """Per-row dynamic e4m3 quantization in the activation dtype, as compressed-tensors does:
+    (xq e4m3 [M, K], scale [M, 1] in x's dtype)."""
     s = x.abs().amax(dim=-1, keepdim=True) / FP8_MAX
     s = torch.where(s == 0, torch.full_like(s, dtype_eps(x.dtype)), s)
     return e4m3_rne(x / s), s
@@ -101,12 +98,9 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
     midpoint (a midpoint has 9 significant bits: m_v/m_s = odd/2^8 in the binade [1, 2), or
     odd/2^9 in [1/2, 1), would need 2^8 to divide m_s) and lies more than 2^-17 (relative) from
     every one (2^-16.86 at the closest pair, m_v = 233, m_s = 241), while fp32(v · r) and
-    torch's fp32(v / s) are both within 2^-23 of v/s: they round to the same bf16 value.
-    tests/test_kernels_formats.py checks it over every bf16 significand pair in torch's
-    arithmetic, and this kernel on both branches (exactly on any device, over random rows from
-    subnormal to large scales on the GPU). (fp16 divides: with 11-bit significands
-    the margin is no larger than the error, and the quotients do differ, if only below fp16's
-    normal range, where they round to an e4m3 zero.)"""
+    torch's fp32(v / s) are both within 2^-23 of v/s: they round to the same bf16 value
+    (tests/test_kernels_formats.py checks every bf16 significand pair). fp16 divides: with 11-bit
+    significands the margin is no larger than the error."""
     if BF16_RCP:
         if r > 0.0:
             q = v.to(tl.float32) * r
@@ -130,14 +124,12 @@ def _act_quant_kernel(x_ptr, xq_ptr, s_ptr, K, stride_xm, EPS, BLOCK_A: tl.const
     """One program per row (divisions are IEEE round-to-nearest, div_rn, as torch's):
     s = amax/448 (rounded to x's dtype, eps for an all-zero row, NaN for a row holding a NaN, so
     that, as in the reference, the whole row's output is NaN rather than a NaN clamped to 448);
-    on CUDA, torch divides a tensor by a Python number as a product with its fp32 reciprocal (one
-    bit apart at times, seen on the H200), and RECIPROCAL does the same, so the scales equal the
-    reference's bits on each device; xq = e4m3_rne(x / s), for bf16 x (BF16_RCP) as x · (1/s) rounded to bf16
-    where s >= 2^-125 (_quantize_chunk).
-    The row is read once and kept in registers as two power-of-two blocks, columns
-    [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024: no lane padded,
-    where one block would pad to 32768). CHUNKED (rows too long for registers): two passes
-    over BLOCK_A-column chunks, the second from L2.
+    on CUDA, torch divides a tensor by a Python number as a product with its fp32 reciprocal (at
+    times one bit apart), and RECIPROCAL does the same, so the scales equal the reference's bits on
+    each device; xq = e4m3_rne(x / s) (_quantize_chunk).
+    The row is read once and kept in registers as two power-of-two blocks, columns [0, BLOCK_A)
+    and [BLOCK_A, BLOCK_A + BLOCK_B) (K = 17408 is 16384 + 1024, where one block would pad to
+    32768). CHUNKED (rows too long for registers): two passes over BLOCK_A-column chunks.
     RELEASE: let the product, launched as this grid's programmatic dependent, start now; it
     waits for this grid's end before it reads xq (common.wait_for_producer)."""
     if RELEASE:
@@ -197,11 +189,9 @@ class ProloguePlan:
 def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
     """The row in registers as the largest power of two <= K plus the rest rounded up to a power
     of two (K = 5120: 4096 + 1024), one warp per 512 columns of the first block (16 columns a
-    thread, at most 16 warps: H200 run 15, 8-16 warps beat 4 at every M but K = 5120 at M = 4096,
-    where 16 lost 20%; run 16, after the bf16 quotient became a product, found other plans 4-18%
-    faster at M = 4096 on every shape and 5% at down M=1024: NOTES run 16 item 2); CHUNKED
-    2048-column passes beyond PROLOGUE_REGISTER_K. (Any plan gives the same bits: the amax is exact and every
-    element is rounded on its own.)"""
+    thread, at most 16 warps) unless `warps` says otherwise; CHUNKED 2048-column passes beyond
+    PROLOGUE_REGISTER_K. Any plan gives the same bits: the amax is exact and every element is
+    rounded on its own."""
     if K > PROLOGUE_REGISTER_K:
         return ProloguePlan(2048, 0, True, warps or 4)
     a = 1 << (K.bit_length() - 1)
@@ -209,13 +199,11 @@ def prologue_plan(K: int, warps: int | None = None) -> ProloguePlan:
     return ProloguePlan(a, b, False, warps or max(1, min(16, a // 512)))
 
 
-def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None, release: bool = False,
-                               divide: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype). `plan`:
-    by default prologue_plan(K) (fp8.launch passes its tile's, tile_prologue).
-    `release` (where common.pdl_supported): the next launch may be a programmatic dependent.
-    `divide`: bf16 rows divided by s as other dtypes are, not multiplied by 1/s (the same bits;
-    the variant study times both)."""
+def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None,
+                               release: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton twin of quantize_activation: (xq e4m3 [M, K], scale [M] in x's dtype), covering each
+    row by `plan` (default prologue_plan(K)). `release` (where common.pdl_supported): the next launch
+    may be a programmatic dependent."""
     M, K = x.shape
     xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)
     s = torch.empty((M,), dtype=x.dtype, device=x.device)
@@ -225,7 +213,7 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
     hw = common.device_features(x.device).hardware_e4m3
     _act_quant_kernel[(M,)](x, xq if hw else xq.view(torch.uint8), s, K, x.stride(0), dtype_eps(x.dtype),
                             BLOCK_A=p.block_a, BLOCK_B=p.block_b, CHUNKED=p.chunked, RECIPROCAL=x.is_cuda,
-                            HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16 and not divide, num_warps=p.warps)
+                            HW_CVT=hw, RELEASE=release, BF16_RCP=x.dtype == torch.bfloat16, num_warps=p.warps)
     return xq, s
 
 
@@ -233,33 +221,24 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
 WIDE_PATHS = ("tma",)
 
 
-def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, *,
-           plan: ProloguePlan | None = None, pdl: bool | None = None, prefetch: int | None = None) -> torch.Tensor:
-    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come
-    from the tile (tile_prologue; PDL only where the device has it); `plan`, `pdl` and `prefetch`
-    (the prologue plan, programmatic dependent launch, prefetched lines per weight row) override
-    the tile and PDL_PREFETCH_LINES; the variant studies time them."""
+def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come from
+    the tile (tile_prologue); PDL applies only where the device has it."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
     y = common.output(x, w.N, out)
     if x.shape[0] == 0:
         return y
-    tile_plan, tile_pdl = tile_prologue(tile, w.K)
-    supported = common.device_features(x.device).pdl
-    if pdl is None:
-        pdl = tile_pdl and supported
-    elif pdl and not supported:
-        raise ValueError(f"programmatic dependent launch needs an NVIDIA GPU of sm_90 or newer, not {x.device}")
-    xq, xs = quantize_activation_triton(x, plan=plan or tile_plan, release=pdl)
-    if prefetch is None:
-        prefetch = PDL_PREFETCH_LINES
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=prefetch)   # launch_tma prefetches only with wait
+    plan, pdl = tile_prologue(tile, w.K)
+    pdl = pdl and common.device_features(x.device).pdl
+    xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=PDL_PREFETCH_LINES)   # launch_tma prefetches only with wait
     return y
 
 
 # 128-byte lines of each weight row the product asks of the L2 before it waits, when launched as
-# the prologue's programmatic dependent (H200 run 15: see the note on PDL_MAX_BUCKET).
+# the prologue's programmatic dependent (16-32 lines cost time on the wide layers).
 PDL_PREFETCH_LINES = 4
 
 # The prologue's knobs in fp8's tile: PRO_WARPS, the prologue's warps per row (0: the plan's own,
@@ -267,20 +246,14 @@ PDL_PREFETCH_LINES = 4
 # (applied only where the device has it). default_tile and search_space set them from the row
 # bucket (prologue_defaults), so the cache's tiles carry them; a tile without them runs plain
 # (tile_prologue).
-# From this row bucket the prologue takes 4 warps a row by default (H200 run 16, M=4096: 4-18%
-# faster than the plan's 8-16 on every 27B shape once bf16 quotients became products; M=1024 not
-# measured; down at M=4096 liked chunked 4096-column passes with 8 warps best). Until the tile
-# carried it, this was keyed on M >= 4096 rows, so M = 2049-4095 (bucket 4096) missed it.
+# From this row bucket the prologue takes 4 warps a row by default: at M = 4096 it is 4-18% faster
+# than the plan's 8-16 on every 27B-class shape.
 PROLOGUE_LARGE_BUCKET = 4096
 PROLOGUE_LARGE_WARPS = 4
 # Few rows on Hopper and newer: the product is launched as the prologue's programmatic dependent,
-# asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. H200
-# run 15 (variants.py --study fp8-prologue): PDL alone saved 0.2-1.1 us at M = 1-64 on every
-# shape, 4 prefetched 128-byte lines per row another 0.4-1.0 us (16-32 lines lost on qkv and
-# gate_up); at M = 256 PDL cost 3-9 us on o and down in runs 15 and 16 alike (down 61 -> 69 us
-# and 58.6 -> 65.7), so by default it stops at bucket 64 (64 rows, as it was keyed on rows
-# before the tile carried it). (At M = 4096 run 15 saw it cost up to 39 us and run 16 saw it
-# gain 19-30 us on qkv and gate_up: within the noise of calls that long.)
+# asks the L2 for the head of its weight rows, then waits for the prologue in the kernel. On the
+# H200 PDL saves 0.2-1.1 us at M = 1-64 on every 27B-class shape and the prefetch another
+# 0.4-1.0 us; at M = 256 PDL costs 3-9 us on o and down, so by default it stops at bucket 64.
 PDL_MAX_BUCKET = 64
 # Where search_space tries the default tile with other prologue warps, and with PDL flipped.
 PRO_WARPS_FROM = 1024
@@ -296,9 +269,8 @@ def prologue_defaults(bucket: int) -> dict:
 
 def tile_prologue(tile: dict, K: int) -> tuple[ProloguePlan, bool]:
     """(the prologue plan, whether the product asks to be its programmatic dependent) for rows of
-    K columns on `tile`: its PRO_WARPS and PDL. A tile without them (written by hand: the
-    template's and the cache's tiles carry their bucket's) runs the plan's own warps, no PDL.
-    (The kernels know no row buckets: those are the autotuner's, and the tile brings them here.)"""
+    K columns on `tile`: its PRO_WARPS and PDL. A tile without them runs the plan's own warps, no
+    PDL. (The kernels know no row buckets: the tile brings the bucket's choice.)"""
     return prologue_plan(K, tile.get("PRO_WARPS", 0) or None), bool(tile.get("PDL", 0))
 
 
@@ -317,7 +289,7 @@ def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Te
 
 
 def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:
-    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
 
 
@@ -329,8 +301,8 @@ def default_tile(p: Problem) -> dict:
 def _default_product_tile(p: Problem) -> dict:
     t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, 1, 1)
     if p.bucket == 1 and t["path"] != "tma-swap":
-        # H200 (run 5): 8 rows x 512 columns per step, 3 stages, beat the split-K tile on every
-        # shape. (Run 10: the transposed TMA product beat it on 3 of 4 where the strides allow.)
+        # The GEMV (8 rows x 512 columns per step, 3 stages) beats the split-K tile on every
+        # 27B-class shape; where the strides allow, the transposed TMA product is the default.
         return gemm_tiles.gemv_tiles(p.K, 1)[0]
     if p.bucket <= 16 and t["path"] == "splitk":  # fp8 rows are half as wide: a longer K step keeps the same bytes in flight
         t["BLOCK_K"] = 256
@@ -344,9 +316,9 @@ def _fp32_epilogue_fits(t: dict) -> bool:
     """Whether a tile's TMA pipeline and its fp32 output tile fit the shared memory together. fp32
     activations give an fp32 output, which the TMA kernels' epilogue stages whole in shared memory
     beside the pipeline: the bucket 1024-2048 default, 128 x 256 x 128 at 4 stages, asks 327,712
-    bytes on sm_90 (Triton 3.6 and 3.9; benchmarks/sm90_fit.py, run 24), its 4096+ default
-    278,552, where the H200 gives a block 232,448. The model, pipeline (smem_bytes) + BLOCK_M x
-    width x 4, is within 32 bytes of both, and of the halved tiles' 229,408 and 204,824."""
+    bytes on sm_90 (Triton 3.6 and 3.9; benchmarks/sm90_fit.py), where the H200 gives a block
+    232,448. The model, pipeline (smem_bytes) + BLOCK_M x width x 4, is within 32 bytes of what
+    Triton allocates for these tiles."""
     return (t["path"] not in gemm.TMA_PATHS or gemm_tiles.smem_bytes(t, 1, 1)
             + t["BLOCK_M"] * (t["BLOCK_N"] + t.get("BLOCK_N2", 0)) * 4 <= gemm_tiles.SMEM_LIMIT)
 
@@ -361,14 +333,9 @@ def _fit_fp32_epilogue(t: dict) -> dict:
 def search_space(p: Problem) -> list[dict]:
     """The product tiles (gemm_tiles.gemm_space; the GEMV at one row), each with the bucket's prologue
     knobs, default first (with fp32 activations only those that fit beside their fp32 output); then
-    the default with other prologue knobs (_prologue_variants).
-    Those come last: the tuner's short sweeps (autotune/tuner.py, candidates) share their picks
-    among the paths, each share spread over its path's tiles from the first to the last, so
-    the last variant, the last tile of the default's path, is timed by any sweep giving that
-    path two or more picks (16 candidates give fp8's three paths five each; at buckets 256-1024
-    the wide TMA tiles are a fourth group, and each gets three or four) and the others by
-    longer ones, while product tiles keep the other picks; right after the default they would
-    take the first pick, which gemm_space keeps for the default's other form (persistent or not)."""
+    the default with other prologue knobs (_prologue_variants). Those come last: the tuner's short
+    sweeps spread each path's share of picks from its first tile to its last, so the last variant
+    is timed by any sweep giving the default's path two or more picks."""
     base = _default_product_tile(p)
     space = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 1, 1, base, bk_choices=(64, 128, 256))
     if p.act_dtype == torch.float32:   # gemm_space's shared-memory bound leaves the fp32 output out
@@ -382,9 +349,7 @@ def search_space(p: Problem) -> list[dict]:
 
 def _prologue_variants(p: Problem, d: dict) -> list[dict]:
     """The default tile d with other prologue knobs: from bucket PRO_WARPS_FROM other warps per row
-    (the plan's own, 8, then 4, each number of warps once: 4 is the last, timed by short sweeps,
-    where the default is the plan's, and 8 where it is 4), and for PDL_FLIP_BUCKETS PDL flipped
-    (off by default there: run 15-16 measured a loss at M = 256 on o and down only)."""
+    (the plan's own, 8, then 4, each number of warps once), and for PDL_FLIP_BUCKETS PDL flipped."""
     out = []
     if p.bucket >= PRO_WARPS_FROM:
         by_warps: dict[int, int] = {}

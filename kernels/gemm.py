@@ -1,13 +1,10 @@
 """The product kernels of the dense and fp8 templates, which differ only in their operands' dtype
-and the scales of the epilogue: pointer-load tiles and split-K; TMA tiles, one per program,
-persistent or stream-K; the transposed TMA product for few rows; the one-row GEMV; and their
-launchers. What every template shares (the epilogue, the swizzle, the split-K reduction and its
-fixup) is in common.py; the tile spaces are in gemm_tiles.py.
+and the epilogue's scales: pointer-load tiles and split-K; TMA tiles, one per program, persistent
+or stream-K; the transposed TMA product for few rows; the one-row GEMV; and their launchers.
 
-Stream-K: one program per multiprocessor walks whole waves of tiles, and the K steps of the
-tiles left over for a last, partial wave are shared out evenly; their partial tiles go to a
-workspace slot per (program with units, tile it touches: at most two) and are added in program
-order, by streamk_reduce_kernel or, with FIXUP, by the tile's last program to finish.
+Stream-K: one program per multiprocessor walks whole waves of tiles, and the K steps of the tiles
+left over for a last, partial wave are shared out evenly; their partial tiles go to a workspace
+slot per (program, tile it touches: at most two) and are added in program order.
 """
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ from vsr.kernels import common, gemm_tiles
 
 @triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
-    """acc + a·b in fp32: fp32 operands multiplied in IEEE precision with IEEE (an explicit
-    --dtype float32 stays exact), not tf32."""
+    """acc + a·b in fp32; fp32 operands multiply in IEEE precision, never tf32."""
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
     else:
@@ -35,9 +31,8 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
                       IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr,
                       FIXUP: tl.constexpr):
-    """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype
-    (bf16/fp16/fp32 for the dense template, e4m3 for fp8's): the tiled path (SPLIT_K = 1) and the
-    split-K path (partial sums to the workspace) of both templates."""
+    """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype: the
+    "tiled" (SPLIT_K = 1) and "splitk" paths."""
     common.wait_for_producer(WAIT)
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
@@ -60,8 +55,8 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
 @triton.jit
 def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
-    """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products, in fp32: A·Bᵀ [BM, BN], or with
-    SWAP the transposed B·Aᵀ [BN, BM] (tma_swap_kernel: the weight tile on the MMA's wide side)."""
+    """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products in fp32: A·Bᵀ [BM, BN], or with
+    SWAP B·Aᵀ [BN, BM]."""
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -79,7 +74,6 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One output tile of tma_gemm_kernel: the K loop, the epilogue and the store."""
     acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
     common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
                       bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
@@ -89,12 +83,10 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
                    stride_ym, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                    HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths
-    no power of two gives, which Triton's blocks must be), as two products that share each
-    step's activation tile, each with its own accumulator. The width is chosen so that a
-    layer's tiles make about one wave of the machine: cuBLAS's BF16 kernels at M = 256 take
-    168-, 80- and 176-wide weight tiles for 122-132 programs (H200 run 20, peer_kernels.py),
-    where vsr's power-of-two tiles make 2.4 waves of 64x128 or 1.2 of 128x128."""
+    """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths that
+    Triton's power-of-two blocks cannot take), as two products sharing each step's activation tile.
+    The width makes a layer's tiles about one wave of the machine, as cuBLAS's 168-, 80- and
+    176-wide tiles at M = 256 do, where power-of-two tiles make 2.4 or 1.2 waves."""
     off_m = pid_m * BLOCK_M
     off_n = pid_n * (BLOCK_N + BLOCK_N2)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -117,8 +109,7 @@ def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first
                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
-    order, each whole (_tma_tile): tma_gemm_kernel's PERSISTENT form, and tma_streamk_kernel's
-    whole waves."""
+    order, each whole."""
     for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
@@ -132,16 +123,14 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
                     WAIT: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
     through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
-    zero-fills reads past an edge, so no masks in the main loop. (H200, run 5: 0.69x -> 0.98x
-    cuBLAS at M=64 on qkv, 0.80x -> 0.96x at M=4096, against the same tiles' pointer loads.)
+    zero-fills reads past an edge, so the main loop has no masks.
     PERSISTENT: NUM_PROGRAMS programs (one per multiprocessor) walk the output tiles in the
     swizzled order, so one tile's epilogue overlaps the next tile's loads (Triton's
-    persistent-matmul tutorial). H200, run 9 (variants.py): bf16 at M=4096 0.88x -> 1.05x
-    cuBLAS on the same 128x256x64 tile; slower at M=256. Each tile is still computed whole by
-    one program, in the same order: the output does not depend on NUM_PROGRAMS.
+    persistent-matmul tutorial); each tile is still computed whole by one program, so the output
+    does not depend on NUM_PROGRAMS.
     PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait.
-    BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide
-    (_tma_wide_tile), b2_desc the weight's descriptor of BLOCK_N2-row blocks."""
+    BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide, b2_desc the
+    weight's descriptor of BLOCK_N2-row blocks."""
     tl.static_assert(not (PERSISTENT and BLOCK_N2 > 0), "wide tiles (BLOCK_N2) are one tile per program")
     if PERSISTENT:
         common.wait_for_producer(WAIT)
@@ -166,9 +155,7 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
 
 @triton.jit
 def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """A stream-K launch's division of the work: (tiles in whole waves, K steps per tile, units), a
-    unit being one (leftover tile, K step) pair; the num_tiles % NUM_PROGRAMS leftover tiles follow
-    the whole waves' in the swizzled order."""
+    """(tiles in whole waves, K steps per tile, units), a unit being one (leftover tile, K step)."""
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     sk_tiles = num_tiles % NUM_PROGRAMS
     iters = tl.cdiv(K, BLOCK_K)
@@ -176,37 +163,30 @@ def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 @triton.jit
 def _streamk_run(p, units, NUM_PROGRAMS):
-    """Program p's run of units, [lo, hi): the P = NUM_PROGRAMS runs split the units evenly, in
-    order; a run may be empty (fewer units than programs)."""
+    """Program p's run of units, [lo, hi): the runs split the units evenly, in order (some may be empty)."""
     return p * units // NUM_PROGRAMS, (p + 1) * units // NUM_PROGRAMS
 
 @triton.jit
 def _streamk_slot(p, u_lo):
-    """Program p's workspace slot pair (its run starting at unit u_lo), numbering only the programs
-    whose runs are not empty: p itself when every run holds a unit (units >= programs), else u_lo
-    (each run then holds at most one unit, and the non-empty runs start at distinct units 0, 1, ...: u_lo
-    <= p). So the workspace takes min(programs, units) pairs (launch_tma)."""
+    """Program p's workspace slot pair, numbering only the programs whose runs are not empty: p when
+    every run holds a unit, else u_lo (each run then holds at most one). The workspace takes
+    min(programs, units) pairs."""
     return tl.minimum(p, u_lo)
 
 @triton.jit
 def _streamk_overlap(u_lo, u_hi, s, iters):
-    """[lo, hi): the units of the run [u_lo, u_hi) that lie in leftover tile s (empty when lo >= hi)."""
     return tl.maximum(u_lo, s * iters), tl.minimum(u_hi, (s + 1) * iters)
 
 @triton.jit
 def _streamk_tile_programs(s, units, iters, NUM_PROGRAMS):
-    """[first, last]: the programs whose runs (_streamk_run) may hold units of leftover tile s.
-    The program holding unit u is the last p whose run starts at or before u; programs between
-    first and last may hold none."""
+    """[first, last]: the programs whose runs may hold units of leftover tile s."""
     first = ((s * iters + 1) * NUM_PROGRAMS - 1) // units
     last = ((s + 1) * iters * NUM_PROGRAMS - 1) // units
     return first, last
 
 @triton.jit
 def _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr):
-    """Program p's fp32 part of stream-K tile s at offs (its workspace slot of SLOT elements), or
-    zeros where p's run holds none of the tile's units (a p past the tile's last program, or past
-    the grid, starts its run after the tile's last unit: lo >= hi)."""
+    """Program p's fp32 part of stream-K tile s at offs, or zeros where p's run holds none of its units."""
     u_lo, u_hi = _streamk_run(p, units, NUM_PROGRAMS)
     lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
     j = s - u_lo // iters
@@ -220,17 +200,15 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
                   HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
                   ROWS: tl.constexpr):
     """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
-    shared the tile, in program order (the workspace read from L2, `.cg`: see last_to_finish)."""
+    shared the tile, in program order, read from L2 (`.cg`)."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = r0 + tl.arange(0, ROWS)
     offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    # Four sharers' parts loaded before any is added, so their latencies overlap (one load, then
-    # its add, per sharer, put the tile's sharers' L2 round trips in series: H200 run 23, a 256 x
-    # 128 tile's parts took 10.9 us to add on o at M=256, its product 40.2). Still added in
-    # program order: a part past `last` or of a program whose run misses the tile loads as 0.
+    # Four sharers' parts are loaded before any is added, so their L2 round trips overlap; they are
+    # still added in program order (a part of a program whose run misses the tile loads as 0).
     for p in range(first, last + 1, 4):
         part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
         part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
@@ -247,9 +225,7 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
-    """How many programs hold units of leftover tile s: one per unit when there are fewer units
-    than programs (each run holds at most one); else every run is non-empty and contiguous, so
-    each program from the tile's first to its last holds some."""
+    """How many programs hold units of leftover tile s."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     return tl.where(units < NUM_PROGRAMS, iters, last - first + 1)
 
@@ -259,25 +235,15 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
                        HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
                        ROWS: tl.constexpr):
-    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) first
-    walk whole tiles as the persistent kernel does, as many as fill whole waves; the
-    num_tiles % NUM_PROGRAMS leftover tiles, which would leave most multiprocessors idle for a last partial
-    wave, are cut into their K steps and the steps shared out evenly, each program taking a
-    contiguous run. Fewer leftover tiles than programs means a run touches at most two tiles;
-    its fp32 partial sums (the tile's rows below M) go to the workspace, slot (_streamk_slot, 0 or 1),
-    and each tile's partials are added in program order: with FIXUP here, by the last of the tile's
-    programs to finish (last_to_finish), ROWS rows at a time; without, by streamk_reduce_kernel,
-    launched after this grid. So the output depends on (M, N, K, tile, NUM_PROGRAMS) only: the same
-    device and tile give the same bytes, FIXUP or not.
-    (At M=1024 on o and down, 128x256 tiles, the default there, make 160 tiles: one whole wave of
-    132 and 28 left over, which a plain grid would run as a second wave on 28 multiprocessors.
-    With few rows it lost: H200 run 17, variants.py --study swap-sk at commit 0fa8b14, the
-    transposed product of tma_swap_kernel walked stream-K so that all 132 multiprocessors stream
-    the 80 weight tiles of qkv, o and down: 3-30% slower than the shipped tiles at M = 1, 16 and
-    64; at M = 32 it beat run 16's 32-row tiles on 4 of 8 points, which were the tiles at fault.)
-    The reduction is launched as usual, not as this grid's programmatic dependent: that form was
-    slower on 14 of the 15 shipped "tma-sk" keys (H200 run 18, variants.py --study sk-reduce-pdl,
-    median +2.4%; the study and the form are in git history before run 20's review)."""
+    """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) walk the
+    tiles that fill whole waves as the persistent kernel does; the num_tiles % NUM_PROGRAMS leftover
+    tiles, which would leave most multiprocessors idle for a last partial wave, are cut into their
+    K steps, shared out evenly in contiguous runs. A run touches at most two tiles; its fp32
+    partial sums go to the workspace, and each tile's partials are added in program order: with
+    FIXUP by the tile's last program to finish, ROWS rows at a time, else by streamk_reduce_kernel.
+    The output depends on (M, N, K, tile, NUM_PROGRAMS) only, FIXUP or not.
+    (At M = 1024 on o and down, 128x256 tiles make 160 tiles: one wave of 132 and 28 left over,
+    which a plain grid runs as a second wave on 28 multiprocessors.)"""
     common.wait_for_producer(WAIT)
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -308,8 +274,7 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
-    """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x
-    cdiv(rows below M, ROWS)): _streamk_rows."""
+    """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x row blocks)."""
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
                   M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
@@ -323,12 +288,9 @@ def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bi
                     LINE_COLS: tl.constexpr, FIXUP: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
-    side (16 columns, or 32 at bucket 32), instead of padding x's rows up to 64; the copy engine
-    streams the weight through a deep pipeline with no address arithmetic (the memory-bound
-    regime of M <= 32: the tuner's pick on every 27B-class key at buckets 1-32 in run 17; at
-    M=64 the plain TMA tile was faster, run 10).
-    Split-K as the pointer path: each split writes its fp32 partial sum, reduced in a fixed
-    order; K_SPLIT is a whole number of BLOCK_K, so no tile reads into the next split.
+    side (16 or 32 columns) instead of padding x's rows up to 64, and the copy engine streams the
+    weight through a deep pipeline: the memory-bound regime of M <= 32.
+    Split-K as the pointer path; K_SPLIT is a whole number of BLOCK_K.
     PREFETCH (with WAIT): prefetch_weight_rows before the wait."""
     pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
@@ -349,9 +311,8 @@ def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
                 HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, EVEN_K: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
     """One row on the CUDA cores: y[n] = epilogue(Σ_k x[k]·w[n, k]), operands widened to fp32 (exact
-    products, fp32 sums), W [N, K] K-contiguous in any dtype (bf16/fp16/fp32 for the dense template,
-    e4m3 for fp8's, with its row and column scales). (H200, run 5, fp8: 1.19-1.62x cuBLAS at M=1
-    against 1.02-1.47x for the split-K tensor-core tile, which also needs a second, reducing launch.)"""
+    products, fp32 sums), W [N, K] K-contiguous in any dtype. At M = 1 it needs no second,
+    reducing launch, where a split-K tensor-core tile does."""
     common.wait_for_producer(WAIT)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = (offs_n % N).to(tl.int64)
@@ -383,8 +344,8 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
                                 num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
-    """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on
-    the object (the weight outlives its calls; a descriptor costs host time on every build)."""
+    """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on the
+    object: a descriptor costs host time on every build."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     cache = owner.__dict__.setdefault("_tma_descriptors", {})
     key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
@@ -397,17 +358,13 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
 
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
                prefetch: int = 0) -> None:
-    """y = epilogue(a · bᵀ) through tma_gemm_kernel (path "tma", one tile per program or
-    persistent), tma_swap_kernel ("tma-swap") or tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] must be K-contiguous with
-    16-byte aligned bases and row strides; a misaligned view of `a` is copied once (a fresh tensor
-    is aligned), so the tile's path never depends on where the caller's tensor happens to start.
-    `owner` (the weight object b belongs to) keeps b's descriptor between calls. `wait` (only
-    where pdl_supported): the product is launched as a programmatic dependent of the kernel
-    before it, which made `a` (wait_for_producer). The split-K and stream-K reductions launch as
-    usual; a tile with FIXUP launches neither, its product adding the partials itself
-    (last_to_finish).
+    """y = epilogue(a · bᵀ) through tma_gemm_kernel ("tma"), tma_swap_kernel ("tma-swap") or
+    tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] K-contiguous with 16-byte aligned bases and
+    row strides; a misaligned view of `a` is copied once, so the path never depends on where the
+    caller's tensor starts. `owner` keeps b's descriptor between calls. `wait` (where
+    pdl_supported): launched as a programmatic dependent of the kernel that made `a`.
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
-    of a program's weight rows asked of the L2 before the wait (prefetch_weight_rows)."""
+    weight row asked of the L2 before the wait."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -444,8 +401,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
               d if alpha is None else alpha)
     if tile.get("path") == "tma-sk":
-        # One program per multiprocessor (H200 run 14, the streamk-occupancy study of commit 533c776:
-        # two or three, for 64-row tiles of one warpgroup, did not help).
+        # One program per multiprocessor (two or three per multiprocessor do not help on the H200).
         programs = multiprocessors(a.device)
         sk_tiles = tiles % programs
         # Two slots (the tiles a run touches) for each program whose run holds units (_streamk_slot);
@@ -487,9 +443,8 @@ class _Transient:
     """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""
 
 def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
-    """y = epilogue(a · bᵀ) through tiled_gemm_kernel (SPLIT_K = 1) or its split-K form and the
-    fixed-order reduction (a second kernel, or with FIXUP the product's own, last_to_finish).
-    a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
+    """y = epilogue(a · bᵀ) through tiled_gemm_kernel, split-K with the fixed-order reduction where
+    the tile splits. a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
     M, K = a.shape
     N = b.shape[0]
     k_split, split = common.split_plan(K, tile)

@@ -12,8 +12,8 @@ from vsr.kernels import common
 SMEM_LIMIT = 232448
 
 def gemv_tiles(K: int, elem_bytes: float) -> list[dict]:
-    """GEMV candidates around fp8's run-5 winner (8 rows x 512 bytes of each per step, 4 warps,
-    3 stages), the same bytes per step for wider weights; the first is the default."""
+    """GEMV candidates around 8 weight rows x 512 bytes of each per step (4 warps, 3 stages), the same
+    bytes per step for wider weights; the first is the default."""
     kmax = max(32, common.next_pow2(K))
     out = []
     for bn, nbytes, warps, stages in ((8, 512, 4, 3), (8, 512, 4, 1), (4, 1024, 4, 3), (8, 1024, 4, 3),
@@ -47,9 +47,8 @@ def swap_tile(bk: int, bn: int, stages: int, split: int = 1, bm: int = 16) -> di
     return tile("tma-swap", bm, bn, bk, split, 4, stages)
 
 def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
-    """tma-swap candidates for buckets <= 32 (bm rows of x): one split with deep pipelines first
-    (run 10's winners), then 2-way splits (the longest layers). gemm_space drops those too deep for
-    shared memory (32 rows of x take more of it)."""
+    """tma-swap candidates for buckets <= 32 (bm rows of x): one split with deep pipelines first, then
+    2-way splits (for the longest layers). gemm_space drops those too deep for shared memory."""
     out = []
     for kbytes, bn, stages in ((256, 128, 6), (256, 64, 8), (256, 128, 4), (512, 128, 3), (256, 64, 6),
                                (512, 64, 4), (128, 128, 8), (512, 64, 6)):
@@ -60,11 +59,11 @@ def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
             out.append(swap_tile(bk, bn, stages, split=2, bm=bm))
     return out
 
-# Row buckets from which TMA tiles are also tried in their persistent form (run 9: a loss at
-# M=256, mixed at 1024, a gain at 4096).
+# Row buckets from which TMA tiles are also tried in their persistent form (on the H200 it loses
+# at 256 rows, is mixed at 1024 and gains at 4096).
 PERSISTENT_FROM = 1024
-# Row buckets from which TMA tiles are also tried stream-K (run 14: at M=256 it won only on
-# gate_up, 0.72x -> 0.81x; from M=512 on most shapes).
+# Row buckets from which TMA tiles are also tried stream-K (on the H200 it wins on most 27B-class
+# shapes from 512 rows, at 256 on some).
 STREAMK_FROM = 256
 
 def k_step(a_bytes: float) -> int:
@@ -72,23 +71,19 @@ def k_step(a_bytes: float) -> int:
     return 128 if a_bytes <= 1 else 64 if a_bytes <= 2 else 32
 
 def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, tma: bool = True) -> dict:
-    """The deterministic tile of a row bucket: for buckets <= 16 the transposed TMA product
-    (16- and 8-bit operands; split-K over 16-row tiles where TMA is not allowed or for fp32),
-    TMA tiles from bucket 32 where the row strides allow (pointer-load tiles where not),
-    stream-K for buckets 512-2048, persistent from bucket 4096. Depends only on (bucket, N, K,
-    operand sizes). Tiles for buckets 64-256 are the H200 run-5 winners, bucket 32's TMA tile bucket 64's
-    (run 17), those of 512-2048 run 14's (benchmarks/NOTES.md); fp8 operands take twice the K step."""
+    """The deterministic tile of a row bucket, from (bucket, N, K, operand sizes) alone: for buckets
+    <= 16 the transposed TMA product (16- and 8-bit operands; split-K over 16-row tiles where TMA
+    is not allowed or for fp32), TMA tiles from bucket 32 where the row strides allow (pointer-load
+    tiles where not), stream-K for buckets 512-2048, persistent from bucket 4096. fp8 operands take
+    twice the K step."""
     wide = a_bytes <= 2 and b_bytes <= 2
     swap = tma and tma_aligned(K, a_bytes, b_bytes) and a_bytes <= 2
     if bucket <= 16 and swap:
-        # H200, run 10 (variants.py small-m): the transposed TMA product, one split, 6 stages of
-        # 256 bytes of K, took fp8 at M=16 from 1.07-1.52x cuBLAS to 1.31-1.63x and bf16 from
-        # 0.80-0.96x to 1.00-1.04x on the four 27B shapes; splitting K only lost (the reduction's
-        # launch, and each split's pipeline filling anew).
+        # The transposed TMA product, one split, 6 stages of 256 bytes of K: splitting K costs the
+        # reduction's launch and a pipeline filling anew per split.
         return swap_tile(int(256 / b_bytes), 128, 6)
     if bucket == 32 and swap:
-        # H200, run 17: after bucket 32's space took the transposed product on 32 rows, the tuner
-        # picked it on every 27B-class fp8 and dense key, 64 weight rows and 8 stages on most.
+        # 32 rows of x against 64 weight rows, 8 stages: the tuner's pick on the 27B-class shapes.
         return swap_tile(int(256 / b_bytes), 64, 8, bm=32)
     if bucket <= 16:
         bk = 128 if wide else 64
@@ -99,22 +94,17 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         return tile("tiled", bm, 128, int(64 * kx), 1, 4 if bm <= 64 else 8, 3)
     if bucket <= 128:
         # Few row blocks: narrow the columns until the grid has about half a wave of programs. 64
-        # rows at bucket 32 too: the H200 cache of run 16, whose bucket-32 space held only 32-row
-        # tiles, took longer at bucket 32 than at bucket 64 on 11 keys with bf16 x (fp8 down 43.0 us against
-        # 29.7 for twice the rows, on 64x64 TMA tiles): a 32-row tile wastes its multiprocessor
-        # on this memory-bound product, and the TMA copy zero-fills the rows past M for free.
+        # rows at bucket 32 too: a 32-row tile wastes its multiprocessor on this memory-bound
+        # product, and the TMA copy zero-fills the rows past M for free.
         bm = 64
         bn = 128 if common.cdiv(N, 128) >= 66 else 64
         return tile("tma", bm, bn, int(128 * kx), 1, 4, 4 if bn == 128 else 6)
     if bucket <= 256:
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
     if bucket <= 2048:
-        # Stream-K over 128-row tiles (H200, run 14, variants.py --study streamk): bf16 geomean
-        # over the four 27B shapes at M=512 0.67x -> 0.80x cuBLAS (128x128x64, 4 stages, as here;
-        # 128x128x128 at 3 stages the same), M=1024 0.84x -> 0.90x and M=2048 0.89x -> 0.92x
-        # (128x256x64, 4 stages) against the plain 64x128 / 128x128 tiles.
+        # Stream-K over 128-row tiles: the leftover tiles' K steps spread over every multiprocessor.
         return tile("tma-sk", 128, 128 if bucket <= 512 else 256, int(64 * kx), 1, 8, 4)
-    # The largest buckets walk their tiles persistently (H200, run 9: bf16 M=4096 0.88x -> 1.05x).
+    # The largest buckets walk their tiles persistently: one tile's epilogue overlaps the next's loads.
     return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
 
 def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
@@ -124,12 +114,9 @@ def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
 # Wide TMA tiles (gemm._tma_wide_tile: BLOCK_N + BLOCK_N2 weight rows) by row bucket, as
 # (BLOCK_M, BLOCK_N, BLOCK_N2, warps, stages). Powers of two do not give the widths that make a
 # layer's programs fit the H200 at once: at M = 256, 64 x 160 tiles make 256 programs on qkv and
-# 64 x 80 tiles 256 on o and down, two per multiprocessor (264 places), where the plain 64 x 128
-# tiles make 320 and 160 (run 21, variants.py --study wide-64: qkv bf16 48.7 -> 43.6 us, fp8 32.3
-# -> 27.8; o fp8 at M=512 53.9 -> 39.6). cuBLAS runs one program per multiprocessor instead (168-
-# and 80-wide tiles at M = 256, 320-wide at 1024; run 20, peer_kernels.py); the 128-row tiles
-# here are that form (128 x 320 on 8 warps: 253 registers, no spills, sm_90). Each bucket keeps
-# the tiles that won somewhere in run 21's studies (--study wide, wide-64) or its re-tune.
+# 64 x 80 tiles 256 on o and down, two per multiprocessor (264 places), where plain 64 x 128 tiles
+# make 320 and 160. The 128-row tiles are one program per multiprocessor, as cuBLAS runs (128 x
+# 320 on 8 warps: 253 registers, no spills, sm_90). Each bucket keeps the tiles that win a key.
 WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
                      (64, 128, 32, 4, 4), (64, 64, 16, 4, 4), (64, 128, 64, 4, 3)),
                512: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3), (64, 128, 32, 4, 4)),
@@ -137,22 +124,16 @@ WIDE_SPLITS = {256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
 
 # Stream-K tiles of 256 rows of x at bucket 256, as (BLOCK_N, warps, stages): one tile holds all
 # the rows, so each weight tile is fetched once, and the K steps of the 40-272 tiles of the 27B
-# shapes are shared out over every multiprocessor (H200 run 23, variants.py --study sk-256: bf16
-# down at M=256 98.6 -> 87.3 us against the shipped tile, and gate_up 153.0 -> 148.9 once the
-# reduction loaded four parts at once; o and qkv slower; at M=512 slower everywhere).
+# shapes are shared out over every multiprocessor (they win on down and gate_up).
 TALL_SK_256 = ((128, 8, 4), (128, 8, 3), (64, 4, 4))
 
 def wide_tiles(bk: int, bucket: int) -> list[dict]:
-    """The wide TMA tiles of a bucket in WIDE_SPLITS."""
     return [dict(tile("tma", bm, bn, bk, 1, warps, st), BLOCK_N2=bn2) for bm, bn, bn2, warps, st in WIDE_SPLITS[bucket]]
 
 def pick_group(tile: dict):
-    """The tuner's pick group of a dense, fp8 or nvfp4 tile (Template.pick_group): its path, and
-    wide TMA tiles (BLOCK_N2) on their own, since they are a kernel form of their own that few
-    tiles of the path stand for, in one group per BLOCK_M (one and two programs per
-    multiprocessor: each form won keys in run 21); stream-K tiles of 256 rows a group of their own
-    too (bucket 256: one weight fetch per tile; TALL_SK_256, few, after the space's many 128-row
-    ones)."""
+    """The tuner's pick group of a dense, fp8 or nvfp4 tile (Template.pick_group): its path; wide TMA
+    tiles (BLOCK_N2) in a group per BLOCK_M, and 256-row stream-K tiles in one of their own, since
+    they are kernel forms that few tiles of their path stand for."""
     if tile.get("BLOCK_N2"):
         return tile.get("path"), "wide", tile.get("BLOCK_M")
     if tile.get("path") == "tma-sk" and tile.get("BLOCK_M", 0) >= 256:
@@ -161,10 +142,9 @@ def pick_group(tile: dict):
 
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
                bk_choices=None, tma: bool = True) -> list[dict]:
-    """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32
-    take tiled candidates in both forms, TMA descriptors (where the row strides allow, and `tma`:
-    the templates whose TMA tiles reach gemm.launch_tma, dense, fp8 and int4's transient dense
-    product) and pointer loads; buckets in WIDE_SPLITS, with TMA, also the wide TMA tiles."""
+    """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32 take
+    tiled candidates with TMA descriptors (where the row strides allow and `tma`) and with pointer
+    loads; buckets in WIDE_SPLITS, with TMA, also the wide TMA tiles."""
     bks = bk_choices or (64, 128, 256)
     cands = [default]
     if bucket <= 16:
@@ -189,8 +169,8 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         for path in paths:
             for bm, bn, bk, w, st in shapes:
                 cands.append(tile(path, bm, bn, bk, 1, w, st))
-        # The large TMA tiles (128 rows, 8 warps): the ones whose stream-K and persistent forms
-        # are tried (run 14: the 64-row stream-K ones lost everywhere; run 10: persistence paid there).
+        # The large TMA tiles (128 rows, 8 warps): the ones whose stream-K and persistent forms are
+        # tried (64-row stream-K tiles lose on every 27B-class shape).
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]

@@ -139,13 +139,10 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 #             operand, the few rows of x as its narrow side, unpacked through a reshape);
 #             _int4_swap_kernel.
 #   "splitk" / "tiled": tl.dot on the unpacked integers (u - zu) with the group scale
-#             applied to the fp32 partial product of each BLOCK_K tile (a nibble-major K
-#             order inside the tile, which avoids the interleaving reshape, measured slower
-#             on the H200: 0.29x against 0.49x cuBLAS at M=16).
+#             applied to the fp32 partial product of each BLOCK_K tile.
 #   Row strides of the packed words and scales (K8 = ceil(K/8), KG = ceil(K/G)) come in as
-#   arguments, not computed in the kernel: Triton specialises an int argument divisible by
-#   16, which lets it issue 16-byte loads of packed words; a computed ceil-division has
-#   unknown divisibility and gave 4-byte loads (seen in the compiled PTX, Triton 3.9).
+#   arguments: Triton specialises an int argument divisible by 16 and then issues 16-byte loads
+#   of packed words; a ceil-division computed in the kernel has unknown divisibility (4-byte loads).
 #   "dequant" / "dequant-tma" / "dequant-sk" large M: a Triton kernel writes a transient
 #             W [N, K] in x's dtype for this call (freed after it; no dequantized copy is kept)
 #             and the dense template's kernel multiplies (pointer loads, TMA descriptors, or
@@ -154,17 +151,15 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
 @triton.jit
 def _split_words(pid_k, KW_SPLIT, K8):
-    """[kw_lo, kw_hi): the packed words (8 k each, of K8 per weight row) that split pid_k of every
-    int4 kernel covers. The loops run in word units so the compiler knows the word offsets'
-    alignment (k0 // 8 would lose it) and can issue wide loads."""
+    """[kw_lo, kw_hi): the packed words split pid_k covers. The loops run in word units so the
+    compiler knows the word offsets' alignment (k0 // 8 would lose it) and issues wide loads."""
     kw_lo = pid_k * KW_SPLIT
     return kw_lo, tl.minimum(kw_lo + KW_SPLIT, K8)
 
 
 @triton.jit
 def _tile_words(M, N, K8, KW_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """The program of an int4 tensor-core kernel (grid: swizzled tiles x K splits): common.tile_setup's
-    (pid_k, offs_m, offs_n, rm, rn) and its split's words [kw_lo, kw_hi) (_split_words)."""
+    """common.tile_setup's (pid_k, offs_m, offs_n, rm, rn) and the split's words [kw_lo, kw_hi)."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     kw_lo, kw_hi = _split_words(pid_k, KW_SPLIT, K8)
     return pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi
@@ -212,11 +207,9 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, IEEE: tl.constexpr = False):
-    """Path "swap" (few rows): the product taken transposed, acc[BN, BM] = W_tile · x_tileᵀ. The
-    weights, unpacked in registers, are the MMA's left operand (which Hopper's wgmma can read from
-    registers) and the few rows of x its narrow side (8-64 columns), instead of padding the rows
-    up to the MMA's 64. Otherwise as the split-K path: BLOCK_K inside one group, the group scale
-    on each tile's fp32 partial product, partial sums to the workspace in a fixed order."""
+    """Path "swap" (few rows): acc[BN, BM] = W_tile · x_tileᵀ. The weights, unpacked in registers,
+    are the MMA's left operand (which wgmma reads from registers) and the few rows of x its narrow
+    side (8-64 columns) instead of padding the rows up to the MMA's 64. Otherwise as split-K."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, None, :]
@@ -251,9 +244,8 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
 def _nibble_pair_bf16(w, zz):
     """(u_j - zu, u_{j+4} - zu) of each (pre-shifted) word as two bf16 tensors: one LOP3 puts
     nibbles 0 and 4 into the mantissas of the bf16x2 pair 128 + u, one packed subtraction of zz
-    (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16). NVIDIA PTX
-    (sm_90); _int4_slices_kernel's PAIRS=False form and _nibble_pair_fp32 (the join kernel's) are
-    its portable twins."""
+    (128 + zu in both halves) takes the zero point off both, exactly (u, zu < 16). NVIDIA PTX,
+    sm_90; _nibble_pair_fp32 is the portable twin."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
         "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
@@ -261,9 +253,8 @@ def _nibble_pair_bf16(w, zz):
 
 @triton.jit
 def _nibble_pair_f16(w, zz):
-    """_nibble_pair_bf16 for fp16 activations: the f16x2 pair 1024 + u, zz = 1024 + zu. (One
-    function per dtype: Triton unifies the types of every return of a function, constexpr
-    branches included.)"""
+    """_nibble_pair_bf16 for fp16 activations: the f16x2 pair 1024 + u, zz = 1024 + zu (a function
+    per dtype: Triton unifies the types of every return, constexpr branches included)."""
     return tl.inline_asm_elementwise(
         "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
         "mov.b32 {$0, $1}, t; }", "=h,=h,r,r", [w, zz], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
@@ -271,12 +262,9 @@ def _nibble_pair_f16(w, zz):
 
 @triton.jit
 def _nibble_pair(words, zu, J: tl.constexpr, F16: tl.constexpr):
-    """The PAIRS conversion of the slices and join kernels, pair J (0..3): (u_J - zu, u_{J+4} - zu) of
-    each of words [BN, W8] (int32; nibble j at bits 4j) in fp16 (F16) or bf16, zu [BN] the rows' zero
-    points (u-domain), by _nibble_pair_f16/_bf16 on the word shifted by 4J. zz holds the pair's bias
-    plus zu (1024 + zu, or 128 + zu) in both halves; the four calls of a step share it and the bitcast
-    (the compiler folds the repeats), so the eight halves of a word cost four LOP3s and four packed
-    subtractions."""
+    """The PAIRS conversion, pair J (0..3): (u_J - zu, u_{J+4} - zu) of words [BN, W8] in fp16 (F16)
+    or bf16, zu [BN] the rows' zero points. The eight nibbles of a word cost four LOP3s and four
+    packed subtractions (the four calls of a step share zz and the bitcast)."""
     zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None] + tl.zeros_like(words)
     uw = words.to(tl.uint32, bitcast=True) >> (4 * J)
     if F16:
@@ -289,8 +277,8 @@ def _nibble_pair(words, zu, J: tl.constexpr, F16: tl.constexpr):
 @triton.jit
 def _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
                  BLOCK_N: tl.constexpr, W8: tl.constexpr):
-    """One K step of the slices and join kernels: the weight rows' W8 packed words from word kw0
-    (0 past K8), their group's fp32 scale and zero point (8 when symmetric)."""
+    """One K step: the weight rows' W8 packed words from word kw0 (0 past K8), their group's fp32
+    scale and zero point (8 when symmetric)."""
     offs_w = kw0 + tl.arange(0, W8)
     words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
     g = (kw0 * 8) // GROUP
@@ -312,31 +300,17 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
     (column j·BK/8 + w of a block holds x[8·w + j]), zero-padded to whole blocks, so every x_j is a
-    contiguous load and nothing is reshaped: the unpacked weights never round-trip through shared
-    memory (they did in the swap path). H200, run 11 (variants.py, qkv/o, the best slices tile
-    against the tile then tuned, split-K or swap): 0.98-1.36x its speed at M=16-128, and 1.08-1.19x
-    the GEMV's at M=1.
+    contiguous load and the unpacked weights never round-trip through shared memory.
     The zero point (8 when symmetric) is subtracted exactly: PAIRS (NVIDIA PTX, bf16/fp16 x) two
-    nibbles per instruction (_nibble_pair_bf16/_f16), else in fp32 through the mantissa of 2^23. The group
-    scale multiplies each step's fp32 partial product (BLOCK_K divides the group); split-K
-    partial sums go to the workspace (K_SPLIT is a whole number of BLOCK_K). Words past K8 read as
-    0, and their x columns are the launcher's zero padding.
-    Tried on the H200 and removed, as each lost to this form (NOTES runs 11-12): the next step's
-    words loaded a step ahead by hand (PREFETCH; the pipeliner already stages them by cp.async),
-    x's slices fetched as TMA boxes (X_TMA) and x read in place without the slice-order copy
-    (X_GATHER).
+    nibbles per instruction, else in fp32 through the mantissa of 2^23. The group scale multiplies
+    each step's fp32 partial product (BLOCK_K divides the group). Words past K8 read as 0, and
+    their x columns are the launcher's zero padding.
     X_SPLIT (tile field): x as stored instead of the slice-order copy (no second launch), each
-    step's [BM, BK] block loaded whole and split into its eight slices in registers (_x_slices);
-    with M <= BLOCK_M / 8 rows of x (X_ROW, the launcher's choice then) only those rows are
-    loaded, row m's slice j taking column 8·m + j of the operand (_x_row_slices).
+    step's [BM, BK] block split into its eight slices in registers (_x_slices); with M <= BLOCK_M / 8
+    rows (X_ROW) only those rows are loaded (_x_row_slices).
     With a zero point (AWQ) and the PTX pairs, slices 4-7 go to a second accumulator, added to the
-    first before the scale: two chains of four MMAs a step instead of one of eight. H200 run 28
-    (variants.py --study int4-m1 at 12f7247, the shipped slices tiles at M = 1-16): AWQ faster on
-    5 of 7 points by 0.6-5.6%, within 0.5% on the others; GPTQ within 1.7% either way, so the
-    symmetric form keeps one chain, and so does the portable form (run 28 item 4: with fp32 x
-    the AWQ MiniLM keys went 7-8% slower on it). (Under Nsight Compute the M=1 product is
-    latency-bound at 13% of the warp slots, run 27; with its weight held in the L2 it is 0-10%
-    faster, run 28.)"""
+    first before the scale: two chains of four MMAs a step instead of one of eight (up to 6%
+    faster for AWQ; the symmetric and portable forms gain nothing and keep one chain)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -400,11 +374,10 @@ def _x_row_slices(x_ptr, stride_xm, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl
     """X_SPLIT's operands for x of M <= BLOCK_M / 8 rows (X_ROW): the rows' BK columns from k0
     loaded once as t[w, 8·m + j] = x[m, k0 + 8·w + j] (rows past M and columns past K read as
     zero), and slice j's operand t with every column but those of j zeroed. The step's eight
-    products then leave row m's slice-j partial sum in column 8·m + j of the accumulator (the
-    kernel adds each row's eight up at the end, _x_row_results), and neither a slice-order copy
-    nor the padded rows of x are loaded (run 28: the copy is 2.3-3.3 us of an M=1 call; run 29:
-    3.4-4.2 us at M=2). Broadcasting each slice to the BM columns instead cost a shared-memory
-    store per element (inspect_kernels: 434 main-loop instructions against 289)."""
+    products then leave row m's slice-j partial sum in column 8·m + j of the accumulator
+    (_x_row_results adds them up), and neither a slice-order copy (2-4 us of an M = 1-2 call) nor
+    the padded rows of x are loaded. (Broadcasting each slice to the BM columns instead costs a
+    shared-memory store per element.)"""
     w = tl.arange(0, BLOCK_K // 8)[:, None]
     c = tl.arange(0, BLOCK_M)[None, :]
     j = c % 8
@@ -451,9 +424,8 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
     slice-order copy). tl.join puts its new axis last: joining pairs (0, 2) and (1, 3), then those
     two, flattens to nibble 4c + 2d + e, i.e. k = 8·word + nibble. On sm_90 the slices kernel waits
     for each of its eight wgmmas per step (operand A in registers) behind 16 barriers; this one
-    waits once behind 2, though its joined operand passes through shared memory (H200, run 12:
-    4-11% faster than the slices default at M=16-64, 5-10% slower at M=1). Numerics as the slices
-    path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product.
+    waits once behind 2, though its joined operand passes through shared memory. Numerics as the
+    slices path: exact integers (u - zu) in x's dtype, the group scale on each step's fp32 product.
     SCALE_W: the group scale multiplies the weight tile instead, in x's dtype, so W is (u - zu)·s
     rounded once to x's dtype (the transient dequantization's numerics) and the products chain in
     one fp32 accumulator: with no fp32 step product to scale, Triton keeps the wgmmas in flight
@@ -512,9 +484,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
     """One row of x: y[n] = Σ_words scale[n, g] · (Σ_j u_j·x_j - zu·Σ_j x_j), in fp32 on the CUDA
     cores. Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided
     by 16^j (a power of two: exact), nibbles 5-7 after one shift by 20. The zero point is taken
-    once per word through Σ_j x_j. (H200, run 5: 1.2-1.35x cuBLAS at M=1 against 0.54-0.93x for
-    the nibble-unpacking GEMV and the split-K tile.) x past K is read as 0 (masked), so a partial
-    word contributes nothing beyond K."""
+    once per word through Σ_j x_j. x past K reads as 0, so a partial word adds nothing beyond K."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -697,8 +667,7 @@ def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
 
 
 def dequantize_transient(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
-    """W [N, K] in `dtype` through _int4_dequant_kernel: the large-M paths' buffer for one call
-    (the caller drops it after the product; no dequantized copy is kept)."""
+    """W [N, K] in `dtype` through _int4_dequant_kernel: the large-M paths' buffer for one call."""
     N, K = w.N, w.K
     wt = torch.empty((N, K), dtype=dtype, device=w.packed.device)
     dbk = int4_tiles.dequant_block_k(w.group_size)
@@ -715,7 +684,7 @@ def _dense_module():
 
 
 def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
-    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
 
 

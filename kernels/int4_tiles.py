@@ -26,7 +26,7 @@ def _gemv_block_k(K: int) -> int:
 
 
 def _gemv_tiles(p: Problem) -> list[dict]:
-    """GEMV candidates around the run-5 winners (BLOCK_N 8, 128 words per step, 4 warps)."""
+    """GEMV candidates around BLOCK_N 8, 128 words per step, 4 warps."""
     out = []
     for bn, bk, warps in ((8, 1024, 4), (8, 2048, 4), (16, 1024, 4), (8, 1024, 2), (4, 2048, 4), (4, 1024, 4),
                           (8, 512, 4), (16, 512, 4)):
@@ -49,27 +49,23 @@ def default_tile(p: Problem) -> dict:
     if p.bucket <= 128 and _slices_ok(p) and p.act_dtype != torch.float32:   # fp32 x: the other paths
         return slices_tiles(p)[0]
     if p.bucket == 1:
-        # H200 (run 5): the mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps, took
-        # 1.2-1.35x cuBLAS on the 27B shapes, against 0.54-0.93x for the split-K tile.
+        # The mantissa-magic GEMV, 8 rows x 128 words per step, 4 warps: on the 27B-class shapes
+        # about twice as fast as the split-K tile.
         bk = _gemv_block_k(p.K)
         split = gemm_tiles._split_for(1, p.N, p.K, 1, 8, bk, max_split=1 << 30, waves=4)
         return gemm_tiles.tile("gemv", 1, 8, bk, split, 4, 2)
     if p.bucket >= 256:
-        # Large M: a transient dense copy multiplied on the tensor cores beats unpacking inside
-        # the main loop (H200, qkv, M=4096: 0.67x cuBLAS against 0.22x); the dense tile is the
-        # dense template's own default for the bucket (TMA where the strides allow).
+        # Large M: a transient dense copy multiplied on the tensor cores beats unpacking inside the
+        # main loop (3x on qkv at 4096 rows); its tile is the dense template's default for the bucket.
         b = _dense_bytes(p)
         t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, b, b)
         return dict(t, path=_DEQUANT_PATH[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
-        # fp32 x (IEEE products), buckets 2..128: the transposed product won most of the MiniLM
-        # keys of the H200 re-tune of run 11 (NOTES run 11), where the split-K tile below took a
-        # median 4.8x (up to 37x) as long. (The cache shipped after run 15: 32 of these 42 keys
-        # swap, 8 slices, 2 split-K.)
+        # fp32 x (IEEE products), buckets 2..128: the transposed product, which wins most of the
+        # MiniLM keys, where the split-K tile below takes a median 4.8x as long.
         small = p.bucket <= 16
         return gemm_tiles.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)
-    # Buckets 2..128: split-K over tensor-core tiles (measured 2x faster than the tiled
-    # form at M=64; the dense and fp8 templates go tiled from bucket 32).
+    # Buckets 2..128: split-K over tensor-core tiles (2x faster than the tiled form at M = 64).
     bk = max(b for b in bks if b <= 128) if any(b <= 128 for b in bks) else bks[0]
     bm = 16 if p.bucket <= 16 else 32 if p.bucket == 32 else 64
     bn = 64 if p.bucket <= 16 else 128
@@ -92,22 +88,19 @@ def dense_tile(tile: dict) -> dict | None:
 
 def _slices_ok(p: Problem) -> bool:
     """The slices path takes 128 columns (16 words, one MMA depth per nibble slice) per step inside
-    one group. (Its tiles are candidates for fp32 x too, and the shipped H200 cache holds fp32 keys
-    they won; the default tile, which takes another path for fp32 x, and the join kernel, which
-    refuses fp32 x, leave fp32 out themselves.)"""
+    one group. (Its tiles are candidates for fp32 x too; the default tile and the join path leave
+    fp32 out themselves.)"""
     return p.param("group", 128) % 128 == 0
 
 
 def slices_tiles(p: Problem) -> list[dict]:
     """Candidates of the slices path for buckets 1..128, the default first: x's rows on the MMA's
-    narrow side (16-64), 64 or 128 weight rows, the split that gives 2-8 waves of programs. The
-    first is run 11's best on qkv/o at M=1-16 (BN 64) and M=64-128 (BN 128), 3 stages."""
+    narrow side (16-64), 64 or 128 weight rows, the split that gives 2-8 waves of programs."""
     bm = min(64, max(16, p.bucket))
     out = []
     # 2 warps with 64 weight rows: Triton builds mma.sync there, not wgmma (which waits after each
-    # of the step's eight products, operand A being in registers); run 12: 0.93x the default's
-    # time on qkv at M=1, the same on down (measured at M <= 16 only; the run-12 re-tune picked
-    # it for no 27B-class key), so it is offered at buckets <= 16 only.
+    # of the step's eight products, operand A being in registers); offered at buckets <= 16, where
+    # it can win (7% on qkv at M = 1).
     for bn, warps, stages, waves in ((64 if p.bucket <= 16 else 128, 4, 3, 4), (64, 2, 3, 4), (128, 4, 3, 4),
                                      (64, 4, 3, 4), (128, 4, 4, 2), (128, 4, 3, 8), (64, 4, 4, 8), (64, 4, 3, 2),
                                      (128, 4, 4, 4)):
@@ -117,20 +110,14 @@ def slices_tiles(p: Problem) -> list[dict]:
                         warps, stages)
         if t not in out:
             out.append(t)
-    # The first two with the in-kernel fixup where they split K (H200 run 18, variants.py --study
-    # fixup: the shipped slices tiles of AWQ qkv and down at M=16 2.2% / 6.9% faster with it).
+    # The first two with the in-kernel fixup where they split K (2-7% faster at M = 16 on AWQ qkv and down).
     out += [dict(t, FIXUP=1) for t in out[:2] if t["SPLIT_K"] > 1]
-    # The default with x read as stored (X_SPLIT) at buckets 8-16 (H200 run 19, variants.py --study
-    # int4-x-split, the shipped slices tiles: 5-10% faster on o at M=1, up to 20% slower on
-    # gate_up; qkv and down 3-10% slower), for the tuner to take where it wins. At bucket 1 (one
-    # row: X_ROW) every tile in that form, first, the default among them (run 28, variants.py
-    # --study int4-m1: 13-18% faster than the shipped tiles on qkv, o and down, level on gate_up).
-    # At buckets 2 and 4 every tile in that form too, after the others: at M=2 that is X_ROW (two
-    # rows in place on 16-row tiles), at M=3-4 the general form (H200 run 29, variants.py --study
-    # int4-m1 at 58784fd, the best such tile against the shipped one: at M=2 3-16% less time on
-    # every 27B shape and format, GPTQ down 31.2 -> 26.3 us; at M=4 GPTQ gate_up 54.2 -> 49.6 us,
-    # o 3% less, the others level; 32-row X_ROW tiles, four rows in place, took from 1% less (GPTQ
-    # qkv) to 20% more (AWQ o) at best, so none is offered).
+    # x read as stored (X_SPLIT), no slice-order copy: at buckets 8-16 the default in that form, for
+    # the tuner to take where it wins (it ranges from 10% faster to 20% slower by shape). At bucket 1
+    # (one row in place, X_ROW) every tile in that form, first, the default among them (13-18%
+    # faster on qkv, o and down). At buckets 2 and 4 every tile in that form after the others (at
+    # M = 2 X_ROW, two rows in place on 16-row tiles: 3-16% less time; 32-row X_ROW tiles, four rows
+    # in place, gain nothing, so none is offered).
     if p.bucket == 1:
         return [dict(t, X_SPLIT=1) for t in out] + out
     if p.bucket <= 4:
@@ -142,18 +129,13 @@ def slices_tiles(p: Problem) -> list[dict]:
 
 def _join_tiles(p: Problem) -> list[dict]:
     """Candidates of the join path for buckets 16..256: its SCALE_W tiles (_scaled_join_tiles) and
-    tiles of the form that scales each step's fp32 product, below. At 16..128 these take the
-    slices path's row blocks; at 128 and 256 also all 128 rows of a block on two warpgroups (8
-    warps; on 4 warps that tile took 2.4-3.2x as long at M=128-256, its fp32 accumulator alone 128
-    registers a thread). Run 13, the 27B shapes, against the untuned default tile: at M=128 the
-    best join tile took 0.88-0.99x the slices default's time (1.11x on gate_up); at M=256 0.96x the
-    dense copy's on gate_up, 1.07-1.12x on the others; at M=512-1024 even the best join tile lost
-    by 1.2-1.9x, and so did every SCALE_W tile in run 25 (1.2-2.5x the best dense copy's time,
-    results/tune-int4-forms-nvidia-h200-2026-11-30-run25b.json): no join tile is offered above 256.
-    None below bucket 16: at M=1 the slices default was 5-10% faster (run 12). The joined operand
-    also passes through shared memory (BN x BK x 2 bytes per stage, which the search space's
-    shared-memory estimate leaves out): a tile too large for a device's shared memory fails to
-    compile and the tuner skips it."""
+    tiles of the form that scales each step's fp32 product. At 16..128 these take the slices path's
+    row blocks; at 128 and 256 also all 128 rows of a block on two warpgroups (on 4 warps the fp32
+    accumulator alone takes 128 registers a thread). Above bucket 256 every join tile loses to the
+    transient dense copy (1.2-2.5x its time) and below 16 to the slices path, so none is offered
+    there. The joined operand also passes through shared memory (BN x BK x 2 bytes per stage,
+    which the shared-memory estimate leaves out): a tile too large fails to compile and the tuner
+    skips it."""
     if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
     scaled = _scaled_join_tiles(p)
@@ -162,16 +144,11 @@ def _join_tiles(p: Problem) -> list[dict]:
     if p.bucket == 256:
         return wide + scaled
     bm = min(64, p.bucket)
-    # 64 weight rows on 4 warps (every 27B-class join pick of run 13's re-tune); 3 stages and 8
-    # waves first: in run 13's tile study at M=64-128, on all four 27B shapes, the best join tile
-    # or within 2.1% of the best (4 stages, 4 waves), at 0.84-0.92x the slices default's time. At
-    # M=16 (4 stages, 4 waves) was the best join tile on qkv, o and down, 0.95-1.00x the default's
-    # time (on gate_up no join tile came within 1.1x). Deeper pipelines (5-6 stages), 16 waves,
-    # 128 weight rows, and mma.sync forms (2 warps or 32 weight rows) all lost there.
-    # FIXUP (the splits added by each tile's last program, no reduction kernel): H200 run 18,
-    # variants.py --study fixup, on run 17's join tiles: at M=16 the same split 4-10% faster; at
-    # M=64 half the split 4-9% faster than the tile with its reduction kernel (qkv GPTQ 36.0 ->
-    # 33.8 us, o 33.3 -> 30.5, down 58.4 -> 55.7), the same split slower.
+    # 64 weight rows on 4 warps; 3 stages and 8 waves first (the best join tile at M = 64-128 on
+    # the 27B-class shapes), 4 stages and 4 waves at M = 16. Deeper pipelines, 16 waves, 128 weight
+    # rows and mma.sync forms (2 warps or 32 weight rows) lose. FIXUP (the splits added by each
+    # tile's last program, no reduction kernel) is 4-10% faster at M = 16 with the same split, and
+    # at M = 64 with half the split.
     out = []
     for stages, waves, fixup in ((3, 8, 0), (3, 4, 1), (3, 8, 1), (4, 4, 0), (3, 2, 1)):
         t = gemm_tiles.tile("join", bm, 64, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, 64, 128, 16, waves=waves),
@@ -187,13 +164,11 @@ def _join_tiles(p: Problem) -> list[dict]:
 # warps, stages, waves). The weight rows are the MMA's M side (64 a warpgroup), x's rows its N side
 # (up to 256). Shared memory per stage: x's BLOCK_K x BLOCK_M tile and the packed words; 256 rows
 # of x at 8 warps hold a 128 x 256 fp32 accumulator (128 registers a thread). At bucket 256 a
-# sampled pick of 20 (caches/retune.sh) sees three of the four, the second left out: the likeliest
-# first and last (at 16-128 it sees all four).
+# sampled pick of 20 sees three of the four: the likeliest first and last.
 # The 256 x 128 tile runs 2 stages, not 3: at 3 stages (222,208 bytes of shared memory, 254
-# registers) Triton 3.6's kernel with zero points (AWQ) gave wrong outputs that differed from run to
-# run on the H200 whenever K was split (run 26, benchmarks/tile_check.py; run 25's tuner had
-# refused it on every AWQ key for the same reason), though the same tile passed with one split, at 2
-# stages, and without zero points. Not understood; the 2-stage tile passed everywhere.
+# registers) Triton 3.6's kernel with zero points (AWQ) gives wrong, varying outputs on the H200
+# whenever K is split (benchmarks/tile_check.py), though it passes with one split or without zero
+# points. The cause is not known; the 2-stage tile passes everywhere.
 _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (64, 128, 4, 3, 4)),
                 128: ((64, 64, 4, 3, 8), (128, 128, 8, 3, 2), (128, 64, 4, 3, 4), (64, 128, 8, 4, 4)),
                 256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 2, 1))}
@@ -201,10 +176,8 @@ _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (
 
 def _scaled_join_tiles(p: Problem) -> list[dict]:
     """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
-    product), for buckets 16..256: the one join form whose wgmmas Triton keeps in flight across K
-    steps (see int4._int4_join_kernel), so the nibble conversion can overlap the tensor cores at the
-    many-row buckets where the fp32-scaled join lost to the transient dense copy (run 13). Buckets
-    16-32 take 64's tiles on their own rows of x."""
+    product), for buckets 16..256: the join form whose wgmmas Triton keeps in flight across K steps,
+    so the nibble conversion overlaps the tensor cores. Buckets 16-32 take 64's tiles."""
     rows = 64 if p.bucket <= 64 else p.bucket
     out = []
     for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]:
@@ -218,9 +191,9 @@ def _scaled_join_tiles(p: Problem) -> list[dict]:
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
-    """Candidates of the transposed ("swap") product for buckets 2..128, the likeliest first (rows
-    as narrow as the bucket, 128 weight rows, the split that fills the machine): a short sweep's
-    strided pick always takes the second tile of the space, so that one is this first tile."""
+    """Candidates of the transposed ("swap") product for buckets 2..128, the likeliest first (rows as
+    narrow as the bucket, 128 weight rows, the split that fills the machine): a short sweep's
+    strided pick always takes it, as the space's second tile."""
     bk_opts = [b for b in bks if b in (64, 128)] or [max(b for b in bks if b <= 128)]
     bm0 = min(64, max(16, p.bucket))
     first = gemm_tiles.tile("swap", bm0, 128, bk_opts[-1],
@@ -256,7 +229,7 @@ def search_space(p: Problem) -> list[dict]:
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # in-loop unpacking: 0.22x against 0.67x (run 3)
+                if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # (unpacking in the loop loses 3x here)
     else:
         rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))
     out, seen = [d], {tuple(sorted(d.items()))}
@@ -269,11 +242,9 @@ def search_space(p: Problem) -> list[dict]:
 
 
 def pick_group(tile: dict):
-    """The tuner's pick group of an int4 tile (Template.pick_group): join tiles with the group
-    scale on the weight tile (SCALE_W) on their own (run 25: a kernel form whose products stay in
-    flight across K steps, the fp32-scaled join's do not), and slices tiles that read x as stored
-    (X_SPLIT; at M <= BLOCK_M / 8 rows in place, X_ROW, the form that won run 28's study at one row
-    and run 29's at two) too; the dequantizing paths' tiles as gemm_tiles groups them."""
+    """The tuner's pick group of an int4 tile (Template.pick_group): its path, with SCALE_W join tiles
+    and X_SPLIT slices tiles in groups of their own (kernel forms that few tiles stand for); the
+    dequantizing paths' tiles as gemm_tiles groups them."""
     if tile.get("SCALE_W"):
         return tile.get("path"), "scale-w"
     if tile.get("X_SPLIT"):

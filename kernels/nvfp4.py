@@ -6,7 +6,7 @@ dynamic e4m3 scale per 16 columns of each row and the static input_global_scale.
 Packages without input_global_scale (NVFP4A16) keep activations unquantized.
 FORMATS.md §3, §7.
 
-Below the reference, two Triton templates:
+Two Triton templates:
 - "nvfp4_emulated": a prologue kernel quantizes x per 16-column block exactly as
   quantize_activation does and writes the dequantized values e2m1·s_x, which are exact
   in fp16 (at most 6 significant bits, exponents 2^-10..2^12); the GEMM decodes the
@@ -338,11 +338,10 @@ def _w4a4_kernel(xc_ptr, xs_ptr, q_ptr, bs_ptr, alpha_ptr, y_ptr, ws_ptr, bias_p
                  SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr):
     """FP4 tensor cores: tl.dot_scaled(e2m1 [BM, BK/2] packed along K, e4m3 scales [BM, BK/16];
     e2m1 [BK/2, BN] packed along K, e4m3 scales [BN, BK/16]). Needs K % BLOCK_K == 0 (the launcher
-    checks) and K_SPLIT % BLOCK_K == 0 (common.split_plan's splits are whole BLOCK_K steps).
-    NOT RUN in this project so far: no Blackwell device was available (the H200 is sm_90).
-    Scales are passed as float8e4nv tensors of shape [rows, BLOCK_K/16]: Triton up to 3.6
-    deduces the NVFP4 scale group (16) from the e4m3 scale dtype (e8m0/uint8 scales mean MX, group 32); later releases deduce it
-    from the scale shape (triton-lang/triton#9561); both read these operands as NVFP4."""
+    checks) and K_SPLIT % BLOCK_K == 0. Not yet run on a Blackwell GPU (the only device measured
+    is the sm_90 H200). Scales are float8e4nv tensors [rows, BLOCK_K/16]: Triton up to 3.6 deduces
+    the NVFP4 group (16) from the e4m3 scale dtype, later releases from the scale shape
+    (triton-lang/triton#9561); both read these operands as NVFP4."""
     pid_k, offs_m, offs_n, rm, rn = common.tile_setup(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -393,7 +392,7 @@ def launch_w4a4(x: torch.Tensor, w: Nvfp4Weight, tile: dict, out: torch.Tensor |
 
 
 def problem(w: Nvfp4Weight, M: int, act_dtype: torch.dtype) -> Problem:
-    """The Problem of a call; M is the row BUCKET (the caller rounds with vsr.autotune.buckets.bucket_for)."""
+    """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
 
 

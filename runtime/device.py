@@ -28,7 +28,8 @@ NOT_VALIDATED = "not validated"
 EMULATED = "emulated"
 NO = "no"
 
-FORMATS = ("dense", "fp8", "int4", "nvfp4")
+# The formats the table has a column for (dense needs only BF16 where the package holds BF16).
+TABLE_FORMATS = ("dense", "fp8", "int4", "nvfp4")
 
 # ---- the seeds' sentences, word for word -----------------------------------------------
 FP8_REFUSAL = ("FP8 weights need an NVIDIA GPU of compute capability 8.9 or later "
@@ -191,16 +192,17 @@ def device_formats(identity: DeviceIdentity) -> list[str]:
     device table above says (the one place it lives: AMD gfx942/gfx950 run FP8 too). What vsr-tune
     tunes when no --formats is given, and what a shipped cache must cover."""
 
+    from vsr.kernels import formats
+
     def runs(fmt: str) -> bool:
         return format_support(fmt, identity, "bfloat16")[0] != NO
 
-    out = ["bf16" if runs("dense") else "fp16"]
-    if runs("fp8"):
-        out.append("fp8")
-    if runs("int4"):
-        out += ["int4-gptq", "int4-awq"]
-    if runs("nvfp4"):
-        out.append("nvfp4")
+    out = []
+    for spec in formats.FORMATS.values():
+        if spec.name == "dense":   # without BF16, dense weights are tuned in fp16
+            out += list(spec.tuned_records) if runs("dense") else ["fp16"]
+        elif spec.name in TABLE_FORMATS and runs(spec.name):
+            out += list(spec.tuned_records)
     return out
 
 
@@ -208,8 +210,9 @@ def _support(fmt: str, identity: DeviceIdentity, model_dtype, probes) -> tuple[s
     """(level, reason-or-note, whether the explicit emulation may lift a refusal)."""
     row = row_for(identity)
     dtype = parse_dtype(model_dtype)
-    if fmt not in FORMATS:
-        raise PackageError(f"unknown weight format {fmt!r}; vsr runs {', '.join(FORMATS)}")
+    if fmt not in TABLE_FORMATS:
+        raise PackageError(f"weight format {fmt!r} has no column in the device table (runtime/device.py); "
+                           f"it has {', '.join(TABLE_FORMATS)}")
     if row.gpu and not row.bf16:
         # The reference numerics keep the package's dtype, so emulation cannot lift these.
         if dtype == torch.bfloat16:

@@ -22,14 +22,13 @@ its tokens to a power of two up to 8, a multiple of 8 up to 64, of 16 past it, n
 model's token limit (masked padding). Shapes then repeat across batches, so CUDA graphs replay;
 and since the eager engine runs the same shapes, a graph gives the eager engine's bytes. The
 padding costs compute where the products, not the host, take the time (the requests at most
-doubled and the tokens rounded up as well: 17 requests of 9 tokens, 153 rows, run as 32 x 16, 512). A request's answer depends on the batch it shares (as it did before the
-ladder: a batch pads to its longest request), and the batches are a pure function of the
-request list.
+doubled and the tokens rounded up as well: 17 requests of 9 tokens, 153 rows, run as 32 x 16, 512). A request's answer depends on the batch it shares (a batch pads to its
+longest request), and the batches are a pure function of the request list.
 
 cuda_graphs (CUDA only, off by default): a batch shape seen for the second time is captured as a
 CUDA graph (after an eager run, which is that call's answer) and replayed from then on: one replay
 instead of a host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time
-a call on an H200, NOTES run 19, several times its kernels' time). The same kernels and tiles run,
+a call on an H200, several times its kernels' time). The same kernels and tiles run,
 so a replay gives the eager forward's bytes. A shape's first call runs eagerly and captures
 nothing, so traffic whose shapes never repeat costs what the eager engine costs; the
 CUDA_GRAPHS_KEPT most recently used graphs are kept (their memory comes from one shared pool),
@@ -63,9 +62,8 @@ def batch_shape(requests: int, tokens: int, limit: int) -> tuple[int, int]:
     power of two up to 8, multiple of 8 up to 64 and of 16 past it, but never past `limit`, the
     model's token limit (PackageTokenizer.limit, within its position table). One request's rows
     (its tokens) so stay in their row bucket (autotune.buckets), and its products keep their
-    tiles: with tokens to a multiple of 8 from 1, the eager engine's one-token request took 1.1-1.5
-    ms more than at its own shape (H200 run 31, results/engine-...-run31-ladder8.json), its
-    products at bucket 8 launching more kernels than at bucket 1."""
+    tiles: padded to 8 tokens, a one-token request takes 1.1-1.5 ms more on the H200 than at its
+    own shape, its products at bucket 8 launching more kernels than at bucket 1."""
     if not 1 <= tokens <= limit or not 1 <= requests <= BATCH_SIZE:
         raise ValueError(f"a batch has at least one request (at most {BATCH_SIZE}) of 1 to {limit} tokens, "
                          f"got {requests} x {tokens}")
@@ -152,7 +150,7 @@ class GraphedForward:
             warm = self.model(*static)
         here.wait_stream(self.capture_stream)
         warm.record_stream(here)   # made on the capture stream, read on the caller's
-        from vsr.kernels import common   # (here: the CPU path never imports Triton)
+        from vsr.kernels import common
         graph = torch.cuda.CUDAGraph()
         mark = common.capture_counters_mark()
         try:

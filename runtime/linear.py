@@ -1,23 +1,21 @@
 """QLinear: one Linear layer of a package, run either by its format's pure-torch reference or by
 its Triton template (contract 4).
 
-The weight object is the kernels' own layout (DenseWeight / Fp8Weight / Int4Weight /
-Nvfp4Weight), as the loader built it. "reference" is the exact numerics (the CPU
-path and the explicit emulation); "triton" picks the format's template from
-vsr.kernels.registry and asks a tile resolver for the tile of this call's row bucket.
+The weight object is the kernels' own layout (its format's weight class, kernels/formats.py), as
+the loader built it. "reference" is the format's exact numerics (the CPU path and the explicit
+emulation); "triton" picks the format's template from vsr.kernels.registry and asks a tile
+resolver for the tile of this call's row bucket.
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import torch
 
 from vsr.autotune.buckets import bucket_for
-from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.kernels import formats, registry
 
 MODES = ("reference", "triton")
-_REFERENCE: dict[str, ModuleType] = {"dense": dense, "fp8": fp8, "int4": int4, "nvfp4": nvfp4}
 _RUN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -28,11 +26,11 @@ def to_run_dtype(weight: Any, dtype: torch.dtype) -> Any:
         raise ValueError(f"run dtype must be one of float32, bfloat16, float16, got {dtype}")
     if weight.format != "dense":
         return weight
-    return dense.DenseWeight(weight.weight.to(dtype), None if weight.bias is None else weight.bias.to(dtype))
+    return formats.get("dense").weight_class(weight.weight.to(dtype), None if weight.bias is None else weight.bias.to(dtype))
 
 
 def _out_of_resources() -> type:
-    """Triton's OutOfResources (imported on first need: the reference path never imports Triton)."""
+    """Triton's OutOfResources (imported on an exception only)."""
     from triton.runtime.errors import OutOfResources
     return OutOfResources
 
@@ -44,7 +42,7 @@ class QLinear(torch.nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"QLinear mode must be one of {MODES}, got {mode!r}")
-        if weight.format not in _REFERENCE:
+        if weight.format not in formats.FORMATS:
             raise ValueError(f"QLinear: unknown weight format {weight.format!r}")
         if mode == "triton" and tiles is None:
             # No silent default: the caller decides the miss policy through its resolver.
@@ -102,8 +100,7 @@ class QLinear(torch.nn.Module):
         return super()._apply(fn, recurse)
 
     def _device(self) -> torch.device:
-        t = self.weight.weight if self.weight.format in ("dense", "fp8") else self.weight.packed
-        return t.device
+        return formats.get(self.weight.format).device_of(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -114,7 +111,7 @@ class QLinear(torch.nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*lead, w.N)
         if self.mode == "reference":
-            y = _REFERENCE[w.format].reference_linear(x2, w)
+            y = formats.get(w.format).reference(x2, w)
         else:
             y = self._triton(x2)
         return y.reshape(*lead, w.N)
@@ -123,9 +120,6 @@ class QLinear(torch.nn.Module):
         key = (bucket_for(x2.shape[0]), x2.dtype)
         plan = self._plans.get(key)
         if plan is None:
-            # Imported here, once per plan: the registry pulls in Triton, which the reference path
-            # never needs (and an import statement per call is host time on every layer).
-            from vsr.kernels import registry
             template = registry.template_for(self.weight, x2.dtype, emulate=self.emulate)
             tile = self.tiles.tile(template, template.problem(self.weight, key[0], x2.dtype))
             plan = self._plans[key] = (template, tile)
@@ -135,7 +129,7 @@ class QLinear(torch.nn.Module):
         except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
             # Which layer, which tile and what to do, rather than Triton's bare resource count: a
             # tile the autotune cache lacks is the template's default, which on some devices does
-            # not fit (run 24: fp8 with fp32 activations at 513+ rows on Hopper).
+            # not fit in shared memory.
             w = self.weight
             raise RuntimeError(
                 f"QLinear({w.format}, N={w.N}, K={w.K}) at {x2.shape[0]} rows (bucket {key[0]}, {x2.dtype}): "

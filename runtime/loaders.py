@@ -5,6 +5,8 @@
 tensor only when it is asked for. `check_linears` validates every tensor a set
 of Linear layers needs (presence, dtype, shape) from the file headers alone, so
 a broken package fails with the tensor's name before anything moves to a device.
+Which tensors a layer of each format needs, and how they become its weight object, is the
+format's spec (kernels/formats.py: check_tensors, load).
 """
 from __future__ import annotations
 
@@ -15,27 +17,19 @@ from typing import Iterable
 import torch
 from safetensors import safe_open
 
-from vsr.kernels.dense import DenseWeight
-from vsr.kernels.fp8 import Fp8Weight
-from vsr.kernels.int4 import Int4Weight, pack_int4, unpack_int4
-from vsr.kernels.nvfp4 import BLOCK as NVFP4_BLOCK
-from vsr.kernels.nvfp4 import Nvfp4Weight
+from vsr.kernels import builtin_formats, formats
 from vsr.runtime.errors import PackageError, read_json_object
 from vsr.runtime.quant_config import Scheme, parse_quant_config
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-FLOATS = ("F32", "BF16", "F16")
+FLOATS = builtin_formats.FLOATS
 _TORCH_DTYPES = {
     "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
     "F8_E4M3": torch.float8_e4m3fn, "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8,
     "I8": torch.int8, "I16": torch.int16, "BOOL": torch.bool,
 }
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class PackageLoader:
@@ -110,8 +104,10 @@ class PackageLoader:
         return None if self.quant is None else self.quant.scheme_for(module_name)
 
     # -- validation --------------------------------------------------------------------------------
-    def _expect(self, name: str, dtypes: Iterable[str], shape: tuple[int, ...] | None,
-                shape_text: str = "", numel: int | None = None) -> tuple[str, tuple[int, ...]]:
+    def expect(self, name: str, dtypes: Iterable[str], shape: tuple[int, ...] | None,
+               shape_text: str = "", numel: int | None = None) -> tuple[str, tuple[int, ...]]:
+        """(dtype, shape) of tensor `name` from its header, or PackageError unless it has one of
+        `dtypes` and the `shape` (or `numel` elements); `shape_text` is the shape as the error says it."""
         dtypes = tuple(dtypes)
         if not self.has(name):
             hint = ""
@@ -130,20 +126,7 @@ class PackageLoader:
 
     def _check_bias(self, m: str, N: int) -> None:
         if self.has(f"{m}.bias"):
-            self._expect(f"{m}.bias", FLOATS, (N,), f"[N]=[{N}]")
-
-    def _int4_dims(self, m: str) -> tuple[int, int]:
-        """(N, K) of an int4 layer, validated against weight_packed and weight_shape."""
-        dt, sh = self._expect(f"{m}.weight_packed", ("I32",), None, "[N, ceil(K/8)]")
-        if len(sh) != 2:
-            raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected 2 dims [N, ceil(K/8)], "
-                               f"got shape {list(sh)}")
-        self._expect(f"{m}.weight_shape", ("I64", "I32"), None, "[2]", numel=2)
-        N, K = (int(v) for v in self.tensor(f"{m}.weight_shape").reshape(-1).tolist())
-        if N != sh[0] or _cdiv(K, 8) != sh[1]:
-            raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected shape [N, ceil(K/8)]="
-                               f"[{N}, {_cdiv(K, 8)}] for weight_shape [{N}, {K}], got {list(sh)}")
-        return N, K
+            self.expect(f"{m}.bias", FLOATS, (N,), f"[N]=[{N}]")
 
     def _checked_linear(self, m: str) -> tuple[str, int, int]:
         """(format, N, K) of layer m, its tensors validated from the headers once: check_linears
@@ -155,40 +138,10 @@ class PackageLoader:
     def _check_linear(self, m: str) -> tuple[str, int, int]:
         s = self.scheme_for(m)
         fmt = "dense" if s is None else s.format
-        if fmt == "dense":
-            _, sh = self._expect(f"{m}.weight", FLOATS, None, "[N, K]")
-            if len(sh) != 2:
-                raise PackageError(f"{self.dir}: tensor {m + '.weight'!r} expected 2 dims [N, K], got shape {list(sh)}")
-            N, K = sh
-        elif fmt == "fp8":
-            _, sh = self._expect(f"{m}.weight", ("F8_E4M3",), None, "[N, K]")
-            if len(sh) != 2:
-                raise PackageError(f"{self.dir}: tensor {m + '.weight'!r} expected 2 dims [N, K], got shape {list(sh)}")
-            N, K = sh
-            self._expect(f"{m}.weight_scale", FLOATS, None, f"[N, 1]=[{N}, 1]", numel=N)
-            if self.meta(f"{m}.weight_scale")[1] not in ((N, 1), (N,)):
-                self._expect(f"{m}.weight_scale", FLOATS, (N, 1), f"[N, 1]=[{N}, 1]")
-        elif fmt == "int4":
-            N, K = self._int4_dims(m)
-            ng = _cdiv(K, int(s.group_size))
-            self._expect(f"{m}.weight_scale", FLOATS, (N, ng), f"[N, ceil(K/G)]=[{N}, {ng}]")
-            if not s.symmetric:
-                self._expect(f"{m}.weight_zero_point", ("I32",), (_cdiv(N, 8), ng),
-                             f"[ceil(N/8), ceil(K/G)]=[{_cdiv(N, 8)}, {ng}]")
-            if s.legacy_act_order or self.has(f"{m}.weight_g_idx"):
-                self._expect(f"{m}.weight_g_idx", ("I32", "I64"), (K,), f"[K]=[{K}]")
-        elif fmt == "nvfp4":
-            _, sh = self._expect(f"{m}.weight_packed", ("U8",), None, "[N, K/2]")
-            if len(sh) != 2 or (2 * sh[1]) % NVFP4_BLOCK:
-                raise PackageError(f"{self.dir}: tensor {m + '.weight_packed'!r} expected shape [N, K/2] with "
-                                   f"K % 16 == 0, got {list(sh)}")
-            N, K = sh[0], 2 * sh[1]
-            self._expect(f"{m}.weight_scale", ("F8_E4M3",), (N, K // NVFP4_BLOCK), f"[N, K/16]=[{N}, {K // 16}]")
-            self._expect(f"{m}.weight_global_scale", ("F32",), None, "[1]", numel=1)
-            if s.input_activations is not None:
-                self._expect(f"{m}.input_global_scale", ("F32",), None, "[1]", numel=1)
-        else:  # pragma: no cover - quant_config only produces the formats above
-            raise PackageError(f"{m}: unknown format {fmt!r}")
+        try:
+            N, K = formats.get(fmt).check_tensors(self, m, s)
+        except ValueError as e:
+            raise PackageError(f"{self.dir}: {e}") from None
         self._check_bias(m, N)
         return fmt, N, K
 
@@ -200,60 +153,13 @@ class PackageLoader:
     def _bias(self, m: str) -> torch.Tensor | None:
         return self.tensor(f"{m}.bias") if self.has(f"{m}.bias") else None
 
-    def linear(self, m: str) -> DenseWeight | Fp8Weight | Int4Weight | Nvfp4Weight:
+    def linear(self, m: str):
         """The kernels' weight object for Linear layer `m` (CPU tensors, as stored)."""
         fmt, N, K = self._checked_linear(m)
-        s = self.scheme_for(m)
-        if fmt == "dense":
-            return DenseWeight(self.tensor(f"{m}.weight"), self._bias(m))
-        if fmt == "fp8":
-            w = self.tensor(f"{m}.weight")
-            return Fp8Weight(w, self.tensor(f"{m}.weight_scale").reshape(w.shape[0]), self._bias(m))
-        if fmt == "int4":
-            return self._int4(m, s, N, K)
-        igs = self.tensor(f"{m}.input_global_scale").reshape(1) if s.input_activations is not None else None
-        return Nvfp4Weight(self.tensor(f"{m}.weight_packed"), self.tensor(f"{m}.weight_scale"),
-                           self.tensor(f"{m}.weight_global_scale").reshape(1), igs, self._bias(m))
-
-    def _int4(self, m: str, s: Scheme, N: int, K: int) -> Int4Weight:
-        G = int(s.group_size)
-        packed = self.tensor(f"{m}.weight_packed")
-        scale = self.tensor(f"{m}.weight_scale")
-        # Symmetric schemes have no zero point; a stray one is ignored (FORMATS.md pitfall 9).
-        zero = None
-        if not s.symmetric:
-            # Packed along N (output channels), u-domain nibbles zu = zp + 8; trim the padding rows.
-            zero = unpack_int4(self.tensor(f"{m}.weight_zero_point"), N, dim=0)
-        perm = None
-        if self.has(f"{m}.weight_g_idx"):
-            perm = act_order_perm(self.tensor(f"{m}.weight_g_idx"), K, G, f"{m}.weight_g_idx")
-            if torch.equal(perm, torch.arange(K)):
-                perm = None  # groups already contiguous: no gather of x per call
-        if perm is not None:
-            # Permute the weight's columns once, here, so every group is contiguous: after the
-            # permutation column j belongs to group j // G, which is what scale/zero already index.
-            u = unpack_int4(packed, K)
-            packed = pack_int4(u[:, perm])
-        return Int4Weight(packed, scale, K, G, zero, perm, self._bias(m))
+        try:
+            return formats.get(fmt).load(self, m, self.scheme_for(m), N, K, self._bias(m))
+        except ValueError as e:
+            raise PackageError(f"{self.dir}: {e}") from None
 
     def close(self) -> None:
         self._handles.clear()
-
-
-def act_order_perm(g_idx: torch.Tensor, K: int, G: int, name: str = "weight_g_idx") -> torch.Tensor:
-    """argsort(g_idx) (stable), after checking every group holds exactly G columns (the last one
-    K - G*(groups-1)); the kernels rely on groups being contiguous runs of G columns."""
-    g = g_idx.reshape(-1).to(torch.int64)
-    ng = _cdiv(K, G)
-    if g.numel() != K:
-        raise PackageError(f"tensor {name!r}: expected {K} entries, got {g.numel()}")
-    if int(g.min()) < 0 or int(g.max()) >= ng:
-        raise PackageError(f"tensor {name!r}: group indices must lie in [0, {ng}), got [{int(g.min())}, {int(g.max())}]")
-    counts = torch.bincount(g, minlength=ng)
-    want = torch.full((ng,), G, dtype=counts.dtype)
-    want[-1] = K - G * (ng - 1)
-    if not torch.equal(counts, want):
-        bad = int((counts != want).nonzero()[0])
-        raise PackageError(f"tensor {name!r}: group {bad} has {int(counts[bad])} columns, expected {int(want[bad])} "
-                           f"(group size {G})")
-    return torch.argsort(g, stable=True)

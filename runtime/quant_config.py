@@ -4,8 +4,9 @@ The block is parsed leniently, as FORMATS.md §2 says: QuantizationArgs keys tak
 their library defaults when missing (files written by ct 0.20 leave nulls out),
 a missing `strategy` is inferred from `group_size`, unknown keys are ignored and
 dtypes are strings such as "torch.float8_e4m3fn". Each config group is then
-classified into one of our weight formats ("fp8", "int4", "nvfp4"); anything we
-cannot run exactly is refused here, by group name, before a weight is read.
+classified into one of the registered weight formats (kernels/formats.py: the format whose
+spec lists the group's storage format, and whose check_scheme accepts its arguments); anything
+vsr cannot run exactly is refused here, by group name, before a weight is read.
 """
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from typing import Any, Iterable
 
 from vsr.runtime.errors import PackageError
 
-FORMATS = ("dense", "fp8", "int4", "nvfp4")
 
-# compressed-tensors storage formats and what we make of them.
-_SUPPORTED_STORAGE = {"float-quantized": "fp8", "pack-quantized": "int4", "nvfp4-pack-quantized": "nvfp4"}
-# Storage formats the library knows but we do not run: named in the error so the user sees why.
+def _supported_storage() -> dict[str, str]:
+    """compressed-tensors storage format -> the registered weight format that holds it."""
+    from vsr.kernels import formats   # (on first need: config.json is read before any kernel loads)
+    return {st: spec.name for spec in formats.FORMATS.values() for st in spec.storage}
+
+
+# Storage formats the library knows but vsr does not run: named in the error so the user sees why.
 _KNOWN_UNSUPPORTED_STORAGE = {
     "naive-quantized", "int-quantized", "dense", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
     "mxfp8-quantized", "marlin-24", "sparse-24-bitmask", "sparse-bitmask",
@@ -120,46 +124,21 @@ def _classify(group: str, storage: str, w: QArgs | None, a: QArgs | None, out: Q
     where = f"quantization_config group {group!r}"
     if storage == "dense" and w is None and a is None and out is None:
         return "dense"  # the UNQUANTIZED preset: its layers keep plain weights
-    if storage not in _SUPPORTED_STORAGE:
+    supported = _supported_storage()
+    if storage not in supported:
         kind = "unsupported" if storage in _KNOWN_UNSUPPORTED_STORAGE else "unknown"
         raise PackageError(f"{where}: {kind} compression format {storage!r} "
-                           f"(supported: {', '.join(sorted(_SUPPORTED_STORAGE))})")
+                           f"(supported: {', '.join(sorted(supported))})")
     if w is None:
         raise PackageError(f"{where}: format {storage!r} without a weights block is unsupported")
     if out is not None:
         raise PackageError(f"{where}: output activation quantization is unsupported")
-    fmt = _SUPPORTED_STORAGE[storage]
-    desc = f"weights {w.type} {w.num_bits}-bit {w.strategy}"
-    if fmt == "fp8":
-        if not (w.type == "float" and w.num_bits == 8 and w.strategy == "channel" and w.symmetric
-                and w.dynamic is False):
-            raise PackageError(f"{where}: float-quantized {desc} (symmetric={w.symmetric}) is unsupported; "
-                               "only FP8 per-channel static weights (FP8_DYNAMIC) are")
-        if a is None or not (a.type == "float" and a.num_bits == 8 and a.strategy == "token"
-                             and a.dynamic is True and a.symmetric):
-            got = "none" if a is None else f"{a.type} {a.num_bits}-bit {a.strategy} dynamic={a.dynamic}"
-            raise PackageError(f"{where}: FP8 weights with input activations {got} are unsupported; "
-                               "only per-token dynamic FP8 activations (FP8_DYNAMIC) are")
-    elif fmt == "int4":
-        if not (w.type == "int" and w.num_bits == 4 and w.strategy == "group" and (w.group_size or 0) > 0
-                and w.dynamic is False):
-            raise PackageError(f"{where}: pack-quantized {desc} (group_size={w.group_size}) is unsupported; "
-                               "only int 4-bit group weights (W4A16) are")
-        if w.actorder not in (None, "static", "weight", "group", "dynamic"):
-            raise PackageError(f"{where}: unknown actorder {w.actorder!r}")
-        if a is not None:
-            raise PackageError(f"{where}: int4 weights with quantized input activations "
-                               f"({a.type} {a.num_bits}-bit) are unsupported; only W4A16 is")
-    else:  # nvfp4
-        if not (w.type == "float" and w.num_bits == 4 and w.strategy == "tensor_group" and w.group_size == 16
-                and w.symmetric):
-            raise PackageError(f"{where}: nvfp4-pack-quantized {desc} (group_size={w.group_size}) is "
-                               "unsupported; only NVFP4 (float 4-bit, tensor_group of 16) is")
-        if a is not None and not (a.type == "float" and a.num_bits == 4 and a.strategy == "tensor_group"
-                                  and a.group_size == 16 and a.dynamic == "local"):
-            raise PackageError(f"{where}: NVFP4 weights with input activations {a.type} {a.num_bits}-bit "
-                               f"{a.strategy} dynamic={a.dynamic!r} are unsupported; only dynamic 'local' "
-                               "NVFP4 activations (or none, NVFP4A16) are")
+    from vsr.kernels import formats
+    fmt = supported[storage]
+    try:
+        formats.get(fmt).check_scheme(w, a)
+    except ValueError as e:
+        raise PackageError(f"{where}: {e}") from None
     return fmt
 
 

@@ -266,7 +266,7 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert [opts(c) for c in stale[2:6:2] + stale[5:6]] == [opts(c) for c in (big[0], big[2], small[0])]
     assert stale[3] == big[1] and opts(stale[2])[3] == str(shipped)
     assert stale[6] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
-    # steady (run 33): the 27B-class keys of 256+ rows re-tuned into a scratch store at the same
+    # steady: the 27B-class keys of 256+ rows re-tuned into a scratch store at the same
     # counts, with incumbents; the file imported, the scratch store over it (its tiles preferred), export
     steady = stage("steady")
     assert [c[0] for c in steady] == ["27b", "27b", "import", "import", "export"]

@@ -253,8 +253,8 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
     # pick of caches/retune.sh sees the default and five more of them beside five copy-form slices
     # tiles; at bucket 2 (every tile in that form after the copying ones) five of them beside the
     # copying default and five more; at bucket 16 the one X_SPLIT tile, beside five copy-form ones.
-    # (At bucket 2 that leaves out X_ROW tiles that won run 29's study: caches/retune.sh tunes
-    # buckets 2 and 4 over their whole spaces before the 20-tile pass, run 30.)
+    # (At bucket 2 that leaves out X_ROW tiles that can win: caches/retune.sh tunes buckets 2 and 4
+    # over their whole spaces before the 20-tile pass.)
     for bucket, seen, copying in ((1, 6, 5), (2, 5, 6), (16, 1, 5)):
         space, pick, _, got, groups = _int4_pick(False, bucket, "X_SPLIT")
         assert groups == {("slices", "x-split")}
@@ -263,7 +263,7 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
 
 
 def test_candidates_of_many_rows_are_timed_in_their_own_steady_state():
-    # H200 run 33: under compute-bound products the card is power-limited and a graph's first
+    # Under compute-bound products the H200 is power-limited and a graph's first
     # 25-50 ms can run up to 17% faster, so from bucket 256 each candidate's graph is replayed for
     # STEADY_WARM_MS before it is timed; fewer rows (memory-bound), and eager timing, stay as they were.
     cuda = torch.device("cuda")

@@ -449,7 +449,7 @@ def test_fp8_bf16_prologue_is_bit_exact_over_wide_ranges():
 def test_fp8_launch_decisions(monkeypatch):
     # fp8.launch's choices, recorded on any device: the prologue's warps (PRO_WARPS) and PDL come
     # from the tile (the default tiles: PDL up to bucket 64; 4 warps from bucket 4096, M = 3000
-    # included), a tile without them running plain; PDL only where the device has it; `plan=` and `pdl=` win over the tile. With PDL the prologue
+    # included), a tile without them running plain; PDL only where the device has it. With PDL the prologue
     # releases its dependent and the product waits; the product is passed PDL_PREFETCH_LINES either
     # way (launch_tma prefetches only with the wait). Up to 64 rows the kernels run as usual
     # (without PDL, which the interpreter lacks) and are checked against the reference; beyond,
@@ -459,12 +459,12 @@ def test_fp8_launch_decisions(monkeypatch):
     seen = {}
     real_quantize, real_product, real_features = fp8.quantize_activation_triton, fp8.launch_product, common.device_features
 
-    def quantize(x, plan=None, release=False, divide=False):
+    def quantize(x, plan=None, release=False):
         seen.update(release=release, warps=plan.warps)
         if x.shape[0] > 64:
             return (torch.zeros(x.shape, dtype=fp8.FP8_DTYPE, device=x.device),
                     torch.ones(x.shape[0], dtype=x.dtype, device=x.device))
-        return real_quantize(x, plan, False, divide)
+        return real_quantize(x, plan, False)
 
     def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
         seen.update(wait=wait, prefetch=prefetch)
@@ -473,16 +473,16 @@ def test_fp8_launch_decisions(monkeypatch):
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
     monkeypatch.setattr(fp8, "launch_product", product)
 
-    def check(M, tile, release, warps, supported=True, **overrides):
+    def check(M, tile, release, warps, supported=True):
         feats = dataclasses.replace(real_features(torch.device(DEV)), pdl=supported)
         monkeypatch.setattr(common, "device_features", lambda device: feats)
         seen.clear()
         x = torch.randn(M, K, generator=g).half().to(DEV)
-        y = fp8.launch(x, w, tile, **overrides)
+        y = fp8.launch(x, w, tile)
         if M <= 64:
             assert_close(y, fp8.reference_linear(x, w))
         assert seen == dict(release=release, wait=release, prefetch=fp8.PDL_PREFETCH_LINES, warps=warps), \
-            (M, tile, overrides, seen)
+            (M, tile, seen)
     own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
     assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
     # Tiles without the knobs (hand-written): the plan's own warps, no PDL, at any M.
@@ -500,10 +500,6 @@ def test_fp8_launch_decisions(monkeypatch):
         check(M, fp8.default_tile(fp8.problem(w, bucket_for(M), torch.float16)), release, warps)
     # PDL in the tile on a device without it: off, no error.
     check(4, dict(TILED, PDL=1, PRO_WARPS=0), False, own, supported=False)
-    # The overrides win over the tile.
-    check(4, dict(TILED, PDL=1, PRO_WARPS=2), False, 8, pdl=False, plan=fp8.prologue_plan(K, 8))
-    check(100, dict(TILED, PDL=0), True, own, pdl=True)
-    check(3000, dict(TILED, PRO_WARPS=8), False, 16, plan=fp8.prologue_plan(K, 16))
 
 
 def test_fp8_tiles_carry_the_prologue_knobs_by_bucket():
@@ -600,15 +596,11 @@ def test_streamk_reduction_runs_only_for_leftover_tiles_launched_as_usual(monkey
     assert all("RELEASE" not in kw for name, _, kw in calls if name == "reduce")
 
 
-def test_fp8_launch_refuses_a_short_plan_and_pdl_without_the_device():
+def test_fp8_prologue_refuses_a_short_plan():
     g = gen(96)
-    w = fp8_weight(g, torch.float16, False)
     x = torch.randn(2, K, generator=g).half().to(DEV)
     with pytest.raises(ValueError, match="covers 192 of the row's 256 columns"):
-        fp8.launch(x, w, TILED, plan=fp8.ProloguePlan(128, 64, False, 1))
-    if not common.pdl_supported(x.device):
-        with pytest.raises(ValueError, match="programmatic dependent launch needs"):
-            fp8.launch(x, w, TILED, pdl=True)
+        fp8.quantize_activation_triton(x, plan=fp8.ProloguePlan(128, 64, False, 1))
 
 
 @triton.jit
@@ -872,8 +864,7 @@ def test_int4_slices_x_row_reads_its_rows_in_place(dtype, M, split, fixup, bm, K
     # Two orders of the same fp32 sums differ by at most Kx·eps32·Σ|x_k·W_nk| (Higham's bound on
     # each, for round-to-nearest fp32 adds, as the MMA's accumulator and the fixup make them), and
     # each result's rounding to x's dtype adds up to half an ulp (allowed: 2·eps·|y|, two ulps or
-    # more): a fixed multiple of eps·max|y| (the tolerance before run 29) is too tight for fp32
-    # outputs, whose rounding hides nothing.
+    # more): a fixed multiple of eps·max|y| is too tight for fp32 outputs, whose rounding hides nothing.
     xp = x if w.act_perm is None else x[:, w.act_perm]
     sums = xp.float().abs() @ int4.dequantize(w).abs().t()
     if w.bias is not None:
@@ -979,8 +970,8 @@ def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
 def test_int4_scale_w_tiles_of_the_space_are_right_and_repeatable(symmetric):
     # Every SCALE_W tile the search space offers at bucket 256, on the 27B "o" layer (K = 8192, so
     # the tiles split K), against the reference in a NaN-filled output, and the same bytes from a
-    # second launch. Run 25's 256 x 128 tile at 3 stages failed this with zero points (wrong and
-    # different from run to run on the H200, Triton 3.6: run 26); the space now holds it at 2.
+    # second launch. (The 256 x 128 tile fails this with zero points at 3 stages on the H200 with
+    # Triton 3.6, wrong and varying; the space holds it at 2.)
     from vsr.autotune import synth
     t = int4.TEMPLATE
     N, Kx = 5120, 8192
@@ -1384,7 +1375,7 @@ def test_int4_gemv_refuses_the_fixup():
 @pytest.mark.parametrize("bucket", tuple(gemm_tiles.WIDE_SPLITS))
 def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
     # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
-    # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps (those that won in run 21's studies)
+    # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps
     # goes untimed on the 27B-class shapes.
     for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
         for t in (dense, fp8):

@@ -133,7 +133,7 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             elif b <= 4:   # every slices tile also reading x as stored, after them (X_ROW at M=2)
                 plain = [c for c in space if c["path"] == "slices" and not c.get("X_SPLIT")]
                 assert [dict(c, X_SPLIT=1) for c in plain] == xs and space.index(xs[0]) > space.index(plain[-1])
-                assert {c["BLOCK_M"] for c in xs} == {16}, "X_ROW for two rows at most (run 29: four lost)"
+                assert {c["BLOCK_M"] for c in xs} == {16}, "X_ROW for two rows at most"
             else:
                 assert len(xs) == (b <= 16), "X_SPLIT: the default's copy at buckets 8-16"
             p32 = t.problem(w, b, torch.float32)      # fp32 activations: the paths before slices
@@ -205,9 +205,8 @@ def test_fp8_default_tiles_leave_room_for_an_fp32_output():
 
 
 def test_fp8_search_spaces_with_fp32_activations_hold_only_tiles_that_fit_their_output():
-    # The same bound on every candidate, not only the default: run 24's spaces held 16-38 128-row
-    # tiles a bucket (256 and up, 27B shapes) that could not compile beside their fp32 output and
-    # cost the tuner their compile time. bf16 activations keep every tile (their output is not staged whole).
+    # The same bound on every candidate, not only the default: a tile that cannot compile beside its
+    # fp32 output costs the tuner its compile time. bf16 activations keep every tile (their output is not staged whole).
     for _, N, K in SHAPES_27B[:2] + SHAPES_MINILM[:1]:
         w = fp8.Fp8Weight(torch.empty(N, K, dtype=torch.float8_e4m3fn), torch.ones(N))
         for b in (1, 64, 256, 1024, 4096):

@@ -1,4 +1,5 @@
-"""Imports flow cli -> runtime -> autotune -> kernels (runtime may call kernels directly), never back."""
+"""Imports flow cli -> runtime -> autotune -> kernels (runtime may call kernels directly), never back;
+benchmarks use the library, never the CLI."""
 import ast
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Each layer's directory and the vsr packages it may not import (the layers above it).
 LAYERS = {"kernels": ("vsr.autotune", "vsr.runtime", "vsr.cli"), "autotune": ("vsr.runtime", "vsr.cli"),
-          "runtime": ("vsr.cli",)}
+          "runtime": ("vsr.cli",), "benchmarks": ("vsr.cli",)}
 
 
 def imported_modules(path: Path) -> set[str]:

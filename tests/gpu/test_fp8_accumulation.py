@@ -3,8 +3,8 @@
 On Hopper an fp8 `tl.dot` adds its products into the accumulator in the tensor core's reduced
 precision (Triton's default there), as `_scaled_mm(..., use_fast_accum=True)` does. On random
 inputs the rounding errors cancel; on an input aligned with a weight row (one long dot product
-without cancellation) they add up, to 8-23% of that output at K = 5120-17408 on the H200, for
-vsr and for the peer alike (docs/performance.md). This test holds one tile of each kernel
+without cancellation) they add up, to 8-23% of that output at K = 5120-17408, for vsr and for
+the peer alike. This test holds one tile of each kernel
 form of the fp8 template (path, wide or not, persistent or not) at four row buckets to the peer's
 error on such an input, so a form that accumulated worse (bf16 partial sums, parts added in
 lower precision) fails, and to the tuner's bound on a random one.
@@ -40,9 +40,9 @@ def _inputs(w: fp8.Fp8Weight, M: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _row0_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    """The largest relative error of output column 0, the one an aligned input makes large."""
-    yf, rf = y.float()[:, 0], ref.float()[:, 0]
-    return ((yf - rf).abs() / rf.abs().clamp_min(1e-30)).max().item()
+    """The largest relative error of output column 0 (the aligned row's dot products)."""
+    yf, rf = y.float(), ref.float()
+    return ((yf[:, 0] - rf[:, 0]).abs() / rf[:, 0].abs().clamp_min(1e-30)).max().item()
 
 
 def _tiles(w: fp8.Fp8Weight, M: int) -> dict[tuple, dict]:
@@ -59,11 +59,11 @@ def test_fp8_paths_accumulate_no_worse_than_scaled_mm_fast_accum(M, bench_script
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) < (9, 0):
         pytest.skip("the fp8 TMA and wgmma forms need compute capability 9.0+")
-    bench = bench_script("common_bench")   # the peer: _scaled_mm on the reference's activation codes
+    cb = bench_script("common_bench")   # the peer: _scaled_mm on the reference's own codes and scales
     w = _weight(dev)
     aligned, rnd = _inputs(w, M, dev)
 
-    peer = bench.scaled_mm(*bench.torch_quant(aligned), w, bench.scaled_mm_weight_scale(w), fast=True)
+    peer = cb.scaled_mm(*cb.torch_quant(aligned), w, cb.scaled_mm_weight_scale(w), fast=True)
     ref = fp8.reference_linear(aligned, w)
     peer_err = _row0_error(peer, ref)
 
