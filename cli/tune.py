@@ -60,10 +60,13 @@ def _template_for(w, act_dtype, emulate: bool, what: str, hint: str = ""):
 
 
 def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
-    """(label, template, weight, problem) for every distinct Linear layer shape of a package."""
+    """(label, template, weight, problem) for every distinct product shape a package's forward runs:
+    q|k|v and gate|up as the fused weights the runtime loads (runtime/fuse.py; parts that cannot be
+    fused are tuned one by one, as the runtime then runs them)."""
     from vsr.kernels.dense import DenseWeight
+    from vsr.runtime import fuse
     from vsr.runtime.loaders import PackageLoader
-    from vsr.runtime.models import linear_names
+    from vsr.runtime.models import linear_names, products
     from vsr.runtime.package import open_package
 
     pkg = open_package(target, allow_unverified=True, device=device)
@@ -71,20 +74,28 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     act_dtype = _dtype(act) or pkg.model_dtype
     jobs, seen = [], set()
     loader = PackageLoader(pkg.path, config)
+
+    def run_dtype(w):
+        if w.format == "dense" and w.weight.dtype != act_dtype:
+            return DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))
+        return w
+
     try:  # closed whether the model is known or not
-        for name in linear_names(config, loader):
-            w = loader.linear(name)
-            if w.format == "dense" and w.weight.dtype != act_dtype:
-                w = DenseWeight(w.weight.to(act_dtype), None if w.bias is None else w.bias.to(act_dtype))
-            template = _template_for(w, act_dtype, False, f"{target}: {name}")
-            sig = (template.name, w.N, w.K, tuple(w.params()))
-            if sig in seen:
-                continue
-            seen.add(sig)
-            w = w.to(device)
-            for b in buckets:
-                jobs.append({"label": f"{name} ({w.format})", "template": template, "weight": w,
-                             "problem": template.problem(w, b, act_dtype)})
+        loader.check_linears(linear_names(config, loader))
+        for label, names in products(config, loader):
+            parts = [run_dtype(loader.linear(n)) for n in names]
+            fused = fuse.fuse(parts) if len(parts) > 1 else parts[0]
+            todo = [(label, fused)] if fused is not None else list(zip(names, parts))
+            for name, w in todo:
+                template = _template_for(w, act_dtype, False, f"{target}: {name}")
+                sig = (template.name, w.N, w.K, tuple(w.params()))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                w = w.to(device)
+                for b in buckets:
+                    jobs.append({"label": f"{name} ({w.format})", "template": template, "weight": w,
+                                 "problem": template.problem(w, b, act_dtype)})
     finally:
         loader.close()
     return jobs
