@@ -19,8 +19,10 @@ from vsr.kernels import formats
 
 SHAPES_27B: tuple[tuple[str, int, int], ...] = (
     ("qkv", 10240, 5120), ("o", 5120, 8192), ("gate_up", 34816, 5120), ("down", 5120, 17408))
-# all-MiniLM-L6-v2: hidden 384, intermediate 1536 (q/k/v/o share 384x384).
-SHAPES_MINILM: tuple[tuple[str, int, int], ...] = (("qkvo", 384, 384), ("up", 1536, 384), ("down", 384, 1536))
+# all-MiniLM-L6-v2: hidden 384, intermediate 1536; q|k|v fused (3 x 384 outputs), o 384x384.
+# The runtime's products (runtime/fuse.py): a layer runs qkv, o, up (gate_up) and down.
+SHAPES_MINILM: tuple[tuple[str, int, int], ...] = (
+    ("qkv", 1152, 384), ("o", 384, 384), ("up", 1536, 384), ("down", 384, 1536))
 NAMED = {"27b": SHAPES_27B, "minilm": SHAPES_MINILM}
 
 _DT = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,

@@ -130,8 +130,9 @@ def _check_device(device: str | None, as_json: bool) -> None:
               help='JSONL requests, one {"text": ...} per line ("-" reads stdin); an "id" field is echoed back.')
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per request (and per error) on stdout.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="auto: on a GPU the package's own precision with the Triton kernels, on the "
-                                      "CPU the exact fp32 reference. An explicit dtype runs the same weights in "
+              show_default=True, help="auto: on a GPU the package's own precision with the Triton kernels (the "
+                                      "approximate set for a quantized package: norms and activations round "
+                                      "once), on the CPU the exact fp32 reference. An explicit dtype runs the same weights in "
                                       "that precision with exact kernels (never another package).")
 @click.option("--revision", metavar="REV", help="Refuse the package unless its manifest has this revision.")
 @click.option("--device", metavar="DEVICE", help="torch device, e.g. cpu, cuda, cuda:1 (default: a GPU if any).")
@@ -152,8 +153,8 @@ def _check_device(device: str | None, as_json: bool) -> None:
                                       "error stops.")
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
               help="How many labels and probabilities to show per request.")
-@click.option("--cuda-graphs", is_flag=True,
-              help="GPU only: capture a batch shape (requests x padded tokens, both rounded up to a short "
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None,
+              help="On by default on a GPU (--no-cuda-graphs runs every batch eagerly): capture a batch shape (requests x padded tokens, both rounded up to a short "
                    "ladder on any GPU run) as a CUDA graph on its second use and replay it after, with the same "
                    "answers bit for bit: less host time per batch where shapes repeat. A shape's first use runs "
                    "eagerly and captures nothing; its second is answered by an eager run and then captured (the "
@@ -195,11 +196,13 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     engine = load_engine(pkg, device=dev, dtype=dtype, emulate=emulate, autotune_cache=autotune_cache,
                          miss_policy=miss_policy, cuda_graphs=cuda_graphs)
     mode = engine.mode
+    kernels = engine.kernel_set
     if pkg.support == "emulated" and mode != "emulated":
         raise PackageError(f"the device check chose the emulation but the engine runs {mode!r}; refusing "
                            "to label its answers wrongly")
     click.echo(f"vsr-run: {pkg.name} revision {pkg.revision or '-'} (identity {pkg.identity_status}); "
-               f"formats {', '.join(sorted(pkg.formats))}; device {dev}: {pkg.support}; mode {mode}", err=True)
+               f"formats {', '.join(sorted(pkg.formats))}; device {dev}: {pkg.support}; mode {mode}; "
+               f"kernels {kernels}{'; CUDA graphs' if engine.graphed is not None else ''}", err=True)
 
     mismatch = self_check and _self_check(engine, pkg.name, as_json) == "mismatch"
 
@@ -224,7 +227,8 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
                 if as_json:
                     echo_json({"request": r.number, **(r.extra or {}), "error": r.error})
             elif as_json:
-                echo_json({"request": r.number, **(r.extra or {}), **results[r.number], "mode": mode})
+                echo_json({"request": r.number, **(r.extra or {}), **results[r.number], "mode": mode,
+                           "kernel_set": kernels})
             else:
                 click.echo(_human_line(r, results[r.number], mode))
     sys.exit(EXIT_MISMATCH if mismatch else EXIT_REQUEST_FAILED if failed else EXIT_OK)

@@ -51,11 +51,14 @@ def _dtype(name: str | None):
 # --- what to tune ----------------------------------------------------------------------------
 
 def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
-    """One job per bucket for every distinct Linear layer (template, N, K, params) of a package."""
+    """(label, template, weight, problem) for every distinct product shape a package's forward runs:
+    q|k|v and gate|up as the fused weights the runtime loads (runtime/fuse.py; parts that cannot be
+    fused are tuned one by one, as the runtime then runs them)."""
     from vsr.autotune.jobs import choose_template, weight_jobs
+    from vsr.runtime import fuse
     from vsr.runtime.linear import to_run_dtype
     from vsr.runtime.loaders import PackageLoader
-    from vsr.runtime.models import linear_names
+    from vsr.runtime.models import linear_names, products
     from vsr.runtime.package import open_package
 
     pkg = open_package(target, allow_unverified=True, device=device)
@@ -63,20 +66,26 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     act_dtype = _dtype(act) or pkg.model_dtype
     jobs, seen = [], set()
     loader = PackageLoader(pkg.path, config)
+
+    def run_dtype(w):
+        return to_run_dtype(w, act_dtype) if w.format == "dense" and w.weight.dtype != act_dtype else w
+
     try:  # closed whether the model is known or not
-        for name in linear_names(config, loader):
-            w = loader.linear(name)
-            if w.format == "dense" and w.weight.dtype != act_dtype:
-                w = to_run_dtype(w, act_dtype)
-            try:
-                template = choose_template(w, act_dtype, False, f"{target}: {name}")
-            except ValueError as e:
-                raise VsrError(str(e)) from None
-            sig = (template.name, w.N, w.K, tuple(w.params()))
-            if sig in seen:
-                continue
-            seen.add(sig)
-            jobs += weight_jobs(f"{name} ({w.format})", template, w.to(device), buckets, act_dtype)
+        loader.check_linears(linear_names(config, loader))
+        for label, names in products(config, loader):
+            parts = [run_dtype(loader.linear(n)) for n in names]
+            fused = fuse.fuse(parts) if len(parts) > 1 else parts[0]
+            todo = [(label, fused)] if fused is not None else list(zip(names, parts))
+            for name, w in todo:
+                try:
+                    template = choose_template(w, act_dtype, False, f"{target}: {name}")
+                except ValueError as e:
+                    raise VsrError(str(e)) from None
+                sig = (template.name, w.N, w.K, tuple(w.params()))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                jobs += weight_jobs(f"{name} ({w.format})", template, w.to(device), buckets, act_dtype)
     finally:
         loader.close()
     return jobs

@@ -25,7 +25,17 @@ padding costs compute where the products, not the host, take the time (the reque
 doubled and the tokens rounded up as well: 17 requests of 9 tokens, 153 rows, run as 32 x 16, 512). A request's answer depends on the batch it shares (a batch pads to its
 longest request), and the batches are a pure function of the request list.
 
-cuda_graphs (CUDA only, off by default): a batch shape seen for the second time is captured as a
+Kernel sets (Engine.kernel_set): "exact" computes every operation with transformers' roundings
+(the CPU reference path always; on the GPU a dense package at every dtype, and any package at an
+explicit dtype); "approximate" (a quantized package at dtype "auto" on the GPU) lets the norms and
+activations round once instead of twice and, for FP8 products, quantize their output for the
+next product inside the same kernel. load_engine's kernel_set="exact" forces the exact set.
+
+Products: q|k|v and gate|up run as one product each, their weights concatenated at load
+(runtime/fuse.py); a layer runs four products.
+
+cuda_graphs (CUDA only, on by default on a CUDA device; cuda_graphs=False or vsr-run
+--no-cuda-graphs turns them off): a batch shape seen for the second time is captured as a
 CUDA graph (after an eager run, which is that call's answer) and replayed from then on: one replay
 instead of a host-side launch per kernel (an eager int4 or fp8 layer spends 66-177 us of host time
 a call on an H200, several times its kernels' time). The same kernels and tiles run,
@@ -46,6 +56,7 @@ from vsr.autotune.buckets import bucket_for
 from vsr.runtime.errors import DeviceRefusal, PackageError, RequestError
 from vsr.runtime.tokenize import PackageTokenizer
 
+KERNEL_SETS = ("exact", "approximate")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BATCH_SIZE = 32   # a power of two: batch_shape rounds a batch's requests up to one
 CUDA_GRAPHS_KEPT = 32
@@ -168,8 +179,13 @@ class GraphedForward:
 class Engine:
     def __init__(self, model, tokenizer: PackageTokenizer, *, mode: str, device: torch.device,
                  act_dtype: torch.dtype, weight_bytes: int, resolver=None, linears=None, cuda_graphs: bool = False,
-                 shape_ladder: bool | None = None):
+                 shape_ladder: bool | None = None, kernel_set: str = "exact", fused=None):
+        if kernel_set not in KERNEL_SETS:
+            raise ValueError(f"kernel_set must be one of {KERNEL_SETS}, got {kernel_set!r}")
         self.model = model
+        self.kernel_set = kernel_set
+        # A fused product's label -> the package's Linear layers it runs (runtime/fuse.py).
+        self.fused: dict = fused or {}
         # batch_shape's ladder: on every CUDA engine unless asked otherwise (load_engine's shape_ladder).
         self.shape_ladder = device.type == "cuda" if shape_ladder is None else shape_ladder
         self.graphed = GraphedForward(model, device) if cuda_graphs else None
@@ -244,11 +260,15 @@ class Engine:
 
 
 def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autotune_cache=None,
-                miss_policy: str = "default", cuda_graphs: bool = False, shape_ladder: bool | None = None) -> Engine:
+                miss_policy: str = "default", cuda_graphs: bool | None = None, shape_ladder: bool | None = None,
+                kernel_set: str | None = None) -> Engine:
     """Build the engine for an opened package (vsr.runtime.package.OpenedPackage or anything with
     .path, .config and .model_dtype). The device check has already run in open_package; this loads
     the weights. shape_ladder: batches at batch_shape's shapes (None: on a CUDA device); False
-    pads each batch to its own longest request, and CUDA graphs then capture each such shape."""
+    pads each batch to its own longest request, and CUDA graphs then capture each such shape.
+    cuda_graphs: None (the default) is on for a CUDA device on the Triton path, off elsewhere.
+    kernel_set: None picks by the rule of the module docstring; "exact" forces the exact set;
+    "approximate" is refused where the rule picks the exact one."""
     from vsr.runtime.loaders import PackageLoader
     from vsr.runtime.linear import QLinear
     from vsr.runtime.models import build_model, linear_names
@@ -261,6 +281,10 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         raise DeviceRefusal(f"device {device!r}: this machine has no CUDA device")
     if cuda_graphs and dev.type != "cuda":
         raise ValueError(f"cuda_graphs: CUDA graphs need a CUDA device, not {device!r}")
+    if cuda_graphs is None:
+        cuda_graphs = dev.type == "cuda" and not emulate
+    if kernel_set not in (None, *KERNEL_SETS):
+        raise ValueError(f"kernel_set must be one of {KERNEL_SETS} (or None), got {kernel_set!r}")
     stored = pkg.model_dtype
     if dtype == "auto" or dtype is None:
         act = stored if dev.type == "cuda" else torch.float32
@@ -292,11 +316,23 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
     loader = PackageLoader(path, config)
     try:  # the safetensors handles are released whether validation or loading fails or not
         # Validate every Linear's tensors (presence, shape, dtype) before any moves to the device.
-        loader.check_linears(linear_names(config, loader))
-        builder = Builder(loader, make_linear, act, dev, convert)
+        formats = loader.check_linears(linear_names(config, loader))
+        allowed = approximate_allowed(lin_mode, formats.values(), convert)
+        if kernel_set == "approximate" and not allowed:
+            raise ValueError("kernel_set 'approximate' runs only for a quantized package at dtype auto on the "
+                             "Triton path; this engine runs the exact set")
+        chosen = "approximate" if allowed and kernel_set != "exact" else "exact"
+        builder = Builder(loader, make_linear, act, dev, convert, kernels=lin_mode, exact=chosen == "exact")
         model = build_model(config, builder).eval()
     finally:
         loader.close()
     return Engine(model, tok, mode=mode, device=dev, act_dtype=act,
                   weight_bytes=builder.linear_bytes + builder.other_bytes, resolver=resolver,
-                  linears=builder.linears, cuda_graphs=cuda_graphs, shape_ladder=shape_ladder)
+                  linears=builder.linears, cuda_graphs=cuda_graphs, shape_ladder=shape_ladder,
+                  kernel_set=chosen, fused=builder.fused)
+
+
+def approximate_allowed(lin_mode: str, formats, explicit_dtype: bool) -> bool:
+    """Whether an engine may run the approximate set: Triton kernels, a quantized package (any
+    Linear not dense) and dtype auto (an explicit dtype asks for exact numerics in that dtype)."""
+    return lin_mode == "triton" and not explicit_dtype and any(f != "dense" for f in formats)

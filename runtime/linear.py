@@ -116,13 +116,36 @@ class QLinear(torch.nn.Module):
             y = self._triton(x2)
         return y.reshape(*lead, w.N)
 
-    def _triton(self, x2: torch.Tensor) -> torch.Tensor:
-        key = (bucket_for(x2.shape[0]), x2.dtype)
+    @property
+    def takes_fp8_codes(self) -> bool:
+        """Whether product_fp8 runs: an fp8 weight on the Triton path."""
+        return self.mode == "triton" and self.weight.format == "fp8"
+
+    def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """y [M, N] in `dtype` from activations already quantized per row (e4m3 codes xq [M, K] and
+        scales xs [M] in `dtype`, as fp8.quantize_activation_triton gives): the fp8 template's
+        product on this call's tile, without its own quantizing prologue."""
+        if not self.takes_fp8_codes:
+            raise ValueError(f"product_fp8 needs an fp8 weight on the triton path, not {self.weight.format} "
+                             f"on {self.mode}")
+        from vsr.kernels import fp8
+        template, tile = self._plan(xq.shape[0], dtype)
+        y = torch.empty((xq.shape[0], self.weight.N), dtype=dtype, device=xq.device)
+        fp8.launch_product(xq, xs, self.weight, y, tile)
+        return y
+
+    def _plan(self, rows: int, dtype: torch.dtype):
+        key = (bucket_for(rows), dtype)
         plan = self._plans.get(key)
         if plan is None:
-            template = registry.template_for(self.weight, x2.dtype, emulate=self.emulate)
-            tile = self.tiles.tile(template, template.problem(self.weight, key[0], x2.dtype))
+            template = registry.template_for(self.weight, dtype, emulate=self.emulate)
+            tile = self.tiles.tile(template, template.problem(self.weight, key[0], dtype))
             plan = self._plans[key] = (template, tile)
+        return plan
+
+    def _triton(self, x2: torch.Tensor) -> torch.Tensor:
+        key = (bucket_for(x2.shape[0]), x2.dtype)
+        plan = self._plan(x2.shape[0], x2.dtype)
         template, tile = plan
         try:
             return template.launch(x2.contiguous(), self.weight, tile)

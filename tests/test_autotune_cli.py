@@ -128,9 +128,9 @@ def test_package_coverage_and_tune(tmp_path):
     cache = tmp_path / "p.db"
     rep = json.loads(run("coverage", pkg, "--buckets", "1", "--act-dtype", "float16", "--autotune-cache", cache,
                          "--json").stdout)
-    # the decoder's Linear layers: q/o 128x128, k/v 64x128, gate/up 256x128, down 128x256
+    # the decoder's four products: q|k|v 256x128 (128 + 64 + 64), o 128x128, gate|up 512x128, down 128x256
     assert rep["recorded"] == 0 and {(m["N"], m["K"]) for m in rep["missing"]} == {
-        (128, 128), (64, 128), (256, 128), (128, 256)}
+        (256, 128), (128, 128), (512, 128), (128, 256)}
     tr = json.loads(run(pkg, "--buckets", "1", "--act-dtype", "float16", "--max-candidates", "1",
                         "--autotune-cache", cache, "--json").stdout)
     assert len(tr["tuned"]) == rep["keys"] == 4
@@ -306,3 +306,41 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     default = [shlex.split(line) for line in p.stdout.splitlines()]
     assert p.returncode == 0 and Path(default[1][-1]).resolve() == script.parent / "nvidia-h200.json"
     assert Path(default[0][default[0].index("--incumbents") + 1]).resolve() == script.parent / "nvidia-h200.json"
+
+
+def test_a_tuned_package_runs_with_miss_policy_error(tmp_path):
+    """Every product the forward runs is a key vsr-tune PACKAGE records: the model's products on
+    the Triton templates (interpreter, fp16) with a resolver that refuses any miss."""
+    from tinypkgs import Pkg, build_tiny_qwen3
+    from vsr.autotune.buckets import bucket_for
+    from vsr.autotune.resolver import TileResolver
+    from vsr.runtime.engine import load_engine
+    from vsr.runtime.linear import QLinear
+    from vsr.runtime.loaders import PackageLoader
+    from vsr.runtime.models import build_model
+    from vsr.runtime.models.common import Builder
+
+    pkg = build_tiny_qwen3(tmp_path / "q3")
+    ref = load_engine(Pkg(pkg), dtype="float16")
+    b = ref.tokenizer.batch(["turn on the lights"])
+    bucket = bucket_for(b.input_ids.numel())
+    cache = tmp_path / "fresh.db"
+    run(pkg, "--buckets", bucket, "--act-dtype", "float16", "--max-candidates", "1", "--autotune-cache", cache,
+        "--json")
+    resolver = TileResolver(cache, policy="error", device="cpu")
+    loader = PackageLoader(pkg, Pkg(pkg).config)
+    builder = Builder(loader, lambda w: QLinear(w, "triton", tiles=resolver), torch.float16, "cpu", True)
+    model = build_model(Pkg(pkg).config, builder).eval()
+    loader.close()
+    assert len(builder.linears) == 8 and all(q.mode == "triton" for q in builder.linears.values())
+    with torch.no_grad():
+        got = model(b.input_ids, b.attention_mask, b.lengths)
+    torch.testing.assert_close(got, ref.model(b.input_ids, b.attention_mask, b.lengths), atol=2e-3, rtol=0)
+    # A batch in a bucket the cache does not hold is refused (the policy is really "error").
+    from tinypkgs import TEST_TEXTS
+    other = ref.tokenizer.batch(TEST_TEXTS)
+    assert bucket_for(other.input_ids.numel()) != bucket
+    from vsr.autotune.resolver import CacheMiss
+    with pytest.raises(CacheMiss, match="no tile recorded .* N=256 K=128"):
+        with torch.no_grad():
+            model(other.input_ids, other.attention_mask, other.lengths)

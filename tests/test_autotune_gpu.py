@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from tinypkgs import tiny_qwen3  # noqa: F401
+
 pytestmark = pytest.mark.gpu
 
 # One process runs this with policy "tune" (times candidates, records the winners); another
@@ -45,3 +47,30 @@ def test_tuned_cache_loads_untimed_and_identical(tmp_path, fmt):
     loader_run = run(cache, fmt, "error")
     assert loader_run["timing_calls"] == 0 and loader_run["global"] == 0
     assert loader_run["hashes"] == tuner_run["hashes"]
+
+
+@pytest.mark.parametrize("scheme", [None, "FP8_DYNAMIC", "W4A16"])
+def test_a_tuned_package_runs_on_the_gpu_with_miss_policy_error(tmp_path, tiny_qwen3, scheme):  # noqa: F811
+    """vsr-tune PACKAGE records every product the GPU forward runs (the fused shapes): the engine
+    then answers with --miss-policy error, graphed and eager."""
+    from click.testing import CliRunner
+
+    from tinypkgs import TEST_TEXTS, Pkg, compressed
+    from vsr.autotune.buckets import bucket_for
+    from vsr.cli.tune import main as tune
+    from vsr.runtime.engine import batch_shape, load_engine
+
+    pkg = tiny_qwen3 if scheme is None else compressed(tiny_qwen3, scheme)
+    texts = TEST_TEXTS[:3]
+    probe = load_engine(Pkg(pkg), device="cuda", cuda_graphs=False)
+    ids = probe.tokenizer.encode_checked(texts)
+    n, s = batch_shape(len(ids), max(map(len, ids)), probe.tokenizer.limit)
+    cache = tmp_path / "fresh.db"
+    res = CliRunner().invoke(tune, [str(pkg), "--buckets", str(bucket_for(n * s)), "--max-candidates", "1",
+                                    "--autotune-cache", str(cache), "--json"])
+    assert res.exit_code == 0, res.output
+    for graphs in (True, False):
+        e = load_engine(Pkg(pkg), device="cuda", autotune_cache=cache, miss_policy="error", cuda_graphs=graphs)
+        assert e.kernel_set == ("exact" if scheme is None else "approximate")
+        for _ in range(3):   # eager, captured, replayed
+            assert e.forward(texts).shape == (3, 5)

@@ -50,7 +50,9 @@ def test_source_hash_covers_shared_kernel_modules():
 
 def test_shape_specs():
     assert [s[1:] for s in shapes.parse_shapes("27b")] == [(10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)]
-    assert len(shapes.parse_shapes("27b,minilm,384x384")) == 7  # duplicates dropped
+    # the runtime's products: q|k|v fused (1152 = 3 x 384), o, up, down
+    assert [s[1:] for s in shapes.parse_shapes("minilm")] == [(1152, 384), (384, 384), (1536, 384), (384, 1536)]
+    assert len(shapes.parse_shapes("27b,minilm,384x384")) == 8  # duplicates dropped
     with pytest.raises(ValueError, match="NxK"):
         shapes.parse_shapes("12x")
     from vsr.runtime.device import device_formats

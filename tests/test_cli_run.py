@@ -190,7 +190,7 @@ def test_answers_and_per_request_errors(router, tmp_path):
     assert [o["request"] for o in ok] == [1, 3, 6]
     assert ok[1]["id"] == "a" and ok[1]["line"] == 1
     for o in ok:
-        assert o["mode"] == "reference" and o["choice"] == o["top"][0][0]
+        assert o["mode"] == "reference" and o["kernel_set"] == "exact" and o["choice"] == o["top"][0][0]
         probs = [p for _, p in o["top"]]
         assert len(probs) == 4 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
         assert {label for label, _ in o["top"]} <= set(ROUTER_LABELS)
@@ -244,7 +244,7 @@ def test_llm_compressor_fp8_package_end_to_end(router):
     out = json_lines(r.stdout)
     assert out[0]["mode"] == "emulated" and out[0]["choice"] == out[0]["top"][0][0]
     assert out[1] == {"request": 2, "error": "empty text"}
-    assert "identity unverified" in r.stderr and "mode emulated" in r.stderr
+    assert "identity unverified" in r.stderr and "mode emulated; kernels exact" in r.stderr
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")

@@ -155,6 +155,39 @@ def test_cuda_engine_runs_triton_and_agrees_with_the_reference(tiny_qwen3):  # n
 def test_cuda_graphs_need_a_cuda_device(tiny_qwen3):  # noqa: F811
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         load_engine(Pkg(tiny_qwen3), cuda_graphs=True)
+    assert load_engine(Pkg(tiny_qwen3)).graphed is None   # the default: on a CUDA device only
+
+
+def test_the_cpu_runs_the_exact_set_and_refuses_the_approximate_one(tiny_qwen3):  # noqa: F811
+    from vsr.runtime.engine import approximate_allowed
+
+    fp8 = compressed(tiny_qwen3, "FP8_DYNAMIC")
+    e = load_engine(Pkg(fp8), emulate=True)
+    assert e.kernel_set == "exact" and load_engine(Pkg(fp8), emulate=True, kernel_set="exact").kernel_set == "exact"
+    with pytest.raises(ValueError, match="approximate"):
+        load_engine(Pkg(fp8), emulate=True, kernel_set="approximate")
+    with pytest.raises(ValueError, match="kernel_set"):
+        load_engine(Pkg(fp8), emulate=True, kernel_set="fast")
+    # The rule: Triton kernels, a quantized layer and dtype auto; never a dense package, an
+    # explicit dtype or the reference path.
+    assert approximate_allowed("triton", ["dense", "fp8"], False)
+    assert not approximate_allowed("triton", ["dense", "dense"], False)
+    assert not approximate_allowed("triton", ["int4"], True)
+    assert not approximate_allowed("reference", ["int4"], False)
+
+
+def test_a_layer_runs_four_products(tiny_qwen3):  # noqa: F811
+    e = load_engine(Pkg(tiny_qwen3))
+    P = "model.layers.0."
+    assert e.fused == {f"model.layers.{i}.{k}": tuple(f"model.layers.{i}.{p}" for p in v) for i in range(2)
+                       for k, v in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj",
+                                                           "self_attn.v_proj")),
+                                    ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")))}
+    assert sorted(n for n in e.linears if n.startswith(P)) == sorted(
+        P + n for n in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
+    # 4 heads and 2 KV heads of 32: q|k|v is 128 + 64 + 64 rows; gate|up 256 + 256.
+    assert (e.linears[P + "self_attn.qkv_proj"].out_features, e.linears[P + "mlp.gate_up_proj"].out_features) == (
+        256, 512)
 
 
 @pytest.mark.gpu
@@ -171,8 +204,8 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     from vsr.runtime import engine as engine_mod
     from vsr.runtime.engine import batch_shape
     pkg = Pkg(request.getfixturevalue(package))
-    eager = load_engine(pkg, device="cuda", dtype=dtype)
-    graphed = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)
+    eager = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=False)
+    graphed = load_engine(pkg, device="cuda", dtype=dtype)   # CUDA graphs: the GPU default
     assert eager.graphed is None and graphed.graphed is not None
     assert eager.shape_ladder and graphed.shape_ladder and graphed.graphed.capture_at == 2
     lists = [TEST_TEXTS[:1], TEST_TEXTS[1:3], (TEST_TEXTS * 4)[:35], TEST_TEXTS[:1], TEST_TEXTS[1:3],
@@ -196,7 +229,7 @@ def test_cuda_graphs_replay_the_eager_forward_bit_for_bit(package, dtype, reques
     assert len(replays) == sum(c - 2 for c in calls.values())
     # Against each batch at its own longest request: the answers of its own requests, none of the
     # extra rows' (tolerance: another shape may take other tiles).
-    own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)
+    own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False, cuda_graphs=False)
     for texts in lists:
         torch.testing.assert_close(graphed.forward(texts), own.forward(texts), atol=2e-2, rtol=0)
     with pytest.raises(ValueError, match="at least 1"):

@@ -79,7 +79,8 @@ def test_bert_prefixed_names_load_the_same_model(tmp_path, minilm_engine):
     t = load_file(src / "model.safetensors")
     save_file({"bert." + k: v for k, v in t.items()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     e = load_engine(Pkg(tmp_path))
-    assert "bert.encoder.layer.0.attention.self.query" in e.linears
+    L = "bert.encoder.layer.0.attention.self."
+    assert e.fused[L + "qkv"] == (L + "query", L + "key", L + "value") and L + "qkv" in e.linears
     a = torch.tensor([r["embedding"] for r in e.predict(TEST_TEXTS[:3])])
     b = torch.tensor([r["embedding"] for r in minilm_engine.predict(TEST_TEXTS[:3])])
     assert torch.equal(a, b)

@@ -47,6 +47,18 @@ def linear_names(config: dict, loader) -> list[str]:
     return _module(_family(config)).linear_names(config, loader)
 
 
+def products(config: dict, loader) -> list[tuple[str, tuple[str, ...]]]:
+    """The products the model of config.json runs, in order: (label, the Linear layers fused into
+    it, in output order; one name for an unfused product). What vsr-tune tunes for a package."""
+    if _family(config) == "bert":
+        from vsr.runtime.models import bert
+
+        return bert.products(config, loader)
+    from vsr.runtime.models import qwen3
+
+    return qwen3.products(config, loader)
+
+
 def build_model(config: dict, builder: Builder):
     """The model class for config.json's architecture, with its weights loaded through `builder`."""
     arch = (config.get("architectures") or [None])[0]

@@ -17,14 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder
+from vsr.runtime.models.common import Builder, activated_product, normed_product
 
-_ACTS = {
-    "gelu": lambda x: F.gelu(x),  # exact (erf) GELU, as transformers' "gelu"
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
+# config.json's hidden_act -> the activation op (models/common.activated_product): "gelu" is the
+# exact (erf) GELU, as transformers' "gelu".
+_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
 def _prefix(builder_or_loader) -> str:
@@ -41,6 +38,18 @@ def linear_names(config: dict, loader) -> list[str]:
     return names
 
 
+def products(config: dict, loader) -> list[tuple[str, tuple[str, ...]]]:
+    """The four products of a layer: q|k|v fused (label "...attention.self.qkv"), o, up, down."""
+    out = []
+    for i in range(int(config["num_hidden_layers"])):
+        L = f"{_prefix(loader)}encoder.layer.{i}."
+        out += [(L + "attention.self.qkv", tuple(L + "attention.self." + p for p in ("query", "key", "value"))),
+                (L + "attention.output.dense", (L + "attention.output.dense",)),
+                (L + "intermediate.dense", (L + "intermediate.dense",)),
+                (L + "output.dense", (L + "output.dense",))]
+    return out
+
+
 class BertRouter(torch.nn.Module):
     def __init__(self, config: dict, b: Builder):
         super().__init__()
@@ -51,6 +60,7 @@ class BertRouter(torch.nn.Module):
         if act not in _ACTS:
             raise PackageError(f"config.json: hidden_act {act!r} is not supported ({', '.join(_ACTS)})")
         self.act = _ACTS[act]
+        self.ops, self.exact = b.ops(), b.exact
         self.dtype = b.act_dtype
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.heads = int(config["num_attention_heads"])
@@ -69,9 +79,8 @@ class BertRouter(torch.nn.Module):
         for i in range(int(config["num_hidden_layers"])):
             L = f"{p}encoder.layer.{i}."
             m = torch.nn.ModuleDict({
-                "q": b.linear(L + "attention.self.query"),
-                "k": b.linear(L + "attention.self.key"),
-                "v": b.linear(L + "attention.self.value"),
+                "qkv": b.projection(L + "attention.self.qkv",
+                                    [L + "attention.self." + n for n in ("query", "key", "value")]),
                 "o": b.linear(L + "attention.output.dense"),
                 "up": b.linear(L + "intermediate.dense"),
                 "down": b.linear(L + "output.dense"),
@@ -100,27 +109,30 @@ class BertRouter(torch.nn.Module):
         else:
             self.normalize = True
 
-    def _ln(self, x, wb):
-        return F.layer_norm(x, (self.hidden,), wb[0], wb[1], self.eps)
-
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Last hidden state [B, S, H] in the activation dtype."""
         B, S = input_ids.shape
+        T = B * S
+        o, X = self.ops, self.exact
+        lengths = attention_mask.sum(-1).to(torch.int32)
         pos = torch.arange(S, device=input_ids.device)
-        x = (self.word[input_ids].to(self.dtype) + self.pos[pos].to(self.dtype)[None]
-             + self.tok_type0.to(self.dtype))
-        x = self._ln(x, self.emb_ln)
-        keep = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, S]: every query sees the real keys
+        e = (self.word[input_ids].to(self.dtype) + self.pos[pos].to(self.dtype)[None]
+             + self.tok_type0.to(self.dtype)).reshape(T, self.hidden)
+        qkv, x, _ = normed_product(o, self.layers[0]["qkv"], e, self.emb_ln[0], self.eps, bias=self.emb_ln[1],
+                                   layer=True, exact=X)
         nh, dh = self.heads, self.hidden // self.heads
-        for m, (ln1, ln2) in zip(self.layers, self.norms):
-            q = m["q"](x).view(B, S, nh, dh).transpose(1, 2)
-            k = m["k"](x).view(B, S, nh, dh).transpose(1, 2)
-            v = m["v"](x).view(B, S, nh, dh).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=1.0 / math.sqrt(dh))
-            a = a.transpose(1, 2).reshape(B, S, self.hidden)
-            x = self._ln(m["o"](a) + x, ln1)
-            x = self._ln(m["down"](self.act(m["up"](x))) + x, ln2)
-        return x
+        for i, (m, (ln1, ln2)) in enumerate(zip(self.layers, self.norms)):
+            q, k, v = (t.view(B, S, nh, dh) for t in qkv.split(m["qkv"].sizes, dim=1))
+            a = o.attention(q, k, v, lengths, causal=False, scale=1.0 / math.sqrt(dh))
+            d = m["o"](a.reshape(T, self.hidden))
+            h, x, _ = normed_product(o, m["up"], d, ln1[0], self.eps, residual=x, bias=ln1[1], layer=True, exact=X)
+            d = activated_product(o, m["down"], h, self.act, X)
+            if i + 1 < len(self.layers):   # the next layer's q|k|v product reads this layer's output norm
+                qkv, x, _ = normed_product(o, self.layers[i + 1]["qkv"], d, ln2[0], self.eps, residual=x,
+                                                bias=ln2[1], layer=True, exact=X)
+            else:
+                x = o.layer_norm(d, ln2[0], ln2[1], self.eps, residual=x, exact=X)[0]
+        return x.view(B, S, self.hidden)
 
     def pool(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Mean over real tokens, in fp32, L2-normalised when the head asks (always for embeddings)."""

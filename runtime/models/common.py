@@ -1,9 +1,42 @@
 """What every model needs from a package: linear layers and plain tensors, on a device, in a dtype."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from vsr.runtime import fuse
 from vsr.runtime.linear import to_run_dtype
+
+
+class Projection(torch.nn.Module):
+    """Several Linear layers over one input as one product: forward(x [T, K]) -> [T, sum(sizes)],
+    the parts' outputs side by side in order (q|k|v, gate|up). `fused`: one QLinear over the
+    concatenated weight (runtime/fuse.py); else the parts run one by one and are joined (a
+    package whose parts cannot share a weight; the load warns)."""
+
+    def __init__(self, linears: list, sizes: list[int], fused: bool):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(linears)
+        self.sizes = list(sizes)
+        self.fused = fused
+
+    @property
+    def format(self) -> str:
+        return self.parts[0].format
+
+    @property
+    def takes_fp8_codes(self) -> bool:
+        return self.fused and getattr(self.parts[0], "takes_fp8_codes", False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.parts[0](x)
+        return torch.cat([m(x) for m in self.parts], dim=-1)
+
+    def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The fused fp8 product of activations already quantized per row (QLinear.product_fp8)."""
+        return self.parts[0].product_fp8(xq, xs, dtype)
 
 
 class Builder:
@@ -15,9 +48,16 @@ class Builder:
     convert_dense: when True (an explicit --dtype), dense Linear weights are converted to act_dtype,
     so the same weights run in that precision; when False they stay as stored and are upcast per call.
     Quantized weights are never converted.
+    kernels: "reference" (pure torch, vsr.runtime.models.ops.REFERENCE) or "triton" (the kernels);
+    exact: False runs the approximate set (engine.kernel_set).
     """
 
-    def __init__(self, loader, make_linear, act_dtype: torch.dtype, device, convert_dense: bool):
+    def __init__(self, loader, make_linear, act_dtype: torch.dtype, device, convert_dense: bool,
+                 kernels: str = "reference", exact: bool = True):
+        if kernels not in ("reference", "triton"):
+            raise ValueError(f"kernels must be 'reference' or 'triton', got {kernels!r}")
+        self.kernels = kernels
+        self.exact = exact
         self.loader = loader
         self.make_linear = make_linear
         self.act_dtype = act_dtype
@@ -26,15 +66,50 @@ class Builder:
         self.linear_bytes = 0
         self.other_bytes = 0
         self.linears: dict[str, torch.nn.Module] = {}
+        # A fused product's label -> the package's Linear layers it runs (in output order).
+        self.fused: dict[str, tuple[str, ...]] = {}
+
+    def ops(self):
+        """The forward's non-product operations (vsr.runtime.models.ops): the Triton kernels on the
+        triton path, the pure-torch reference set otherwise."""
+        from vsr.runtime.models import ops
+
+        return ops.triton_ops() if self.kernels == "triton" else ops.REFERENCE
 
     def linear(self, name: str) -> torch.nn.Module:
-        w = self.loader.linear(name)
-        if self.convert_dense:
-            w = to_run_dtype(w, self.act_dtype)  # dense only; quantized weights stay as stored
-        w = w.to(self.device)
+        w = self._weight(name).to(self.device)
         self.linear_bytes += w.nbytes()
         self.linears[name] = self.make_linear(w)
         return self.linears[name]
+
+    def _weight(self, name: str):
+        w = self.loader.linear(name)
+        if self.convert_dense:
+            w = to_run_dtype(w, self.act_dtype)  # dense only; quantized weights stay as stored
+        return w
+
+    def projection(self, label: str, names: list[str]) -> Projection:
+        """The Linear layers `names` (one input, outputs side by side) as one Projection, fused into
+        one weight where their format allows (runtime/fuse.py), else kept apart with a warning.
+        Registered in .linears under `label` (e.g. "model.layers.0.self_attn.qkv")."""
+        parts = [self._weight(n) for n in names]
+        fused = fuse.fuse(parts)
+        if fused is None:
+            warnings.warn(f"{label}: {', '.join(names)} run as {len(names)} products, not one: "
+                          f"{fuse.why_not(parts)}", stacklevel=2)
+            mods = []
+            for n, w in zip(names, parts):
+                w = w.to(self.device)
+                self.linear_bytes += w.nbytes()
+                mods.append(self.linears.setdefault(n, self.make_linear(w)))
+            return Projection(mods, fuse.split_sizes(parts), False)
+        sizes = fuse.split_sizes(parts)
+        del parts   # the CPU copies of the parts: only the fused weight moves to the device
+        fused = fused.to(self.device)
+        self.linear_bytes += fused.nbytes()
+        self.linears[label] = self.make_linear(fused)
+        self.fused[label] = tuple(names)
+        return Projection([self.linears[label]], sizes, True)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A plain tensor (embedding, norm, head), in `dtype` if given, else as stored."""
@@ -47,3 +122,35 @@ class Builder:
 
     def has(self, name: str) -> bool:
         return self.loader.has(name)
+
+
+def _fp8_codes(proj, exact: bool) -> bool:
+    """Whether the op feeding `proj` quantizes its output for it (the approximate set's FP8 fusion)."""
+    return not exact and getattr(proj, "takes_fp8_codes", False)
+
+
+def normed_product(ops, proj, x, weight, eps, *, residual=None, bias=None, layer=False, exact=True):
+    """proj(norm(x + residual)) as (product, the norm's output y, the sum s = x + residual, or x).
+    RMSNorm, or LayerNorm with `layer` (BERT's post-LN, whose y is also the next residual). In
+    the approximate set an FP8 product takes the norm's own per-row e4m3 codes (quant_fp8)."""
+    kw = {"residual": residual, "exact": exact}
+    if _fp8_codes(proj, exact):
+        y, s, xq, xs = (ops.layer_norm(x, weight, bias, eps, quant_fp8=True, **kw) if layer
+                        else ops.rms_norm(x, weight, eps, quant_fp8=True, **kw))
+        out = proj.product_fp8(xq, xs, y.dtype)
+    else:
+        y, s = ops.layer_norm(x, weight, bias, eps, **kw) if layer else ops.rms_norm(x, weight, eps, **kw)
+        out = proj(y)
+    return out, y, (x if s is None else s)
+
+
+def activated_product(ops, proj, h, act: str, exact: bool = True):
+    """proj(act(h)): act "silu_mul" (h = gate|up), "gelu", "gelu_tanh" or "relu"."""
+    if act == "relu":
+        return proj(torch.relu(h))
+    fn = ops.silu_mul if act == "silu_mul" else ops.gelu
+    args = () if act == "silu_mul" else ("tanh" if act == "gelu_tanh" else "none",)
+    if _fp8_codes(proj, exact):
+        y, xq, xs = fn(h, *args, quant_fp8=True)
+        return proj.product_fp8(xq, xs, y.dtype)
+    return proj(fn(h, *args))

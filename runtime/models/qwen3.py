@@ -6,21 +6,37 @@ padding mask, and the score head applied to the last real token of each
 right-padded request. The score head is a plain dense weight (quantized packages
 list "score" in their ignore list) and runs in fp32. With tie_word_embeddings
 there is no lm_head tensor; a classifier never needs one, so nothing is read for it.
+
+A layer runs four products: q|k|v and gate|up fused at load (runtime/fuse.py), o and down. The
+rest of the forward (norms with the residual add, q/k norm with RoPE, attention, SwiGLU, the
+last-token score head) are the operations of vsr.runtime.models.ops: Triton kernels on the
+GPU path, their pure-torch reference on the CPU. Activations are 2-D [B*S, hidden].
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder
+from vsr.runtime.models import ops
+from vsr.runtime.models.common import Builder, activated_product, normed_product
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# The four products of a layer: (label, the package's Linear layers it runs, in output order).
+_PRODUCTS = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+             ("self_attn.o_proj", ("self_attn.o_proj",)),
+             ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+             ("mlp.down_proj", ("mlp.down_proj",)))
 
 
 def linear_names(config: dict, loader=None) -> list[str]:
     return [f"model.layers.{i}.{p}" for i in range(int(config["num_hidden_layers"])) for p in _PROJ]
+
+
+def products(config: dict, loader=None) -> list[tuple[str, tuple[str, ...]]]:
+    """The products a forward runs: (label, Linear layers fused into it)."""
+    return [(f"model.layers.{i}.{label}", tuple(f"model.layers.{i}.{p}" for p in parts))
+            for i in range(int(config["num_hidden_layers"])) for label, parts in _PRODUCTS]
 
 
 def rope_theta(config: dict) -> float:
@@ -37,14 +53,7 @@ def rope_theta(config: dict) -> float:
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Qwen3RMSNorm: normalise in fp32, cast back, then scale."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return ops.REFERENCE.rms_norm(x, w, eps)[0]
 
 
 class Qwen3Router(torch.nn.Module):
@@ -70,12 +79,17 @@ class Qwen3Router(torch.nn.Module):
         self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
 
         # Norm weights in the activation dtype, as transformers multiplies them.
+        self.ops, self.exact = b.ops(), b.exact
         self.embed = b.tensor("model.embed_tokens.weight")  # as stored; rows cast after the lookup
         self.layers = torch.nn.ModuleList()
         self.norms = []
-        for i in range(int(config["num_hidden_layers"])):
+        for i, (label, parts) in enumerate(products(config)):
+            if i % len(_PRODUCTS) == 0:
+                self.layers.append(torch.nn.ModuleDict())
+            name = label.rsplit(".", 1)[1]
+            self.layers[-1][name] = b.projection(label, list(parts)) if len(parts) > 1 else b.linear(parts[0])
+        for i in range(len(self.layers)):
             P = f"model.layers.{i}."
-            self.layers.append(torch.nn.ModuleDict({p.split(".")[1]: b.linear(P + p) for p in _PROJ}))
             self.norms.append({n: b.tensor(P + n + ".weight", self.dtype) for n in
                                ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")})
         self.final_norm = b.tensor("model.norm.weight", self.dtype)
@@ -86,43 +100,44 @@ class Qwen3Router(torch.nn.Module):
         self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
                                                             device=b.device) / self.head_dim))
 
-    def _rope(self, S: int, device):
-        # In fp32, then cast, as transformers' rotary embedding.
+    def _rope(self, B: int, S: int, device):
+        """cos, sin [B*S, head_dim] in fp32 (each request's positions 0..S-1: right padding)."""
         t = torch.arange(S, device=device, dtype=torch.float32)
         f = torch.outer(t, self.inv_freq)
         emb = torch.cat((f, f), dim=-1)
-        return emb.cos().to(self.dtype)[None, None], emb.sin().to(self.dtype)[None, None]
+        return emb.cos().repeat(B, 1), emb.sin().repeat(B, 1)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        x = self.embed[input_ids].to(self.dtype)
-        cos, sin = self._rope(S, x.device)
-        causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-        # Right padding: real queries only ever see real keys through the causal mask; pad
-        # queries still see the real prefix, so no row is all-masked (no NaN).
-        allow = causal[None, None] & attention_mask.bool()[:, None, None, :]
+        if lengths is None:
+            lengths = attention_mask.sum(-1)
+        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        o, X = self.ops, self.exact
+        T = B * S
+        x = self.embed[input_ids.reshape(T)].to(self.dtype)
+        cos, sin = self._rope(B, S, x.device)
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
+        d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for m, n in zip(self.layers, self.norms):
-            h = rms_norm(x, n["input_layernorm"], self.eps)
-            q = rms_norm(m["q_proj"](h).view(B, S, nh, dh), n["self_attn.q_norm"], self.eps).transpose(1, 2)
-            k = rms_norm(m["k_proj"](h).view(B, S, nkv, dh), n["self_attn.k_norm"], self.eps).transpose(1, 2)
-            v = m["v_proj"](h).view(B, S, nkv, dh).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            if nkv != nh:
-                k = k.repeat_interleave(nh // nkv, dim=1)
-                v = v.repeat_interleave(nh // nkv, dim=1)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=dh ** -0.5)
-            x = x + m["o_proj"](a.transpose(1, 2).reshape(B, S, nh * dh))
-            h = rms_norm(x, n["post_attention_layernorm"], self.eps)
-            x = x + m["down_proj"](F.silu(m["gate_proj"](h)) * m["up_proj"](h))
-        return rms_norm(x, self.final_norm, self.eps)
+            qkv, _, res = normed_product(o, m["qkv_proj"], d, n["input_layernorm"], self.eps, residual=res, exact=X)
+            q, k, v = qkv.split(m["qkv_proj"].sizes, dim=1)
+            q, k = o.qk_norm_rope(q, k, n["self_attn.q_norm"], n["self_attn.k_norm"], cos, sin, self.eps, exact=X)
+            a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nkv, dh), v.view(B, S, nkv, dh), lengths,
+                            causal=True, scale=dh ** -0.5)
+            d = m["o_proj"](a.reshape(T, nh * dh))
+            gu, _, res = normed_product(o, m["gate_up_proj"], d, n["post_attention_layernorm"], self.eps,
+                                        residual=res, exact=X)
+            d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
+        h = o.rms_norm(d, self.final_norm, self.eps, residual=res, exact=X)[0]
+        return h.view(B, S, self.hidden)
 
     def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
         """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
-        h = self.encode(input_ids, attention_mask)
-        last = h[torch.arange(h.shape[0], device=h.device), lengths.to(h.device) - 1]
-        return torch.softmax(self.logits(last), dim=-1)
+        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        h = self.encode(input_ids, attention_mask, lengths)
+        return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
 
     def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return last_hidden.float() @ self.score.t()

@@ -1,0 +1,127 @@
+"""Fused projections at load: q|k|v as one weight and gate|up as one weight, in every format.
+
+A fused weight is the parts' output rows stacked in order (q rows, then k, then v; gate, then
+up), so one product gives `[T, Nq + Nk + Nv]` whose column slices are the parts' outputs. Each
+format's concatenation lives in CONCAT (keyed by weight format), one small function each:
+
+- dense: W and bias stacked along N. The product of a row-stacked weight is the same sum per
+  output column, so the reference's answer per column is unchanged (tests check the bytes).
+- fp8: e4m3 codes and the per-channel scales stacked along N; the per-token activation scale is
+  the same for every part (it depends on x only), so the fused product is exact.
+- int4 (GPTQ/AWQ): packed words, group scales and zero points stacked along N (the words pack
+  along K, the zero points are kept unpacked per output channel, so N stacks directly). An
+  act-order layer's columns are stored permuted by its act_perm and x is gathered by it: parts
+  fuse only when every part has the same permutation (or none). Parts with different
+  permutations are not fused (`fuse` returns None and the caller keeps them separate):
+  re-permuting one part's K to another's order would break its groups' contiguity.
+- nvfp4: packed nibbles and e4m3 block scales stacked along N. The global scales are one scalar
+  per product, so the parts fuse only when their weight_global_scale (and input_global_scale)
+  are equal; calibration tools give q/k/v and gate/up a shared global scale for exactly this
+  reason (llm-compressor's fused-layer global-scale update; vLLM then takes one scale for the
+  fused layer). Parts with different global scales are not fused: folding the ratio of global
+  scales into the e4m3 block scales would round them again and change the weights.
+
+A part without a bias beside parts with one gets a zero bias (adding +0.0 changes no value).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+# The fused groups of each model family: fused name -> the parts' names, in output order.
+FUSED_GROUPS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def _bias(parts: list) -> torch.Tensor | None:
+    if all(p.bias is None for p in parts):
+        return None
+    ref = next(p.bias for p in parts if p.bias is not None)
+    return torch.cat([p.bias if p.bias is not None else torch.zeros(p.N, dtype=ref.dtype, device=ref.device)
+                      for p in parts])
+
+
+def _same_k(parts: list) -> None:
+    Ks = {p.K for p in parts}
+    if len(Ks) != 1:
+        raise ValueError(f"fused parts must share K (their input features), got {sorted(Ks)}")
+
+
+def _dense(parts):
+    from vsr.kernels.dense import DenseWeight
+
+    dtypes = {p.weight.dtype for p in parts}
+    if len(dtypes) != 1:
+        raise ValueError(f"dense parts of one fused weight must share a dtype, got {sorted(map(str, dtypes))}")
+    return DenseWeight(torch.cat([p.weight for p in parts]), _bias(parts))
+
+
+def _fp8(parts):
+    from vsr.kernels.fp8 import Fp8Weight
+
+    return Fp8Weight(torch.cat([p.weight for p in parts]), torch.cat([p.weight_scale for p in parts]), _bias(parts))
+
+
+def _int4(parts):
+    from vsr.kernels.int4 import Int4Weight
+
+    first = parts[0]
+    if {p.group_size for p in parts} != {first.group_size}:
+        return None
+    if {p.symmetric for p in parts} != {first.symmetric}:
+        return None
+    perms = [p.act_perm for p in parts]
+    if any(q is None for q in perms) != all(q is None for q in perms):
+        return None
+    if first.act_perm is not None and not all(torch.equal(first.act_perm, q) for q in perms[1:]):
+        return None
+    zero = None if first.symmetric else torch.cat([p.zero_point for p in parts])
+    return Int4Weight(torch.cat([p.packed for p in parts]), torch.cat([p.scale for p in parts]), first.K,
+                      first.group_size, zero, first.act_perm, _bias(parts))
+
+
+def _nvfp4(parts):
+    from vsr.kernels.nvfp4 import Nvfp4Weight
+
+    first = parts[0]
+    if not all(torch.equal(first.global_scale.reshape(1), p.global_scale.reshape(1)) for p in parts[1:]):
+        return None
+    igs = [p.input_global_scale for p in parts]
+    if any(g is None for g in igs) != all(g is None for g in igs):
+        return None
+    if igs[0] is not None and not all(torch.equal(igs[0].reshape(1), g.reshape(1)) for g in igs[1:]):
+        return None
+    return Nvfp4Weight(torch.cat([p.packed for p in parts]), torch.cat([p.block_scale for p in parts]),
+                       first.global_scale, first.input_global_scale, _bias(parts))
+
+
+# weight format -> concatenate(parts) -> fused weight, or None when the parts cannot share one
+# product (the reason is the format's, above).
+CONCAT: dict[str, Callable[[list], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
+
+
+def why_not(parts: list) -> str:
+    """Why `fuse` returned None for these parts, in words (for the load message)."""
+    fmt = parts[0].format
+    if fmt == "int4":
+        return "their int4 group sizes, zero points or act-order permutations differ"
+    if fmt == "nvfp4":
+        return "their NVFP4 global scales differ"
+    return "their formats differ"
+
+
+def fuse(parts: list) -> Any | None:
+    """One weight whose product is the parts' products side by side (in the order given), or None
+    when the parts cannot share a product (different formats, or a format's own reason)."""
+    if len(parts) < 2:
+        raise ValueError("fuse needs at least two parts")
+    fmts = {p.format for p in parts}
+    if len(fmts) != 1:
+        return None
+    _same_k(parts)
+    return CONCAT[parts[0].format](list(parts))
+
+
+def split_sizes(parts: list) -> list[int]:
+    """The parts' output widths, to slice a fused product's columns (torch.split)."""
+    return [p.N for p in parts]

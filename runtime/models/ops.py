@@ -1,0 +1,151 @@
+"""The non-product operations of a forward, as two interchangeable sets of one signature each.
+
+`REFERENCE` is pure torch with transformers' roundings: the CPU path's numerics (and the emulated
+mode's), imported with no Triton. `triton_ops()` is the Triton kernels of vsr.kernels.norm, rope,
+activation, attention and head, imported on first use (the CPU path never imports them). Both
+take and give the same tensors (the signatures of those modules' wrappers and their
+`*_reference` twins):
+
+- rms_norm(x, weight, eps, *, residual=None, zero_centered=False, exact=True) -> (y, s)
+- layer_norm(x, weight, bias, eps, *, residual=None, exact=True) -> (y, s)
+- qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False,
+  exact=True) -> (q, k)                       q [T, Hq*D], k [T, Hkv*D]; out contiguous
+- silu_mul(gate_up) -> y                      [T, 2I] (gate first) -> [T, I]
+- gelu(x, approximate="none") -> y
+- attention(q, k, v, lengths, *, causal, window=None, scale=None) -> o
+                                              q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D]
+- last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
+
+s is x + residual (the next residual; None when no residual is given). A quantized package at
+--dtype auto runs the kernels with exact=False (the approximate set, engine.kernel_set); the
+reference set always computes exactly.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, weight, eps, *, residual=None, zero_centered=False, exact=True):
+    """transformers' Qwen3RMSNorm of x (+ residual, added in x's dtype): normalise in fp32, cast
+    back to x's dtype, then times the weight ((1 + weight) in fp32 when zero_centered)."""
+    s = x if residual is None else x + residual
+    sf = s.float()
+    n = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps))
+    if zero_centered:
+        y = (n * (1.0 + weight.float())).to(s.dtype)
+    else:
+        y = weight * n.to(s.dtype)
+    return y, (None if residual is None else s)
+
+
+def layer_norm(x, weight, bias, eps, *, residual=None, exact=True):
+    """LayerNorm of x (+ residual), post-LN as BERT: y = LN(x + residual)."""
+    s = x if residual is None else x + residual
+    return F.layer_norm(s, (s.shape[-1],), weight, bias, eps), (None if residual is None else s)
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _rope_heads(x, cos, sin, rotary_dim):
+    """Rotate-half RoPE over x [T, H, D]'s first rotary_dim dims, cos/sin cast to x's dtype first
+    (transformers' rotary embedding returns them in the activation dtype)."""
+    c, s = cos.to(x.dtype)[:, None, :], sin.to(x.dtype)[:, None, :]
+    if rotary_dim == x.shape[-1]:
+        return x * c + _rotate_half(x) * s
+    r, p = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat((r * c + _rotate_half(r) * s, p), dim=-1)
+
+
+def _rows(t, T):
+    """cos/sin of each of T rows: given per row, or per position (S rows) repeated per request."""
+    return t if t.shape[0] == T else t.repeat(T // t.shape[0], 1)
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False, exact=True):
+    """Per-head RMSNorm (Qwen3's q_norm/k_norm) then RoPE, for q [T, Hq*D] and k [T, Hkv*D]."""
+    D = q_weight.shape[-1]
+    T = q.shape[0]
+    rd = D if rotary_dim is None else rotary_dim
+    c, s = _rows(cos, T), _rows(sin, T)
+    out = []
+    for t, w in ((q, q_weight), (k, k_weight)):
+        h = rms_norm(t.reshape(T, -1, D), w, eps, zero_centered=zero_centered)[0]
+        out.append(_rope_heads(h, c, s, rd).reshape(T, -1))
+    return out[0], out[1]
+
+
+def silu_mul(gate_up):
+    """silu(gate) * up over [T, 2I] (gate columns first), in its dtype."""
+    i = gate_up.shape[-1] // 2
+    return F.silu(gate_up[:, :i]) * gate_up[:, i:]
+
+
+def gelu(x, approximate="none"):
+    return F.gelu(x, approximate=approximate)
+
+
+def attention(q, k, v, lengths, *, causal, window=None, scale=None):
+    """torch's scaled_dot_product_attention with an explicit mask: keys at positions >= length
+    masked; causal (decoder) or bidirectional (encoder); query rows past a request's length see
+    its real keys (finite, never read). GQA by repeating K and V per query head group."""
+    if window is not None:
+        raise NotImplementedError("the reference attention has no local window")
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    keys = torch.arange(S, device=q.device)[None, :] < lengths.to(q.device)[:, None]   # [B, S]
+    if causal:
+        allow = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()[None, None] & keys[:, None, None, :]
+    else:
+        allow = keys[:, None, None, :]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if Hkv != Hq:
+        kt = kt.repeat_interleave(Hq // Hkv, dim=1)
+        vt = vt.repeat_interleave(Hq // Hkv, dim=1)
+    a = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allow, scale=D ** -0.5 if scale is None else scale)
+    return a.transpose(1, 2)
+
+
+def last_token_score(h, lengths, weight):
+    """The score head (fp32) on row lengths[b] - 1 of each request of h [B*S, H]."""
+    B = lengths.shape[0]
+    hb = h.reshape(B, -1, h.shape[-1])
+    last = hb[torch.arange(B, device=h.device), lengths.to(h.device) - 1]
+    return last.float() @ weight.t()
+
+
+NAMES = ("rms_norm", "layer_norm", "qk_norm_rope", "silu_mul", "gelu", "attention", "last_token_score")
+REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
+
+
+def triton_ops() -> SimpleNamespace:
+    """The Triton kernels' wrappers under the same names (imported here, on the GPU path only)."""
+    from vsr.kernels import activation, attention as attn, norm, rope
+
+    try:
+        from vsr.kernels import head
+    except ImportError:   # the agreed API allows the head in norm.py
+        head = norm
+    return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, qk_norm_rope=rope.qk_norm_rope,
+                           silu_mul=activation.silu_mul, gelu=activation.gelu, attention=attn.attention,
+                           last_token_score=head.last_token_score)
+
+
+def kernel_twins() -> SimpleNamespace:
+    """The kernels' own `*_reference` twins under the same names (for tests: they must give the
+    bytes of REFERENCE)."""
+    from vsr.kernels import activation, attention as attn, norm, rope
+
+    try:
+        from vsr.kernels import head
+    except ImportError:
+        head = norm
+    return SimpleNamespace(rms_norm=norm.rms_norm_reference, layer_norm=norm.layer_norm_reference,
+                           qk_norm_rope=rope.qk_norm_rope_reference, silu_mul=activation.silu_mul_reference,
+                           gelu=activation.gelu_reference, attention=attn.attention_reference,
+                           last_token_score=head.last_token_score_reference)

@@ -1,0 +1,104 @@
+"""Fused projections (runtime/fuse.py): the fused weight's reference product is the parts' reference
+products side by side, bit for bit (every format's reference math is per output column), and parts
+that cannot share a product are refused (None), never fused wrongly."""
+import pytest
+import torch
+
+from vsr.autotune import synth
+from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.runtime import fuse
+
+REFERENCE = {"dense": dense, "fp8": fp8, "int4": int4, "nvfp4": nvfp4}
+FORMATS = {
+    "dense-fp32": ("dense", {"wdtype": "float32"}, torch.float32),
+    "dense-bf16": ("dense", {"wdtype": "bfloat16"}, torch.float32),
+    "fp8": ("fp8", {}, torch.float32),
+    "int4-gptq": ("int4", {"group": 32, "symmetric": True}, torch.float32),
+    "int4-awq": ("int4", {"group": 32, "symmetric": False}, torch.float16),
+    "nvfp4": ("nvfp4", {"act": "e2m1-block16-dynamic"}, torch.float32),
+    "nvfp4a16": ("nvfp4", {"act": "none"}, torch.float32),
+}
+# q, k, v of a grouped-query layer (Nq > Nk = Nv), K = 64 (two int4 groups of 32).
+SHAPES = (96, 32, 32)
+K = 64
+
+
+def _parts(fmt, params, act, seed=0):
+    return [synth.random_weight(fmt, n, K, params, act, "cpu", seed=seed + i) for i, n in enumerate(SHAPES)]
+
+
+def _product(x, w):
+    return REFERENCE[w.format].reference_linear(x, w)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [1, 7])
+def test_fused_product_is_the_parts_side_by_side(name, rows):
+    fmt, params, act = FORMATS[name]
+    parts = _parts(fmt, params, act)
+    fused = fuse.fuse(parts)
+    assert fused is not None and fused.format == fmt and fused.N == sum(SHAPES) and fused.K == K
+    x = synth.random_activations(rows, K, act, "cpu", seed=5)
+    want = torch.cat([_product(x, p) for p in parts], dim=1)
+    got = _product(x, fused)
+    assert torch.equal(got, want)
+    assert [t.shape[1] for t in got.split(fuse.split_sizes(parts), dim=1)] == list(SHAPES)
+
+
+def test_fused_biases_and_a_missing_bias():
+    parts = _parts("dense", {"wdtype": "float32"}, torch.float32)
+    parts[0].bias = torch.randn(SHAPES[0])
+    parts[2].bias = torch.randn(SHAPES[2])
+    fused = fuse.fuse(parts)
+    x = torch.randn(3, K)
+    assert torch.equal(_product(x, fused), torch.cat([_product(x, p) for p in parts], dim=1))
+    assert torch.equal(fused.bias[SHAPES[0]:SHAPES[0] + SHAPES[1]], torch.zeros(SHAPES[1]))
+
+
+def test_int4_act_order_fuses_only_with_one_permutation():
+    params = {"group": 32, "symmetric": False, "act_order": True}
+    parts = _parts("int4", params, torch.float32)
+    assert len({tuple(p.act_perm.tolist()) for p in parts}) == 3   # synth gives each part its own
+    assert fuse.fuse(parts) is None
+    assert "act-order" in fuse.why_not(parts)
+    perm = parts[0].act_perm
+    for p in parts[1:]:
+        p.act_perm = perm.clone()
+    fused = fuse.fuse(parts)
+    assert fused is not None and torch.equal(fused.act_perm, perm)
+    x = torch.randn(4, K)
+    assert torch.equal(_product(x, fused), torch.cat([_product(x, p) for p in parts], dim=1))
+    parts[1].act_perm = None   # one part without act order beside two with
+    assert fuse.fuse(parts) is None
+
+
+def test_int4_group_sizes_must_match():
+    parts = _parts("int4", {"group": 32, "symmetric": True}, torch.float32)
+    parts[1] = synth.random_weight("int4", SHAPES[1], K, {"group": 64, "symmetric": True}, torch.float32, "cpu")
+    assert fuse.fuse(parts) is None
+
+
+@pytest.mark.parametrize("which", ["weight_global_scale", "input_global_scale"])
+def test_nvfp4_fuses_only_with_equal_global_scales(which):
+    parts = _parts("nvfp4", {"act": "e2m1-block16-dynamic"}, torch.float32)
+    if which == "weight_global_scale":
+        parts[2].global_scale = parts[2].global_scale * 2
+    else:
+        parts[2].input_global_scale = parts[2].input_global_scale * 2
+    assert fuse.fuse(parts) is None
+    assert "global scales" in fuse.why_not(parts)
+
+
+def test_mixed_formats_and_k_are_refused():
+    a = synth.random_weight("dense", 8, K, {"wdtype": "float32"}, torch.float32, "cpu")
+    b = synth.random_weight("fp8", 8, K, {}, torch.float32, "cpu")
+    assert fuse.fuse([a, b]) is None
+    c = synth.random_weight("dense", 8, 2 * K, {"wdtype": "float32"}, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="share K"):
+        fuse.fuse([a, c])
+    with pytest.raises(ValueError, match="at least two"):
+        fuse.fuse([a])
+
+
+def test_concat_covers_every_weight_format():
+    assert set(fuse.CONCAT) == set(REFERENCE)

@@ -1,0 +1,89 @@
+"""The forward's non-product operations (runtime/models/ops.py): the CPU path imports no kernel
+module, and the kernels' `*_reference` twins give the reference set's bytes (the CPU answers)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tinypkgs import tiny_qwen3  # noqa: F401
+from vsr.runtime.models import ops
+
+KERNEL_MODULES = ("vsr.kernels.norm", "vsr.kernels.rope", "vsr.kernels.activation", "vsr.kernels.attention",
+                  "vsr.kernels.head")
+
+
+def test_the_cpu_forward_imports_no_forward_kernel_module(tiny_qwen3):  # noqa: F811
+    code = ("import sys; sys.path.insert(0, 'tests'); from tinypkgs import Pkg; "
+            "from vsr.runtime.engine import load_engine; "
+            f"e = load_engine(Pkg({str(tiny_qwen3)!r})); e.forward(['turn on the lights']); "
+            f"print(sorted(m for m in {KERNEL_MODULES!r} if m in sys.modules))")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _inputs(dtype, T=6, H=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return lambda *shape: torch.randn(*shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_twins_give_the_reference_bytes(dtype):
+    twins = ops.kernel_twins() if all(_importable(m) for m in KERNEL_MODULES[:4]) else pytest.skip(
+        "the forward kernel modules (vsr.kernels.norm, rope, activation, attention) are not in this tree")
+    r = _inputs(dtype)
+    B, S, Hq, Hkv, D = 2, 5, 4, 2, 32
+    T = B * S
+    x, res, w = r(T, 128), r(T, 128), r(128)
+    for name in ("rms_norm", "layer_norm"):
+        args = (x, w, r(128), 1e-6) if name == "layer_norm" else (x, w, 1e-6)
+        for residual in (None, res):
+            got = getattr(twins, name)(*args, residual=residual)
+            want = getattr(ops.REFERENCE, name)(*args, residual=residual)
+            assert torch.equal(got[0], want[0]) and (want[1] is None) == (got[1] is None), name
+            assert want[1] is None or torch.equal(got[1], want[1]), name
+    qkv = r(T, (Hq + 2 * Hkv) * D)
+    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=1)
+    pos = torch.arange(S, dtype=torch.float32)[:, None] * torch.arange(D, dtype=torch.float32)[None] / D
+    cos, sin = pos.cos().repeat(B, 1), pos.sin().repeat(B, 1)
+    qw, kw = r(D), r(D)
+    for a, b in zip(twins.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6), ops.REFERENCE.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)):
+        assert torch.equal(a, b)
+    gu = r(T, 2 * 96)
+    assert torch.equal(twins.silu_mul(gu), ops.REFERENCE.silu_mul(gu))
+    for approx in ("none", "tanh"):
+        assert torch.equal(twins.gelu(gu, approx), ops.REFERENCE.gelu(gu, approx))
+    lengths = torch.tensor([S, 3], dtype=torch.int32)
+    h, sw = r(T, 128), torch.randn(3, 128)
+    assert torch.equal(twins.last_token_score(h, lengths, sw), ops.REFERENCE.last_token_score(h, lengths, sw))
+    if dtype == torch.float32:   # the twin's attention runs fp32 whatever q's dtype; the reference's in q's
+        for causal in (True, False):
+            qv, kv, vv = q.reshape(B, S, Hq, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
+            got = twins.attention(qv, kv, vv, lengths, causal=causal)
+            want = ops.REFERENCE.attention(qv, kv, vv, lengths, causal=causal)
+            for b in range(B):   # the rows past a request's length are padding, free in either
+                torch.testing.assert_close(got[b, :lengths[b]], want[b, :lengths[b]], atol=1e-6, rtol=1e-5)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_reference_rms_norm_is_transformers_qwen3_rmsnorm():
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    m = Qwen3RMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(64))
+    x, res = torch.randn(5, 64).to(torch.bfloat16), torch.randn(5, 64).to(torch.bfloat16)
+    y, s = ops.REFERENCE.rms_norm(x, m.weight.detach(), 1e-6, residual=res)
+    assert torch.equal(s, x + res) and torch.equal(y, m(x + res).detach())
