@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from vsr.autotune import synth, tuner
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.autotune.keys import CacheKey, make_key
 from vsr.autotune.store import CacheError, Entry, JsonStore, Store, now_utc, open_store, tool_versions
@@ -141,6 +140,7 @@ class TileResolver:
         return FileLock(str(lockdir / f"{key.digest()}.lock"))
 
     def _tune(self, template, problem, key: CacheKey, weight, x, deadline=None, progress=None, tiles=None) -> dict:
+        from vsr.autotune import synth, tuner   # (here: a process whose tiles all hit never imports the tuner)
         lock = self._key_lock(key)
         if lock is not None:
             lock.acquire()
@@ -198,6 +198,7 @@ class TileResolver:
             n = len(self.tuned)
             tiles = None
             if max_candidates is not None:
+                from vsr.autotune import tuner
                 space = template.search_space(problem)
                 tiles = tuner.with_incumbents(tuner.candidates(space, max_candidates, template.pick_group), space,
                                               incumbents or [])

@@ -308,3 +308,7 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
         click.echo(ev.format_table(record))
     if any("refused" in row for row in record.get("rows", [])):
         sys.exit(EXIT_REFUSED)
+
+
+if __name__ == "__main__":
+    main()

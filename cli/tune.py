@@ -11,6 +11,7 @@ and every key is committed as soon as it is tuned.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -299,11 +300,31 @@ def show_cmd(key, cache, as_json):
 
 
 @main.command("export")
-@cache_option
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The JSON file to write.")
+@click.option("--autotune-cache", "cache", type=click.Path(dir_okay=False),
+              help="The cache file to export (not with --bundle).")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="The file to write.")
+@click.option("--bundle", "bundle_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Export this compiled-kernel bundle (checked first) instead of a cache.")
 @json_option
-def export_cmd(cache, out, as_json):
-    """Write the cache as canonical, sorted JSON (the shipped and reviewed form; byte-stable)."""
+def export_cmd(cache, out, bundle_path, as_json):
+    """Write the cache as canonical, sorted JSON (the shipped and reviewed form; byte-stable), or
+    copy a compiled-kernel bundle once every file matches its checksum (--bundle)."""
+    if bundle_path is not None:
+        import shutil
+
+        from vsr.autotune import bundle
+        try:
+            _, manifest = bundle.unpack(bundle_path, _bundles_root())
+        except bundle.BundleError as e:
+            _fail(str(e))
+        shutil.copyfile(bundle_path, out)
+        if as_json:
+            _echo_json({"exported": manifest["kernels"], "out": out})
+        else:
+            click.echo(f"{manifest['kernels']} kernels -> {out}")
+        return
+    if cache is None:
+        raise click.UsageError("give --autotune-cache (or --bundle)")
     n = export_json(_open(cache), out)
     if as_json:
         _echo_json({"exported": n, "out": out})
@@ -326,15 +347,119 @@ def _merge(src, cache, prefer_incoming, as_json):
     sys.exit(1 if report["conflicts"] and not prefer_incoming else 0)
 
 
-for _name in ("import", "merge"):
-    @main.command(_name)
-    @click.argument("src", type=click.Path(exists=True, dir_okay=False))
-    @cache_option
-    @click.option("--prefer-incoming", is_flag=True, help="On a conflict take SRC's tile (default: keep ours).")
-    @json_option
-    def _merge_cmd(src, cache, prefer_incoming, as_json):
-        """Merge SRC (.db or .json) into the cache; conflicts are reported (exit 1 unless resolved)."""
-        _merge(src, cache, prefer_incoming, as_json)
+@main.command("merge")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@cache_option
+@click.option("--prefer-incoming", is_flag=True, help="On a conflict take SRC's tile (default: keep ours).")
+@json_option
+def merge_cmd(src, cache, prefer_incoming, as_json):
+    """Merge SRC (.db or .json) into the cache; conflicts are reported (exit 1 unless resolved)."""
+    _merge(src, cache, prefer_incoming, as_json)
+
+
+@main.command("import")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.option("--autotune-cache", "cache", type=click.Path(dir_okay=False),
+              help="The cache to merge SRC into (a cache SRC; a kernel bundle needs none).")
+@click.option("--prefer-incoming", is_flag=True, help="On a conflict take SRC's tile (default: keep ours).")
+@json_option
+def import_cmd(src, cache, prefer_incoming, as_json):
+    """Merge SRC (.db or .json) into the cache, or install a compiled-kernel bundle
+    (*.bundle.tar.gz: checked, then copied to $VSR_CACHE_DIR/bundles/installed, where vsr-run finds it)."""
+    from vsr.autotune import bundle
+    if src.endswith(bundle.SUFFIX):
+        _import_bundle(src, as_json)
+        return
+    if cache is None:
+        raise click.UsageError("--autotune-cache is required to import a cache")
+    _merge(src, cache, prefer_incoming, as_json)
+
+
+def _bundles_root() -> Path:
+    from vsr.runtime.paths import cache_root
+    return cache_root() / "bundles"
+
+
+def _import_bundle(src: str, as_json: bool) -> None:
+    import shutil
+
+    from vsr.autotune import bundle
+    try:
+        _, manifest = bundle.unpack(src, _bundles_root())   # every checksum, before it is installed
+    except bundle.BundleError as e:
+        _fail(str(e))
+    dest_dir = bundle.installed_dir(_bundles_root())
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / Path(src).name
+    shutil.copyfile(src, dest)
+    row = {"installed": str(dest), "device": manifest["device_name"], "triton": manifest["triton"],
+           "kernels": manifest["kernels"], "bytes": dest.stat().st_size}
+    if as_json:
+        _echo_json(row)
+    else:
+        click.echo(f"installed {dest}: {row['kernels']} kernels for {row['device']}, Triton {row['triton']}")
+
+
+@main.command("compile")
+@click.option("--autotune-cache", "cache", type=click.Path(exists=True, dir_okay=False),
+              help="Compile every tile this cache records for this device (default: the shipped cache of "
+                   "this device, which holds the 27B-class and MiniLM keys).")
+@click.option("--package", "packages", multiple=True, metavar="PACKAGE",
+              help="Also run this package's engine at every batch shape of its ladder (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="The bundle to write (default: beside the cache, <cache stem>.triton-<version>.bundle.tar.gz).")
+@click.option("--jobs", "workers", type=click.IntRange(min=1), default=None,
+              help="Processes compiling in parallel (default: the CPU count, at most 16).")
+@device_option
+@json_option
+def compile_cmd(cache, packages, out, workers, device, as_json):
+    """Compile the kernels of every (template, tile) the cache (and each --package) needs on this
+    device into a compiled-kernel bundle, which vsr-run then loads instead of compiling."""
+    import tempfile
+
+    from vsr.autotune import bundle, kernel_compile
+    from vsr.autotune.device_id import current_device_identity
+    from vsr.autotune.keys import kernel_source_hash, triton_version
+    from vsr.autotune.resolver import shipped_cache_for
+    from vsr.kernels.registry import TEMPLATES
+
+    dev = _device(device)
+    if dev.type != "cuda":
+        _fail("compile needs the GPU the bundle is for (kernels are compiled by launching them there)")
+    ident = current_device_identity(dev)
+    tv = triton_version()
+    cache = cache or (str(shipped_cache_for(ident)) if shipped_cache_for(ident) else None)
+    if cache is None and not packages:
+        _fail(f"no shipped autotune cache for {ident.name}: give --autotune-cache or --package")
+    workers = workers or min(16, os.cpu_count() or 1)
+    jobs, keys = [], []
+    if cache is not None:
+        jobs, keys, _ = kernel_compile.cache_jobs(_open(cache), ident, tv)
+    for p in packages:
+        from vsr.runtime.kernel_warmup import package_jobs
+        jobs += package_jobs(p, cache, workers)
+    if not jobs:
+        _fail(f"nothing to compile: {cache} records no current tile for {ident.name} with Triton {tv}")
+    if out is None:
+        stem = Path(cache).stem if cache else "packages"
+        out = str((Path(cache).parent if cache else Path.cwd()) / bundle.default_name(stem, tv))
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vsr-compile-") as staging:
+        kernel_compile.compile_into(Path(staging), jobs, workers=workers, device_index=dev.index or 0,
+                                    progress=None if as_json else
+                                    lambda d, n: click.echo(f"vsr-tune compile: {d}/{n} jobs", err=True))
+        manifest = bundle.write_bundle(
+            staging, out, identity=ident, triton_version=tv,
+            source_hashes={n: kernel_source_hash(t) for n, t in TEMPLATES.items()}, keys=keys,
+            extra={"autotune_cache": Path(cache).name if cache else None, "packages": list(packages),
+                   "compile_s": round(time.perf_counter() - t0, 1)})
+    row = {"out": out, "kernels": manifest["kernels"], "files": len(manifest["files"]),
+           "bytes": Path(out).stat().st_size, "cache_keys": len(keys), "compile_s": manifest["compile_s"]}
+    if as_json:
+        _echo_json(row)
+    else:
+        click.echo(f"{out}: {row['kernels']} kernels ({row['files']} files, {row['bytes'] / 1e6:.1f} MB) for "
+                   f"{len(keys)} cache keys and {len(packages)} packages in {row['compile_s']} s")
 
 
 def _source_stale(e) -> str | None:
@@ -466,4 +591,8 @@ def coverage_cmd(target, cache, buckets, formats, act_dtype, device, as_json):
 
 
 if __name__ == "__main__":   # python -m vsr.cli.tune, where the vsr-tune entry point is not installed
+    main()
+
+
+if __name__ == "__main__":
     main()

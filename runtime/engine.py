@@ -259,6 +259,18 @@ class Engine:
         return res
 
 
+def _use_kernel_bundle(resolver) -> str | None:
+    """Before the first kernel compiles: Triton reads the compiled-kernel bundle of this device
+    and Triton version, found beside the autotune cache in use or installed by `vsr-tune import`
+    (autotune.bundle; $VSR_KERNEL_BUNDLE names one, "off" none). Once per process."""
+    from vsr.autotune import bundle
+    from vsr.runtime.paths import cache_root
+
+    if bundle.active_path() is None:
+        bundle.find_and_activate(resolver.identity, resolver.cache_path, cache_root() / "bundles")
+    return bundle.active_path()
+
+
 def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autotune_cache=None,
                 miss_policy: str = "default", cuda_graphs: bool | None = None, shape_ladder: bool | None = None,
                 kernel_set: str | None = None) -> Engine:
@@ -304,6 +316,7 @@ def load_engine(pkg, *, device="cpu", dtype="auto", emulate: bool = False, autot
         from vsr.autotune.resolver import TileResolver  # lazily: the CPU path never needs the tuner
 
         resolver = TileResolver(autotune_cache, policy=miss_policy, device=dev)
+        _use_kernel_bundle(resolver)
     elif dev.type == "cpu":
         mode, lin_mode = "reference", "reference"
     else:

@@ -53,6 +53,7 @@ class QLinear(torch.nn.Module):
         self.tiles = tiles
         # Only with an explicit opt-in may "triton" pick an emulating template (nvfp4_emulated).
         self.emulate = emulate
+        self._prepare()
         # (row bucket, activation dtype) -> (template, tile): the template and tile of a call are
         # resolved once per bucket, not per call, since resolving (template choice, cache key,
         # lookup) is host work that every layer of an eager forward would repeat. Setting any of
@@ -65,6 +66,17 @@ class QLinear(torch.nn.Module):
         if name in self._PLAN_INPUTS:
             self.__dict__.get("_plans", {}).clear()  # absent while __init__ sets the inputs
         super().__setattr__(name, value)
+        if name in ("weight", "mode") and "_prepared" in self.__dict__:
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """On the CPU, the reference path's weight side computed once (runtime.dequantized): the
+        same bytes as the format's reference_linear, without rebuilding the weight every call."""
+        prepared = None
+        if self.mode == "reference" and self._device().type == "cpu":
+            from vsr.runtime.dequantized import prepare_reference
+            prepared = prepare_reference(self.weight)
+        self.__dict__["_prepared"] = prepared
 
     @property
     def in_features(self) -> int:
@@ -111,7 +123,8 @@ class QLinear(torch.nn.Module):
         if x2.shape[0] == 0:
             return x.new_empty(*lead, w.N)
         if self.mode == "reference":
-            y = formats.get(w.format).reference(x2, w)
+            p = self._prepared
+            y = p(x2) if p is not None else formats.get(w.format).reference(x2, w)
         else:
             y = self._triton(x2)
         return y.reshape(*lead, w.N)

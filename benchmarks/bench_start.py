@@ -1,0 +1,182 @@
+"""Start-up: time to the first answer of a fresh `python -m vsr.cli.run` process (issue 39, point 5).
+
+Each case is a new process, Python start included, as a user runs the product, with an empty
+Triton cache dir of its own (a temp TRITON_CACHE_DIR), timed from spawn to its first answer line
+on stdout (`first_answer_s`) and to its exit (`total_s`):
+
+- the built-in router and one quantized package (default vsr/intent-minilm-W4A16-GPTQ), one
+  request (`--text`) and 2,048 held-out test requests (`--input`, JSONL);
+- on a GPU, each without a compiled-kernel bundle (VSR_KERNEL_BUNDLE=off: every kernel compiles)
+  and with the bundle of this device (autotune/bundle.py; --bundle names one), and a process
+  whose kernels are already compiled (the same Triton cache dir, warm: `triton_cache` "warm");
+  on the CPU no kernel compiles, so the rows carry bundle false only.
+
+Writes `start-<device>-<date>.json` (BENCHMARKS.md, the `start` schema): rows with `package`,
+`bundle`, `triton_cache`, `requests`, `first_answer_s`, `total_s` (medians over --repeats), the
+bundle's size, and the targets of issue 39 point 6, each met or missed, also printed.
+
+    python benchmarks/bench_start.py [--device cuda] [--repeats 3] [--out-dir benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+ROUTER = "vsr/intent-minilm"
+QUANTIZED = "vsr/intent-minilm-W4A16-GPTQ"
+TEXT = "turn on the kitchen lights"
+# Issue 39 point 6: (device kind, what, limit).
+TARGETS = {
+    "cuda": [("router first answer, bundle, empty Triton cache", 2.5),
+             ("int4 first answer, bundle, empty Triton cache", 3.0),
+             ("2048 requests, bundle, empty Triton cache / kernels compiled", 1.3)],
+    "cpu": [("router first answer", 3.0)],
+}
+
+
+def timed_run(args: list[str], env: dict) -> tuple[float, float]:
+    """(seconds to the first stdout line, seconds to exit) of `python -m vsr.cli.run ARGS`."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "vsr.cli.run", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    first = p.stdout.readline()
+    t_first = time.perf_counter() - t0
+    rest, err = p.communicate()
+    t_end = time.perf_counter() - t0
+    if p.returncode != 0 or not first:
+        raise RuntimeError(f"vsr-run {' '.join(args)} exited {p.returncode}: {err.decode()[-2000:]}")
+    return t_first, t_end
+
+
+def requests_file(n: int, out: Path) -> Path:
+    from vsr.runtime.intents import load_split
+    test = load_split()["test"]
+    with open(out, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"text": test[i * len(test) // n].text}) + "\n")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    ap.add_argument("--packages", default=f"{ROUTER},{QUANTIZED}")
+    ap.add_argument("--requests", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bundle", default=None, help="the bundle to time (default: the one vsr-run finds)")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args()
+
+    import torch
+    import triton
+
+    from common_bench import code_commit, result_path
+    from vsr.autotune import bundle as kb
+    from vsr.autotune.device_id import current_device_identity
+    from vsr.runtime import builtin
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = torch.device(device).type
+    ident = current_device_identity(device)
+    packages = args.packages.split(",")
+    for p in packages:
+        builtin.resolve(p)   # built before any timing (a first build compresses with llm-compressor)
+
+    bundle_path = args.bundle
+    if kind == "cuda" and bundle_path is None:
+        from vsr.autotune.resolver import shipped_cache_for
+        from vsr.runtime.paths import cache_root
+        cache = shipped_cache_for(ident)
+        for d in kb.search_dirs(cache, cache_root() / "bundles"):
+            for p in sorted(d.glob(f"*{kb.SUFFIX}")):
+                try:
+                    kb.check_compatible(kb.read_manifest(p), p, ident, triton.__version__)
+                    bundle_path = str(p)
+                    break
+                except kb.BundleError:
+                    continue
+            if bundle_path:
+                break
+
+    work = Path(tempfile.mkdtemp(prefix="bench-start-"))
+    inp = requests_file(args.requests, work / "requests.jsonl")
+    base_env = dict(os.environ)
+    base_env.pop("TRITON_INTERPRET", None)
+    rows = []
+    modes = [(False, "empty")]
+    if kind == "cuda":
+        modes = [(False, "empty"), (False, "warm")] + ([(True, "empty")] if bundle_path else [])
+    try:
+        for pkg in packages:
+            extra = ["--emulate"] if kind == "cpu" and any(s in pkg for s in ("FP8", "NVFP4")) else []
+            for use_bundle, tcache in modes:
+                for label, cli in (("1", ["--text", TEXT]), (str(args.requests), ["--input", str(inp), "--json"])):
+                    firsts, totals = [], []
+                    warm_dir = work / f"warm-{pkg.replace('/', '_')}-{label}"
+                    for r in range(args.repeats):
+                        cdir = warm_dir if tcache == "warm" else work / f"tc-{len(rows)}-{r}"
+                        if tcache == "warm" and r == 0:   # the compiles that make the dir warm: untimed
+                            timed_run([pkg, "--device", device, *extra, *cli],
+                                      dict(base_env, TRITON_CACHE_DIR=str(cdir), VSR_KERNEL_BUNDLE="off"))
+                        env = dict(base_env, TRITON_CACHE_DIR=str(cdir),
+                                   VSR_KERNEL_BUNDLE=bundle_path if use_bundle else "off")
+                        f, t = timed_run([pkg, "--device", device, *extra, *cli], env)
+                        firsts.append(f)
+                        totals.append(t)
+                        if tcache == "empty":
+                            shutil.rmtree(cdir, ignore_errors=True)
+                    row = {"package": pkg, "bundle": use_bundle, "triton_cache": tcache, "requests": int(label),
+                           "device": device, "first_answer_s": round(statistics.median(firsts), 3),
+                           "total_s": round(statistics.median(totals), 3),
+                           "first_answer_s_all": [round(x, 3) for x in firsts]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def pick(pkg, b, tc, n):
+        return next((r for r in rows if r["package"] == pkg and r["bundle"] == b and r["triton_cache"] == tc
+                     and r["requests"] == n), None)
+
+    targets = []
+    if kind == "cuda":
+        vals = [pick(ROUTER, True, "empty", 1), pick(QUANTIZED, True, "empty", 1)]
+        big_b, big_w = pick(QUANTIZED, True, "empty", args.requests), pick(QUANTIZED, False, "warm", args.requests)
+        measured = [v and v["first_answer_s"] for v in vals] + [
+            big_b and big_w and round(big_b["total_s"] / big_w["total_s"], 3)]
+    else:
+        measured = [pick(ROUTER, False, "empty", 1)["first_answer_s"]]
+    for (what, limit), value in zip(TARGETS[kind], measured):
+        targets.append({"target": what, "limit": limit, "value": value,
+                        "met": None if value is None else value <= limit})
+    record = {
+        "benchmark": "start", "device": ident.name if kind == "cuda" else f"cpu ({platform.processor()})",
+        "torch": torch.__version__, "triton": triton.__version__, "commit": code_commit(),
+        "python": platform.python_version(), "cpu_count": os.cpu_count(), "repeats": args.repeats,
+        "bundle": bundle_path and Path(bundle_path).name,
+        "bundle_bytes": bundle_path and Path(bundle_path).stat().st_size,
+        "rows": rows, "targets": targets,
+    }
+    out = result_path("start", "cpu" if kind == "cpu" else ident.name, args.out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    for t in targets:
+        state = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        print(f"target {t['target']}: {t['value']} (limit {t['limit']}): {state}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The reference numerics on the CPU with each weight dequantized once, at load.
+
+Every format's `reference_linear` (vsr.kernels.<format>) rebuilds its weight at full precision on
+every call: int4 unpacks nibbles and applies group scales, NVFP4 decodes e2m1 codes and block
+scales, FP8 and bf16 weights are upcast to fp32. `prepare_reference(weight)` computes those
+weight-side tensors once, with the same torch operations, and `PreparedReference(x)` then runs the
+rest of the reference: the same product (`x.float() @ W.t()` on a tensor equal to the reference's
+in values and layout) and the same activation-side work per call (FP8 W8A8 and NVFP4 W4A4 still
+quantize each call's activations), so the output bytes are the reference's
+(tests/test_dequantized.py checks them against `reference_linear` for every format).
+
+The cost is memory: the layer holds an fp32 [N, K] copy beside its stored weight.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from vsr.kernels import fp8, int4, nvfp4
+
+
+def _float_bias(w: Any) -> torch.Tensor | None:
+    return None if w.bias is None else w.bias.float()
+
+
+class PreparedReference:
+    """y = reference_linear(x, weight) from precomputed weight-side tensors."""
+
+    def __init__(self, weight: Any, run: Callable[[torch.Tensor], torch.Tensor], dense: torch.Tensor):
+        self.format = weight.format
+        self.dense = dense          # the fp32 [N, K] tensor the product reads (its memory)
+        self._run = run
+
+    def nbytes(self) -> int:
+        return self.dense.numel() * self.dense.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x)
+
+
+def _dense(w) -> PreparedReference:
+    W, b = w.weight.float(), _float_bias(w)
+
+    def run(x):
+        y = x.float() @ W.t()
+        if b is not None:
+            y = y + b
+        return y.to(x.dtype)
+    return PreparedReference(w, run, W)
+
+
+def _int4(w: int4.Int4Weight) -> PreparedReference:
+    W, b, perm = int4.dequantize(w), _float_bias(w), w.act_perm
+
+    def run(x):
+        xp = x if perm is None else x[:, perm]
+        y = xp.float() @ W.t()
+        if b is not None:
+            y = y + b
+        return y.to(x.dtype)
+    return PreparedReference(w, run, W)
+
+
+def _fp8(w: fp8.Fp8Weight) -> PreparedReference:
+    W, scale, b = w.weight.float(), w.weight_scale.float()[None, :], _float_bias(w)
+
+    def run(x):
+        xq, s = fp8.quantize_activation(x)          # per call: the activations' scales
+        acc = xq.float() @ W.t()
+        y = acc * s.float() * scale
+        if b is not None:
+            y = y + b
+        return y.to(x.dtype)
+    return PreparedReference(w, run, W)
+
+
+def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
+    b = _float_bias(w)
+    if not w.quantizes_activations:   # NVFP4A16
+        W = nvfp4.dequantize(w)
+
+        def run(x):
+            y = x.float() @ W.t()
+            if b is not None:
+                y = y + b
+            return y.to(x.dtype)
+        return PreparedReference(w, run, W)
+    W = nvfp4.e2m1_decode(nvfp4.unpack_fp4(w.packed)) * w.block_scale.float().repeat_interleave(nvfp4.BLOCK, dim=1)
+    alpha = 1.0 / (w.input_global_scale.float().reshape(()) * w.global_scale.float().reshape(()))
+    igs = w.input_global_scale
+
+    def run(x):
+        codes, s = nvfp4.quantize_activation(x, igs)   # per call: the activations' codes and scales
+        xs = nvfp4.e2m1_decode(codes) * s.float().repeat_interleave(nvfp4.BLOCK, dim=1)
+        y = (xs @ W.t()) * alpha
+        if b is not None:
+            y = y + b
+        return y.to(x.dtype)
+    return PreparedReference(w, run, W)
+
+
+_PREPARE = {"dense": _dense, "int4": _int4, "fp8": _fp8, "nvfp4": _nvfp4}
+
+
+def prepare_reference(weight: Any) -> PreparedReference | None:
+    """The weight's reference with its weight side computed now, or None where there is nothing to
+    precompute (an fp32 dense weight without a bias conversion: the reference reads it as stored)."""
+    if weight.format == "dense" and weight.weight.dtype == torch.float32 and (
+            weight.bias is None or weight.bias.dtype == torch.float32):
+        return None
+    return _PREPARE[weight.format](weight)

@@ -1,0 +1,114 @@
+"""The CPU's dequantize-once reference (runtime/dequantized.py) gives the per-call reference's bytes.
+
+Every format and variant (bf16 dense, FP8 W8A8, int4 GPTQ/AWQ with and without act order and a
+bias, NVFP4A16 and NVFP4 W4A4) on random weights and fresh random activations in fp32, bf16 and
+fp16; a QLinear on the CPU uses the prepared path and gives the same bytes as reference_linear.
+The built-in packages' answers through an engine, prepared and per call, are compared in
+test_builtin_packages_prepared_equal_per_call (the packages on this machine; skipped where absent).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from vsr.autotune.synth import random_weight
+from vsr.kernels import dense, fp8, int4, nvfp4
+from vsr.runtime.dequantized import prepare_reference
+from vsr.runtime.linear import QLinear
+
+REFERENCE = {"dense": dense, "fp8": fp8, "int4": int4, "nvfp4": nvfp4}
+N, K = 37, 256
+CASES = [
+    ("dense", {"wdtype": "bfloat16"}),
+    ("dense", {"wdtype": "float16"}),
+    ("fp8", {}),
+    ("int4", {"group": 128, "symmetric": True}),
+    ("int4", {"group": 64, "symmetric": False}),
+    ("int4", {"group": 128, "symmetric": True, "act_order": True}),
+    ("nvfp4", {"act": "none"}),
+    ("nvfp4", {"act": "e2m1-block16-dynamic"}),
+]
+
+
+def _with_bias(w, seed):
+    b = torch.randn(w.N, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    return dataclasses.replace(w, bias=b)
+
+
+@pytest.mark.parametrize("fmt,params", CASES, ids=[f"{f}-{'-'.join(map(str, p.values()))}" for f, p in CASES])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16, torch.float16])
+def test_prepared_gives_reference_bytes(fmt, params, bias, act):
+    w = random_weight(fmt, N, K, params, torch.bfloat16, seed=3)
+    if bias:
+        w = _with_bias(w, 4)
+    prepared = prepare_reference(w)
+    assert prepared is not None
+    for seed, rows in ((5, 1), (6, 7), (7, 40)):
+        x = (torch.randn(rows, K, generator=torch.Generator().manual_seed(seed)) * 3).to(act)
+        ref = REFERENCE[fmt].reference_linear(x, w)
+        y = prepared(x)
+        assert y.dtype == ref.dtype and y.shape == ref.shape
+        assert not torch.isnan(ref).any()
+        assert torch.equal(y.contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)), (
+            f"{fmt} {params}: bytes differ at {rows} rows")
+
+
+def test_fp32_dense_needs_no_copy():
+    w = random_weight("dense", N, K, {"wdtype": "float32"}, torch.float32)
+    assert prepare_reference(w) is None
+
+
+@pytest.mark.parametrize("fmt,params", [CASES[3], CASES[7], CASES[2]])
+def test_qlinear_on_cpu_uses_the_prepared_path(fmt, params, monkeypatch):
+    w = random_weight(fmt, N, K, params, torch.bfloat16, seed=8)
+    q = QLinear(w)
+    assert q._prepared is not None
+    x = torch.randn(2, 3, K, generator=torch.Generator().manual_seed(9))
+    y = q(x)
+    # the per-call reference, on the same input
+    assert torch.equal(y.reshape(-1, N), REFERENCE[fmt].reference_linear(x.reshape(-1, K), w))
+    # forward does not rebuild the weight: the format's dequantize is never called
+    monkeypatch.setattr(REFERENCE[fmt], "dequantize", lambda *_: pytest.fail("dequantized per call"))
+    if fmt == "int4":
+        monkeypatch.setattr(int4, "unpack_int4", lambda *_: pytest.fail("unpacked per call"))
+    if fmt == "nvfp4":
+        monkeypatch.setattr(nvfp4, "unpack_fp4", lambda *_: pytest.fail("unpacked per call"))
+    assert torch.equal(q(x), y)
+    # a new weight is prepared again
+    w2 = random_weight(fmt, N, K, params, torch.bfloat16, seed=10)
+    monkeypatch.undo()
+    q.weight = w2
+    assert torch.equal(q(x).reshape(-1, N), REFERENCE[fmt].reference_linear(x.reshape(-1, K), w2))
+
+
+def test_triton_mode_prepares_nothing():
+    w = random_weight("int4", N, K, {"group": 128}, torch.bfloat16)
+    assert QLinear(w, "triton", tiles=object())._prepared is None
+
+
+BUILTINS = ["vsr/intent-minilm-FP8", "vsr/intent-minilm-W4A16-GPTQ", "vsr/intent-minilm-W4A16-AWQ",
+            "vsr/intent-minilm-NVFP4", "vsr/intent-minilm-NVFP4-AWQ"]
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_packages_prepared_equal_per_call(name):
+    """A built-in quantized package's probabilities, weights dequantized once, equal the per-call
+    reference's byte for byte (on this machine's built packages; building one takes minutes)."""
+    from vsr.runtime import builtin
+    from vsr.runtime.engine import load_engine
+    from vsr.runtime.package import open_package
+
+    if not builtin.package_dir(name).is_dir():
+        pytest.skip(f"{name} is not built on this machine (vsr-run {name} --emulate --text hi builds it)")
+    engine = load_engine(open_package(name, device="cpu", emulate=True), device="cpu", emulate=True)
+    texts = ["turn on the kitchen lights", "what is the weather like tomorrow in Paris",
+             "set a timer for ten minutes", "lock the front door", "add milk to my shopping list"] * 7
+    prepared = engine.forward(texts)
+    linears = [m for m in engine.model.modules() if isinstance(m, QLinear)]
+    assert sum(q._prepared is not None for q in linears) >= 36   # every quantized Linear (6 layers x 6)
+    for q in linears:
+        q.__dict__["_prepared"] = None   # back to the per-call reference
+    assert torch.equal(prepared, engine.forward(texts))
