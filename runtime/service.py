@@ -320,6 +320,14 @@ def app_from_env():
     return create_app(build_service(cfg, replica=slot, device=replica_device(cfg, slot)))
 
 
+def _stop_quietly_after_drain() -> None:
+    """uvicorn's server catches SIGTERM/SIGINT, drains, restores the handlers it found and raises
+    the signal again; with these handlers that signal ends nothing, so a drained service exits 0."""
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+
+
 def run_service(cfg: ServeConfig, log=print) -> None:
     """Check and load, then serve until SIGTERM/SIGINT (uvicorn's graceful shutdown: stop
     accepting, answer what was accepted, exit). One replica loads its engine here, before the port
@@ -335,6 +343,7 @@ def run_service(cfg: ServeConfig, log=print) -> None:
             f"(identity {service.pkg.identity_status}); formats {', '.join(sorted(service.pkg.formats))}; "
             f"device {service.device}: {service.pkg.support}; mode {service.engine.mode}; "
             f"http://{cfg.host}:{cfg.port}")
+        _stop_quietly_after_drain()
         uvicorn.run(create_app(service), **common)
         return
     from vsr.runtime.package import open_package
