@@ -4,6 +4,7 @@
     vsr-run vsr/intent-minilm-FP8 --input requests.jsonl --json --emulate
     vsr-run --check-device --json
     vsr-run eval vsr/intent-minilm-FP8 --against vsr/intent-minilm
+    vsr-run serve --port 8000                              # the HTTP service (docs/serve.md)
 
 Order of work: parse the requests -> open the package (device check before any weight is
 read, then the identity check) -> load the engine -> answer. A request that cannot be
@@ -23,7 +24,7 @@ from vsr.cli.common import (EXIT_CODES_HELP, EXIT_MISMATCH, EXIT_OK, EXIT_REFUSE
 from vsr.runtime.errors import PackageError
 
 DEFAULT_PACKAGE = "vsr/intent-minilm"
-BATCH = 64   # requests per engine call: bounds activation memory, keeps the order fixed
+BATCH = 64   # requests per engine call (vsr.runtime.batcher.CLI_CHUNK): bounds memory, keeps the order fixed
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Request:
 
 
 class _DefaultToRun(click.Group):
-    """`vsr-run eval ...` and `vsr-run check-device` are subcommands; anything else is `run`."""
+    """`vsr-run eval ...`, `vsr-run serve ...` and `vsr-run check-device` are subcommands; anything else is `run`."""
 
     def parse_args(self, ctx, args):
         if not args or args[0] not in self.commands:
@@ -187,14 +188,10 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
         raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {dev})")
     requests = _read_requests(texts, input_file)
 
-    from vsr.runtime.package import open_package
-    pkg = open_package(package, revision=revision, allow_unverified=allow_unverified, device=dev, emulate=emulate)
-    try:
-        from vsr.runtime.engine import load_engine
-    except ImportError as e:
-        raise PackageError(f"the inference engine (vsr.runtime.engine) is not available in this install: {e}")
-    engine = load_engine(pkg, device=dev, dtype=dtype, emulate=emulate, autotune_cache=autotune_cache,
-                         miss_policy=miss_policy, cuda_graphs=cuda_graphs)
+    from vsr.runtime.load import open_engine
+    pkg, engine = open_engine(package, device=dev, revision=revision, allow_unverified=allow_unverified,
+                              dtype=dtype, emulate=emulate, autotune_cache=autotune_cache, miss_policy=miss_policy,
+                              cuda_graphs=cuda_graphs)
     mode = engine.mode
     kernels = engine.kernel_set
     if pkg.support == "emulated" and mode != "emulated":
@@ -308,6 +305,65 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
         click.echo(ev.format_table(record))
     if any("refused" in row for row in record.get("rows", [])):
         sys.exit(EXIT_REFUSED)
+
+
+@main.command("serve", epilog="Exit codes: 0 stopped by SIGTERM/SIGINT after answering every accepted request; "
+                              "2 bad options; 3 the device refuses the package; 4 a package error. "
+                              "Endpoints, errors and metrics: docs/serve.md.")
+@click.argument("package", required=False, default=DEFAULT_PACKAGE)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--revision", metavar="REV", help="Refuse the package unless its manifest has this revision.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="As for `vsr-run --dtype`.")
+@click.option("--device", metavar="DEVICE", help="torch device (default: a GPU if any); with --replicas and a bare "
+                                                 "`cuda`, replica i runs on GPU i modulo the GPUs.")
+@click.option("--autotune-cache", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Autotune cache every replica loads tiles from (as for `vsr-run --autotune-cache`).")
+@click.option("--miss-policy", type=click.Choice(["default", "tune", "error"]), default="default", show_default=True,
+              help="As for `vsr-run --miss-policy`.")
+@click.option("--allow-unverified", is_flag=True, help="As for `vsr-run --allow-unverified`.")
+@click.option("--emulate", is_flag=True, help="As for `vsr-run --emulate` (every answer says mode emulated).")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None,
+              help="As for `vsr-run --cuda-graphs/--no-cuda-graphs` (default: on for a GPU).")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Engine processes behind the one port (uvicorn workers), one per GPU in turn.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Most texts per batch the engine worker takes (and per call).")
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="--merge shared: how long a short batch waits for more calls.")
+@click.option("--max-queue", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Calls waiting for the engine before new ones get 503 with Retry-After.")
+@click.option("--merge", type=click.Choice(["exact", "shared"]), default="exact", show_default=True,
+              help="exact: each call's answers are the bytes `vsr-run` gives its inputs alone; shared: the calls "
+                   "of a batch share engine batches (faster; answers within rounding of the alone answer).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="Bodies over this get 413.")
+@click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
+              help='Labels in each answer\'s "top" unless the call sets "top_k".')
+@click.option("--served-name", metavar="NAME", help='The "model" name callers use (default: the package name).')
+@reports_errors
+def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss_policy, allow_unverified, emulate,
+              cuda_graphs, replicas, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name):
+    """Serve PACKAGE over HTTP: POST /v1/classify, /v1/embeddings; GET /v1/models, /health, /metrics.
+
+    The package is opened with every check `vsr-run` makes (device, identity, revision) and its
+    engine loaded before the port opens; SIGTERM stops accepting, answers what was accepted, exits 0.
+    """
+    if cuda_graphs and parse_device(device).type != "cuda":
+        raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {parse_device(device)})")
+    try:
+        from vsr.runtime.service import ServeConfig, run_service
+    except ImportError as e:
+        raise click.UsageError(f"vsr-run serve needs FastAPI, uvicorn and prometheus-client "
+                               f"(pip install 'vsr[serve]'): {e}")
+    cfg = ServeConfig(package=package, host=host, port=port, revision=revision, dtype=dtype,
+                      device=str(parse_device(device)) if device else None, autotune_cache=autotune_cache,
+                      miss_policy=miss_policy, allow_unverified=allow_unverified, emulate=emulate,
+                      cuda_graphs=cuda_graphs, replicas=replicas, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                      max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes, top_k=top_k,
+                      served_name=served_name)
+    run_service(cfg, log=lambda msg: click.echo(msg, err=True))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,361 @@
+"""`vsr-run serve`: a router package as an HTTP service (FastAPI on uvicorn), docs/serve.md.
+
+Endpoints: POST /v1/classify (vLLM's classify response plus "top"), POST /v1/embeddings (the
+OpenAI embeddings shape, for packages without a head), GET /v1/models, GET /health (200 once the
+engine has answered a warm-up call), GET /metrics (Prometheus). Calls are merged by
+vsr.runtime.batcher.Batcher, whose one worker thread runs the engine.
+
+Errors, each as {"error": {"message", "type", "code"}} (OpenAI's error shape): 400 malformed JSON
+or fields; 404 a "model" this service does not serve; 413 a body over max_body_bytes or a call
+over max_batch inputs; 422 an empty or over-long text, with "index" (no input of that call is
+answered); 503 a full queue (Retry-After) or a service still loading or draining; 500 an engine
+failure, for the calls of that engine call only.
+
+Replicas (`--replicas N`): uvicorn's own worker processes share the one port; each builds its app
+through app_from_env, claims the lowest free replica slot (a filelock held for the process's life)
+and runs its engine on GPU slot % GPUs (or on the CPU), loading tiles from the one autotune cache.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import struct
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from vsr.runtime.batcher import Batcher, Closed, QueueFull
+
+CONFIG_ENV = "VSR_SERVE_CONFIG"   # the ServeConfig (JSON) each replica process reads
+WARMUP_TEXT = "turn on the kitchen lights"
+
+
+@dataclass
+class ServeConfig:
+    package: str = "vsr/intent-minilm"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    revision: str | None = None
+    dtype: str = "auto"
+    device: str | None = None
+    autotune_cache: str | None = None
+    miss_policy: str = "default"
+    allow_unverified: bool = False
+    emulate: bool = False
+    cuda_graphs: bool | None = None   # None: on for a CUDA device
+    replicas: int = 1
+    max_batch: int = 64
+    max_wait_ms: float = 2.0
+    max_queue: int = 1024
+    merge: str = "exact"
+    max_body_bytes: int = 1 << 20
+    top_k: int = 3
+    served_name: str | None = None   # the "model" name callers use (default: the package's name)
+    graceful_timeout_s: float = 30.0
+    slots_dir: str | None = None     # replicas: where their slot locks live
+
+
+class HTTPFailure(Exception):
+    def __init__(self, status: int, kind: str, message: str, *, index: int | None = None, headers=None):
+        super().__init__(message)
+        self.status, self.kind, self.index, self.headers = status, kind, index, headers or {}
+
+
+def _error_response(err: HTTPFailure):
+    body = {"error": {"message": str(err), "type": err.kind, "code": err.status}}
+    if err.index is not None:
+        body["error"]["index"] = err.index
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+async def _read_json(request, limit: int) -> dict:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPFailure(413, "too_large", f"the body has {declared} bytes; this service takes at most {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPFailure(413, "too_large", f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    try:
+        obj = json.loads(b"".join(chunks))
+    except UnicodeDecodeError as e:
+        raise HTTPFailure(400, "bad_request", f"the body is not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise HTTPFailure(400, "bad_request", f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    if not isinstance(obj, dict):
+        raise HTTPFailure(400, "bad_request", "the body must be a JSON object")
+    return obj
+
+
+def _inputs(obj: dict, max_batch: int) -> list[str]:
+    if "input" not in obj:
+        raise HTTPFailure(400, "bad_request", 'missing field "input" (a text or a list of texts)')
+    texts = obj["input"]
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise HTTPFailure(400, "bad_request", '"input" must be a text or a non-empty list of texts')
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise HTTPFailure(400, "bad_request", f'"input"[{i}] must be a string, got {type(t).__name__}',
+                              index=i)
+    if len(texts) > max_batch:
+        raise HTTPFailure(413, "too_large", f"the call has {len(texts)} inputs; this service takes at most "
+                                            f"{max_batch} per call (--max-batch)")
+    return texts
+
+
+class Service:
+    """The engine, its batcher and metrics, and what the endpoints say about them."""
+
+    def __init__(self, engine, pkg, cfg: ServeConfig, *, replica: int | None = None, device: str | None = None):
+        from vsr.runtime.service_metrics import ServiceMetrics
+        self.engine, self.pkg, self.cfg, self.replica = engine, pkg, cfg, replica
+        self.device = device or str(engine.device)
+        self.name = cfg.served_name or pkg.name
+        self.metrics = ServiceMetrics()
+        self.batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
+                               max_queue=cfg.max_queue, merge=cfg.merge, metrics=self.metrics)
+        self.state = "loading"   # -> "ready" after the warm-up answer -> "draining" at shutdown
+
+    @property
+    def task(self) -> str:
+        return "classify" if self.engine.labels is not None else "embed"
+
+    async def start(self) -> None:
+        self.batcher.start()
+        ids, problems = self.engine.tokenizer.encode_each([WARMUP_TEXT])
+        if problems[0] is not None:
+            raise RuntimeError(f"the warm-up text cannot be answered: {problems[0]}")
+        await self.batcher.submit(ids, 1)
+        self.state = "ready"
+
+    async def stop(self) -> None:
+        self.state = "draining"
+        await self.batcher.close()
+
+    def model_card(self) -> dict:
+        pkg = self.pkg
+        return {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "vsr",
+                "package": pkg.name, "revision": pkg.revision, "identity": pkg.identity_status,
+                "formats": sorted(pkg.formats), "mode": self.engine.mode,
+                "dtype": str(self.engine.act_dtype).removeprefix("torch."), "device": self.device,
+                "support": pkg.support, "task": self.task, "labels": self.engine.labels,
+                "max_tokens": self.engine.tokenizer.limit, "merge": self.cfg.merge, "max_batch": self.cfg.max_batch}
+
+    async def answer(self, request, endpoint: str):
+        obj = await _read_json(request, self.cfg.max_body_bytes)
+        model = obj.get("model")
+        if model is not None and model not in (self.name, self.pkg.name):
+            raise HTTPFailure(404, "model_not_found", f"model {model!r} is not served here (this service serves "
+                                                      f"{self.name!r})")
+        want = "classify" if endpoint == "/v1/classify" else "embed"
+        if want != self.task:
+            other = "/v1/classify" if self.task == "classify" else "/v1/embeddings"
+            raise HTTPFailure(400, "bad_request", f"{self.name} is a {'classifier' if self.task == 'classify' else 'package without a head'}"
+                                                  f": use {other}")
+        top_k = obj.get("top_k", self.cfg.top_k)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise HTTPFailure(400, "bad_request", '"top_k" must be a positive integer')
+        fmt = obj.get("encoding_format", "float")
+        if want == "embed" and fmt not in ("float", "base64"):
+            raise HTTPFailure(400, "bad_request", '"encoding_format" must be "float" or "base64"')
+        texts = _inputs(obj, self.cfg.max_batch)
+        if self.state != "ready":
+            raise HTTPFailure(503, "unavailable", f"the service is {self.state}", headers={"Retry-After": "1"})
+        ids, problems = self.engine.tokenizer.encode_each(texts)
+        bad = [(i, p) for i, p in enumerate(problems) if p is not None]
+        if bad:
+            i, p = bad[0]
+            more = f" (and {len(bad) - 1} more inputs)" if len(bad) > 1 else ""
+            raise HTTPFailure(422, "invalid_input", f"input {i}: {p}{more}; no input of this call was answered",
+                              index=i)
+        try:
+            answered = await self.batcher.submit(ids, top_k)
+        except QueueFull as e:
+            raise HTTPFailure(503, "queue_full", f"the queue is full ({e}); retry later",
+                              headers={"Retry-After": "1"}) from None
+        except Closed as e:
+            raise HTTPFailure(503, "unavailable", str(e), headers={"Retry-After": "1", "Connection": "close"}) from None
+        except Exception as e:   # the engine failed on this call's batch: this call's answer only
+            raise HTTPFailure(500, "engine_error", f"the engine failed on this call's batch: "
+                                                   f"{type(e).__name__}: {e}") from None
+        self.metrics.inputs.inc(len(texts))
+        tokens = sum(len(x) for x in ids)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        if want == "classify":
+            data = [{"index": i, "label": r["choice"], "probs": row.tolist(), "num_classes": len(self.engine.labels),
+                     "top": r["top"]} for i, (row, r) in enumerate(zip(answered.outputs, answered.results))]
+            return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                    "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
+        data = []
+        for i, row in enumerate(answered.outputs):
+            vec = row.tolist()
+            emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if fmt == "base64" else vec
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        return {"object": "list", "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
+
+
+def create_app(service: Service):
+    """The FastAPI app of one service; its lifespan runs the warm-up and, at shutdown, the drain."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="vsr", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    m = service.metrics
+    replica_header = {} if service.replica is None else {"x-vsr-replica": str(service.replica)}
+
+    async def handle(request: Request, endpoint: str):
+        t0 = time.perf_counter()
+        try:
+            resp = JSONResponse(await service.answer(request, endpoint), headers=replica_header)
+        except HTTPFailure as err:
+            m.errors.labels(err.kind).inc()
+            resp = _error_response(err)
+            resp.headers.update(replica_header)
+        m.requests.labels(endpoint, str(resp.status_code)).inc()
+        m.latency.labels(endpoint).observe(time.perf_counter() - t0)
+        return resp
+
+    @app.post("/v1/classify")
+    async def classify(request: Request):
+        return await handle(request, "/v1/classify")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await handle(request, "/v1/embeddings")
+
+    @app.get("/v1/models")
+    async def models():
+        m.requests.labels("/v1/models", "200").inc()
+        return JSONResponse({"object": "list", "data": [service.model_card()]}, headers=replica_header)
+
+    @app.get("/health")
+    async def health():
+        ready = service.state == "ready"
+        m.requests.labels("/health", "200" if ready else "503").inc()
+        return JSONResponse({"status": service.state, "model": service.name, "mode": service.engine.mode,
+                             "queue_depth": service.batcher.depth}, status_code=200 if ready else 503,
+                            headers=replica_header)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, ctype = m.exposition()
+        return Response(body, media_type=ctype)
+
+    @app.exception_handler(404)
+    async def not_found(request, exc):
+        m.errors.labels("not_found").inc()
+        return _error_response(HTTPFailure(404, "not_found", f"no endpoint {request.method} {request.url.path}"))
+
+    return app
+
+
+# ---- starting the service --------------------------------------------------------------------
+
+def resolve_device(device: str | None) -> str:
+    import torch
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_service(cfg: ServeConfig, *, replica: int | None = None, device: str | None = None) -> Service:
+    """Open the package with every check vsr-run makes and load its engine (vsr.runtime.load)."""
+    from vsr.runtime.load import open_engine
+    dev = device or resolve_device(cfg.device)
+    pkg, engine = open_engine(cfg.package, device=dev, revision=cfg.revision, allow_unverified=cfg.allow_unverified,
+                              dtype=cfg.dtype, emulate=cfg.emulate, autotune_cache=cfg.autotune_cache,
+                              miss_policy=cfg.miss_policy, cuda_graphs=cfg.cuda_graphs)
+    return Service(engine, pkg, cfg, replica=replica, device=dev)
+
+
+def replica_device(cfg: ServeConfig, slot: int) -> str:
+    """Replica `slot`'s device: GPU slot % the GPUs of this host when the device is CUDA (two
+    replicas may share one GPU), else the configured device."""
+    import torch
+    dev = resolve_device(cfg.device)
+    if torch.device(dev).type != "cuda" or torch.device(dev).index is not None:
+        return dev
+    return f"cuda:{slot % torch.cuda.device_count()}"
+
+
+_SLOT_LOCK = None   # this process's replica slot lock, held until it exits
+
+
+def _claim_slot(slots_dir: str, replicas: int) -> int:
+    """The lowest replica slot no live process holds (a filelock per slot: a replica that dies
+    releases its slot, and uvicorn's replacement process takes it)."""
+    global _SLOT_LOCK
+    from filelock import FileLock, Timeout
+    for _ in range(600):
+        for slot in range(replicas):
+            lock = FileLock(str(Path(slots_dir) / f"replica-{slot}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            _SLOT_LOCK = lock
+            return slot
+        time.sleep(0.1)
+    raise RuntimeError(f"no free replica slot of {replicas} in {slots_dir}")
+
+
+def app_from_env():
+    """uvicorn's app factory for a replica process: the ServeConfig from VSR_SERVE_CONFIG."""
+    cfg = ServeConfig(**json.loads(os.environ[CONFIG_ENV]))
+    slot = _claim_slot(cfg.slots_dir, cfg.replicas)
+    return create_app(build_service(cfg, replica=slot, device=replica_device(cfg, slot)))
+
+
+def _stop_quietly_after_drain() -> None:
+    """uvicorn's server catches SIGTERM/SIGINT, drains, restores the handlers it found and raises
+    the signal again; with these handlers that signal ends nothing, so a drained service exits 0."""
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+
+
+def run_service(cfg: ServeConfig, log=print) -> None:
+    """Check and load, then serve until SIGTERM/SIGINT (uvicorn's graceful shutdown: stop
+    accepting, answer what was accepted, exit). One replica loads its engine here, before the port
+    opens; with several, this process opens the package (every check, no weights) before the port
+    opens and each replica process loads its own engine."""
+    import tempfile
+
+    import uvicorn
+    common = dict(host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=cfg.graceful_timeout_s)
+    if cfg.replicas <= 1:
+        service = build_service(cfg)
+        log(f"vsr-run serve: {service.pkg.name} revision {service.pkg.revision or '-'} "
+            f"(identity {service.pkg.identity_status}); formats {', '.join(sorted(service.pkg.formats))}; "
+            f"device {service.device}: {service.pkg.support}; mode {service.engine.mode}; "
+            f"http://{cfg.host}:{cfg.port}")
+        _stop_quietly_after_drain()
+        uvicorn.run(create_app(service), **common)
+        return
+    from vsr.runtime.package import open_package
+    dev = resolve_device(cfg.device)
+    pkg = open_package(cfg.package, revision=cfg.revision, allow_unverified=cfg.allow_unverified, device=dev,
+                       emulate=cfg.emulate)
+    with tempfile.TemporaryDirectory(prefix="vsr-serve-") as tmp:
+        os.makedirs(Path(tmp) / "metrics")
+        os.makedirs(Path(tmp) / "slots")
+        cfg.slots_dir = str(Path(tmp) / "slots")
+        os.environ[CONFIG_ENV] = json.dumps(asdict(cfg))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tmp) / "metrics")
+        log(f"vsr-run serve: {pkg.name} revision {pkg.revision or '-'} (identity {pkg.identity_status}); "
+            f"{cfg.replicas} replicas on {dev}; http://{cfg.host}:{cfg.port}")
+        uvicorn.run("vsr.runtime.service:app_from_env", factory=True, workers=cfg.replicas, **common)
