@@ -125,12 +125,8 @@ REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 def triton_ops() -> SimpleNamespace:
     """The Triton kernels' wrappers under the same names (imported here, on the GPU path only)."""
-    from vsr.kernels import activation, attention as attn, norm, rope
+    from vsr.kernels import activation, attention as attn, head, norm, rope
 
-    try:
-        from vsr.kernels import head
-    except ImportError:   # the agreed API allows the head in norm.py
-        head = norm
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, qk_norm_rope=rope.qk_norm_rope,
                            silu_mul=activation.silu_mul, gelu=activation.gelu, attention=attn.attention,
                            last_token_score=head.last_token_score)
