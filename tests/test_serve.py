@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from tests.tinypkgs import CALIBRATION, TEST_TEXTS, minilm_dir  # noqa: E402
+from tinypkgs import CALIBRATION, TEST_TEXTS, minilm_dir  # noqa: E402
 from vsr.runtime.batcher import answer_ids  # noqa: E402
 
 ROUTER = "vsr/intent-minilm"
