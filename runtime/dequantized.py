@@ -105,8 +105,10 @@ _PREPARE = {"dense": _dense, "int4": _int4, "fp8": _fp8, "nvfp4": _nvfp4}
 
 def prepare_reference(weight: Any) -> PreparedReference | None:
     """The weight's reference with its weight side computed now, or None where there is nothing to
-    precompute (an fp32 dense weight without a bias conversion: the reference reads it as stored)."""
+    precompute (an fp32 dense weight without a bias conversion: the reference reads it as stored)
+    or no preparation is known for the format (the format's own reference then runs per call)."""
     if weight.format == "dense" and weight.weight.dtype == torch.float32 and (
             weight.bias is None or weight.bias.dtype == torch.float32):
         return None
-    return _PREPARE[weight.format](weight)
+    prepare = _PREPARE.get(weight.format)
+    return None if prepare is None else prepare(weight)

@@ -60,16 +60,15 @@ def test_rope_with_positions(monkeypatch, dtype, exact):
 def test_matches_runtime_qwen3_rope():
     """The reference is the runtime's own transformers-equivalent path (norm, then q*cos + rot*sin in
     the dtype with cos/sin cast to it)."""
-    from vsr.runtime.models import qwen3
+    from vsr.runtime.models import ops
     g = torch.Generator().manual_seed(8)
     D, S = 64, 4
     q, k = _qkv(S, 2, 1, D, torch.float16, g)
     w = (torch.randn(D, generator=g) + 1).to(torch.float16).to(DEV)
     cos, sin = _cos_sin(S, D)
     qr, _ = rope.qk_norm_rope_reference(q, k, w, w, cos, sin, 1e-6)
-    qn = qwen3.rms_norm(q.reshape(S, 2, D), w, 1e-6)
-    c, s = cos.to(torch.float16)[:, None], sin.to(torch.float16)[:, None]
-    expect = (qn * c + qwen3._rotate_half(qn) * s).reshape(S, -1)
+    qn, _ = ops.rms_norm(q.reshape(S, 2, D), w, 1e-6)
+    expect = ops._rope_heads(qn, cos, sin, D).reshape(S, -1)
     assert torch.equal(qr, expect)
     qo, _ = rope.qk_norm_rope(q, k, w, w, cos, sin, 1e-6)
     _ulp_close(qo, expect, torch.float16)
