@@ -248,7 +248,7 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
 
 
 def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
-    # int4 slices tiles that read x as stored (X_SPLIT; X_ROW at up to two rows, runs 28-29) are a
+    # int4 slices tiles that read x as stored (X_SPLIT; X_ROW at up to two rows) are a
     # group of their own: at bucket 1, where every slices tile comes in that form too, the 20-tile
     # pick of caches/retune.sh sees the default and five more of them beside five copy-form slices
     # tiles; at bucket 2 (every tile in that form after the copying ones) five of them beside the

@@ -192,7 +192,7 @@ def test_every_default_tile_fits_for_every_activation_dtype(dtype):
 def test_fp8_default_tiles_leave_room_for_an_fp32_output():
     # fp32 activations give an fp32 output, which the TMA kernels' epilogue stages whole in shared
     # memory beside the pipeline (fp8._fit_fp32_epilogue; sm_90 compiles of every launch:
-    # benchmarks/sm90_fit.py and tests/test_inspect_kernels.py). bf16 activations keep their tiles.
+    # benchmarks/sm90_fit.py). bf16 activations keep their tiles.
     for _, N, K in SHAPES_27B + SHAPES_MINILM:
         w = fp8.Fp8Weight(torch.empty(N, K, dtype=torch.float8_e4m3fn), torch.ones(N))
         for b in ROW_BUCKETS:
