@@ -39,19 +39,9 @@ class PreparedReference:
         return self._run(x)
 
 
-def _dense(w) -> PreparedReference:
-    W, b = w.weight.float(), _float_bias(w)
-
-    def run(x):
-        y = x.float() @ W.t()
-        if b is not None:
-            y = y + b
-        return y.to(x.dtype)
-    return PreparedReference(w, run, W)
-
-
-def _int4(w: int4.Int4Weight) -> PreparedReference:
-    W, b, perm = int4.dequantize(w), _float_bias(w), w.act_perm
+def _product(w, W: torch.Tensor, perm: torch.Tensor | None = None) -> PreparedReference:
+    """x (columns gathered by perm, act-order int4) times a precomputed fp32 W, plus the bias."""
+    b = _float_bias(w)
 
     def run(x):
         xp = x if perm is None else x[:, perm]
@@ -60,6 +50,14 @@ def _int4(w: int4.Int4Weight) -> PreparedReference:
             y = y + b
         return y.to(x.dtype)
     return PreparedReference(w, run, W)
+
+
+def _dense(w) -> PreparedReference:
+    return _product(w, w.weight.float())
+
+
+def _int4(w: int4.Int4Weight) -> PreparedReference:
+    return _product(w, int4.dequantize(w), w.act_perm)
 
 
 def _fp8(w: fp8.Fp8Weight) -> PreparedReference:

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from tinypkgs import (CALIBRATION, LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, build_tiny_modernbert,  # noqa: F401
+from tinypkgs import (linear_io, CALIBRATION, LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, build_tiny_modernbert,  # noqa: F401
                       compressed, tiny_modernbert)
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError
@@ -129,18 +129,9 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_modernbert):  
     e = load_engine(Pkg(path), dtype="bfloat16" if bf16 else "auto")
     assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}   # head.dense included
     hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
-    seen = {}
-
-    def capture(n):
-        def hook(mod, inp, out):
-            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
-        return hook
-
-    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in e.linears]
     b = e.tokenizer.batch(TEXTS)
-    ours, ref = _ours_logits(e, b), _hf_logits(hf, b)
-    for h in hooks:
-        h.remove()
+    ours = _ours_logits(e, b)
+    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b))
     assert set(seen) == set(e.linears)
     for n, (x, y_ref) in seen.items():
         if scheme == "FP8_DYNAMIC" and x.dim() == 2:

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from tinypkgs import LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, compressed, tiny_qwen3_5  # noqa: F401
+from tinypkgs import linear_io, LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, compressed, tiny_qwen3_5  # noqa: F401
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models import qwen3_5
@@ -135,18 +135,9 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # n
     assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
     assert any("in_proj_a" in n for n in e.linears) and any("self_attn.q_proj" in n for n in e.linears)
     hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
-    seen = {}
-
-    def capture(n):
-        def hook(mod, inp, out):
-            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
-        return hook
-
-    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in e.linears]
     b = e.tokenizer.batch(TEXTS)
-    ours, ref = _ours_logits(e, b), _hf_logits(hf, b)
-    for h in hooks:
-        h.remove()
+    ours = _ours_logits(e, b)
+    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b))
     assert set(seen) == set(e.linears)
     for n, (x, y_ref) in seen.items():
         with torch.no_grad():

@@ -266,3 +266,21 @@ def build_tiny_modernbert(out: Path, seed: int = 0, pooling: str = "mean") -> Pa
 @pytest.fixture(scope="session")
 def tiny_modernbert(tmp_path_factory) -> Path:
     return _build_once("tiny-modernbert", tmp_path_factory, build_tiny_modernbert)
+
+
+def linear_io(hf, names, run):
+    """run()'s result and {name: (input, output)} of each named submodule of hf during it (the
+    first call of each), for layer-by-layer checks against transformers."""
+    seen = {}
+
+    def capture(n):
+        def hook(mod, inp, out):
+            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
+        return hook
+
+    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in names]
+    try:
+        return run(), seen
+    finally:
+        for h in hooks:
+            h.remove()
