@@ -34,6 +34,10 @@ import triton.language as tl
 
 CHUNK = 64
 L2_EPS = 1e-6
+# The scan's chunks depend on each other through the state, so its loop runs unpipelined: Triton's
+# default 3 stages buffer the loop's fp32 tiles in shared memory (263 KB at K = V = 128 in bf16,
+# more than an H200's 227 KB; 106 KB with one stage).
+SCAN_STAGES = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,5 +254,5 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         q, k, w, u, gc, lengths, o, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         o.stride(0), o.stride(1), o.stride(2),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, num_warps=4)
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, num_warps=4, num_stages=SCAN_STAGES)
     return o

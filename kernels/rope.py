@@ -16,7 +16,9 @@ requests of S tokens each, T = B · S).
 Rounding: exact=True follows transformers: the norm as Qwen3RMSNorm (norm.py), cos and sin rounded
 to q's dtype (its rotary embedding casts them), each product and the sum rounded to q's dtype.
 exact=False keeps the normalised head, the products and the sum in fp32 with fp32 cos and sin and
-rounds once. Every head is computed on its own: results never depend on the batch.
+rounds once. The exact kernel compiles without FP fusion: it would otherwise contract a rounded
+product and the sum after it into one bf16 FMA, dropping the product's rounding. Every head is
+computed on its own: results never depend on the batch.
 """
 from __future__ import annotations
 
@@ -158,7 +160,8 @@ def _launch(q, k, q_weight, k_weight, cos, sin, eps, head_dim, rotary_dim, posit
             q, k, q if q_weight is None else q_weight, k if k_weight is None else k_weight, cos, sin,
             cos if positions is None else positions, qo, ko, HQ, HKV, cos.shape[0], q.stride(0), k.stride(0),
             cos.stride(0), eps, 1.0 / D, D=D, HALF=R // 2, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bp, HB=hb,
-            NORM=norm, ZERO_CENTERED=zero_centered, EXACT=exact, HAS_POS=positions is not None, num_warps=warps)
+            NORM=norm, ZERO_CENTERED=zero_centered, EXACT=exact, HAS_POS=positions is not None, num_warps=warps,
+            enable_fp_fusion=not exact)
     return qo, ko
 
 

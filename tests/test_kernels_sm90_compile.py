@@ -1,0 +1,66 @@
+"""The forward's non-GEMM kernels compiled for the H200 (sm_90) on the CPU, through Triton's own
+compiler and argument binder (benchmarks/sm90_fit.py's Recorder), in a process without the
+interpreter: the exact RoPE contracts no rounded product into a bf16 FMA, and the gated delta
+rule's kernels fit the H200's shared memory at Qwen3.5's head size (K = V = 128)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+_PROBE = r"""
+import json, re, sys
+import torch, triton
+sys.path.insert(0, sys.argv[1])
+from sm90_fit import DEVICES, Recorder
+from triton.runtime.jit import JITFunction
+
+rec, ptx = Recorder(DEVICES["h200"]), {}
+compile_ = triton.compile
+def compile_and_keep(src, *a, **k):
+    kernel = compile_(src, *a, **k)
+    ptx.setdefault(src.fn.__name__, []).append(kernel.asm["ptx"])
+    return kernel
+triton.compile = compile_and_keep
+JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
+
+from vsr.kernels import delta_rule, rope
+T, D = 4, 128
+q, k, w = torch.randn(T, 8 * D).bfloat16(), torch.randn(T, 2 * D).bfloat16(), torch.randn(D).bfloat16()
+cos, sin = torch.randn(T, D), torch.randn(T, D)
+rope.qk_norm_rope(q, k, w, w, cos, sin, 1e-6, exact=True)
+rope.rope(q, k, cos, sin, D, exact=True)
+for dt in (torch.float32,):
+    qq, kk = torch.randn(1, 70, 2, 128).to(dt), torch.randn(1, 70, 2, 128).to(dt)
+    v, g, beta = torch.randn(1, 70, 6, 128).to(dt), -torch.rand(1, 70, 6), torch.rand(1, 70, 6).to(dt)
+    delta_rule.chunk_gated_delta_rule(qq, kk, v, g, beta)
+print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared,
+                  "rope_bf16_fma": sum(len(re.findall(r"fma\.rn\.bf16", p)) for p in ptx["_rope_kernel"])}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", _PROBE, str(BENCH)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_exact_rope_keeps_every_rounding(compiled):
+    assert any(r["kernel"] == "_rope_kernel" for r in compiled["rows"])
+    assert compiled["rope_bf16_fma"] == 0
+
+
+def test_delta_rule_fits_the_h200(compiled):
+    rows = [r for r in compiled["rows"] if r["kernel"] in ("_ut_kernel", "_scan_kernel")]
+    assert {r["kernel"] for r in rows} == {"_ut_kernel", "_scan_kernel"} and len(rows) >= 2
+    for r in rows:
+        assert r["fits"] and r["shared"] <= compiled["limit"], r
