@@ -7,6 +7,9 @@ record) with, per package:
 * ``accuracy``: share of test sentences whose top choice is the gold intent;
 * ``agreement``: share whose top choice equals the ``against`` package's;
 * ``weight_bytes``: bytes of the package's weights as loaded (Engine.weight_bytes);
+* ``kernel_set``: the engine's set (exact | approximate, engine.kernel_set); an approximate row
+  adds ``exact_set_agreement`` (share of top choices equal to the same package's on the exact
+  set) and ``exact_set_max_prob_diff``;
 * ``requests_per_s``, measured beside sentence-transformers running the same
   all-MiniLM-L6-v2 encoder and the same head (``st_requests_per_s``) on the same
   machine, in the same run, on the same ``speed_requests`` sentences, in
@@ -135,6 +138,19 @@ def _commit() -> str | None:
         return None
 
 
+def _exact_set_agreement(pkg, device: str, texts: list[str], probs: torch.Tensor, choices: list[str]) -> dict:
+    """The approximate set's answers against the same package on the exact set (engine.kernel_set):
+    the share of equal top choices and the largest difference of a probability."""
+    from vsr.runtime.engine import load_engine
+
+    exact = load_engine(pkg, device=device, kernel_set="exact")
+    probs_exact = exact.forward(texts)
+    same = [a["choice"] for a in exact._results(probs_exact, 1)]
+    del exact
+    return {"exact_set_agreement": sum(a == b for a, b in zip(choices, same)) / len(choices),
+            "exact_set_max_prob_diff": float((probs - probs_exact).abs().max())}
+
+
 def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = None,
              device: str = "cpu", dtype: str = "auto", emulate: bool = False,
              speed_requests: int = 1024, speed_rounds: int = 3, compare_st: bool = True,
@@ -159,13 +175,16 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
             return {"package": name, "refused": refusal}, None
         eng = load_engine(pkg, device=device, dtype=dtype, emulate=pkg.support == "emulated")
         t0 = time.perf_counter()
-        choices = [a["choice"] for a in eng.predict(texts, top_k=1)]
+        probs = eng.forward(texts)
+        choices = [a["choice"] for a in eng._results(probs, 1)]
         full_s = time.perf_counter() - t0
         row = {"package": name, "revision": pkg.revision, "identity": pkg.identity_status,
                "mode": eng.mode, "support": pkg.support, "dtype": str(eng.act_dtype).removeprefix("torch."),
-               "weight_bytes": int(eng.weight_bytes),
+               "kernel_set": eng.kernel_set, "weight_bytes": int(eng.weight_bytes),
                "accuracy": sum(c == g for c, g in zip(choices, gold)) / len(gold),
                "full_pass_requests_per_s": len(texts) / full_s}
+        if eng.kernel_set == "approximate":
+            row.update(_exact_set_agreement(pkg, device, texts, probs, choices))
         fmt = DESCRIPTIONS.get(name)
         if fmt:
             row.update(format=fmt[0], weights=fmt[1], activations=fmt[2])
@@ -216,6 +235,15 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def _mode(r: dict) -> str:
+    """The mode column: triton / reference / emulated, with the kernel set where it is approximate
+    and its agreement with the exact set."""
+    if r.get("kernel_set") != "approximate":
+        return r["mode"]
+    agree = r.get("exact_set_agreement")
+    return f"{r['mode']}, approximate" + (f" ({100 * agree:.2f}% of the exact set's)" if agree is not None else "")
+
+
 def format_table(record: dict) -> str:
     """The seeds' format table: Format | Weights | Activations | memory | Keeps | accuracy (+ speed)."""
     lines = ["| Format | Weights | Activations | Weight memory | Keeps of the answers | Accuracy "
@@ -229,7 +257,7 @@ def format_table(record: dict) -> str:
                  if "requests_per_s" in r else "")
         keeps = f"{100 * r['agreement']:.2f}%" if "agreement" in r else ""
         lines.append(f"| {r['package']} | {r.get('weights', r['format'])} | {r.get('activations', '')} "
-                     f"| {_mb(r['weight_bytes'])} | {keeps} | {r['accuracy']:.4f} | {speed} | {r['mode']} |")
+                     f"| {_mb(r['weight_bytes'])} | {keeps} | {r['accuracy']:.4f} | {speed} | {_mode(r)} |")
     return "\n".join(lines)
 
 

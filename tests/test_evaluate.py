@@ -21,6 +21,7 @@ def test_record_of_the_base_package(cache, tmp_path):
     assert rec["test_sentences"] == 48 and rec["speed_requests"] == 16
     base, fp8 = rec["rows"]
     assert base["package"] == builtin.BASE and base["mode"] == "reference"
+    assert base["kernel_set"] == "exact" and "exact_set_agreement" not in base   # the CPU runs the exact set
     assert base["agreement"] == 1.0  # against itself
     assert 0.6 < base["accuracy"] <= 1.0  # the head is far better than chance (1/40)
     assert base["weight_bytes"] > 80e6  # fp32 MiniLM
@@ -42,3 +43,11 @@ def test_record_of_the_base_package(cache, tmp_path):
 def test_spread_subset_covers_many_intents():
     test = evaluate._test_split(80)
     assert len(test) == 80 and len({e.label for e in test}) >= 30
+
+
+def test_table_names_the_approximate_set_and_its_agreement():
+    row = {"package": "p", "format": "fp8", "weight_bytes": 1, "accuracy": 0.9, "mode": "triton",
+           "kernel_set": "approximate", "exact_set_agreement": 0.9975, "exact_set_max_prob_diff": 0.01}
+    table = evaluate.format_table({"rows": [row, dict(row, kernel_set="exact")]})
+    assert "| triton, approximate (99.75% of the exact set's) |" in table.splitlines()[2]
+    assert table.splitlines()[3].endswith("| triton |")
