@@ -60,15 +60,23 @@ def _int4(w: int4.Int4Weight) -> PreparedReference:
     return _product(w, int4.dequantize(w), w.act_perm)
 
 
+def fp8_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8.quantize_activation's bytes in fewer passes over x: max |x| from one aminmax, the
+    quotient clamped in place (the same operations on the same values)."""
+    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
+    s = torch.maximum(hi, lo.neg()) / fp8.FP8_MAX
+    s = torch.where(s == 0, torch.full_like(s, fp8.dtype_eps(x.dtype)), s)
+    return torch.div(x, s).clamp_(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), s
+
+
 def _fp8(w: fp8.Fp8Weight) -> PreparedReference:
     W, scale, b = w.weight.float(), w.weight_scale.float()[None, :], _float_bias(w)
 
     def run(x):
-        xq, s = fp8.quantize_activation(x)          # per call: the activations' scales
-        acc = xq.float() @ W.t()
-        y = acc * s.float() * scale
+        xq, s = fp8_activation(x)                    # per call: the activations' scales
+        y = (xq.float() @ W.t()).mul_(s.float()).mul_(scale)
         if b is not None:
-            y = y + b
+            y.add_(b)
         return y.to(x.dtype)
     return PreparedReference(w, run, W)
 
@@ -91,9 +99,9 @@ def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
     def run(x):
         codes, s = nvfp4.quantize_activation(x, igs)   # per call: the activations' codes and scales
         xs = nvfp4.e2m1_decode(codes) * s.float().repeat_interleave(nvfp4.BLOCK, dim=1)
-        y = (xs @ W.t()) * alpha
+        y = (xs @ W.t()).mul_(alpha)
         if b is not None:
-            y = y + b
+            y.add_(b)
         return y.to(x.dtype)
     return PreparedReference(w, run, W)
 
