@@ -146,6 +146,9 @@ def reference_path(model):
     """`model` on the reference path while inside: each linear its format's pure-torch reference,
     the rest the runtime's reference ops (Qwen3: ops.REFERENCE; Qwen3.5: its DeltaNet references)."""
     saved = {a: getattr(model, a) for a in ("ops", "exact", "kernels") if hasattr(model, a)}
+    if "ops" not in saved and "kernels" not in saved:
+        raise TypeError(f"{type(model).__name__} has neither the ops set (Qwen3Router.ops) nor the kernels switch "
+                        "(Qwen3_5Router.kernels) that put its non-product operations on the reference path")
     for a, v in (("ops", ops_mod.REFERENCE), ("exact", True), ("kernels", False)):
         if a in saved:
             setattr(model, a, v)
@@ -171,6 +174,8 @@ def first_layers(model, n: int):
             cfg.num_hidden_layers = saved
         return
     saved = {a: getattr(model, a) for a in ("layers", "norms", "types", "params") if hasattr(model, a)}
+    if not isinstance(saved.get("layers"), torch.nn.ModuleList):
+        raise TypeError(f"{type(model).__name__} holds no ModuleList of layers to cut")
     for a, v in saved.items():
         setattr(model, a, torch.nn.ModuleList(list(v)[:n]) if isinstance(v, torch.nn.ModuleList) else v[:n])
     try:
