@@ -53,7 +53,7 @@ only for older kernels, "stale", and those it lacks, "missed": their tiles are t
 One device command runs at most ten minutes: run the formats in parts (--formats, --out PART) and
 read them together with --merge (targets.join_results: one commit, no point twice). The JSON is
 written after every format and configuration ("partial": true until the run ends). The speed
-targets (E2E_TARGETS) are printed last, each met or missed with its figures.
+targets (e2e_targets.E2E_TARGETS) are printed last, each met or missed with its figures.
 """
 from __future__ import annotations
 
