@@ -3,6 +3,7 @@ with every point that misses, the time the target asks for there, and the run's 
 
     python benchmarks/targets.py benchmarks/results/gemm-nvidia-h200-2026-12-01.json [--out FILE]
     python benchmarks/targets.py RESULT_A RESULT_B ...   # runs of the same commit on different shapes
+    python benchmarks/targets.py e2e-A.json e2e-B.json   # bench_e2e.py's parts: e2e_targets.py's targets
 
 Several results are read as one when they measure the same commit and share no point (format,
 provider, shape, M): a whole run of every format and shape does not fit one 10-minute device
@@ -120,19 +121,24 @@ def evaluate(result: dict) -> list[dict]:
     return out
 
 
-def join_results(results: list[dict]) -> dict:
-    """One result of several bench_gemm.py results of the same commit (their rows together); a
-    ValueError where the commits differ or two results time the same point, which would leave the
-    point's figure to whichever came first."""
+def gemm_point(r: dict) -> tuple:
+    """The point a bench_gemm.py row times: (format, provider, shape, M, graph)."""
+    return (r["format"], r["provider"], r["shape"], r["M"], r["graph"])
+
+
+def join_results(results: list[dict], point=gemm_point) -> dict:
+    """One result of several results of the same commit (their rows together; bench_gemm.py's by
+    default, another benchmark's with its `point(row)`); a ValueError where the commits differ or
+    two results time the same point, which would leave the point's figure to whichever came first."""
     commits = {r.get("commit") for r in results}
     if len(commits) != 1:
         raise ValueError(f"the results measure different commits ({', '.join(sorted(map(str, commits)))})")
     seen, rows = {}, []
     for i, res in enumerate(results):
         for r in res["rows"]:
-            point = (r["format"], r["provider"], r["shape"], r["M"], r["graph"])
-            if seen.setdefault(point, i) != i:
-                raise ValueError(f"results {seen[point]} and {i} both time {point[:4]}")
+            p = point(r)
+            if seen.setdefault(p, i) != i:
+                raise ValueError(f"results {seen[p]} and {i} both time {p[:-1]}")
             rows.append(r)
     return {**results[0], "rows": rows}
 
@@ -164,17 +170,23 @@ def report(targets: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("result", type=Path, nargs="+",
-                    help="bench_gemm.py JSON results (several: of one commit, on points none shares)")
+                    help="bench_gemm.py (or bench_e2e.py) JSON results (several: of one commit, on points "
+                         "none shares)")
     ap.add_argument("--out", type=Path, help="also write the evaluation as JSON")
     a = ap.parse_args(argv)
+    results = [json.loads(p.read_text()) for p in a.result]
+    # bench_e2e.py's results: its targets (e2e_targets.py)
+    e2e = all(r.get("benchmark") == "e2e" for r in results)
+    if e2e:
+        import e2e_targets
     try:
-        result = join_results([json.loads(p.read_text()) for p in a.result])
+        result = e2e_targets.merge(results) if e2e else join_results(results)
     except ValueError as e:
         ap.error(str(e))
-    targets = evaluate(result)
+    targets = e2e_targets.evaluate(result) if e2e else evaluate(result)
     names = ", ".join(map(str, a.result))
     print(f"{names} (commit {result.get('commit')}, {result.get('device')}, triton {result.get('triton')})")
-    print(report(targets))
+    print(e2e_targets.report(targets) if e2e else report(targets))
     if a.out:
         a.out.write_text(json.dumps({"result": names, "commit": result.get("commit"), "targets": targets},
                                     indent=1) + "\n")

@@ -1,0 +1,212 @@
+"""benchmarks/bench_e2e.py: the whole run on the CPU at a tiny config (reference kernels, no graphs),
+its results file, the random weights, the floor and target arithmetic; on a GPU, the 27B-class
+shapes at two layers."""
+import json
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def bench(bench_script):
+    return bench_script("bench_e2e")
+
+
+def tiny(bench, model: str, layers: int) -> dict:
+    """A tiny config of the model (hidden 64, heads of 16), every other key the 27B-class one's."""
+    c = bench.e2e_models.MODELS[model][0](layers)
+    c.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=2048)
+    if model == "qwen3_5":
+        c.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    return c
+
+
+def run(bench, tmp_path, model, layers, *args):
+    cfg = tmp_path / f"{model}.json"
+    cfg.write_text(json.dumps(tiny(bench, model, layers)))
+    out = tmp_path / f"e2e-{model}.json"
+    assert bench.main(["--model", model, "--device", "cpu", "--config", str(cfg), "--configs", "1x128",
+                       "--reps", "1", "--warm", "0", "--out", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+SCHEMA = {"format", "config", "model", "provider", "graph", "ms", "floor_ms", "checked"}
+
+
+def test_a_cpu_run_writes_every_provider_checked_in_the_e2e_schema(bench, tmp_path, capsys):
+    res = run(bench, tmp_path, "qwen3", 2, "--formats", "bf16,fp8")
+    assert res["benchmark"] == "e2e" and res["partial"] is False and res["errors"] == []
+    assert {"device", "torch", "commit", "ceilings"} <= set(res)
+    rows = res["rows"]
+    assert {(r["format"], r["provider"]) for r in rows} == {
+        ("bf16", "vsr"), ("bf16", "cublas-bf16"), ("bf16", "transformers"), ("fp8", "vsr"), ("fp8", "scaled_mm+quant")}
+    for r in rows:
+        assert SCHEMA <= set(r) and r["model"] == "qwen3" and r["config"] == "1x128" and r["graph"] is False
+        assert r["checked"] is True and r["ms"] > 0 and r["floor_ms"] > 0
+    vsr = [r for r in rows if r["provider"] == "vsr"]
+    assert all({"products_ms", "rest_ms"} <= set(r) for r in vsr)   # None on the CPU, with the reason
+    assert all(r["split_error"] == "no CUDA device" for r in vsr)
+    hf = next(r for r in rows if r["provider"] == "transformers")
+    # transformers' own numerics on the same weights (its score head in bf16): close, not equal
+    assert hf["check"]["hidden_rel_err"] < bench.CHECK_TOL["bf16"][0] and 0 < hf["check"]["prob_err"] < 0.02
+    printed = capsys.readouterr().out
+    assert "| 1x128 |" in printed and "vsr BF16 <= 0.6x transformers BF16 at 1x128" in printed
+
+
+def test_a_qwen3_5_run_with_transformers_and_a_quantized_format(bench, tmp_path):
+    res = run(bench, tmp_path, "qwen3_5", 4, "--formats", "bf16,int4-awq", "--providers", "vsr,transformers")
+    rows = res["rows"]
+    assert {(r["format"], r["provider"]) for r in rows} == {
+        ("bf16", "vsr"), ("bf16", "transformers"), ("int4-awq", "vsr")}
+    assert all(r["checked"] and r["model"] == "qwen3_5" for r in rows)
+    hf = next(r for r in rows if r["provider"] == "transformers")
+    assert hf["fla"] is (__import__("importlib").util.find_spec("fla") is not None)
+
+
+def test_first_layers_is_the_model_of_fewer_layers(bench):
+    """A forward cut to its first n layers (the check's) is the forward of the n-layer model (the
+    loader seeds each tensor by its name, so the shallower model has the deeper one's first layers)."""
+    em = bench.e2e_models
+    for model in ("qwen3", "qwen3_5"):
+        built = {}
+        for n in (5, 4):
+            c = tiny(bench, model, n)
+            loader = em.MODELS[model][1](c, "bf16", "cpu")
+            m, b, _ = bench.build_vsr(c, loader, "cpu", None, "auto")
+            hf = em.TransformersRouter(em.transformers_twin(model, c, b, loader, {}))
+            built[n] = (m, hf)
+        x = bench.make_inputs(2, 16, 512, "cpu")
+        with torch.inference_mode():
+            for deep, shallow in zip(built[5], built[4]):
+                full = deep(*x)
+                with bench.first_layers(deep, 4):
+                    cut = deep(*x)
+                assert torch.equal(cut, shallow(*x)) and not torch.equal(cut, full)
+                assert torch.equal(deep(*x), full)   # restored
+
+
+def test_the_peers_swap_in_and_out(bench):
+    em = bench.e2e_models
+    c = tiny(bench, "qwen3", 2)
+    model, b, _ = bench.build_vsr(c, em.RandomQwen3Loader(c, "fp8", "cpu"), "cpu", None, "auto")
+    x = bench.make_inputs(1, 16, 512, "cpu")
+    with torch.inference_mode():
+        want = model(*x)
+        with bench.linears_as(model, lambda q: bench.ScaledMMLinear(q.weight)):
+            kinds = {type(m).__name__ for m in model.modules()}
+            assert "ScaledMMLinear" in kinds and "QLinear" not in kinds
+            peer = model(*x)
+        assert torch.equal(model(*x), want)
+    assert (peer - want).abs().max() < 0.05
+
+
+def test_random_quantized_weights_spread_as_the_dense_ones(bench):
+    em = bench.e2e_models
+    from vsr.kernels import formats
+    from vsr.runtime import fuse
+    x = torch.randn(32, 1024)
+    for fmt in ("fp8", "int4-gptq", "int4-awq", "nvfp4"):
+        w = em.random_linear(fmt, 512, 1024, "cpu", seed=3)
+        std = formats.get(w.format).reference(x, w).float().std().item() / 1024 ** 0.5
+        assert std == pytest.approx(1024 ** -0.5, rel=0.15), fmt
+    # q, k, v of one K get the same factor: nvfp4's global scales stay equal and the parts fuse
+    parts = [em.random_linear("nvfp4", n, 256, "cpu", seed=s) for s, n in ((1, 64), (2, 32), (3, 32))]
+    assert fuse.fuse(parts) is not None
+
+
+def test_the_floor_is_the_weights_bytes_or_the_products_flops(bench):
+    ceil = {"copy_TBps": 2.0, "bf16_TFLOPs": 500.0, "fp8_TFLOPs": 1000.0}
+    wbytes, macs = 46e9, 23e9
+    # one request of 128 tokens: the weights' bytes, 46 GB at 2 TB/s
+    assert bench.floor_ms("bf16", wbytes, macs, 128, ceil) == pytest.approx(23.0)
+    # 2048 tokens: the FLOPs, 2 * 23e9 * 2048 at 500 TFLOP/s (fp8 at its own, doubled, rate)
+    assert bench.floor_ms("bf16", wbytes, macs, 2048, ceil) == pytest.approx(188.416)
+    assert bench.floor_ms("fp8", wbytes / 2, macs, 2048, ceil) == pytest.approx(94.208)
+    assert bench.floor_ms("int4-gptq", wbytes / 4, macs, 2048, ceil) == pytest.approx(188.416)
+
+
+def row(fmt, prov, cfg, ms, graph=True, floor=10.0, checked=True, split=None, model="qwen3"):
+    r = dict(model=model, format=fmt, provider=prov, config=cfg, ms=ms, graph=graph, floor_ms=floor, checked=checked)
+    if split:
+        r.update(products_ms=split[0], rest_ms=split[1])
+    return r
+
+
+def test_targets_pair_rows_timed_alike_and_name_each_point(bench_script):
+    et = bench_script("e2e_targets")
+    rows = [row("bf16", "vsr", "1x128", 12.0, split=(10.0, 2.0)), row("bf16", "vsr", "1x128", 30.0, graph=False),
+            row("fp8", "vsr", "1x128", 6.0, split=(5.7, 0.3)), row("fp8", "vsr", "1x128", 5.0, graph=False),
+            row("int4-gptq", "vsr", "1x128", 11.0, checked=False),
+            row("bf16", "transformers", "1x128", 25.0, graph=False),   # its capture failed: eager only
+            row("bf16", "cublas-bf16", "16x128", 100.0), row("bf16", "vsr", "16x128", 99.0)]
+    t = {x["target"]: x for x in et.evaluate({"rows": rows})}
+    floor = t["vsr BF16 <= 1.3x its floor at 1x128"]
+    assert floor["met"] is True and floor["points"][0]["ratio"] == pytest.approx(1.2)
+    fp8 = t["FP8 <= 0.55x vsr BF16 at 1x128"]["points"][0]   # graph against graph: 6 / 12
+    assert fp8["ratio"] == pytest.approx(0.5) and fp8["graph"] is True and fp8["need_ms"] == pytest.approx(6.6)
+    assert t["int4 GPTQ and AWQ <= 0.85x vsr BF16 at 1x128"]["met"] is False   # unchecked misses
+    hf = t["vsr BF16 <= 0.6x transformers BF16 at 1x128"]["points"][0]   # eager against eager: 30 / 25
+    assert hf["graph"] is False and hf["ratio"] == pytest.approx(1.2) and not hf["met"]
+    assert t["vsr BF16 <= 1.0x cuBLAS BF16 at 1x1024 and 16x128"]["met"] is True
+    rest = t["everything but the products <= 10% of a forward's device time"]
+    assert [(p["format"], p["met"]) for p in rest["points"]] == [("bf16", False), ("fp8", True)]
+    assert t["int4 <= 1.0x vsr BF16 at 1x1024 and 16x128"]["met"] is None
+    text = et.report(list(t.values()))
+    assert "MISSED       qwen3: vsr BF16 <= 0.6x transformers BF16 at 1x128" in text
+    assert "16.7% of 12.00 ms device time" in text and "UNCHECKED" in text
+
+
+def test_parts_of_one_commit_merge_and_others_are_refused(bench_script):
+    et = bench_script("e2e_targets")
+    a = {"commit": "c", "rows": [row("bf16", "vsr", "1x128", 12.0)]}
+    b = {"commit": "c", "rows": [row("fp8", "vsr", "1x128", 6.0)]}
+    assert len(et.merge([a, b])["rows"]) == 2
+    with pytest.raises(ValueError, match="both time"):
+        et.merge([a, a])
+    with pytest.raises(ValueError, match="different commits"):
+        et.merge([a, {**b, "commit": "d"}])
+
+
+def test_targets_py_reads_e2e_parts(bench_script, tmp_path, capsys):
+    targets = bench_script("targets")
+    paths = []
+    for i, r in enumerate([row("bf16", "vsr", "1x128", 12.0), row("fp8", "vsr", "1x128", 7.0)]):
+        paths.append(tmp_path / f"e2e-{i}.json")
+        paths[-1].write_text(json.dumps({"benchmark": "e2e", "commit": "c", "rows": [r]}))
+    assert targets.main([str(p) for p in paths]) == 0
+    assert "MISSED       qwen3: FP8 <= 0.55x vsr BF16 at 1x128" in capsys.readouterr().out
+
+
+def test_kernel_split_sums_the_product_templates_kernels(bench):
+    names = bench.product_kernel_names()
+    assert {"tma_gemm_kernel", "_int4_slices_kernel", "_act_quant_kernel"} <= names and "_norm_kernel" not in names
+    s = bench.split_kernels([("tma_gemm_kernel", 300.0), ("_norm_kernel", 50.0), ("tma_gemm_kernel", 200.0),
+                             ("Memcpy DtoD", 10.0)], names)
+    assert s["products_ms"] == pytest.approx(0.5) and s["rest_ms"] == pytest.approx(0.06)
+    assert s["kernels"][0] == {"name": "tma_gemm_kernel", "ms": 0.5, "product": True}
+
+
+def test_unknown_names_are_refused(bench):
+    with pytest.raises(SystemExit):
+        bench.parse(["--formats", "bf16,int8"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--providers", "vllm"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model, layers, formats", [("qwen3", 2, "bf16,fp8,int4-awq,nvfp4"),
+                                                    ("qwen3_5", 4, "bf16,int4-gptq")])
+def test_the_27b_class_shapes_at_a_few_layers_on_the_gpu(bench, tmp_path, model, layers, formats):
+    """Every provider at the real shapes, a few layers: each row checked, vsr's graphed, its device
+    time split into the products and the rest; nvfp4 recorded as not run where the GPU refuses it."""
+    out = tmp_path / "e2e.json"
+    assert bench.main(["--model", model, "--layers", str(layers), "--formats", formats, "--configs", "1x128",
+                       "--modes", "graph,eager", "--reps", "2", "--warm", "0", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["errors"] == [] and res["rows"]
+    assert all(r["checked"] for r in res["rows"]), [r for r in res["rows"] if not r["checked"]]
+    vsr = [r for r in res["rows"] if r["provider"] == "vsr"]
+    assert any(r["graph"] for r in vsr) and all(r["products_ms"] > 0 for r in vsr)
+    ran = {r["format"] for r in res["rows"]} | {x["format"] for x in res["not_run"]}
+    assert ran == set(formats.split(","))
