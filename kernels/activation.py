@@ -20,7 +20,6 @@ computed on its own: the results never depend on the batch.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -30,9 +29,8 @@ from triton.language.extra import libdevice
 from vsr.kernels import fp8, norm
 
 ELEMENTWISE_BLOCK = 2048
-# The interpreter has no libdevice: there the kernels use Triton's exp and erf (read at import, as
-# Triton reads the variable when a kernel is defined).
-LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
+# libdevice's exp, erf and tanh on a GPU; Triton's own under the interpreter (norm.LIBDEVICE).
+LIBDEVICE = norm.LIBDEVICE
 
 
 @triton.jit

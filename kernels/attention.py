@@ -7,9 +7,12 @@ over the keys j allowed for query i: j < lengths[b] (right padding), and j <= i 
 (decoders), |i - j| <= window // 2 when a window is given (ModernBERT's local attention).
 g(h) = h // (Hq / Hkv): grouped-query heads read their key/value head in place.
 Query rows i >= lengths[b] are written as zeros (they carry no token; the reference does the same).
+With `gate` ([B, S, Hq, D], Qwen3.5's gated attention), the output is o · sigmoid(gate) as
+transformers computes it: o rounded to q's dtype, sigmoid(gate) in fp32 rounded to it (libdevice's
+exp, IEEE division, as torch's CUDA sigmoid), their product rounded once more.
 
-q [B, S, Hq, D], k and v [B, S, Hkv, D] may be strided views (the head columns of a fused qkv
-output), with unit stride along D; head dims 32, 64, 128, 256. The output is contiguous
+q [B, S, Hq, D], k and v [B, S, Hkv, D] and gate may be strided views (the head columns of a
+fused qkv output), with unit stride along D; head dims 32, 64, 128, 256. The output is contiguous
 [B, S, Hq, D] in q's dtype. Each program owns BLOCK_M queries of one (request, head) and walks
 its key blocks in a fixed order, one after another: no split over keys, no atomics, so the bytes
 depend only on that request's own q, k, v and length, never on the rest of the batch. The tiles
@@ -28,15 +31,18 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+from vsr.kernels.norm import LIBDEVICE
 
 HEAD_DIMS = (32, 64, 128, 256)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, S, HQ, GROUP, qk_scale, HALF_W,
-                      sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, qk_scale, HALF_W,
+                      sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      WINDOW: tl.constexpr, IEEE: tl.constexpr):
+                      WINDOW: tl.constexpr, IEEE: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -95,6 +101,15 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, S, HQ, GROUP, qk_scal
     valid = offs_m < length
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o = tl.where(valid[:, None], o, 0.0)
+    if GATE:
+        gate = tl.load(g_ptr + b * sgb + h * sgh + offs_m[:, None].to(tl.int64) * sgs + offs_d[None, :],
+                       mask=valid[:, None], other=0.0).to(tl.float32)
+        if LIBDEVICE:
+            e = libdevice.exp(-gate)
+        else:
+            e = tl.exp(-gate)
+        sig = tl.div_rn(tl.full((BLOCK_M, D), 1.0, tl.float32), 1.0 + e)
+        o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * sig.to(o_ptr.dtype.element_ty).to(tl.float32)
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
@@ -112,8 +127,10 @@ def _config(D: int, S: int) -> tuple[int, int, int, int]:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, causal: bool,
-              window: int | None = None, scale: float | None = None) -> torch.Tensor:
-    """o [B, S, Hq, D] in q's dtype; lengths int32 [B] on q's device (rows >= length: zeros)."""
+              window: int | None = None, scale: float | None = None, gate: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """o [B, S, Hq, D] in q's dtype (times sigmoid(gate) when given); lengths int32 [B] on q's device
+    (rows >= length: zeros)."""
     B, S, HQ, D = q.shape
     HKV = k.shape[2]
     assert k.shape == (B, S, HKV, D) and v.shape == k.shape, "k and v must be [B, S, Hkv, D] as q's"
@@ -121,18 +138,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     assert q.stride(3) == 1 and k.stride(3) == 1 and v.stride(3) == 1, "q, k, v need unit stride along D"
     assert q.dtype == k.dtype == v.dtype, "q, k, v must share a dtype"
     assert lengths.shape == (B,) and lengths.dtype == torch.int32, "lengths must be int32 [B]"
+    if gate is not None:
+        assert gate.shape == q.shape and gate.dtype == q.dtype and gate.stride(3) == 1, \
+            "gate must be [B, S, Hq, D] in q's dtype, unit stride along D"
     block_m, block_n, warps, stages = _config(D, S)
     o = torch.empty((B, S, HQ, D), dtype=q.dtype, device=q.device)
     if B == 0 or S == 0:
         return o
     sc = D ** -0.5 if scale is None else scale
     grid = (triton.cdiv(S, block_m), B * HQ)
+    g = q if gate is None else gate
     _attention_kernel[grid](
-        q, k, v, o, lengths, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
+        q, k, v, o, lengths, g, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        IEEE=q.dtype == torch.float32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
+        num_stages=stages)
     return o
 
 
@@ -147,9 +169,10 @@ def attention_mask(lengths: torch.Tensor, S: int, causal: bool, window: int | No
     return allow
 
 
-def attention_reference(q, k, v, lengths, *, causal, window=None, scale=None):
+def attention_reference(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     """torch's scaled_dot_product_attention in fp32 with the explicit mask (attention_mask), key and
-    value heads repeated for grouped-query attention; rows >= length zeroed."""
+    value heads repeated for grouped-query attention; rows >= length zeroed; times sigmoid(gate) in
+    q's dtype when given (Qwen3.5's attn_output * torch.sigmoid(gate))."""
     B, S, HQ, D = q.shape
     rep = HQ // k.shape[2]
     qf = q.float().transpose(1, 2)
@@ -158,5 +181,5 @@ def attention_reference(q, k, v, lengths, *, causal, window=None, scale=None):
     o = torch.nn.functional.scaled_dot_product_attention(
         qf, kf, vf, attn_mask=attention_mask(lengths, S, causal, window), scale=D ** -0.5 if scale is None else scale)
     valid = torch.arange(S, device=q.device)[None, :] < lengths.long()[:, None]
-    o = torch.where(valid[:, :, None, None], o.transpose(1, 2), 0.0)
-    return o.to(q.dtype)
+    o = torch.where(valid[:, :, None, None], o.transpose(1, 2), 0.0).to(q.dtype)
+    return o if gate is None else o * torch.sigmoid(gate.contiguous())

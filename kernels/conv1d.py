@@ -1,4 +1,5 @@
-"""Depthwise causal conv1d with SiLU (Gated DeltaNet's short convolution), Triton kernel and reference.
+"""Depthwise causal conv1d with SiLU (Gated DeltaNet's short convolution), Triton kernel and reference
+(the reference kept in vsr.kernels.deltanet_reference, which imports no Triton, and re-exported here).
 
     y[b, s, c] = silu( sum_{j<W} x[b, s - (W-1) + j, c] * w[c, j] )     (x = 0 before position 0)
 
@@ -11,16 +12,11 @@ request (right padding: a real position reads only earlier positions).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-
-def causal_conv1d_silu_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """transformers' causal_conv1d_fn(x^T, w, activation="silu")^T: [B, S, C] in x's dtype."""
-    S, W = x.shape[1], w.shape[-1]
-    y = F.conv1d(x.transpose(1, 2).to(w.dtype), w.unsqueeze(1), padding=W - 1, groups=w.shape[0])[..., :S]
-    return F.silu(y).to(x.dtype).transpose(1, 2).contiguous()
+# The reference lives in a module without Triton (the CPU path imports it); re-exported here.
+from vsr.kernels.deltanet_reference import causal_conv1d_silu_reference  # noqa: F401
 
 
 @triton.jit

@@ -1,5 +1,6 @@
 """The chunked gated delta rule (Gated DeltaNet's token mixer, prefill), as Triton kernels with
-its pure-torch references.
+its pure-torch references (kept in vsr.kernels.deltanet_reference, which imports no Triton, and
+re-exported here).
 
 Per value head, with fp32 state S [K, V] starting at zero, for each token t:
 
@@ -24,93 +25,26 @@ position 0 of each request and every program reads one request only, so a reques
 depend on the batch it shares or its padding. Right padding: with `lengths`, positions
 t >= lengths[b] count as q = k = v = beta = g = 0 (they leave the state unchanged, and their
 output rows are zeros).
+
+The gates (deltanet_gates): beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias) from the
+fused in_proj_b | in_proj_a output, one program per token.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-CHUNK = 64
-L2_EPS = 1e-6
+# The references live in a module without Triton (the CPU path imports them); re-exported here.
+from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
+                                            deltanet_gates_reference, recurrent_gated_delta_rule_reference)
+from vsr.kernels.norm import LIBDEVICE
 # The scan's chunks depend on each other through the state, so its loop runs unpipelined: Triton's
 # default 3 stages buffer the loop's fp32 tiles in shared memory (263 KB at K = V = 128 in bf16,
 # more than an H200's 227 KB; 106 KB with one stage).
 SCAN_STAGES = 1
 
-
-# ---------------------------------------------------------------------------------------------
-# references
-
-
-def _prepare(q, k, v, g, beta, lengths, l2norm):
-    """fp32 [B, Hv, S, *] copies, heads repeated, padding zeroed, q/k normalised, q scaled."""
-    B, S, Hk, K = k.shape
-    Hv = v.shape[2]
-    if Hv % Hk:
-        raise ValueError(f"value heads {Hv} are not a multiple of key heads {Hk}")
-    q, k = (x.repeat_interleave(Hv // Hk, dim=2) if Hv != Hk else x for x in (q, k))
-    q, k, v, g, beta = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, g, beta))
-    if lengths is not None:
-        keep = (torch.arange(S, device=q.device)[None] < lengths.to(q.device)[:, None]).float()  # [B, S]
-        q, k, v = (x * keep[:, None, :, None] for x in (q, k, v))
-        g, beta = g * keep[:, None], beta * keep[:, None]
-    if l2norm:
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + L2_EPS)
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + L2_EPS)
-    return q * K ** -0.5, k, v, g, beta
-
-
-def chunk_gated_delta_rule_reference(q, k, v, g, beta, lengths=None, *, l2norm=True, chunk=CHUNK):
-    """o [B, S, Hv, V] in q's dtype. q, k [B, S, Hk, K]; v [B, S, Hv, V]; g (log decay, <= 0) and beta
-    [B, S, Hv]; lengths int [B] or None. The chunked form of transformers' torch_chunk_gated_delta_rule,
-    with the triangular solve written as its forward substitution."""
-    B, S = q.shape[:2]
-    dtype = q.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, lengths, l2norm)
-    pad = (-S) % chunk
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
-    n = (S + pad) // chunk
-    q, k, v = (x.reshape(B, x.shape[1], n, chunk, x.shape[-1]) for x in (q, k, v))
-    g, beta = g.reshape(B, -1, n, chunk), beta.reshape(B, -1, n, chunk)
-    gc = g.cumsum(-1)
-    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")).exp()
-    kb = k * beta[..., None]
-    t = -((kb @ k.transpose(-1, -2)) * decay).tril(-1)
-    for i in range(1, chunk):
-        row = t[..., i, :i].clone()
-        t[..., i, :i] = row + (row[..., None] * t[..., :i, :i]).sum(-2)
-    t = t + torch.eye(chunk, device=q.device)
-    u = t @ (v * beta[..., None])
-    w = t @ (kb * gc.exp()[..., None])
-    attn = (q @ k.transpose(-1, -2)) * decay
-    qg = q * gc.exp()[..., None]
-    kg = k * (gc[..., -1:] - gc).exp()[..., None]
-    state = q.new_zeros(B, q.shape[1], q.shape[-1], v.shape[-1])
-    out = torch.empty_like(v)
-    for c in range(n):
-        vn = u[:, :, c] - w[:, :, c] @ state
-        out[:, :, c] = qg[:, :, c] @ state + attn[:, :, c] @ vn
-        state = state * gc[:, :, c, -1, None, None].exp() + kg[:, :, c].transpose(-1, -2) @ vn
-    out = out.reshape(B, out.shape[1], -1, out.shape[-1])[:, :, :S]
-    return out.transpose(1, 2).to(dtype).contiguous()
-
-
-def recurrent_gated_delta_rule_reference(q, k, v, g, beta, lengths=None, *, l2norm=True):
-    """The token-by-token form (the definition): o [B, S, Hv, V] in fp32."""
-    q, k, v, g, beta = _prepare(q, k, v, g, beta, lengths, l2norm)
-    B, H, S, K = q.shape
-    state = q.new_zeros(B, H, K, v.shape[-1])
-    out = torch.empty_like(v)
-    for t in range(S):
-        state = state * g[:, :, t, None, None].exp()
-        delta = (v[:, :, t] - (state * k[:, :, t, :, None]).sum(-2)) * beta[:, :, t, None]
-        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
-        out[:, :, t] = (state * q[:, :, t, :, None]).sum(-2)
-    return out.transpose(1, 2).contiguous()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,3 +190,48 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         o.stride(0), o.stride(1), o.stride(2),
         BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, num_warps=4, num_stages=SCAN_STAGES)
     return o
+
+
+# ---------------------------------------------------------------------------------------------
+# the gates
+
+
+@triton.jit
+def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
+                  LIBDEVICE: tl.constexpr):
+    """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
+    dt_bias) in fp32 (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    m = h < H
+    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
+    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
+    x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
+    one = tl.full((BLOCK_H,), 1.0, tl.float32)
+    if LIBDEVICE:
+        sp = libdevice.log1p(libdevice.exp(x))
+        eb = libdevice.exp(-b)
+    else:   # log1p(e) as log(u) · e / (u - 1), u = 1 + e (exact where u rounds to 1: e itself)
+        e = tl.exp(x)
+        u = 1.0 + e
+        sp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
+        eb = tl.exp(-b)
+    sp = tl.where(x > 20.0, x, sp)
+    tl.store(beta_ptr + row * H + h, tl.div_rn(one, 1.0 + eb).to(beta_ptr.dtype.element_ty), mask=m)
+    tl.store(g_ptr + row * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * sp, mask=m)
+
+
+def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor):
+    """The Triton form of deltanet_gates_reference: (g fp32 [T, H], beta [T, H] in ba's dtype), both
+    contiguous, from ba [T, 2H] (b | a; a row-strided view allowed), neg_a and dt_bias fp32 [H]."""
+    if ba.dim() != 2 or ba.shape[1] % 2 or ba.stride(1) != 1:
+        raise ValueError(f"ba must be [T, 2H] with unit column stride, got {tuple(ba.shape)} {ba.stride()}")
+    T, H = ba.shape[0], ba.shape[1] // 2
+    if neg_a.shape != (H,) or dt_bias.shape != (H,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
+        raise ValueError(f"neg_a and dt_bias must be fp32 [{H}]")
+    g = torch.empty(T, H, dtype=torch.float32, device=ba.device)
+    beta = torch.empty(T, H, dtype=ba.dtype, device=ba.device)
+    if T:
+        _gates_kernel[(T,)](ba, neg_a.contiguous(), dt_bias.contiguous(), g, beta, H, ba.stride(0),
+                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, num_warps=1)
+    return g, beta

@@ -4,11 +4,16 @@ the output, as Triton kernels with pure-torch references of the same signature.
     s = x + residual (rounded to x's dtype, as transformers adds) or s = x
     RMSNorm   y = w · s / sqrt(mean(s²) + eps)             (zero_centered: (1 + w) · ...)
     LayerNorm y = w · (s - mean(s)) / sqrt(var(s) + eps) + b   (biased variance)
+    gated_rms_norm  y = w · x / sqrt(mean(x²) + eps) · silu(z)  per head of D = len(w) columns
+                    (Qwen3.5's Gated DeltaNet output norm, Qwen3_5RMSNormGated; no residual)
 
 Rounding (the references are transformers' modules):
 - rms_norm exact: Qwen3RMSNorm: s in fp32, n = s · rsqrt(mean(s²) + eps), n rounded to x's dtype,
   then w · n rounded again. zero_centered (Qwen3.5's RMSNorm): fp32 n · (1 + fp32 w), rounded once.
 - layer_norm: torch's layer_norm: statistics and w · (s - mean) · rstd + b in fp32, rounded once.
+- gated_rms_norm exact: Qwen3_5RMSNormGated: n in fp32 rounded to x's dtype, w · n rounded (w in
+  x's dtype), times silu(z) in fp32 (z's SiLU in fp32), rounded once more. exact=False: all in fp32,
+  one rounding. SiLU with libdevice's exp and IEEE division, as torch's CUDA kernel computes it.
 - exact=False (the approximate set): the residual sum stays in fp32 for the statistics (s is still
   returned rounded) and rms_norm multiplies by w in fp32 before its one rounding.
 The Triton forms differ from the references only by the order of their fp32 sums.
@@ -23,15 +28,22 @@ result is independent of the others in the batch; no atomics.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from vsr.kernels import common, fp8
 
 # fp32(1/448): torch on CUDA divides a tensor by a Python number as a product with its reciprocal.
 _RCP_448 = 0.0022321429569274187
+# The interpreter has no libdevice: there the kernels use Triton's exp and erf (read at import, as
+# Triton reads the variable when a kernel is defined). Shared by the pointwise kernels.
+LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
+# Elements of a gated norm program: heads of D columns, about this many in all.
+_GATED_ELEMS = 1024
 
 
 @functools.cache
@@ -195,6 +207,58 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return _launch(x, residual, weight, bias, eps, True, False, exact, quant_fp8)
 
 
+@triton.jit
+def silu_f32(z, LIBDEVICE: tl.constexpr):
+    """silu of fp32 z as torch's CUDA kernel: z / (1 + exp(-z)), IEEE division."""
+    if LIBDEVICE:
+        e = libdevice.exp(-z)
+    else:
+        e = tl.exp(-z)
+    return tl.div_rn(z, 1.0 + e)
+
+
+@triton.jit
+def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, H, stride_x, stride_z, eps, INV_D, D: tl.constexpr,
+                       BLOCK_D: tl.constexpr, HB: tl.constexpr, EXACT: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """Row program_id(0), heads [program_id(1) · HB, +HB) of D columns each."""
+    row = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HB + tl.arange(0, HB)
+    cols = tl.arange(0, BLOCK_D)
+    mc = cols < D
+    m = (heads < H)[:, None] & mc[None, :]
+    offs = heads[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + row * stride_x + offs, mask=m, other=0.0)
+    xf = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * INV_D + eps)
+    n = xf * rstd[:, None]
+    w = tl.load(w_ptr + cols, mask=mc, other=0.0).to(tl.float32)[None, :]
+    g = silu_f32(tl.load(z_ptr + row * stride_z + offs, mask=m, other=0.0).to(tl.float32), LIBDEVICE)
+    if EXACT:
+        y = (w * n.to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32) * g
+    else:
+        y = n * w * g
+    tl.store(y_ptr + row * (H * D) + offs, y.to(x.dtype), mask=m)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, *, exact: bool = True):
+    """y [T, H · D] contiguous in x's dtype: RMSNorm of each head of D = len(weight) columns of x
+    [T, H · D], times weight (in x's dtype), times silu(z) (z [T, H · D]; row-strided views allowed)."""
+    assert x.dim() == 2 and z.shape == x.shape and x.stride(1) == 1 and z.stride(1) == 1, \
+        "x and z must be [T, H * D] alike, unit column stride"
+    D = weight.shape[0]
+    assert weight.shape == (D,) and weight.is_contiguous() and x.shape[1] % D == 0, \
+        f"weight must be contiguous [D] with D dividing x's {x.shape[1]} columns"
+    T, H = x.shape[0], x.shape[1] // D
+    y = torch.empty((T, H * D), dtype=x.dtype, device=x.device)
+    if T and H:
+        bd = triton.next_power_of_2(D)
+        hb = max(1, min(triton.next_power_of_2(H), _GATED_ELEMS // bd))
+        _gated_norm_kernel[(T, triton.cdiv(H, hb))](
+            x, z, weight, y, H, x.stride(0), z.stride(0), eps, 1.0 / D, D=D, BLOCK_D=bd, HB=hb, EXACT=exact,
+            LIBDEVICE=LIBDEVICE, num_warps=4)
+    return y
+
+
 def _quant_reference(y):
     xq, xs = fp8.quantize_activation(y)
     return xq, xs.reshape(-1)
@@ -226,3 +290,13 @@ def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, qua
                                            None if bias is None else bias.float(), eps).to(x.dtype)
     out = (y, None if residual is None else s)
     return out + _quant_reference(y) if quant_fp8 else out
+
+
+def gated_rms_norm_reference(x, z, weight, eps, *, exact=True):
+    """transformers' Qwen3_5RMSNormGated over each head of D = len(weight) columns, as gated_rms_norm."""
+    T, D = x.shape[0], weight.shape[0]
+    xf = x.reshape(T, -1, D).float()
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    g = torch.nn.functional.silu(z.contiguous().reshape(T, -1, D).float())
+    y = (weight * n.to(x.dtype)) * g if exact else n * weight.float() * g
+    return y.to(x.dtype).reshape(T, -1)

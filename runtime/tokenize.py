@@ -10,7 +10,8 @@ the end of a request can route it on half a sentence, so `encode_each` reports a
 text with more tokens than the model's limit and the engine refuses to answer it.
 The limit is, in order: config["vsr_max_tokens"], sentence-transformers'
 max_seq_length (sentence_bert_config.json, the length the encoder was trained
-and is served at), config["max_position_embeddings"].
+and is served at), config["max_position_embeddings"] (a config that wraps its text
+model's fields in text_config, as Qwen3.5's model_type "qwen3_5" does, gives it there).
 """
 from __future__ import annotations
 
@@ -30,9 +31,20 @@ class Batch:
     lengths: torch.Tensor  # int64 [B], tokens per request (>= 1)
 
 
+def max_positions(config: dict) -> int | None:
+    """max_position_embeddings of config.json, or of its text_config when the top level has none
+    (Qwen3.5's model_type "qwen3_5" keeps the text model's fields there)."""
+    n = config.get("max_position_embeddings")
+    text = config.get("text_config")
+    if not n and isinstance(text, dict):
+        n = text.get("max_position_embeddings")
+    return int(n) if n else None
+
+
 def token_limit(package_dir: Path, config: dict) -> int:
     if config.get("vsr_max_tokens"):
         return int(config["vsr_max_tokens"])
+    positions = max_positions(config)
     st = Path(package_dir) / "sentence_bert_config.json"
     if st.is_file():
         n = read_json_object(st).get("max_seq_length")
@@ -41,9 +53,9 @@ def token_limit(package_dir: Path, config: dict) -> int:
                 n = int(n)
             except (TypeError, ValueError):
                 raise PackageError(f"{st}: max_seq_length {n!r} is not an integer") from None
-            return min(n, int(config.get("max_position_embeddings", n)))
-    if config.get("max_position_embeddings"):
-        return int(config["max_position_embeddings"])
+            return min(n, positions or n)
+    if positions:
+        return positions
     raise PackageError(f"{package_dir}/config.json: no max_position_embeddings (or vsr_max_tokens) to bound request length")
 
 

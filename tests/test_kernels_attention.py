@@ -67,3 +67,20 @@ def test_attention_rejects_head_dim():
     q = torch.randn(1, 4, 2, 48).to(DEV)
     with pytest.raises(ValueError):
         attention.attention(q, q, q, torch.tensor([4], dtype=torch.int32, device=DEV), causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("D", [32, 256])   # 256: Qwen3.5's full-attention heads
+def test_attention_gate(monkeypatch, dtype, D):
+    """Qwen3.5's gated output o * sigmoid(gate), the gate a strided head view (q_proj's gate half)."""
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(21 + D)
+    B, S, HQ, HKV = 2, 70, 4, 2
+    q, k, v = _qkv(B, S, HQ, HKV, D, dtype, g)
+    gate = (torch.randn(B, S, HQ, 2 * D, generator=g) * 3).to(dtype).to(DEV)[..., D:]
+    lengths = torch.tensor([S, 9], dtype=torch.int32, device=DEV)
+    o = _check(q, k, v, lengths, causal=True, gate=gate)
+    plain = attention.attention_reference(q, k, v, lengths, causal=True)
+    assert torch.equal(attention.attention_reference(q, k, v, lengths, causal=True, gate=gate),
+                       plain * torch.sigmoid(gate))
+    assert torch.all(o[1, 9:] == 0) and (o - plain).abs().max() > 0.1

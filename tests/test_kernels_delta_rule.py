@@ -105,3 +105,25 @@ def test_conv1d_matches_transformers(dtype):
     assert torch.equal(got, conv1d.causal_conv1d_silu(x, w))
     # A request's rows do not depend on its batch or on what follows it.
     assert torch.equal(conv1d.causal_conv1d_silu(x[1:, :20], w)[0], got[1, :20])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gates_match_transformers(dtype):
+    """beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (fp32) from the fused b | a output,
+    a column slice (row-strided) as the model passes it; softplus's linear branch past 20 included."""
+    g = torch.Generator().manual_seed(7)
+    T, H = 33, 6
+    wide = (torch.randn(T, 2 * H + 5, generator=g) * 8).to(dtype)
+    ba = wide[:, 3:3 + 2 * H]
+    a_log, dt_bias = torch.randn(H, generator=g), torch.randn(H, generator=g) * 4
+    neg_a = -a_log.exp()
+    b, a = ba[:, :H].contiguous(), ba[:, H:].contiguous()   # transformers' own in_proj_b / in_proj_a outputs
+    want_g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    ref_g, ref_beta = delta_rule.deltanet_gates_reference(ba, neg_a, dt_bias)
+    assert torch.equal(ref_g, want_g) and torch.equal(ref_beta, b.sigmoid())
+    assert (a.float() + dt_bias > 20).any() and (a.float() + dt_bias < -10).any()
+    got_g, got_beta = delta_rule.deltanet_gates(ba, neg_a, dt_bias)
+    assert got_g.dtype == torch.float32 and got_beta.dtype == dtype and got_g.is_contiguous()
+    torch.testing.assert_close(got_g, ref_g, atol=0, rtol=1e-6)
+    tol = 1e-6 if dtype == torch.float32 else 1e-3
+    torch.testing.assert_close(got_beta.float(), ref_beta.float(), atol=0, rtol=tol)

@@ -119,3 +119,36 @@ def test_empty_and_batch_independence():
     y_all, _ = norm.rms_norm(x, w, 1e-6)
     y_one, _ = norm.rms_norm(x[3:4], w, 1e-6)
     assert torch.equal(y_all[3:4], y_one)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("H,D", [(4, 32), (20, 64), (3, 48)])   # one head block; two (16 + 4); D not a power of 2
+@pytest.mark.parametrize("exact", [True, False])
+def test_gated_rms_norm(monkeypatch, dtype, H, D, exact):
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(H * D)
+    x = (torch.randn(6, H * D, generator=g) * 2).to(dtype).to(DEV)
+    z = _strided(6, H * D, dtype, g).to(DEV)   # a column slice of a fused product's output
+    assert z.stride(0) > z.shape[1]
+    w = (torch.randn(D, generator=g) * 0.5 + 1).to(dtype).to(DEV)
+    y = norm.gated_rms_norm(x, z, w, 1e-6, exact=exact)
+    yr = norm.gated_rms_norm_reference(x, z, w, 1e-6, exact=exact)
+    assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous() and not y.isnan().any()
+    _ulp_close(y, yr, dtype)
+
+
+def test_gated_rms_norm_reference_is_transformers():
+    """The reference is Qwen3_5RMSNormGated per head, bf16 weights and activations included."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated
+
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        m = Qwen3_5RMSNormGated(32, eps=1e-6).to(dtype)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(32, generator=g) * 0.3 + 1)
+        x, z = (torch.randn(5, 4 * 32, generator=g) * 2).to(dtype), torch.randn(5, 4 * 32, generator=g).to(dtype)
+        want = m(x.reshape(-1, 32), z.reshape(-1, 32)).detach().reshape(5, -1)
+        assert torch.equal(norm.gated_rms_norm_reference(x, z, m.weight.detach(), 1e-6), want)
+    # The exact and approximate forms differ (the exact rounds n and w * n): both are really computed.
+    assert not torch.equal(norm.gated_rms_norm_reference(x, z, m.weight.detach(), 1e-6),
+                           norm.gated_rms_norm_reference(x, z, m.weight.detach(), 1e-6, exact=False))

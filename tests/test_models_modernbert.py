@@ -46,7 +46,7 @@ def test_logits_match_transformers_on_a_padded_batch(which, request):
     assert "sliding_attention" in e.model.types and "full_attention" in e.model.types
     b = e.tokenizer.batch(TEXTS)
     # Requests longer than the local window (8: |i - j| <= 4), and padding.
-    assert int(b.lengths.max()) > 4 * e.model.window and int(b.lengths.min()) < 4
+    assert int(b.lengths.max()) > 2 * e.model.local_attention and int(b.lengths.min()) < 4
     ours = _ours_logits(e, b)
     ref = _hf_logits(_hf(path), b)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
@@ -62,8 +62,41 @@ def test_the_local_window_matters(tiny_modernbert):  # noqa: F811
     e = load_engine(Pkg(tiny_modernbert))
     b = e.tokenizer.batch(TEXTS)
     before = _ours_logits(e, b)
-    e.model.window = 10_000
+    e.model.local_attention = 20_000
     assert (before - _ours_logits(e, b)).abs().max() > 1e-3
+
+
+def test_products_are_what_the_forward_runs(tiny_modernbert):  # noqa: F811
+    from vsr.runtime import models
+
+    e = load_engine(Pkg(tiny_modernbert))
+    prods = models.products(Pkg(tiny_modernbert).config, None)
+    assert [p for p, _ in prods] == list(e.linears) and all(parts == (p,) for p, parts in prods) and not e.fused
+    assert e.linears["model.layers.0.attn.Wqkv"].out_features == 3 * 128
+    assert e.linears["model.layers.0.mlp.Wi"].out_features == 2 * 256
+
+
+@pytest.mark.parametrize("which", ["mean", "cls"])
+def test_the_triton_ops_match_the_reference_under_the_interpreter(which, request):
+    """The forward with ops.triton_ops() (every kernel under the Triton interpreter, fp32) gives the
+    reference forward's numbers: the window, the RoPE form, the norms and GeGLU as wired here."""
+    from vsr.runtime.models import ops
+
+    path = request.getfixturevalue("tiny_modernbert" if which == "mean" else "tiny_modernbert_cls")
+    e = load_engine(Pkg(path))
+    # Short (the interpreter is slow) but past the local window (|i - j| <= 4), and padded.
+    b = e.tokenizer.batch([TEST_TEXTS[2], TEST_TEXTS[3]])
+    assert int(b.lengths.max()) > e.model.local_attention
+    out = {}
+    for name, op_set in (("reference", ops.REFERENCE), ("triton", ops.triton_ops())):
+        e.model.ops = op_set
+        with torch.no_grad():
+            h = e.model.encode(b.input_ids, b.attention_mask)
+            out[name] = h, e.model.logits(e.model.pool(h, b.attention_mask))
+    (want, l_want), (got, l_got) = out["reference"], out["triton"]
+    real = b.attention_mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5 * float(want.abs().max()), rtol=0)
+    torch.testing.assert_close(l_got, l_want, atol=1e-5 * float(l_want.abs().max()), rtol=0)
 
 
 def test_bf16_activations_match_transformers_in_bf16(tiny_modernbert):  # noqa: F811
@@ -131,7 +164,7 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_modernbert):  
     hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
     b = e.tokenizer.batch(TEXTS)
     ours = _ours_logits(e, b)
-    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b))
+    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b), e.fused)
     assert set(seen) == set(e.linears)
     for n, (x, y_ref) in seen.items():
         if scheme == "FP8_DYNAMIC" and x.dim() == 2:

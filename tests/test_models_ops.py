@@ -7,17 +7,19 @@ import sys
 import pytest
 import torch
 
-from tinypkgs import tiny_qwen3  # noqa: F401
+from tinypkgs import tiny_modernbert, tiny_qwen3, tiny_qwen3_5  # noqa: F401
 from vsr.runtime.models import ops
 
 KERNEL_MODULES = ("vsr.kernels.norm", "vsr.kernels.rope", "vsr.kernels.activation", "vsr.kernels.attention",
-                  "vsr.kernels.head")
+                  "vsr.kernels.head", "vsr.kernels.conv1d", "vsr.kernels.delta_rule")
 
 
-def test_the_cpu_forward_imports_no_forward_kernel_module(tiny_qwen3):  # noqa: F811
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_5", "tiny_modernbert"])
+def test_the_cpu_forward_imports_no_forward_kernel_module(fixture, request):
+    path = request.getfixturevalue(fixture)
     code = ("import sys; sys.path.insert(0, 'tests'); from tinypkgs import Pkg; "
             "from vsr.runtime.engine import load_engine; "
-            f"e = load_engine(Pkg({str(tiny_qwen3)!r})); e.forward(['turn on the lights']); "
+            f"e = load_engine(Pkg({str(path)!r})); e.forward(['turn on the lights']); "
             f"print(sorted(m for m in {KERNEL_MODULES!r} if m in sys.modules))")
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
@@ -33,8 +35,7 @@ def _inputs(dtype, T=6, H=64, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_twins_give_the_reference_bytes(dtype):
-    twins = ops.kernel_twins() if all(_importable(m) for m in KERNEL_MODULES[:4]) else pytest.skip(
-        "the forward kernel modules (vsr.kernels.norm, rope, activation, attention) are not in this tree")
+    twins = ops.kernel_twins()
     r = _inputs(dtype)
     B, S, Hq, Hkv, D = 2, 5, 4, 2, 32
     T = B * S
@@ -60,22 +61,28 @@ def test_kernel_twins_give_the_reference_bytes(dtype):
     lengths = torch.tensor([S, 3], dtype=torch.int32)
     h, sw = r(T, 128), torch.randn(3, 128)
     assert torch.equal(twins.last_token_score(h, lengths, sw), ops.REFERENCE.last_token_score(h, lengths, sw))
+    for approx in ("none", "tanh"):
+        assert torch.equal(twins.gelu_mul(gu, approx), ops.REFERENCE.gelu_mul(gu, approx))
+    # Qwen3.5's gated norm (z a column slice of a fused product's output), ModernBERT's RoPE (cos and
+    # sin in the activation dtype), the Gated DeltaNet's gates.
+    z, gw = r(T, 200)[:, 8:136], r(32)
+    assert torch.equal(twins.gated_rms_norm(x, z, gw, 1e-6), ops.REFERENCE.gated_rms_norm(x, z, gw, 1e-6))
+    for a, b in zip(twins.rope(q, k, cos.to(dtype), sin.to(dtype), D), ops.REFERENCE.rope(q, k, cos.to(dtype),
+                                                                                         sin.to(dtype), D)):
+        assert torch.equal(a, b)
+    ba, na, dt = r(T, 12)[:, 1:11], -torch.rand(5), torch.randn(5)
+    for a, b in zip(twins.deltanet_gates(ba, na, dt), ops.REFERENCE.deltanet_gates(ba, na, dt)):
+        assert torch.equal(a, b)
+    assert twins.chunk_gated_delta_rule is ops.REFERENCE.chunk_gated_delta_rule   # one pure-torch module
+    assert twins.causal_conv1d_silu is ops.REFERENCE.causal_conv1d_silu
     if dtype == torch.float32:   # the twin's attention runs fp32 whatever q's dtype; the reference's in q's
-        for causal in (True, False):
-            qv, kv, vv = q.reshape(B, S, Hq, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
-            got = twins.attention(qv, kv, vv, lengths, causal=causal)
-            want = ops.REFERENCE.attention(qv, kv, vv, lengths, causal=causal)
+        qv, kv, vv = q.reshape(B, S, Hq, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
+        gate = r(B, S, Hq, 2 * D)[..., D:]
+        for kw in ({"causal": True}, {"causal": False}, {"causal": False, "window": 4}, {"causal": True, "gate": gate}):
+            got = twins.attention(qv, kv, vv, lengths, **kw)
+            want = ops.REFERENCE.attention(qv, kv, vv, lengths, **kw)
             for b in range(B):   # the rows past a request's length are padding, free in either
                 torch.testing.assert_close(got[b, :lengths[b]], want[b, :lengths[b]], atol=1e-6, rtol=1e-5)
-
-
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 def test_reference_rms_norm_is_transformers_qwen3_rmsnorm():
@@ -87,3 +94,21 @@ def test_reference_rms_norm_is_transformers_qwen3_rmsnorm():
     x, res = torch.randn(5, 64).to(torch.bfloat16), torch.randn(5, 64).to(torch.bfloat16)
     y, s = ops.REFERENCE.rms_norm(x, m.weight.detach(), 1e-6, residual=res)
     assert torch.equal(s, x + res) and torch.equal(y, m(x + res).detach())
+
+
+def test_reference_window_is_transformers_modernbert_local_attention():
+    """window=local_attention keeps keys within |i - j| <= local_attention // 2: transformers'
+    ModernBERT sliding layers (sliding_window = local_attention // 2, distance <= sliding_window)."""
+    from transformers.masking_utils import sliding_window_bidirectional_overlay
+
+    g = torch.Generator().manual_seed(4)
+    B, S, H, D, local = 1, 12, 2, 16, 6
+    q, k, v = (torch.randn(B, S, H, D, generator=g) for _ in range(3))
+    lengths = torch.tensor([S], dtype=torch.int32)
+    inside = sliding_window_bidirectional_overlay(local // 2)
+    allow = torch.tensor([[bool(inside(0, 0, i, j)) for j in range(S)] for i in range(S)])
+    want = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                            attn_mask=allow).transpose(1, 2)
+    got = ops.REFERENCE.attention(q, k, v, lengths, causal=False, window=local)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, ops.REFERENCE.attention(q, k, v, lengths, causal=False))

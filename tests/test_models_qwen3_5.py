@@ -31,6 +31,22 @@ def _hf_logits(m, b):
         return m(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float()
 
 
+class _Keys:
+    """The tensor names of a package (what linear_names reads of a loader)."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        with safe_open(path / "model.safetensors", "pt") as f:
+            self.names = set(f.keys())
+
+    def keys(self):
+        return sorted(self.names)
+
+    def has(self, name):
+        return name in self.names
+
+
 def _copy_with_config(src, dst, **changes):
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
@@ -68,6 +84,57 @@ def test_bf16_activations_match_transformers_in_bf16(tiny_qwen3_5):  # noqa: F81
     assert (ours - ref).abs().max() <= 0.05 * ref.abs().max()
 
 
+def test_products_are_what_the_forward_runs(tiny_qwen3_5):  # noqa: F811
+    """models.products (what vsr-tune tunes) names the engine's products: q|k|v, in_proj_qkv|z,
+    in_proj_b|a and gate|up fused, o_proj, out_proj and down_proj alone."""
+    from vsr.runtime import models
+
+    e = load_engine(Pkg(tiny_qwen3_5))
+    prods = dict(models.products(Pkg(tiny_qwen3_5).config, _Keys(tiny_qwen3_5)))
+    assert set(prods) == set(e.linears)
+    assert {n: p for n, p in prods.items() if len(p) > 1} == e.fused
+    L0, L1 = "model.layers.0.", "model.layers.1."
+    assert prods[L0 + "linear_attn.in_proj_qkvz"] == (L0 + "linear_attn.in_proj_qkv", L0 + "linear_attn.in_proj_z")
+    assert prods[L0 + "linear_attn.in_proj_ba"] == (L0 + "linear_attn.in_proj_b", L0 + "linear_attn.in_proj_a")
+    assert prods[L1 + "self_attn.qkv_proj"] == tuple(L1 + f"self_attn.{p}_proj" for p in "qkv")
+    assert sorted(n.split(".", 3)[3] for n in prods if n.startswith(L0)) == sorted(
+        ["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj", "mlp.gate_up_proj",
+         "mlp.down_proj"])
+    # Query and gate per head (2 * 4 * 32), then k and v (2 * 32 each); conv channels 2*2*32 + 4*32, z 4*32.
+    assert e.linears[L1 + "self_attn.qkv_proj"].out_features == 256 + 64 + 64
+    assert e.linears[L0 + "linear_attn.in_proj_qkvz"].out_features == 256 + 128
+    assert e.linears[L0 + "linear_attn.in_proj_ba"].out_features == 8
+
+
+def test_the_triton_ops_match_the_reference_under_the_interpreter(tiny_qwen3_5):  # noqa: F811
+    """The forward with ops.triton_ops() (every kernel under the Triton interpreter, fp32) gives the
+    reference forward's numbers: each op is wired with the arguments its kernel expects."""
+    from vsr.runtime.models import ops
+
+    e = load_engine(Pkg(tiny_qwen3_5))
+    b = e.tokenizer.batch([TEST_TEXTS[2], TEST_TEXTS[0]])   # short (the interpreter is slow), padded
+    lengths = b.lengths.to(torch.int32)
+    out = {}
+    for name, op_set in (("reference", ops.REFERENCE), ("triton", ops.triton_ops())):
+        e.model.ops = op_set
+        with torch.no_grad():
+            h = e.model.encode(b.input_ids, b.attention_mask, lengths)
+            out[name] = h, op_set.last_token_score(h.view(-1, h.shape[-1]), lengths, e.model.score)
+    (want, s_want), (got, s_got) = out["reference"], out["triton"]
+    real = b.attention_mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-4 * float(want.abs().max()), rtol=0)
+    torch.testing.assert_close(s_got, s_want, atol=1e-5 * float(s_want.abs().max()), rtol=0)
+
+
+def test_head_counts_that_do_not_fit_the_weights_are_refused(tmp_path, tiny_qwen3_5):  # noqa: F811
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "dn", linear_key_head_dim=16)
+    with pytest.raises(PackageError, match=r"in_proj_qkv, .*in_proj_z: output widths \[256, 128\].*\[192, 128\]"):
+        load_engine(Pkg(path))
+    path = _copy_with_config(tiny_qwen3_5, tmp_path / "kv", num_key_value_heads=1)
+    with pytest.raises(PackageError, match=r"q_proj, .*v_proj: output widths \[256, 64, 64\].*\[256, 32, 32\]"):
+        load_engine(Pkg(path))
+
+
 def test_layer_types_are_read_as_given():
     cfg = {"num_hidden_layers": 3, "layer_types": ["full_attention", "linear_attention", "full_attention"]}
     assert qwen3_5.layer_types(cfg) == cfg["layer_types"]
@@ -96,13 +163,22 @@ def test_a_vision_tower_is_refused(tmp_path, tiny_qwen3_5):  # noqa: F811
 
 
 def test_a_text_config_package_loads(tmp_path, tiny_qwen3_5):  # noqa: F811
-    """model_type qwen3_5 with the text model's fields in text_config and no vision tower."""
+    """model_type qwen3_5 with the text model's fields in text_config (max_position_embeddings, the
+    token limit, included) and no vision tower."""
     cfg = json.loads((tiny_qwen3_5 / "config.json").read_text())
-    top = {k: cfg.pop(k) for k in ("architectures", "id2label", "label2id", "dtype", "max_position_embeddings")}
+    top = {k: cfg.pop(k) for k in ("architectures", "id2label", "label2id", "dtype")}
     path = _copy_with_config(tiny_qwen3_5, tmp_path / "tc")
     (path / "config.json").write_text(json.dumps({**top, "model_type": "qwen3_5", "text_config": cfg}))
     e, ref = load_engine(Pkg(path)), load_engine(Pkg(tiny_qwen3_5))
+    assert e.tokenizer.limit == cfg["max_position_embeddings"] == 256
     assert torch.equal(e.forward(TEXTS), ref.forward(TEXTS))
+    (path / "config.json").write_text(json.dumps({**top, "model_type": "qwen3_5", "max_position_embeddings": 100,
+                                                  "text_config": cfg}))
+    assert load_engine(Pkg(path)).tokenizer.limit == 100   # the top level's own value first
+    (path / "config.json").write_text(json.dumps({**top, "model_type": "qwen3_5", "text_config": {
+        k: v for k, v in cfg.items() if k != "max_position_embeddings"}}))
+    with pytest.raises(PackageError, match="no max_position_embeddings"):
+        load_engine(Pkg(path))
 
 
 @pytest.mark.parametrize("mtype,arch", [("qwen3_next", "Qwen3NextForSequenceClassification"),
@@ -133,11 +209,17 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # n
     # Every linear of both layer kinds is quantized, in_proj_b/in_proj_a included (llm-compressor
     # targets every Linear); the conv1d stays dense.
     assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
-    assert any("in_proj_a" in n for n in e.linears) and any("self_attn.q_proj" in n for n in e.linears)
+    runs = [p for n in e.linears for p in e.fused.get(n, (n,))]
+    assert any("in_proj_a" in n for n in runs) and any("self_attn.q_proj" in n for n in runs)
+    assert sorted(runs) == sorted(qwen3_5.linear_names(Pkg(path).config, _Keys(path)))   # each Linear once
+    # llm-compressor gives one NVFP4 global scale to q/k/v and gate/up only: the DeltaNet's
+    # in_proj_qkv|z and in_proj_b|a keep their own, so they run as separate products there.
+    fused = {"gate_up_proj", "qkv_proj"} | (set() if scheme == "NVFP4" else {"in_proj_qkvz", "in_proj_ba"})
+    assert {n.rsplit(".", 1)[1] for n in e.fused} == fused
     hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
     b = e.tokenizer.batch(TEXTS)
     ours = _ours_logits(e, b)
-    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b))
+    ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b), e.fused)
     assert set(seen) == set(e.linears)
     for n, (x, y_ref) in seen.items():
         with torch.no_grad():

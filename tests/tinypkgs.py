@@ -268,19 +268,24 @@ def tiny_modernbert(tmp_path_factory) -> Path:
     return _build_once("tiny-modernbert", tmp_path_factory, build_tiny_modernbert)
 
 
-def linear_io(hf, names, run):
-    """run()'s result and {name: (input, output)} of each named submodule of hf during it (the
-    first call of each), for layer-by-layer checks against transformers."""
-    seen = {}
+def linear_io(hf, names, run, fused=None):
+    """run()'s result and {name: (input, output)} of each named product of hf during it (the first
+    call of each), for layer-by-layer checks against transformers. A fused product (fused[name]:
+    its parts, as an engine's .fused) is captured on its parts: the first part's input and the
+    parts' outputs side by side."""
+    parts = {n: (fused or {}).get(n, (n,)) for n in names}
+    raw = {}
 
     def capture(n):
         def hook(mod, inp, out):
-            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
+            raw.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
         return hook
 
-    hooks = [hf.get_submodule(n).register_forward_hook(capture(n)) for n in names]
+    hooks = [hf.get_submodule(p).register_forward_hook(capture(p)) for ps in parts.values() for p in ps]
     try:
-        return run(), seen
+        out = run()
     finally:
         for h in hooks:
             h.remove()
+    return out, {n: (raw[ps[0]][0], torch.cat([raw[p][1] for p in ps], dim=-1))
+                 for n, ps in parts.items() if all(p in raw for p in ps)}

@@ -50,13 +50,7 @@ def linear_names(config: dict, loader) -> list[str]:
 def products(config: dict, loader) -> list[tuple[str, tuple[str, ...]]]:
     """The products the model of config.json runs, in order: (label, the Linear layers fused into
     it, in output order; one name for an unfused product). What vsr-tune tunes for a package."""
-    if _family(config) == "bert":
-        from vsr.runtime.models import bert
-
-        return bert.products(config, loader)
-    from vsr.runtime.models import qwen3
-
-    return qwen3.products(config, loader)
+    return _module(_family(config)).products(config, loader)
 
 
 def build_model(config: dict, builder: Builder):

@@ -129,27 +129,40 @@ def _fp8_codes(proj, exact: bool) -> bool:
     return not exact and getattr(proj, "takes_fp8_codes", False)
 
 
-def normed_product(ops, proj, x, weight, eps, *, residual=None, bias=None, layer=False, exact=True):
+def normed_product(ops, proj, x, weight, eps, *, residual=None, bias=None, layer=False, zero_centered=False,
+                   exact=True):
     """proj(norm(x + residual)) as (product, the norm's output y, the sum s = x + residual, or x).
-    RMSNorm, or LayerNorm with `layer` (BERT's post-LN, whose y is also the next residual). In
-    the approximate set an FP8 product takes the norm's own per-row e4m3 codes (quant_fp8)."""
+    RMSNorm (zero_centered: Qwen3.5's), or LayerNorm with `layer` (BERT's post-LN, whose y is also
+    the next residual). In the approximate set an FP8 product takes the norm's own per-row e4m3
+    codes (quant_fp8)."""
     kw = {"residual": residual, "exact": exact}
+    rkw = dict(kw, zero_centered=True) if zero_centered else kw
     if _fp8_codes(proj, exact):
         y, s, xq, xs = (ops.layer_norm(x, weight, bias, eps, quant_fp8=True, **kw) if layer
-                        else ops.rms_norm(x, weight, eps, quant_fp8=True, **kw))
+                        else ops.rms_norm(x, weight, eps, quant_fp8=True, **rkw))
         out = proj.product_fp8(xq, xs, y.dtype)
     else:
-        y, s = ops.layer_norm(x, weight, bias, eps, **kw) if layer else ops.rms_norm(x, weight, eps, **kw)
+        y, s = ops.layer_norm(x, weight, bias, eps, **kw) if layer else ops.rms_norm(x, weight, eps, **rkw)
         out = proj(y)
     return out, y, (x if s is None else s)
 
 
+# activated_product's act -> (the op, its arguments after h).
+_ACTIVATIONS = {"silu_mul": ("silu_mul", ()), "gelu": ("gelu", ("none",)), "gelu_tanh": ("gelu", ("tanh",)),
+                "gelu_mul": ("gelu_mul", ("none",)), "gelu_tanh_mul": ("gelu_mul", ("tanh",))}
+
+
 def activated_product(ops, proj, h, act: str, exact: bool = True):
-    """proj(act(h)): act "silu_mul" (h = gate|up), "gelu", "gelu_tanh" or "relu"."""
+    """proj(act(h)): act "silu_mul" (h = gate|up), "gelu", "gelu_tanh", "gelu_mul" / "gelu_tanh_mul"
+    (GeGLU, h = [act half | gate half]), "relu" or "relu_mul" (the two relu forms in torch, on
+    either path)."""
     if act == "relu":
         return proj(torch.relu(h))
-    fn = ops.silu_mul if act == "silu_mul" else ops.gelu
-    args = () if act == "silu_mul" else ("tanh" if act == "gelu_tanh" else "none",)
+    if act == "relu_mul":
+        i = h.shape[-1] // 2
+        return proj(torch.relu(h[:, :i]) * h[:, i:])
+    name, args = _ACTIVATIONS[act]
+    fn = getattr(ops, name)
     if _fp8_codes(proj, exact):
         y, xq, xs = fn(h, *args, quant_fp8=True)
         return proj.product_fp8(xq, xs, y.dtype)

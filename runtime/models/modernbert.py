@@ -1,16 +1,20 @@
-"""ModernBertForSequenceClassification in plain torch (the Vela-class encoder routers).
+"""ModernBertForSequenceClassification (the Vela-class encoder routers).
 
 Numerics as transformers' modeling_modernbert:
 - embeddings: token embedding, then LayerNorm (no bias unless norm_bias);
-- pre-norm layers: attn_norm (none on layer 0) -> Wqkv ([q | k | v] blocks of hidden each) ->
-  RoPE (cos/sin made in fp32 and cast to the activation dtype, the rotation in fp32 and cast back;
-  theta per layer type: "full_attention" global, "sliding_attention" local) -> bidirectional
-  attention over the real keys, local layers only within |i - j| <= local_attention // 2 -> Wo;
-  then mlp_norm -> Wi -> act(first half) * second half (GeGLU) -> Wo;
+- pre-norm layers: attn_norm (none on layer 0: the embedding norm precedes it) -> Wqkv ([q | k |
+  v] blocks of hidden each) -> RoPE (cos/sin made in fp32 and cast to the activation dtype, the
+  rotation in fp32 and cast back; theta per layer type: "full_attention" global,
+  "sliding_attention" local) -> bidirectional attention over the real keys, local layers only
+  within |i - j| <= local_attention // 2 -> Wo; then mlp_norm -> Wi -> act(first half) * second
+  half (GeGLU) -> Wo; each norm carries the residual add before it;
 - final_norm, pooling ("cls": the first token; "mean": over the real tokens), the head
   (dense -> classifier_activation -> LayerNorm) and the classifier (fp32, with its bias).
 layer_types is read as given; without it, transformers' derivation from
 global_attn_every_n_layers (default 3: layers 0, 3, 6, ... global).
+A layer runs four products (Wqkv and Wi are one Linear each in the package); the norms, RoPE,
+attention and GeGLU are the operations of vsr.runtime.models.ops: Triton kernels on the GPU path,
+their pure-torch references on the CPU. Activations are 2-D [B*S, hidden].
 """
 from __future__ import annotations
 
@@ -18,15 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder
+from vsr.runtime.models.common import Builder, activated_product, normed_product
 
-_ACTS = {
-    "gelu": lambda x: F.gelu(x),   # transformers' "gelu" is the exact (erf) GELU
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "relu": F.relu,
-}
+# config.json's activation -> its name in models/common.activated_product (the MLP's gated form is
+# this name + "_mul"); transformers' "gelu" is the exact (erf) GELU.
+_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "relu": "relu"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _DEFAULT_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 _LEGACY_THETA_KEYS = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
@@ -64,27 +64,10 @@ def linear_names(config: dict, loader=None) -> list[str]:
     return [f"model.layers.{i}.{p}" for i in range(n) for p in _PROJ] + ["head.dense"]
 
 
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ModernBERT rotation: in fp32 with the (already cast) cos/sin, cast back
-    (shared: rope.rope(...) without a norm)."""
-    xf = x.float()
-    return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)
-
-
-def _encoder_attention(q, k, v, attention_mask, window: int | None):
-    """Bidirectional attention over the real keys, within |i - j| <= window when given
-    (shared: attention.attention(q, k, v, lengths, causal=False, window=local_attention))."""
-    S = q.shape[2]
-    allow = attention_mask.bool()[:, None, None, :]
-    if window is not None:
-        i = torch.arange(S, device=q.device)
-        allow = allow & ((i[:, None] - i[None, :]).abs() <= window)[None, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=q.shape[-1] ** -0.5)
+def products(config: dict, loader=None) -> list[tuple[str, tuple[str, ...]]]:
+    """The products a forward runs: each Linear of the package alone (Wqkv is q|k|v and Wi is
+    act|gate already)."""
+    return [(n, (n,)) for n in linear_names(config, loader)]
 
 
 class ModernBertRouter(torch.nn.Module):
@@ -97,11 +80,12 @@ class ModernBertRouter(torch.nn.Module):
         for key, default in (("hidden_activation", "gelu"), ("classifier_activation", "gelu")):
             if config.get(key, default) not in _ACTS:
                 raise PackageError(f"config.json: {key} {config[key]!r} is not supported ({', '.join(_ACTS)})")
-        self.act = _ACTS[config.get("hidden_activation", "gelu")]
+        self.act = _ACTS[config.get("hidden_activation", "gelu")] + "_mul"
         self.head_act = _ACTS[config.get("classifier_activation", "gelu")]
         self.pooling = config.get("classifier_pooling", "cls")
         if self.pooling not in ("cls", "mean"):
             raise PackageError(f"config.json: classifier_pooling {self.pooling!r} is not supported (cls or mean)")
+        self.ops, self.exact = b.ops(), b.exact
         self.dtype = b.act_dtype
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
@@ -110,7 +94,7 @@ class ModernBertRouter(torch.nn.Module):
                                f"{self.heads}")
         self.head_dim = self.hidden // self.heads
         self.eps = float(config.get("norm_eps", 1e-5))
-        self.window = int(config.get("local_attention", 128)) // 2
+        self.local_attention = int(config.get("local_attention", 128))   # keys within |i - j| <= this // 2
         self.types = layer_types(config)
         id2label = config.get("id2label")
         if not id2label:
@@ -125,8 +109,7 @@ class ModernBertRouter(torch.nn.Module):
             L = f"model.layers.{i}."
             self.layers.append(torch.nn.ModuleDict({p.replace(".", "_"): b.linear(L + p) for p in _PROJ}))
             # Layer 0 has no attention norm (nn.Identity in transformers): the embedding norm precedes it.
-            attn_norm = self._norm(b, L + "attn_norm") if b.has(L + "attn_norm.weight") else None
-            self.norms.append((attn_norm, self._norm(b, L + "mlp_norm")))
+            self.norms.append((self._norm(b, L + "attn_norm") if i else None, self._norm(b, L + "mlp_norm")))
         self.final_norm = self._norm(b, "model.final_norm")
         self.head_dense = b.linear("head.dense")
         self.head_norm = self._norm(b, "head.norm")
@@ -143,31 +126,41 @@ class ModernBertRouter(torch.nn.Module):
         bias = b.tensor(name + ".bias", self.dtype) if b.has(name + ".bias") else None
         return b.tensor(name + ".weight", self.dtype), bias
 
-    def _ln(self, x, wb):
-        return F.layer_norm(x, (self.hidden,), wb[0], wb[1], self.eps)
-
     def _cos_sin(self, layer_type: str, S: int, device):
+        """cos, sin [S, head_dim], made in fp32 and cast to the activation dtype (transformers')."""
         f = torch.outer(torch.arange(S, device=device, dtype=torch.float32), self.inv_freq[layer_type])
         emb = torch.cat((f, f), dim=-1)
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """Last hidden state [B, S, H] (after final_norm) in the activation dtype."""
         B, S = input_ids.shape
-        x = self._ln(self.embed[input_ids].to(self.dtype), self.emb_norm)
-        rope = {t: self._cos_sin(t, S, x.device) for t in set(self.types)}
-        nh, dh = self.heads, self.head_dim
-        for t, m, (attn_norm, mlp_norm) in zip(self.types, self.layers, self.norms):
-            h = x if attn_norm is None else self._ln(x, attn_norm)
-            qkv = m["attn_Wqkv"](h).view(B, S, 3, nh, dh)
-            q, k, v = (qkv[:, :, j].transpose(1, 2) for j in range(3))
-            cos, sin = rope[t]
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            a = _encoder_attention(q, k, v, attention_mask, self.window if t == "sliding_attention" else None)
-            x = x + m["attn_Wo"](a.transpose(1, 2).reshape(B, S, self.hidden))
-            up, gate = m["mlp_Wi"](self._ln(x, mlp_norm)).chunk(2, dim=-1)
-            x = x + m["mlp_Wo"](self.act(up) * gate)
-        return self._ln(x, self.final_norm)
+        T, H, nh, dh = B * S, self.hidden, self.heads, self.head_dim
+        if lengths is None:
+            lengths = attention_mask.sum(-1)
+        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        o, X = self.ops, self.exact
+        e = self.embed[input_ids.reshape(T)].to(self.dtype)
+        rope = {t: self._cos_sin(t, S, e.device) for t in set(self.types)}
+        d = res = None   # the residual stream is d + res, summed by the next norm
+        for i, (t, m, (attn_norm, mlp_norm)) in enumerate(zip(self.types, self.layers, self.norms)):
+            if i == 0:   # the embedding norm's output is the stream and Wqkv's input
+                qkv, res, _ = normed_product(o, m["attn_Wqkv"], e, self.emb_norm[0], self.eps, bias=self.emb_norm[1],
+                                             layer=True, exact=X)
+            else:
+                qkv, _, res = normed_product(o, m["attn_Wqkv"], d, attn_norm[0], self.eps, bias=attn_norm[1],
+                                             residual=res, layer=True, exact=X)
+            q, k = o.rope(qkv[:, :H], qkv[:, H:2 * H], *rope[t], dh)
+            v = qkv[:, 2 * H:].unflatten(0, (B, S)).unflatten(-1, (nh, dh))
+            a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nh, dh), v, lengths, causal=False,
+                            window=self.local_attention if t == "sliding_attention" else None, scale=dh ** -0.5)
+            d = m["attn_Wo"](a.reshape(T, H))
+            wi, _, res = normed_product(o, m["mlp_Wi"], d, mlp_norm[0], self.eps, bias=mlp_norm[1], residual=res,
+                                        layer=True, exact=X)
+            d = activated_product(o, m["mlp_Wo"], wi, self.act, X)
+        w, bias = self.final_norm
+        return o.layer_norm(d, w, bias, self.eps, residual=res, exact=X)[0].view(B, S, H)
 
     def pool(self, h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The pooled state in the activation dtype, as transformers pools it."""
@@ -177,10 +170,16 @@ class ModernBertRouter(torch.nn.Module):
         return (h * m).sum(1) / m.sum(1)
 
     def logits(self, pooled: torch.Tensor) -> torch.Tensor:
-        e = self._ln(self.head_act(self.head_dense(pooled)), self.head_norm)
+        y = self.head_dense(pooled)
+        if self.head_act in ("gelu", "gelu_tanh"):
+            y = self.ops.gelu(y, "tanh" if self.head_act == "gelu_tanh" else "none")
+        else:
+            y = F.silu(y) if self.head_act == "silu" else torch.relu(y)
+        e = self.ops.layer_norm(y, self.head_norm[0], self.head_norm[1], self.eps, exact=self.exact)[0]
         y = e.float() @ self.cls_w.t()
         return y if self.cls_b is None else y + self.cls_b
 
     def forward(self, input_ids, attention_mask, lengths=None) -> torch.Tensor:
         """Probabilities [B, L] (fp32)."""
-        return torch.softmax(self.logits(self.pool(self.encode(input_ids, attention_mask), attention_mask)), dim=-1)
+        h = self.encode(input_ids, attention_mask, lengths)
+        return torch.softmax(self.logits(self.pool(h, attention_mask)), dim=-1)

@@ -1,19 +1,31 @@
 """The non-product operations of a forward, as two interchangeable sets of one signature each.
 
 `REFERENCE` is pure torch with transformers' roundings: the CPU path's numerics (and the emulated
-mode's), imported with no Triton. `triton_ops()` is the Triton kernels of vsr.kernels.norm, rope,
-activation, attention and head, imported on first use (the CPU path never imports them). Both
-take and give the same tensors (the signatures of those modules' wrappers and their
-`*_reference` twins):
+mode's), imported with no Triton (the Gated DeltaNet's references come from
+vsr.kernels.deltanet_reference, which imports none). `triton_ops()` is the Triton kernels of
+vsr.kernels.norm, rope, activation, attention, head, conv1d and delta_rule, imported on first use
+(the CPU path never imports them). Both take and give the same tensors (the signatures of those
+modules' wrappers and their `*_reference` twins):
 
 - rms_norm(x, weight, eps, *, residual=None, zero_centered=False, exact=True) -> (y, s)
-- layer_norm(x, weight, bias, eps, *, residual=None, exact=True) -> (y, s)
+- layer_norm(x, weight, bias, eps, *, residual=None, exact=True) -> (y, s)      bias may be None
+- gated_rms_norm(x, z, weight, eps, *, exact=True) -> y
+                                              per head of D = len(weight): norm(x) · w · silu(z)
 - qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False,
   exact=True) -> (q, k)                       q [T, Hq*D], k [T, Hkv*D]; out contiguous
+- rope(q, k, cos, sin, head_dim) -> (q, k)    RoPE alone, in fp32 with cos/sin as given, one
+                                              rounding (ModernBERT's apply_rotary_pos_emb)
 - silu_mul(gate_up) -> y                      [T, 2I] (gate first) -> [T, I]
 - gelu(x, approximate="none") -> y
-- attention(q, k, v, lengths, *, causal, window=None, scale=None) -> o
-                                              q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D]
+- gelu_mul(x, approximate="none") -> y        [T, 2I] -> gelu(first half) · second half (GeGLU)
+- attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
+                                              q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
+                                              window: |i - j| <= window // 2; gate: o · sigmoid(gate)
+- causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
+- chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
+- deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
+                                              ba [T, 2H] (b | a): g = neg_a · softplus(a + dt_bias)
+                                              fp32, beta = sigmoid(b) in ba's dtype, both [T, H]
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
@@ -24,8 +36,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import functools
+
 import torch
 import torch.nn.functional as F
+
+from vsr.kernels import deltanet_reference as _gdn
 
 
 def rms_norm(x, weight, eps, *, residual=None, zero_centered=False, exact=True):
@@ -45,6 +61,17 @@ def layer_norm(x, weight, bias, eps, *, residual=None, exact=True):
     """LayerNorm of x (+ residual), post-LN as BERT: y = LN(x + residual)."""
     s = x if residual is None else x + residual
     return F.layer_norm(s, (s.shape[-1],), weight, bias, eps), (None if residual is None else s)
+
+
+def gated_rms_norm(x, z, weight, eps, *, exact=True):
+    """transformers' Qwen3_5RMSNormGated over each head of D = len(weight) columns of x [T, H*D]:
+    normalise in fp32, cast to x's dtype, times the weight (in x's dtype), times silu(z) in fp32,
+    cast. z [T, H*D] (a row-strided view allowed: made contiguous first, as transformers' own
+    in_proj_z output is, since torch's CPU kernels may round a strided view's tail differently)."""
+    T, D = x.shape[0], weight.shape[0]
+    xf = x.reshape(T, -1, D).float()
+    y = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (y * F.silu(z.contiguous().reshape(T, -1, D).float())).to(x.dtype).reshape(T, -1)
 
 
 def _rotate_half(x):
@@ -80,6 +107,18 @@ def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, ze
     return out[0], out[1]
 
 
+def rope(q, k, cos, sin, head_dim):
+    """ModernBERT's apply_rotary_pos_emb on q [T, Hq*D] and k [T, Hkv*D]: in fp32 with cos and sin
+    as given (ModernBERT's rotary embedding casts them to the activation dtype), cast back."""
+    T = q.shape[0]
+    c, s = _rows(cos, T)[:, None, :], _rows(sin, T)[:, None, :]
+    out = []
+    for t in (q, k):
+        x = t.reshape(T, -1, head_dim).float()
+        out.append((x * c + _rotate_half(x) * s).to(t.dtype).reshape(T, -1))
+    return out[0], out[1]
+
+
 def silu_mul(gate_up):
     """silu(gate) * up over [T, 2I] (gate columns first), in its dtype."""
     i = gate_up.shape[-1] // 2
@@ -90,25 +129,41 @@ def gelu(x, approximate="none"):
     return F.gelu(x, approximate=approximate)
 
 
-def attention(q, k, v, lengths, *, causal, window=None, scale=None):
+def gelu_mul(x, approximate="none"):
+    """ModernBertMLP's GeGLU: gelu(first half) * second half of [T, 2I], in its dtype."""
+    i = x.shape[-1] // 2
+    return F.gelu(x[:, :i], approximate=approximate) * x[:, i:]
+
+
+def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     """torch's scaled_dot_product_attention with an explicit mask: keys at positions >= length
-    masked; causal (decoder) or bidirectional (encoder); query rows past a request's length see
-    its real keys (finite, never read). GQA by repeating K and V per query head group."""
-    if window is not None:
-        raise NotImplementedError("the reference attention has no local window")
+    masked; causal (decoder) or bidirectional (encoder); with a window, only keys within
+    |i - j| <= window // 2 (ModernBERT's local attention: transformers' sliding_window =
+    local_attention // 2, distance <= sliding_window); query rows past a request's length see
+    its real keys (finite, never read; zeros where the window leaves them none). GQA by repeating
+    K and V per query head group. With gate: the output times sigmoid(gate) (Qwen3.5; the gate
+    made contiguous first, as transformers reshapes it)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    keys = torch.arange(S, device=q.device)[None, :] < lengths.to(q.device)[:, None]   # [B, S]
+    i = torch.arange(S, device=q.device)
+    keys = i[None, :] < lengths.to(q.device)[:, None]   # [B, S]
+    allow = keys[:, None, None, :]
     if causal:
-        allow = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()[None, None] & keys[:, None, None, :]
-    else:
-        allow = keys[:, None, None, :]
+        allow = allow & (i[None, :] <= i[:, None])[None, None]
+    if window is not None:
+        allow = allow & ((i[:, None] - i[None, :]).abs() <= window // 2)[None, None]
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if Hkv != Hq:
         kt = kt.repeat_interleave(Hq // Hkv, dim=1)
         vt = vt.repeat_interleave(Hq // Hkv, dim=1)
     a = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allow, scale=D ** -0.5 if scale is None else scale)
-    return a.transpose(1, 2)
+    a = a.transpose(1, 2)
+    return a if gate is None else a * torch.sigmoid(gate.contiguous())
+
+
+causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
+chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
+deltanet_gates = _gdn.deltanet_gates_reference
 
 
 def last_token_score(h, lengths, weight):
@@ -119,29 +174,35 @@ def last_token_score(h, lengths, weight):
     return last.float() @ weight.t()
 
 
-NAMES = ("rms_norm", "layer_norm", "qk_norm_rope", "silu_mul", "gelu", "attention", "last_token_score")
+NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
+         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
 def triton_ops() -> SimpleNamespace:
-    """The Triton kernels' wrappers under the same names (imported here, on the GPU path only)."""
-    from vsr.kernels import activation, attention as attn, head, norm, rope
+    """The Triton kernels' wrappers under the same names (imported here, on the GPU path only).
+    rope is kernels.rope.rope's one-rounding form (exact=False), ModernBERT's numerics."""
+    from vsr.kernels import activation, attention as attn, conv1d, delta_rule, head, norm, rope as rp
 
-    return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, qk_norm_rope=rope.qk_norm_rope,
-                           silu_mul=activation.silu_mul, gelu=activation.gelu, attention=attn.attention,
-                           last_token_score=head.last_token_score)
+    return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
+                           qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
+                           silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
+                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
+                           chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
+                           deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
 
 
 def kernel_twins() -> SimpleNamespace:
     """The kernels' own `*_reference` twins under the same names (for tests: they must give the
     bytes of REFERENCE)."""
-    from vsr.kernels import activation, attention as attn, norm, rope
+    from vsr.kernels import activation, attention as attn, head, norm, rope as rp
 
-    try:
-        from vsr.kernels import head
-    except ImportError:
-        head = norm
     return SimpleNamespace(rms_norm=norm.rms_norm_reference, layer_norm=norm.layer_norm_reference,
-                           qk_norm_rope=rope.qk_norm_rope_reference, silu_mul=activation.silu_mul_reference,
-                           gelu=activation.gelu_reference, attention=attn.attention_reference,
+                           gated_rms_norm=norm.gated_rms_norm_reference, qk_norm_rope=rp.qk_norm_rope_reference,
+                           rope=functools.partial(rp.rope_reference, exact=False),
+                           silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
+                           gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
+                           causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
+                           chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
+                           deltanet_gates=_gdn.deltanet_gates_reference,
                            last_token_score=head.last_token_score_reference)

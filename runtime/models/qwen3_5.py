@@ -1,37 +1,44 @@
-"""Qwen3.5 text sequence classifiers (Qwen3_5TextForSequenceClassification) in plain torch, with
-the Gated DeltaNet ops on Triton when the linears run the templates.
+"""Qwen3.5 text sequence classifiers (Qwen3_5TextForSequenceClassification).
 
 The hybrid decoder: `layer_types` (config.json) says, layer by layer, "linear_attention" (Gated
 DeltaNet) or "full_attention" (gated softmax attention); each layer is followed by a SwiGLU MLP.
 Numerics as transformers' modeling_qwen3_5:
 - RMSNorm is zero-centred: fp32 normalise, times (1 + w) in fp32, cast (layer norms, final norm,
-  q/k norms);
+  q/k norms); each layer norm carries the residual add before it;
 - Gated DeltaNet: in_proj_qkv -> depthwise causal conv1d + SiLU -> q | k | v heads; beta =
   sigmoid(in_proj_b); g = -exp(A_log) * softplus(in_proj_a + dt_bias) (fp32); the chunked gated
-  delta rule with L2-normalised q/k (vsr.kernels.delta_rule); the gated RMSNorm
-  w * norm(o) * silu(in_proj_z) per value head; out_proj;
+  delta rule with L2-normalised q/k; the gated RMSNorm w * norm(o) * silu(in_proj_z) per value
+  head; out_proj. transformers zeroes the padding's states before the mixer; right padding lies
+  after every real token of a request, and the causal conv and the delta rule (given the lengths)
+  never read it for a real one, so the mask is not applied (a real row's bytes are the same);
 - full attention: q_proj gives query and gate per head ([query | gate] of 2 * head_dim), per-head
   q/k norms, rotate-half RoPE on the first head_dim * partial_rotary_factor dims (text positions
-  make transformers' multimodal RoPE the plain one), causal GQA attention, sigmoid(gate) times the
-  output, o_proj;
+  make transformers' multimodal RoPE the plain one), causal GQA attention, times sigmoid(gate),
+  o_proj;
 - the score head (fp32) on the last real token of each right-padded request.
+Products (`products`): q|k|v (q_proj's query and gate included), in_proj_qkv|in_proj_z and
+in_proj_b|in_proj_a of one input each, gate|up, fused at load (runtime/fuse.py); o_proj,
+out_proj and down_proj. Every other operation is one of vsr.runtime.models.ops: Triton kernels on
+the GPU path, their pure-torch references on the CPU. Activations are 2-D [B*S, hidden].
 Text only: a package with a vision tower (vision_config, or visual tensors) is refused.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder
+from vsr.runtime.models.common import Builder, activated_product, normed_product
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 # The old names transformers' configs remap on load (configuration_utils.remap_legacy_layer_types).
 _LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
-_DELTANET = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
-             "linear_attn.in_proj_a", "linear_attn.out_proj")
-_ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# A layer's products: (label, the package's Linear layers it runs, in output order), per mixer.
+_DELTANET = (("linear_attn.in_proj_qkvz", ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z")),
+             ("linear_attn.in_proj_ba", ("linear_attn.in_proj_b", "linear_attn.in_proj_a")),
+             ("linear_attn.out_proj", ("linear_attn.out_proj",)))
+_ATTENTION = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+              ("self_attn.o_proj", ("self_attn.o_proj",)))
+_MLP = (("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")), ("mlp.down_proj", ("mlp.down_proj",)))
 ARCHITECTURES = ("Qwen3_5TextForSequenceClassification", "Qwen3_5ForSequenceClassification")
 
 
@@ -86,15 +93,23 @@ def refuse_vision_tensors(loader) -> None:
                            f"{visual[0]!r}); vsr runs text-only Qwen3.5 routers")
 
 
-def linear_names(config: dict, loader) -> list[str]:
-    cfg = text_config(config)
+def _layer_products(cfg: dict, loader) -> list[list[tuple[str, tuple[str, ...]]]]:
+    """Per layer, its products (label, parts) with the tensor-name prefix."""
     refuse_vision_tensors(loader)
     p = prefix(loader)
-    names = []
-    for i, t in enumerate(layer_types(cfg)):
-        mixer = _DELTANET if t == "linear_attention" else _ATTENTION
-        names += [f"{p}layers.{i}.{m}" for m in mixer + _MLP]
-    return names
+    return [[(f"{p}layers.{i}.{label}", tuple(f"{p}layers.{i}.{n}" for n in parts))
+             for label, parts in (_DELTANET if t == "linear_attention" else _ATTENTION) + _MLP]
+            for i, t in enumerate(layer_types(cfg))]
+
+
+def linear_names(config: dict, loader) -> list[str]:
+    """The package's Linear layers (module names), as transformers names them."""
+    return [n for layer in _layer_products(text_config(config), loader) for _, parts in layer for n in parts]
+
+
+def products(config: dict, loader) -> list[tuple[str, tuple[str, ...]]]:
+    """The products a forward runs: (label, Linear layers fused into it)."""
+    return [prod for layer in _layer_products(text_config(config), loader) for prod in layer]
 
 
 def rope_parameters(cfg: dict) -> tuple[float, float]:
@@ -108,54 +123,6 @@ def rope_parameters(cfg: dict) -> tuple[float, float]:
         raise PackageError("config.json: no rope_theta (neither top-level nor in rope_parameters)")
     factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
     return float(theta), float(factor)
-
-
-# ---- private pure-torch ops (the shared kernels/norm.py, rope.py, activation.py, attention.py
-# ---- take these over: see each docstring) ---------------------------------------------------
-
-def _zc_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3_5RMSNorm: fp32 normalise, times (1 + w) in fp32, cast to x's dtype
-    (shared: norm.rms_norm(x, w, eps, zero_centered=True))."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).to(x.dtype)
-
-
-def _gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3_5RMSNormGated over the last dim: w * norm(x) (cast to x's dtype first) * silu(z) in fp32."""
-    xf = x.float()
-    y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (y * F.silu(z.float())).to(x.dtype)
-
-
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def _partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the first cos.shape[-1] dims of x [B, H, S, D]
-    (shared: rope.qk_norm_rope(..., rotary_dim=..., zero_centered=True) with the q/k norm)."""
-    r = cos.shape[-1]
-    xr = x[..., :r]
-    return torch.cat((xr * cos + _rotate_half(xr) * sin, x[..., r:]), dim=-1)
-
-
-def _causal_attention(q, k, v, attention_mask):
-    """softmax(q k^T / sqrt(D)) v, causal and key-padding masked, GQA by repetition
-    (shared: attention.attention(q, k, v, lengths, causal=True))."""
-    S = q.shape[2]
-    nh, nkv = q.shape[1], k.shape[1]
-    if nkv != nh:
-        k = k.repeat_interleave(nh // nkv, dim=1)
-        v = v.repeat_interleave(nh // nkv, dim=1)
-    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
-    allow = causal[None, None] & attention_mask.bool()[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=q.shape[-1] ** -0.5)
-
-
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up (shared: activation.silu_mul on the fused gate|up output)."""
-    return F.silu(gate) * up
 
 
 # ---- the model ------------------------------------------------------------------------------
@@ -199,24 +166,35 @@ class Qwen3_5Router(torch.nn.Module):
             raise PackageError("config.json: a Qwen3.5 router needs id2label (its score head's labels)")
         self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
 
+        self.ops, self.exact = b.ops(), b.exact
         P = prefix(b)
         self.embed = b.tensor(P + "embed_tokens.weight")   # as stored; rows cast after the lookup
         self.layers = torch.nn.ModuleList()
         self.params: list[dict[str, torch.Tensor]] = []
-        conv_dim = 2 * self.lk_heads * self.lk_dim + self.lv_heads * self.lv_dim
-        for i, t in enumerate(self.types):
+        self.conv_dim = 2 * self.lk_heads * self.lk_dim + self.lv_heads * self.lv_dim
+        vd, nh, nkv, dh = self.lv_heads * self.lv_dim, self.heads, self.kv_heads, self.head_dim
+        # The fused products' parts, sliced by the forward: their output widths as config.json's heads say.
+        widths = {"in_proj_qkvz": [self.conv_dim, vd], "in_proj_ba": [self.lv_heads] * 2,
+                  "qkv_proj": [2 * nh * dh, nkv * dh, nkv * dh]}
+        for i, (t, prods) in enumerate(zip(self.types, _layer_products(cfg, b.loader))):
             L = f"{P}layers.{i}."
-            mixer = _DELTANET if t == "linear_attention" else _ATTENTION
-            self.layers.append(torch.nn.ModuleDict({m.split(".")[1]: b.linear(L + m) for m in mixer + _MLP}))
+            self.layers.append(torch.nn.ModuleDict())
+            for label, parts in prods:
+                name = label.rsplit(".", 1)[1]
+                mod = b.projection(label, list(parts)) if len(parts) > 1 else b.linear(parts[0])
+                if name in widths and mod.sizes != widths[name]:
+                    raise PackageError(f"{', '.join(parts)}: output widths {mod.sizes}, but config.json's heads "
+                                       f"give {widths[name]}")
+                self.layers[-1][name] = mod
             p = {"input_layernorm": b.tensor(L + "input_layernorm.weight", torch.float32),
                  "post_attention_layernorm": b.tensor(L + "post_attention_layernorm.weight", torch.float32)}
             if t == "linear_attention":
                 conv = b.tensor(L + "linear_attn.conv1d.weight", self.dtype)
-                if conv.dim() != 3 or conv.shape[:2] != (conv_dim, 1):
+                if conv.dim() != 3 or conv.shape[:2] != (self.conv_dim, 1):
                     raise PackageError(f"{L}linear_attn.conv1d.weight: shape {tuple(conv.shape)}, expected "
-                                       f"[{conv_dim}, 1, kernel] (depthwise over q|k|v)")
-                p["conv"] = conv.reshape(conv_dim, -1).contiguous()
-                p["A_log"] = b.tensor(L + "linear_attn.A_log", torch.float32)
+                                       f"[{self.conv_dim}, 1, kernel] (depthwise over q|k|v)")
+                p["conv"] = conv.reshape(self.conv_dim, -1).contiguous()
+                p["neg_a"] = -b.tensor(L + "linear_attn.A_log", torch.float32).exp()   # transformers' -A_log.exp()
                 p["dt_bias"] = b.tensor(L + "linear_attn.dt_bias", torch.float32)
                 p["norm"] = b.tensor(L + "linear_attn.norm.weight", self.dtype)
             else:
@@ -230,74 +208,73 @@ class Qwen3_5Router(torch.nn.Module):
                                f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float32,
                                                        device=b.device) / self.rotary_dim))
-        # The DeltaNet ops run on Triton exactly when the linears run the templates.
-        self.kernels = any(getattr(m, "mode", "reference") == "triton" for m in b.linears.values())
-
-    # -- ops on the reference or the Triton path ------------------------------------------------
-    def _conv(self, x, w):
-        from vsr.kernels import conv1d
-
-        return (conv1d.causal_conv1d_silu if self.kernels else conv1d.causal_conv1d_silu_reference)(x, w)
-
-    def _delta_rule(self, q, k, v, g, beta, lengths):
-        from vsr.kernels import delta_rule
-
-        f = delta_rule.chunk_gated_delta_rule if self.kernels else delta_rule.chunk_gated_delta_rule_reference
-        return f(q, k, v, g, beta, lengths)
 
     def _rope(self, S: int, device):
+        """cos, sin [S, rotary_dim] in fp32 (each request's positions 0..S-1: right padding); the
+        ops cast them to the activation dtype, as transformers' rotary embedding returns them."""
         t = torch.arange(S, device=device, dtype=torch.float32)
         f = torch.outer(t, self.inv_freq)
         emb = torch.cat((f, f), dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return emb.cos(), emb.sin()
 
-    def _deltanet(self, m, p, h, attention_mask, lengths):
-        B, S, _ = h.shape
-        h = h * attention_mask[:, :, None].to(h.dtype)   # transformers zeroes the padding's states
-        kd = self.lk_heads * self.lk_dim
-        mixed = self._conv(m["in_proj_qkv"](h), p["conv"])
+    def _deltanet(self, m, p, qkvz, h, B: int, S: int, lengths):
+        """Gated DeltaNet on the fused in_proj_qkv | in_proj_z output qkvz [T, conv_dim + Hv*V] of h."""
+        o, X = self.ops, self.exact
+        kd, c = self.lk_heads * self.lk_dim, self.conv_dim
+        mixed = o.causal_conv1d_silu(qkvz[:, :c].unflatten(0, (B, S)), p["conv"])
         q = mixed[..., :kd].unflatten(-1, (self.lk_heads, self.lk_dim))
         k = mixed[..., kd:2 * kd].unflatten(-1, (self.lk_heads, self.lk_dim))
         v = mixed[..., 2 * kd:].unflatten(-1, (self.lv_heads, self.lv_dim))
-        z = m["in_proj_z"](h).unflatten(-1, (self.lv_heads, self.lv_dim))
-        beta = m["in_proj_b"](h).sigmoid()
-        g = -p["A_log"].exp() * F.softplus(m["in_proj_a"](h).float() + p["dt_bias"])
-        o = self._delta_rule(q, k, v, g, beta, lengths)
-        o = _gated_rms_norm(o, z, p["norm"], self.eps).reshape(B, S, -1)
-        return m["out_proj"](o)
+        g, beta = o.deltanet_gates(m["in_proj_ba"](h), p["neg_a"], p["dt_bias"])
+        core = o.chunk_gated_delta_rule(q, k, v, g.view(B, S, -1), beta.view(B, S, -1), lengths)
+        y = o.gated_rms_norm(core.reshape(B * S, -1), qkvz[:, c:], p["norm"], self.eps, exact=X)
+        return m["out_proj"](y)
 
-    def _attention(self, m, p, h, attention_mask, cos, sin):
-        B, S, _ = h.shape
+    def _attention(self, m, p, qkv, B: int, S: int, lengths, cos, sin):
+        """Gated attention on the fused q_proj | k_proj | v_proj output qkv [T, 2*Hq*D + 2*Hkv*D]."""
+        o, X = self.ops, self.exact
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
-        qg = m["q_proj"](h).view(B, S, nh, 2 * dh)
-        q, gate = qg[..., :dh], qg[..., dh:].reshape(B, S, nh * dh)
-        q = _zc_rms_norm(q, p["q_norm"], self.eps).transpose(1, 2)
-        k = _zc_rms_norm(m["k_proj"](h).view(B, S, nkv, dh), p["k_norm"], self.eps).transpose(1, 2)
-        v = m["v_proj"](h).view(B, S, nkv, dh).transpose(1, 2)
-        q, k = _partial_rope(q, cos, sin), _partial_rope(k, cos, sin)
-        a = _causal_attention(q, k, v, attention_mask).transpose(1, 2).reshape(B, S, nh * dh)
-        return m["o_proj"](a * torch.sigmoid(gate))
+        T = B * S
+        qg = qkv[:, :2 * nh * dh].unflatten(-1, (nh, 2 * dh))     # per head [query | gate]
+        q = qg[..., :dh].reshape(T, nh * dh)                         # the norm's input, contiguous
+        k = qkv[:, 2 * nh * dh:(2 * nh + nkv) * dh]
+        v = qkv[:, (2 * nh + nkv) * dh:].unflatten(0, (B, S)).unflatten(-1, (nkv, dh))
+        q, k = o.qk_norm_rope(q, k, p["q_norm"], p["k_norm"], cos, sin, self.eps, rotary_dim=self.rotary_dim,
+                              zero_centered=True, exact=X)
+        a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nkv, dh), v, lengths, causal=True, scale=dh ** -0.5,
+                        gate=qg[..., dh:].unflatten(0, (B, S)))
+        return m["o_proj"](a.reshape(T, nh * dh))
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        x = self.embed[input_ids].to(self.dtype)
+        if lengths is None:
+            lengths = attention_mask.sum(-1)
+        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        o, X = self.ops, self.exact
+        x = self.embed[input_ids.reshape(B * S)].to(self.dtype)
         cos, sin = self._rope(S, x.device)
-        lengths = attention_mask.sum(-1).to(torch.int32)
+        d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for t, m, p in zip(self.types, self.layers, self.params):
-            h = _zc_rms_norm(x, p["input_layernorm"], self.eps)
+            first = m["in_proj_qkvz"] if t == "linear_attention" else m["qkv_proj"]
+            out, h, res = normed_product(o, first, d, p["input_layernorm"], self.eps, residual=res,
+                                         zero_centered=True, exact=X)
             if t == "linear_attention":
-                x = x + self._deltanet(m, p, h, attention_mask, lengths)
+                d = self._deltanet(m, p, out, h, B, S, lengths)
             else:
-                x = x + self._attention(m, p, h, attention_mask, cos, sin)
-            h = _zc_rms_norm(x, p["post_attention_layernorm"], self.eps)
-            x = x + m["down_proj"](_silu_mul(m["gate_proj"](h), m["up_proj"](h)))
-        return _zc_rms_norm(x, self.final_norm, self.eps)
+                d = self._attention(m, p, out, B, S, lengths, cos, sin)
+            gu, _, res = normed_product(o, m["gate_up_proj"], d, p["post_attention_layernorm"], self.eps,
+                                        residual=res, zero_centered=True, exact=X)
+            d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
+        h = o.rms_norm(d, self.final_norm, self.eps, residual=res, zero_centered=True, exact=X)[0]
+        return h.view(B, S, self.hidden)
 
     def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
         """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
-        h = self.encode(input_ids, attention_mask)
-        last = h[torch.arange(h.shape[0], device=h.device), lengths.to(h.device) - 1]
-        return torch.softmax(self.logits(last), dim=-1)
+        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        h = self.encode(input_ids, attention_mask, lengths)
+        return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
 
     def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return last_hidden.float() @ self.score.t()
