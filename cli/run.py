@@ -342,9 +342,19 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
 @click.option("--top-k", type=click.IntRange(min=1), default=3, show_default=True,
               help='Labels in each answer\'s "top" unless the call sets "top_k".')
 @click.option("--served-name", metavar="NAME", help='The "model" name callers use (default: the package name).')
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Run as a Ray Serve deployment (the `ray` extra): Ray's HTTP proxy on --host/--port, --replicas "
+                   "Ray Serve replicas (or --autoscale), on a local Ray instance or --ray-address.")
+@click.option("--ray-address", metavar="ADDRESS", help="--ray: the Ray cluster to join (default: RAY_ADDRESS, else "
+                                                       "a local instance).")
+@click.option("--autoscale", metavar="MIN:MAX", help="--ray: Ray Serve's autoscaling between MIN and MAX replicas "
+                                                     "(in place of --replicas).")
+@click.option("--gpus-per-replica", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="--ray on a GPU: each replica's share of a GPU (0.5: two replicas share one).")
 @reports_errors
 def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss_policy, allow_unverified, emulate,
-              cuda_graphs, replicas, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name):
+              cuda_graphs, replicas, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name,
+              use_ray, ray_address, autoscale, gpus_per_replica):
     """Serve PACKAGE over HTTP: POST /v1/classify, /v1/embeddings; GET /v1/models, /health, /metrics.
 
     The package is opened with every check `vsr-run` makes (device, identity, revision) and its
@@ -363,7 +373,23 @@ def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss
                       cuda_graphs=cuda_graphs, replicas=replicas, max_batch=max_batch, max_wait_ms=max_wait_ms,
                       max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes, top_k=top_k,
                       served_name=served_name)
-    run_service(cfg, log=lambda msg: click.echo(msg, err=True))
+    log = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    if not use_ray:
+        if ray_address or autoscale:
+            raise click.UsageError("--ray-address and --autoscale need --ray")
+        run_service(cfg, log=log)
+        return
+    try:
+        from vsr.runtime import ray_deployment as rd
+    except ImportError as e:
+        raise click.UsageError(f"--ray needs Ray Serve (pip install 'vsr[ray]'): {e}")
+    try:
+        opts = rd.RayOptions(autoscale=rd.parse_autoscale(autoscale) if autoscale else None, address=ray_address,
+                             gpus_per_replica=gpus_per_replica)
+        rd.replica_device(cfg)
+    except ValueError as e:
+        raise click.UsageError(str(e))
+    rd.run_ray_service(cfg, opts, log=log)
 
 
 if __name__ == "__main__":

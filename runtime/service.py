@@ -117,7 +117,8 @@ def _inputs(obj: dict, max_batch: int) -> list[str]:
 class Service:
     """The engine, its batcher and metrics, and what the endpoints say about them."""
 
-    def __init__(self, engine, pkg, cfg: ServeConfig, *, replica: int | None = None, device: str | None = None):
+    def __init__(self, engine, pkg, cfg: ServeConfig, *, replica: int | str | None = None,
+                 device: str | None = None):
         from vsr.runtime.service_metrics import ServiceMetrics
         self.engine, self.pkg, self.cfg, self.replica = engine, pkg, cfg, replica
         self.device = device or str(engine.device)
@@ -272,7 +273,7 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_service(cfg: ServeConfig, *, replica: int | None = None, device: str | None = None) -> Service:
+def build_service(cfg: ServeConfig, *, replica: int | str | None = None, device: str | None = None) -> Service:
     """Open the package with every check vsr-run makes and load its engine (vsr.runtime.load)."""
     from vsr.runtime.load import open_engine
     dev = device or resolve_device(cfg.device)
