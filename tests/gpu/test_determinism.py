@@ -1,4 +1,7 @@
-"""Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only).
+"""Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only),
+of each product template and of whole forwards (the 27B-class Qwen3 and Qwen3.5 routers cut to a
+few layers, random weights, every kernel of the forward: norms, RoPE, attention, the Gated DeltaNet
+ops, the score head; eager and through a CUDA graph, with right-padded requests).
 
 Run alone as `python tests/gpu/test_determinism.py` it prints, as JSON, the sha256 of each
 output; the test starts that twice and compares. Split-K tiles (plain and transposed, with the
@@ -62,6 +65,41 @@ def outputs() -> dict[str, str]:
                 y = t.launch(x, w, tile)
                 torch.cuda.synchronize()
                 out[f"{fmt}/M={m}/tile{i}"] = hashlib.sha256(y.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+    out.update(forwards())
+    return out
+
+
+def forwards() -> dict[str, str]:
+    """sha256 of the probabilities and final hidden states of whole forwards, per model and format."""
+    from bench_e2e import build_vsr
+    from e2e_models import MODELS
+    from vsr.autotune.resolver import TileResolver
+    from vsr.runtime.engine import GraphedForward
+    dev = torch.device("cuda")
+    tiles = TileResolver(None, device=dev)
+    out = {}
+    for model_name, layers in (("qwen3", 2), ("qwen3_5", 4)):
+        make_config, loader_class = MODELS[model_name][:2]
+        config = make_config(layers)
+        for fmt in ("bf16", "fp8", "int4-gptq"):
+            model, _, kernel_set = build_vsr(config, loader_class(config, fmt, device=dev), dev, tiles, "auto")
+            g = torch.Generator(device="cpu").manual_seed(5)
+            ids = torch.randint(1, config["vocab_size"], (3, 200), generator=g).to(dev)
+            lengths = torch.tensor([200, 131, 7], dtype=torch.int32, device=dev)
+            mask = (torch.arange(200, device=dev)[None] < lengths[:, None]).long()
+            with torch.inference_mode():
+                probs = model(ids, mask, lengths)
+                hidden = model.encode(ids, mask, lengths)
+                graphed = GraphedForward(model, dev, kept=1, capture_at=1)
+                graphed(ids, mask, lengths)
+                replay = graphed(ids, mask, lengths)
+            torch.cuda.synchronize()
+            for name, t in (("probs", probs), ("hidden", hidden), ("graph", replay)):
+                out[f"{model_name}/{fmt}/{kernel_set}/{name}"] = hashlib.sha256(
+                    t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+            assert torch.equal(replay, probs), f"{model_name}/{fmt}: the graph's replay differs from eager"
+            del model
+            torch.cuda.empty_cache()
     return out
 
 
@@ -74,7 +112,7 @@ def test_two_processes_give_identical_bytes():
         p = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, timeout=600)
         assert p.returncode == 0, p.stderr[-3000:]
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    assert runs[0].keys() == runs[1].keys() and len(runs[0]) >= 30
+    assert runs[0].keys() == runs[1].keys() and len(runs[0]) >= 30 + 18
     diff = [k for k in runs[0] if runs[0][k] != runs[1][k]]
     assert diff == [], f"outputs differ between processes: {diff}"
 
