@@ -15,7 +15,8 @@ Writes `start-<device>-<date>.json` (BENCHMARKS.md, the `start` schema): rows wi
 `bundle`, `triton_cache`, `requests`, `first_answer_s`, `total_s` (medians over --repeats), the
 bundle's size, and the targets of issue 39 point 6, each met or missed, also printed.
 
-    python benchmarks/bench_start.py [--device cuda] [--repeats 3] [--out-dir benchmarks/results]
+    python benchmarks/bench_start.py [--device cuda] [--router PKG|none] [--quantized PKG|none]
+                                     [--repeats 3] [--out-dir benchmarks/results]
 """
 from __future__ import annotations
 
@@ -69,10 +70,29 @@ def requests_file(n: int, out: Path) -> Path:
     return out
 
 
+def targets_of(rows: list[dict], kind: str, requests: int) -> list[dict]:
+    """TARGETS[kind], each with its value read off the rows (by role) and met or not (None: not run)."""
+    def pick(role, b, tc, n):
+        return next((r for r in rows if r["role"] == role and r["bundle"] == b and r["triton_cache"] == tc
+                     and r["requests"] == n), None)
+
+    if kind == "cuda":
+        vals = [pick("router", True, "empty", 1), pick("quantized", True, "empty", 1)]
+        big_b, big_w = pick("quantized", True, "empty", requests), pick("quantized", False, "warm", requests)
+        measured = [v and v["first_answer_s"] for v in vals] + [
+            big_b and big_w and round(big_b["total_s"] / big_w["total_s"], 3)]
+    else:
+        measured = [(pick("router", False, "empty", 1) or {}).get("first_answer_s")]
+    return [{"target": what, "limit": limit, "value": value, "met": None if value is None else value <= limit}
+            for (what, limit), value in zip(TARGETS[kind], measured)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    ap.add_argument("--packages", default=f"{ROUTER},{QUANTIZED}")
+    ap.add_argument("--router", default=ROUTER, help="the router package (a name or folder; 'none' skips it)")
+    ap.add_argument("--quantized", default=QUANTIZED,
+                    help="the quantized package (a name or folder of an int4 package; 'none' skips it)")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bundle", default=None, help="the bundle to time (default: the one vsr-run finds)")
@@ -90,8 +110,8 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind = torch.device(device).type
     ident = current_device_identity(device)
-    packages = args.packages.split(",")
-    for p in packages:
+    roles = {role: pkg for role, pkg in (("router", args.router), ("quantized", args.quantized)) if pkg != "none"}
+    for p in roles.values():
         builtin.resolve(p)   # built before any timing (a first build compresses with llm-compressor)
 
     bundle_path = args.bundle
@@ -119,7 +139,7 @@ def main() -> None:
     if kind == "cuda":
         modes = [(False, "empty"), (False, "warm")] + ([(True, "empty")] if bundle_path else [])
     try:
-        for pkg in packages:
+        for role, pkg in roles.items():
             extra = ["--emulate"] if kind == "cpu" and any(s in pkg for s in ("FP8", "NVFP4")) else []
             for use_bundle, tcache in modes:
                 for label, cli in (("1", ["--text", TEXT]), (str(args.requests), ["--input", str(inp), "--json"])):
@@ -137,7 +157,7 @@ def main() -> None:
                         totals.append(t)
                         if tcache == "empty":
                             shutil.rmtree(cdir, ignore_errors=True)
-                    row = {"package": pkg, "bundle": use_bundle, "triton_cache": tcache, "requests": int(label),
+                    row = {"package": pkg, "role": role, "bundle": use_bundle, "triton_cache": tcache, "requests": int(label),
                            "device": device, "first_answer_s": round(statistics.median(firsts), 3),
                            "total_s": round(statistics.median(totals), 3),
                            "first_answer_s_all": [round(x, 3) for x in firsts]}
@@ -146,21 +166,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def pick(pkg, b, tc, n):
-        return next((r for r in rows if r["package"] == pkg and r["bundle"] == b and r["triton_cache"] == tc
-                     and r["requests"] == n), None)
-
-    targets = []
-    if kind == "cuda":
-        vals = [pick(ROUTER, True, "empty", 1), pick(QUANTIZED, True, "empty", 1)]
-        big_b, big_w = pick(QUANTIZED, True, "empty", args.requests), pick(QUANTIZED, False, "warm", args.requests)
-        measured = [v and v["first_answer_s"] for v in vals] + [
-            big_b and big_w and round(big_b["total_s"] / big_w["total_s"], 3)]
-    else:
-        measured = [pick(ROUTER, False, "empty", 1)["first_answer_s"]]
-    for (what, limit), value in zip(TARGETS[kind], measured):
-        targets.append({"target": what, "limit": limit, "value": value,
-                        "met": None if value is None else value <= limit})
+    targets = targets_of(rows, kind, args.requests)
     record = {
         "benchmark": "start", "device": ident.name if kind == "cuda" else f"cpu ({platform.processor()})",
         "torch": torch.__version__, "triton": triton.__version__, "commit": code_commit(),
