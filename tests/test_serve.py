@@ -317,13 +317,14 @@ def test_embeddings_for_a_package_without_a_head():
 
 # ---- processes of their own ---------------------------------------------------------------
 
-def test_sigterm_answers_every_accepted_call_then_exits_0(engine):
+def _sigterm_under_load(bodies):
+    """Start a server, send every call, SIGTERM once all are accepted: (exit status, how many calls
+    were answered after the signal, the responses)."""
     proc, url = start_server("--max-batch", "4")
-    bodies = [{"input": [TEXTS[(5 * i + j) % len(TEXTS)] for j in range(4)]} for i in range(48)]
     done = []
 
     async def drive():
-        async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=httpx.Limits(max_connections=200)) as client:
             async def one(b):
                 r = await client.post("/v1/classify", json=b)
                 done.append(time.monotonic())
@@ -337,12 +338,23 @@ def test_sigterm_answers_every_accepted_call_then_exits_0(engine):
             return sent_at, await asyncio.gather(*tasks, return_exceptions=True)
 
     sent_at, responses = asyncio.run(drive())
-    assert proc.wait(timeout=60) == 0
-    assert sum(t > sent_at for t in done) > 0   # calls were still waiting when the signal came
-    for body, r in zip(bodies, responses, strict=True):
-        assert not isinstance(r, Exception), r
-        assert r.status_code == 200, r.text
-        assert [d["probs"] for d in r.json()["data"]] == alone(engine, body["input"])[0]
+    return proc.wait(timeout=60), sum(t > sent_at for t in done), responses
+
+
+def test_sigterm_answers_every_accepted_call_then_exits_0(engine):
+    bodies = [{"input": [TEXTS[(5 * i + j) % len(TEXTS)] for j in range(4)]} for i in range(96)]
+    # The server may answer the last accepted calls before the signal lands (a race with the
+    # client's polling): a run counts once calls were still waiting; a few runs make one likely.
+    for _ in range(4):
+        status, after, responses = _sigterm_under_load(bodies)
+        assert status == 0
+        for body, r in zip(bodies, responses, strict=True):
+            assert not isinstance(r, Exception), r
+            assert r.status_code == 200, r.text
+            assert [d["probs"] for d in r.json()["data"]] == alone(engine, body["input"])[0]
+        if after:
+            break
+    assert after > 0   # calls were still waiting when the signal came
 
 
 def test_replicas_share_one_port(engine):
