@@ -60,21 +60,41 @@ def _int4(w: int4.Int4Weight) -> PreparedReference:
     return _product(w, int4.dequantize(w), w.act_perm)
 
 
+# Every e4m3 code's value and every e2m1 code's (sign in bit 3, -0.0 at code 8), in fp32: a
+# gather from these gives the bytes of torch's float8 -> float conversion and of
+# nvfp4.e2m1_decode in a third and an eighth of their time on the CPU.
+E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.FP8_DTYPE).float()
+E2M1_VALUES = torch.cat([torch.tensor(nvfp4.E2M1_VALUES), -torch.tensor(nvfp4.E2M1_VALUES)]).float()
+
+
+def _lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+
+
 def fp8_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8.quantize_activation's bytes in fewer passes over x: max |x| from one aminmax, the
-    quotient clamped in place (the same operations on the same values)."""
-    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)
-    s = torch.maximum(hi, lo.neg()) / fp8.FP8_MAX
+    """fp8.quantize_activation's bytes as (the codes' fp32 values, the scales [M, 1] in x's
+    dtype): the quotient clamped in place, its codes read through E4M3_VALUES."""
+    s = x.abs().amax(dim=-1, keepdim=True) / fp8.FP8_MAX
     s = torch.where(s == 0, torch.full_like(s, fp8.dtype_eps(x.dtype)), s)
-    return torch.div(x, s).clamp_(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), s
+    codes = torch.div(x, s).clamp_(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE)
+    return _lookup(E4M3_VALUES, codes.view(torch.uint8)), s
+
+
+def nvfp4_activation(x: torch.Tensor, input_global_scale: torch.Tensor) -> torch.Tensor:
+    """e2m1_decode(codes) · s_x of nvfp4.quantize_activation(x) as fp32 [M, K]: the codes read
+    through E2M1_VALUES, each block's scale broadcast over its 16 columns."""
+    codes, s = nvfp4.quantize_activation(x, input_global_scale)
+    M, K = codes.shape
+    v = _lookup(E2M1_VALUES, codes).view(M, K // nvfp4.BLOCK, nvfp4.BLOCK)
+    return v.mul_(s.float()[..., None]).view(M, K)
 
 
 def _fp8(w: fp8.Fp8Weight) -> PreparedReference:
     W, scale, b = w.weight.float(), w.weight_scale.float()[None, :], _float_bias(w)
 
     def run(x):
-        xq, s = fp8_activation(x)                    # per call: the activations' scales
-        y = (xq.float() @ W.t()).mul_(s.float()).mul_(scale)
+        xq, s = fp8_activation(x)                    # per call: the activations' codes and scales
+        y = (xq @ W.t()).mul_(s.float()).mul_(scale)
         if b is not None:
             y.add_(b)
         return y.to(x.dtype)
@@ -97,8 +117,7 @@ def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
     igs = w.input_global_scale
 
     def run(x):
-        codes, s = nvfp4.quantize_activation(x, igs)   # per call: the activations' codes and scales
-        xs = nvfp4.e2m1_decode(codes) * s.float().repeat_interleave(nvfp4.BLOCK, dim=1)
+        xs = nvfp4_activation(x, igs)                  # per call: the activations' codes and scales
         y = (xs @ W.t()).mul_(alpha)
         if b is not None:
             y.add_(b)

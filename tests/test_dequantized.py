@@ -112,3 +112,16 @@ def test_builtin_packages_prepared_equal_per_call(name):
     for q in linears:
         q.__dict__["_prepared"] = None   # back to the per-call reference
     assert torch.equal(prepared, engine.forward(texts))
+
+
+def test_code_tables_give_the_conversions_bytes():
+    """Every e4m3 code through E4M3_VALUES is torch's float8 -> fp32 conversion (NaN and -0.0
+    included, compared as bits); every e2m1 code through E2M1_VALUES is nvfp4.e2m1_decode's."""
+    from vsr.runtime import dequantized as dq
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    want = codes.view(fp8.FP8_DTYPE).float()
+    assert torch.equal(dq._lookup(dq.E4M3_VALUES, codes).view(torch.int32), want.view(torch.int32))
+    nib = torch.arange(16, dtype=torch.uint8).repeat(3, 1)
+    assert torch.equal(dq._lookup(dq.E2M1_VALUES, nib).view(torch.int32),
+                       nvfp4.e2m1_decode(nib).view(torch.int32))
