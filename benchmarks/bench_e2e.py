@@ -22,7 +22,7 @@ each with CUDA graphs (runtime.engine.GraphedForward, captured after an eager wa
 fixed inputs) and eager; a failed capture is recorded on the eager row (graph_error). A format
 the device cannot run (nvfp4 W4A4 on Hopper) is recorded under "not_run" with the reason.
 Defaults: Qwen3 at 1x128, 16x128 and 1x1024, graphs and eager; Qwen3.5 at 1x128 and 1x1024, graphs
-(its DeltaNet ops stay on Triton under the peers' linears: the model picks them when it is built).
+(the peers swap the linears only: every other operation stays on the model's Triton ops).
 --device cpu runs the whole orchestration on the reference path without graphs (the tests).
 
 Checks (before a provider's time counts): the provider's forward of the first --check-layers layers
@@ -144,14 +144,9 @@ def linears_as(model, make):
 @contextlib.contextmanager
 def reference_path(model):
     """`model` on the reference path while inside: each linear its format's pure-torch reference,
-    the rest the runtime's reference ops (Qwen3: ops.REFERENCE; Qwen3.5: its DeltaNet references)."""
-    saved = {a: getattr(model, a) for a in ("ops", "exact", "kernels") if hasattr(model, a)}
-    if "ops" not in saved and "kernels" not in saved:
-        raise TypeError(f"{type(model).__name__} has neither the ops set (Qwen3Router.ops) nor the kernels switch "
-                        "(Qwen3_5Router.kernels) that put its non-product operations on the reference path")
-    for a, v in (("ops", ops_mod.REFERENCE), ("exact", True), ("kernels", False)):
-        if a in saved:
-            setattr(model, a, v)
+    the rest the runtime's reference ops (ops.REFERENCE, the exact set)."""
+    saved = {"ops": model.ops, "exact": model.exact}
+    model.ops, model.exact = ops_mod.REFERENCE, True
     try:
         with linears_as(model, lambda q: QLinear(q.weight, "reference")):
             yield model

@@ -62,7 +62,7 @@ def _int4(w: int4.Int4Weight) -> PreparedReference:
 
 # Every e4m3 code's value and every e2m1 code's (sign in bit 3, -0.0 at code 8), in fp32: a
 # gather from these gives the bytes of torch's float8 -> float conversion and of
-# nvfp4.e2m1_decode in a third and an eighth of their time on the CPU.
+# nvfp4.e2m1_decode in about 40% and 15% of their time (2,048 x 384 codes, 2 CPU cores).
 E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.FP8_DTYPE).float()
 E2M1_VALUES = torch.cat([torch.tensor(nvfp4.E2M1_VALUES), -torch.tensor(nvfp4.E2M1_VALUES)]).float()
 

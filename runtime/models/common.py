@@ -136,13 +136,13 @@ def normed_product(ops, proj, x, weight, eps, *, residual=None, bias=None, layer
     the next residual). In the approximate set an FP8 product takes the norm's own per-row e4m3
     codes (quant_fp8)."""
     kw = {"residual": residual, "exact": exact}
-    rkw = dict(kw, zero_centered=True) if zero_centered else kw
     if _fp8_codes(proj, exact):
         y, s, xq, xs = (ops.layer_norm(x, weight, bias, eps, quant_fp8=True, **kw) if layer
-                        else ops.rms_norm(x, weight, eps, quant_fp8=True, **rkw))
+                        else ops.rms_norm(x, weight, eps, zero_centered=zero_centered, quant_fp8=True, **kw))
         out = proj.product_fp8(xq, xs, y.dtype)
     else:
-        y, s = ops.layer_norm(x, weight, bias, eps, **kw) if layer else ops.rms_norm(x, weight, eps, **rkw)
+        y, s = (ops.layer_norm(x, weight, bias, eps, **kw) if layer
+                else ops.rms_norm(x, weight, eps, zero_centered=zero_centered, **kw))
         out = proj(y)
     return out, y, (x if s is None else s)
 
