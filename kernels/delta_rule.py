@@ -18,10 +18,11 @@ substitution (the UT transform), u = T (beta v), w = T (beta exp(gc) k); across 
     v' = u - w S;  o = (exp(gc) q) S + (q k^T * exp(gc_i - gc_j) [j <= i]) v'
     S  = exp(gc_last) S + (exp(gc_last - gc) k)^T v'
 
-Kernels: `_ut_kernel` (one program per (chunk, batch x value head): T, u, w, gc into an fp32
-workspace, chunks in parallel) and `_scan_kernel` (one program per (value block, batch x value
-head): the chunks in order, the state in registers). No atomics; the chunking starts at
-position 0 of each request and every program reads one request only, so a request's bytes do not
+Kernels: `_ut_kernel` (one program per (chunk, batch x value head), chunks in parallel: T by a
+blocked triangular solve, w, u, and the chunk's state-independent terms exp(gc) q, the decayed
+keys and the masked q k^T, into fp32 workspaces) and `_scan_kernel` (one program per (value block,
+batch x value head): the chunks in order, the state in registers, four products a chunk). No
+atomics; the chunking starts at position 0 of each request and every program reads one request only, so a request's bytes do not
 depend on the batch it shares or its padding. Right padding: with `lengths`, positions
 t >= lengths[b] count as q = k = v = beta = g = 0 (they leave the state unchanged, and their
 output rows are zeros).
@@ -44,8 +45,18 @@ from vsr.kernels.norm import LIBDEVICE
 # default 3 stages buffer the loop's fp32 tiles in shared memory (263 KB at K = V = 128 in bf16,
 # more than an H200's 227 KB; 106 KB with one stage).
 SCAN_STAGES = 1
-
-
+# Every product runs on the tensor cores: TF32 operands (10-bit mantissa, fp32 accumulation) for
+# 16-bit inputs, whose output rounds to 8 or 11 bits anyway; three TF32 products per product
+# (tf32x3, about fp32's accuracy) for fp32 inputs. IEEE fp32 products are FMA loops whose [64, 128]
+# fp32 operands spill (12-14 KB of stack a thread at K = V = 128).
+PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
+# At Qwen3.5's 27B-class heads (16 key, 48 value heads of 128, bf16) on the H200: 64 value columns a
+# scan program, 8 warps on the per-chunk kernel and 4 on the scan: 0.060 ms a layer at 1x128,
+# 0.25 at 1x1024, 0.40 at 16x128 (transformers' pure-torch chunked form: 0.87, 3.2, 2.5).
+SCAN_BLOCK_V = 64
+UT_WARPS = 8
+SCAN_WARPS = 4
+INVERSE_BLOCK = 16   # the triangular solve's diagonal blocks (forward substitution inside them)
 
 # ---------------------------------------------------------------------------------------------
 # Triton
@@ -64,12 +75,43 @@ def _load_qk(ptr, b, pos, head, sb, ss, sh, L, K, BT: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _ut_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, gc_ptr,
-               S, Hv, GROUP, K, V, SP,
-               skb, sks, skh, svb, svs, svh, sgb, sgs,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr):
-    """One chunk of one (request, value head): gc, T = (I + N)^-1, w = T (beta exp(gc) k) and
-    u = T (beta v) into the fp32 workspaces [B*Hv, SP, *] (SP: S rounded up to BT)."""
+def _block_inverse(a, BT: tl.constexpr, SB: tl.constexpr, PREC: tl.constexpr):
+    """(I + a)^-1 for a strictly lower [BT, BT]: the diagonal [SB, SB] blocks' inverses D by forward
+    substitution (SB - 1 steps, every block at once), then (I + a)^-1 = (I + D L)^-1 D with L the
+    blocks below the diagonal, N = D L nilpotent at block level: (I + N)^-1 = I - N + N^2 - ...
+    (BT / SB terms, Horner's form)."""
+    NB: tl.constexpr = BT // SB
+    bi = tl.arange(0, NB)[:, None, None, None]
+    ci = tl.arange(0, NB)[None, None, :, None]
+    a4 = tl.reshape(a, (NB, SB, NB, SB))
+    t = -tl.sum(tl.where(bi == ci, a4, 0.0), axis=2)                      # [NB, SB, SB]: -a's diagonal blocks
+    i3 = tl.arange(0, SB)[None, :, None]
+    for s in range(1, SB):
+        row = tl.sum(tl.where(i3 == s, t, 0.0), axis=1)                   # [NB, SB]: each block's row s
+        new = row + tl.sum(row[:, :, None] * t, axis=1)
+        t = tl.where(i3 == s, new[:, None, :], t)
+    t = t + tl.where(i3 == tl.arange(0, SB)[None, None, :], 1.0, 0.0)
+    d = tl.reshape(tl.where(bi == ci, t[:, :, None, :], 0.0), (BT, BT))
+    r = tl.arange(0, BT)
+    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    n = tl.dot(d, tl.where(r[:, None] // SB > r[None, :] // SB, a, 0.0), input_precision=PREC)
+    p = eye - n
+    for _ in range(2, NB):
+        p = eye - tl.dot(n, p, input_precision=PREC)
+    return tl.dot(p, d, input_precision=PREC)
+
+
+@triton.jit
+def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
+               S, Hv, GROUP, K, V, SP, scale,
+               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SB: tl.constexpr, L2NORM: tl.constexpr,
+               PREC: tl.constexpr):
+    """Everything of one chunk of one (request, value head) that does not depend on the state, into
+    fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
+    w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
+    kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
+    gl = gc_last [SP / BT]."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hv
@@ -78,72 +120,65 @@ def _ut_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, gc_ptr,
     r = tl.arange(0, BT)
     pos = c * BT + r
     real = pos < L
+    q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
     k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
     gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
     g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
+    g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
     kb = k * beta[:, None]
-    below = r[:, None] > r[None, :]
-    diff = tl.where(below, gc[:, None] - gc[None, :], 0.0)
-    n = tl.dot(kb, tl.trans(k), input_precision="ieee") * tl.where(below, tl.exp(diff), 0.0)
-    # Forward substitution (transformers' form): t = -N, then row i += row_i . t[:i, :i], in order.
-    t = -n
-    for i in range(1, BT):
-        row = tl.sum(tl.where(r[:, None] == i, t, 0.0), axis=0)             # [BT]: t[i, :]
-        new = row + tl.sum(row[:, None] * t, axis=0)
-        t = tl.where(r[:, None] == i, new[None, :], t)
-    t = t + tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    causal = r[:, None] >= r[None, :]
+    decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    n = tl.dot(kb, tl.trans(k), input_precision=PREC) * tl.where(r[:, None] > r[None, :], decay, 0.0)
+    t = _block_inverse(n, BT, SB, PREC)
     ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
     kcols = tl.arange(0, BK)
-    w = tl.dot(t, kb * tl.exp(gc)[:, None], input_precision="ieee")
-    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], w)
-    tl.store(gc_ptr + ws, gc)
+    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC))
+    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], q * tl.exp(gc)[:, None])
+    chunk = bh.to(tl.int64) * (SP // BT) + c
+    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], k * tl.exp(g_last - gc)[:, None])
+    tl.store(attn_ptr + ws[:, None] * BT + r[None, :], tl.dot(q, tl.trans(k), input_precision=PREC) * decay)
+    tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vm = real[:, None] & (vcols < V)[None, :]
         vv = tl.load(v_ptr + b.to(tl.int64) * svb + pos.to(tl.int64)[:, None] * svs + h * svh + vcols[None, :],
                      mask=vm, other=0.0).to(tl.float32)
-        u = tl.dot(t, vv * beta[:, None], input_precision="ieee")
+        u = tl.dot(t, vv * beta[:, None], input_precision=PREC)
         tl.store(u_ptr + ws[:, None] * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
 
 @triton.jit
-def _scan_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, len_ptr, o_ptr,
-                 S, Hv, GROUP, K, V, SP, scale,
-                 sqb, sqs, sqh, skb, sks, skh, sob, sos, soh,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr):
-    """The chunks of one (request, value head) in order, for value columns [pid0 * BV, +BV): the
-    state [BK, BV] in fp32 registers; o written in o's dtype (zeros past the length)."""
+def _scan_kernel(w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, o_ptr, S, V, SP, sob, sos, soh, Hv,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """The chunks of one (request, value head) in order, for value columns [pid0 * BV, +BV), from
+    _ut_kernel's workspaces: the state [BK, BV] in fp32 registers, v' = u - w S,
+    o = qg S + attn v' (written in o's dtype), S = exp(gl) S + kt v'."""
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hv
     h = bh % Hv
-    L = tl.minimum(tl.load(len_ptr + b), S)
     r = tl.arange(0, BT)
     kcols = tl.arange(0, BK)
     vcols = vb * BV + tl.arange(0, BV)
     vmask = vcols < V
-    causal = r[:, None] >= r[None, :]
     state = tl.zeros((BK, BV), dtype=tl.float32)
     for c in range(0, tl.cdiv(S, BT)):
         pos = c * BT + r
-        q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
-        k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
         ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
-        gc = tl.load(gc_ptr + ws)
-        g_last = tl.load(gc_ptr + bh.to(tl.int64) * SP + c * BT + BT - 1)
+        chunk = bh.to(tl.int64) * (SP // BT) + c
         w = tl.load(w_ptr + ws[:, None] * BK + kcols[None, :])
         u = tl.load(u_ptr + ws[:, None] * V + vcols[None, :], mask=vmask[None, :], other=0.0)
-        vn = u - tl.dot(w, state, input_precision="ieee")
-        decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-        attn = tl.dot(q, tl.trans(k), input_precision="ieee") * decay
-        o = tl.dot(q * tl.exp(gc)[:, None], state, input_precision="ieee") + tl.dot(attn, vn, input_precision="ieee")
+        vn = u - tl.dot(w, state, input_precision=PREC)
+        qg = tl.load(qg_ptr + ws[:, None] * BK + kcols[None, :])
+        attn = tl.load(attn_ptr + ws[:, None] * BT + r[None, :])
+        o = tl.dot(qg, state, input_precision=PREC) + tl.dot(attn, vn, input_precision=PREC)
         om = (pos < S)[:, None] & vmask[None, :]
         tl.store(o_ptr + b.to(tl.int64) * sob + pos.to(tl.int64)[:, None] * sos + h * soh + vcols[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=om)
-        kg = k * tl.exp(g_last - gc)[:, None]
-        state = state * tl.exp(g_last) + tl.dot(tl.trans(kg), vn, input_precision="ieee")
+        kt = tl.load(kt_ptr + chunk * BK * BT + kcols[:, None] * BT + r[None, :])
+        state = state * tl.exp(tl.load(gl_ptr + chunk)) + tl.dot(kt, vn, input_precision=PREC)
 
 
 def _check(q, k, v, g, beta):
@@ -158,15 +193,21 @@ def _check(q, k, v, g, beta):
             raise ValueError(f"{name}: the head dimension must be contiguous (stride 1), got strides {x.stride()}")
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block_v: int = 64, out=None):
+def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block_v: int | None = None,
+                           num_warps: tuple[int, int] | None = None, scan_stages: int | None = None, precision: str | None = None, out=None):
     """The Triton form of chunk_gated_delta_rule_reference (same signature; q/k/v may be strided views,
     e.g. column slices of the conv output, with the head dimension contiguous). o [B, S, Hv, V] in
-    q's dtype, contiguous (written into `out` when given)."""
+    q's dtype, contiguous (written into `out` when given). `precision` is tl.dot's input precision
+    for every product (default PRECISION by q's dtype); `block_v` the scan's value columns a program
+    (default SCAN_BLOCK_V), `num_warps` the two kernels' warps (default UT_WARPS, SCAN_WARPS), `scan_stages` the scan's
+    pipeline stages (default SCAN_STAGES)."""
     _check(q, k, v, g, beta)
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
-    BV = min(block_v, triton.next_power_of_2(V))
+    BV = min(block_v or SCAN_BLOCK_V, triton.next_power_of_2(V))
+    prec = precision or PRECISION[q.dtype]
+    ut_warps, scan_warps = num_warps or (UT_WARPS, SCAN_WARPS)
     SP = triton.cdiv(S, CHUNK) * CHUNK
     dev = q.device
     if lengths is None:
@@ -174,21 +215,21 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     lengths = lengths.to(device=dev, dtype=torch.int32)
     g = g.float().contiguous()
     beta = beta.contiguous()
-    w = torch.empty(B * Hv, SP, BK, dtype=torch.float32, device=dev)
-    u = torch.empty(B * Hv, SP, V, dtype=torch.float32, device=dev)
-    gc = torch.empty(B * Hv, SP, dtype=torch.float32, device=dev)
+    f32 = dict(dtype=torch.float32, device=dev)
+    w, qg, attn = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
+    u, kt = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32)
+    gl = torch.empty(B * Hv, SP // CHUNK, **f32)
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
     _ut_kernel[(SP // CHUNK, B * Hv)](
-        k, v, g, beta, lengths, w, u, gc, S, Hv, Hv // Hk, K, V, SP,
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, num_warps=4)
-    _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
-        q, k, w, u, gc, lengths, o, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        o.stride(0), o.stride(1), o.stride(2),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, num_warps=4, num_stages=SCAN_STAGES)
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+        BT=CHUNK, BK=BK, BV=BV, SB=INVERSE_BLOCK, L2NORM=l2norm, PREC=prec, num_warps=ut_warps)
+    _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
+        w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=scan_warps, num_stages=scan_stages or SCAN_STAGES)
     return o
 
 
