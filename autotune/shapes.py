@@ -1,7 +1,8 @@
 """Shape specs and record-format names for vsr-tune: what to tune when no package is named.
 
-A shape spec is "27b" (the 27B-class backbone of BENCHMARKS.md), "minilm" (the built-in
-router's encoder), or "NxK[,NxK...]" (N outputs, K inputs). A record format is a name the
+A shape spec is "27b" (the 27B-class backbone of BENCHMARKS.md), "27b-hybrid" (the products a
+27B-class Qwen3.5 adds to it), "minilm" (the built-in router's encoder), or "NxK[,NxK...]" (N
+outputs, K inputs). A record format is a name the
 registered formats' specs give (kernels/formats.py: bf16, fp16, fp32, fp8, int4-gptq, int4-awq,
 nvfp4, nvfp4-emulated); each becomes a weight layout, an activation dtype and a template.
 """
@@ -23,7 +24,14 @@ SHAPES_27B: tuple[tuple[str, int, int], ...] = (
 # The runtime's products (runtime/fuse.py): a layer runs qkv, o, up (gate_up) and down.
 SHAPES_MINILM: tuple[tuple[str, int, int], ...] = (
     ("qkv", 1152, 384), ("o", 384, 384), ("up", 1536, 384), ("down", 384, 1536))
-NAMED = {"27b": SHAPES_27B, "minilm": SHAPES_MINILM}
+# Qwen3.5-27B's text model (benchmarks/e2e_models.qwen3_5_27b_config) as the runtime fuses it: a
+# Gated DeltaNet layer runs in_proj_qkv|z (2 x 16 key heads + 2 x 48 value heads of 128),
+# in_proj_b|a (2 x 48) and out_proj (48 x 128 in); a gated attention layer q|gate|k|v (2 x 24 + 2 x 4
+# heads of 256) and o (24 x 256 in, out_proj's shape); the MLP is gate_up and down of SHAPES_27B.
+SHAPES_27B_HYBRID: tuple[tuple[str, int, int], ...] = (
+    ("deltanet_in", 16384, 5120), ("deltanet_ba", 96, 5120), ("deltanet_out", 5120, 6144),
+    ("attn_qkv", 14336, 5120))
+NAMED = {"27b": SHAPES_27B, "27b-hybrid": SHAPES_27B_HYBRID, "minilm": SHAPES_MINILM}
 
 _DT = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
        "fp32": torch.float32, "float32": torch.float32}
@@ -58,7 +66,7 @@ FORMATS: Mapping[str, FormatSpec] = _Records()
 
 
 def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
-    """'27b' | 'minilm' | 'NxK[,NxK...]' (names may be combined: '27b,minilm,64x128')."""
+    """'27b' | '27b-hybrid' | 'minilm' | 'NxK[,NxK...]' (names may be combined: '27b,minilm,64x128')."""
     out: list[tuple[str, int, int]] = []
     for part in spec.lower().split(","):
         part = part.strip()

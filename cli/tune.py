@@ -4,7 +4,7 @@
              [--jobs N] [--time-budget S] [--max-candidates N [--incumbents CACHE ...]] [--json]
     vsr-tune ls|show KEY|export|import SRC|merge SRC|verify|coverage PACKAGE --autotune-cache PATH
 
-SHAPES is "27b", "minilm" or "NxK[,NxK]" (with --formats); a PACKAGE is a built-in name or a
+SHAPES is "27b", "27b-hybrid", "minilm" or "NxK[,NxK]" (with --formats); a PACKAGE is a built-in name or a
 folder, whose Linear layers give (format, N, K). Tuning is resumable: recorded keys are skipped
 and every key is committed as soon as it is tuned.
 """
@@ -134,7 +134,7 @@ def main():
     """Record, inspect and ship autotune tiles.
 
     `vsr-tune TARGET --autotune-cache PATH` is `vsr-tune tune ...`: TARGET is a package (a
-    built-in name or a folder) or a shape spec ("27b", "minilm" or "NxK[,NxK]").
+    built-in name or a folder) or a shape spec ("27b", "27b-hybrid" (Qwen3.5's), "minilm" or "NxK[,NxK]").
 
     Exit codes: 0 done; 1 a key failed to tune, an entry failed verify, or a merge conflict
     was left; 2 bad options or an unusable cache or package.
