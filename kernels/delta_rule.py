@@ -56,7 +56,6 @@ PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf
 SCAN_BLOCK_V = 64
 UT_WARPS = 8
 SCAN_WARPS = 4
-INVERSE_BLOCK = 16   # the triangular solve's diagonal blocks (forward substitution inside them)
 
 # ---------------------------------------------------------------------------------------------
 # Triton
@@ -75,38 +74,51 @@ def _load_qk(ptr, b, pos, head, sb, ss, sh, L, K, BT: tl.constexpr, BK: tl.const
 
 
 @triton.jit
-def _block_inverse(a, BT: tl.constexpr, SB: tl.constexpr, PREC: tl.constexpr):
-    """(I + a)^-1 for a strictly lower [BT, BT]: the diagonal [SB, SB] blocks' inverses D by forward
-    substitution (SB - 1 steps, every block at once), then (I + a)^-1 = (I + D L)^-1 D with L the
-    blocks below the diagonal, N = D L nilpotent at block level: (I + N)^-1 = I - N + N^2 - ...
-    (BT / SB terms, Horner's form)."""
-    NB: tl.constexpr = BT // SB
-    bi = tl.arange(0, NB)[:, None, None, None]
-    ci = tl.arange(0, NB)[None, None, :, None]
-    a4 = tl.reshape(a, (NB, SB, NB, SB))
-    t = -tl.sum(tl.where(bi == ci, a4, 0.0), axis=2)                      # [NB, SB, SB]: -a's diagonal blocks
-    i3 = tl.arange(0, SB)[None, :, None]
-    for s in range(1, SB):
-        row = tl.sum(tl.where(i3 == s, t, 0.0), axis=1)                   # [NB, SB]: each block's row s
-        new = row + tl.sum(row[:, :, None] * t, axis=1)
-        t = tl.where(i3 == s, new[:, None, :], t)
-    t = t + tl.where(i3 == tl.arange(0, SB)[None, None, :], 1.0, 0.0)
-    d = tl.reshape(tl.where(bi == ci, t[:, :, None, :], 0.0), (BT, BT))
+def _merge_blocks(a, d, BT: tl.constexpr, S_IN: tl.constexpr, S_OUT: tl.constexpr, PREC: tl.constexpr):
+    """(I + a)^-1 on the [S_OUT, S_OUT] diagonal blocks of a strictly lower a [BT, BT], from d, its
+    inverse on the [S_IN, S_IN] diagonal blocks: within a block, I + a = (I + a_in)(I + d L) with L
+    a's part below the S_IN blocks, and N = d L is nilpotent at block level, so (I + a)^-1 =
+    (I - N + N^2 - ... (S_OUT / S_IN terms, Horner's form)) d. Every block at once in [BT, BT]."""
     r = tl.arange(0, BT)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    n = tl.dot(d, tl.where(r[:, None] // SB > r[None, :] // SB, a, 0.0), input_precision=PREC)
+    lower = (r[:, None] // S_OUT == r[None, :] // S_OUT) & (r[:, None] // S_IN > r[None, :] // S_IN)
+    n = tl.dot(d, tl.where(lower, a, 0.0), input_precision=PREC)
     p = eye - n
-    for _ in range(2, NB):
+    for _ in range(2, S_OUT // S_IN):
         p = eye - tl.dot(n, p, input_precision=PREC)
     return tl.dot(p, d, input_precision=PREC)
+
+
+@triton.jit
+def _bmm4(x, y):
+    """[NB, 4, 4] x [NB, 4, 4] -> [NB, 4, 4], block by block, in fp32 FMAs."""
+    return tl.sum(x[:, :, :, None] * y[:, None, :, :], axis=2)
+
+
+@triton.jit
+def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
+    """(I + a)^-1 of a strictly lower [BT, BT] (BT = 64), without a serial loop: its [4, 4] diagonal
+    blocks as I - a + a^2 - a^3 (exact: a 4 x 4 strictly lower block cubed is the last nonzero
+    power), merged into [16, 16] blocks and then the whole (_merge_blocks)."""
+    NB: tl.constexpr = BT // 4
+    bi = tl.arange(0, NB)[:, None, None, None]
+    ci = tl.arange(0, NB)[None, None, :, None]
+    a4 = tl.sum(tl.where(bi == ci, tl.reshape(a, (NB, 4, NB, 4)), 0.0), axis=2)     # [NB, 4, 4]
+    i3 = tl.arange(0, 4)
+    eye4 = tl.where(i3[None, :, None] == i3[None, None, :], 1.0, 0.0)
+    p = eye4 - a4
+    p = eye4 - _bmm4(a4, p)
+    p = eye4 - _bmm4(a4, p)
+    d = tl.reshape(tl.where(bi == ci, p[:, :, None, :], 0.0), (BT, BT))
+    d = _merge_blocks(a, d, BT, 4, 16, PREC)
+    return _merge_blocks(a, d, BT, 16, BT, PREC)
 
 
 @triton.jit
 def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
                S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SB: tl.constexpr, L2NORM: tl.constexpr,
-               PREC: tl.constexpr):
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
@@ -131,7 +143,7 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     causal = r[:, None] >= r[None, :]
     decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
     n = tl.dot(kb, tl.trans(k), input_precision=PREC) * tl.where(r[:, None] > r[None, :], decay, 0.0)
-    t = _block_inverse(n, BT, SB, PREC)
+    t = _unit_lower_inverse(n, BT, PREC)
     ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
     kcols = tl.arange(0, BK)
     tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC))
@@ -226,7 +238,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, SB=INVERSE_BLOCK, L2NORM=l2norm, PREC=prec, num_warps=ut_warps)
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=ut_warps)
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
         BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=scan_warps, num_stages=scan_stages or SCAN_STAGES)

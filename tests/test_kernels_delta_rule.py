@@ -45,6 +45,21 @@ def test_triton_matches_the_reference(dtype, tol):
     torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
 
 
+def test_correlated_keys_strong_writes_and_weak_decay():
+    """The triangular solve's hard case: keys close to one direction, beta near 1, decay near 0
+    (T = (I + N)^-1 far from I), two chunks; against the chunked reference and the recurrence."""
+    g = torch.Generator().manual_seed(3)
+    B, S, H, K, V = 1, 128, 2, 32, 16
+    k = torch.randn(1, 1, H, K, generator=g) + 0.3 * torch.randn(B, S, H, K, generator=g)
+    q, v = torch.randn(B, S, H, K, generator=g), torch.randn(B, S, H, V, generator=g)
+    gate, beta = -torch.rand(B, S, H, generator=g) * 0.01, 0.9 + 0.1 * torch.rand(B, S, H, generator=g)
+    ref = delta_rule.chunk_gated_delta_rule_reference(q, k, v, gate, beta)
+    torch.testing.assert_close(ref, delta_rule.recurrent_gated_delta_rule_reference(q, k, v, gate, beta),
+                               atol=2e-6, rtol=0)
+    got = delta_rule.chunk_gated_delta_rule(q, k, v, gate, beta, out=_poisoned(B, S, H, V, dtype=torch.float32))
+    torch.testing.assert_close(got, ref, atol=2e-5 * float(ref.abs().max()), rtol=0)
+
+
 def test_strided_views_of_the_conv_output():
     """q, k, v as column slices of one [B, S, 2*Hk*K + Hv*V] tensor, as the model passes them."""
     B, S, Hk, Hv, K, V = 1, 20, 1, 2, 16, 16
