@@ -251,10 +251,10 @@ class Engine:
             return [{"embedding": row.tolist()} for row in y]
         k = max(1, min(int(top_k), len(self.labels)))
         res = []
-        for row in y:
+        for row in y.tolist():   # Python floats once (the exact fp32 values), not a tensor index per label
             # Ties broken by label index (stable sort), so the answer never depends on the sort kernel.
-            order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))[:k]
-            top = [[self.labels[j], float(row[j])] for j in order]
+            order = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+            top = [[self.labels[j], row[j]] for j in order]
             res.append({"choice": top[0][0], "top": top})
         return res
 
