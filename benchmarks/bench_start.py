@@ -11,6 +11,12 @@ on stdout (`first_answer_s`) and to its exit (`total_s`):
   whose kernels are already compiled (the same Triton cache dir, warm: `triton_cache` "warm");
   on the CPU no kernel compiles, so the rows carry bundle false only.
 
+Python's own bytecode is on disk before the timing, as after `pip install` (which compiles it):
+one untimed process per package runs first, and where PYTHONDONTWRITEBYTECODE is set (the H200
+image sets it; every process would then compile vsr's, its dependencies' and torch's sources
+again, about 2 s) the processes write and read their bytecode under a PYTHONPYCACHEPREFIX of
+their own instead (`bytecode` in the record says which).
+
 Writes `start-<device>-<date>.json` (BENCHMARKS.md, the `start` schema): rows with `package`,
 `bundle`, `triton_cache`, `requests`, `first_answer_s`, `total_s` (medians over --repeats), the
 bundle's size, and the targets of issue 39 point 6, each met or missed, also printed.
@@ -59,6 +65,17 @@ def timed_run(args: list[str], env: dict) -> tuple[float, float]:
     if p.returncode != 0 or not first:
         raise RuntimeError(f"vsr-run {' '.join(args)} exited {p.returncode}: {err.decode()[-2000:]}")
     return t_first, t_end
+
+
+def bytecode_env(env: dict, work: Path) -> tuple[dict, str]:
+    """The children's environment with bytecode written and read as an installed package has it,
+    and what was done: PYTHONDONTWRITEBYTECODE dropped for a PYTHONPYCACHEPREFIX under `work`
+    where it was set."""
+    if not env.get("PYTHONDONTWRITEBYTECODE"):
+        return env, "as the environment writes it"
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    return env, "PYTHONDONTWRITEBYTECODE was set: written under a PYTHONPYCACHEPREFIX of the run"
 
 
 def requests_file(n: int, out: Path) -> Path:
@@ -132,8 +149,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
     inp = requests_file(args.requests, work / "requests.jsonl")
-    base_env = dict(os.environ)
-    base_env.pop("TRITON_INTERPRET", None)
+    base_env, bytecode = bytecode_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, work)
     rows = []
     modes = [(False, "empty")]
     if kind == "cuda":
@@ -141,6 +157,11 @@ def main() -> None:
     try:
         for role, pkg in roles.items():
             extra = ["--emulate"] if kind == "cpu" and any(s in pkg for s in ("FP8", "NVFP4")) else []
+            # Untimed: the bytecode of every module a run imports is written (its Triton dir is dropped).
+            timed_run([pkg, "--device", device, *extra, "--text", TEXT],
+                      dict(base_env, TRITON_CACHE_DIR=str(work / "tc-bytecode"),
+                           VSR_KERNEL_BUNDLE=bundle_path if bundle_path else "off"))
+            shutil.rmtree(work / "tc-bytecode", ignore_errors=True)
             for use_bundle, tcache in modes:
                 for label, cli in (("1", ["--text", TEXT]), (str(args.requests), ["--input", str(inp), "--json"])):
                     firsts, totals = [], []
@@ -171,6 +192,7 @@ def main() -> None:
         "benchmark": "start", "device": ident.name if kind == "cuda" else f"cpu ({platform.processor()})",
         "torch": torch.__version__, "triton": triton.__version__, "commit": code_commit(),
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "repeats": args.repeats,
+        "bytecode": bytecode,
         "bundle": bundle_path and Path(bundle_path).name,
         "bundle_bytes": bundle_path and Path(bundle_path).stat().st_size,
         "rows": rows, "targets": targets,
