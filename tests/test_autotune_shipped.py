@@ -56,6 +56,19 @@ def test_h200_cache_is_found_by_identity_and_complete():
         assert e.tile and e.ms and e.ms > 0 and e.candidates and e.candidates[0]["ok"]
 
 
+# Qwen3.5's own products (vsr-tune 27b-hybrid) at the buckets its end-to-end benchmark runs: 1x128
+# and 1x1024 tokens; its MLP products are SHAPES_27B's.
+HYBRID_BUCKETS = (128, 1024)
+
+
+def test_h200_cache_holds_the_qwen3_5_products_at_the_benchmark_buckets():
+    store = _store()
+    have = {(shapes.format_label(e.key), e.key.act_dtype, e.key.N, e.key.K, e.key.bucket) for e in store.entries()}
+    fmts = [f for f in device_formats(H200) if f in ("bf16", "fp8", "int4-gptq", "int4-awq")]
+    want = {(f, "bfloat16", N, K, b) for f in fmts for _, N, K in shapes.SHAPES_27B_HYBRID for b in HYBRID_BUCKETS}
+    assert len(fmts) == 4 and not sorted(want - have)
+
+
 def test_h200_cache_matches_the_kernels_in_this_tree():
     store = _store()
     stale = sorted({e.key.template for e in store.entries()
