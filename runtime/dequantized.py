@@ -6,7 +6,7 @@ scales, FP8 and bf16 weights are upcast to fp32. `prepare_reference(weight)` com
 weight-side tensors once, with the same torch operations, and `PreparedReference(x)` then runs the
 rest of the reference: the same product (`x.float() @ W.t()` on a tensor equal to the reference's
 in values and layout) and the same activation-side work per call (FP8 W8A8 and NVFP4 W4A4 still
-quantize each call's activations), so the output bytes are the reference's
+quantize each call's activations, runtime/act_quant.py), so the output bytes are the reference's
 (tests/test_dequantized.py checks them against `reference_linear` for every format).
 
 The cost is memory: the layer holds an fp32 [N, K] copy beside its stored weight.
@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from vsr.kernels import fp8, int4, nvfp4
+from vsr.runtime.act_quant import Nvfp4Activation, fp8_activation
 
 
 def _float_bias(w: Any) -> torch.Tensor | None:
@@ -25,25 +26,31 @@ def _float_bias(w: Any) -> torch.Tensor | None:
 
 
 class PreparedReference:
-    """y = reference_linear(x, weight) from precomputed weight-side tensors."""
+    """y = reference_linear(x, weight) from precomputed weight-side tensors: y = product(a, x) with
+    a = activation(x), the per-call activation quantization (None: a is x). `activation_key`
+    names what the activation step computes (None where there is none): references with equal
+    keys give the same `a` for one x, so parts over one input may quantize it once."""
 
-    def __init__(self, weight: Any, run: Callable[[torch.Tensor], torch.Tensor], dense: torch.Tensor):
+    def __init__(self, weight: Any, product: Callable[[Any, torch.Tensor], torch.Tensor], dense: torch.Tensor,
+                 activation: Callable[[torch.Tensor], Any] | None = None, activation_key: Any = None):
         self.format = weight.format
         self.dense = dense          # the fp32 [N, K] tensor the product reads (its memory)
-        self._run = run
+        self.activation = activation
+        self.activation_key = activation_key if activation is not None else None
+        self.product = product
 
     def nbytes(self) -> int:
         return self.dense.numel() * self.dense.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x)
+        return self.product(x if self.activation is None else self.activation(x), x)
 
 
 def _product(w, W: torch.Tensor, perm: torch.Tensor | None = None) -> PreparedReference:
     """x (columns gathered by perm, act-order int4) times a precomputed fp32 W, plus the bias."""
     b = _float_bias(w)
 
-    def run(x):
+    def run(_, x):
         xp = x if perm is None else x[:, perm]
         y = xp.float() @ W.t()
         if b is not None:
@@ -60,45 +67,16 @@ def _int4(w: int4.Int4Weight) -> PreparedReference:
     return _product(w, int4.dequantize(w), w.act_perm)
 
 
-# Every e4m3 code's value and every e2m1 code's (sign in bit 3, -0.0 at code 8), in fp32: a
-# gather from these gives the bytes of torch's float8 -> float conversion and of
-# nvfp4.e2m1_decode in about 40% and 15% of their time (2,048 x 384 codes, 2 CPU cores).
-E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.FP8_DTYPE).float()
-E2M1_VALUES = torch.cat([torch.tensor(nvfp4.E2M1_VALUES), -torch.tensor(nvfp4.E2M1_VALUES)]).float()
-
-
-def _lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    return torch.index_select(table, 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
-
-
-def fp8_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8.quantize_activation's bytes as (the codes' fp32 values, the scales [M, 1] in x's
-    dtype): the quotient clamped in place, its codes read through E4M3_VALUES."""
-    s = x.abs().amax(dim=-1, keepdim=True) / fp8.FP8_MAX
-    s = torch.where(s == 0, torch.full_like(s, fp8.dtype_eps(x.dtype)), s)
-    codes = torch.div(x, s).clamp_(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE)
-    return _lookup(E4M3_VALUES, codes.view(torch.uint8)), s
-
-
-def nvfp4_activation(x: torch.Tensor, input_global_scale: torch.Tensor) -> torch.Tensor:
-    """e2m1_decode(codes) · s_x of nvfp4.quantize_activation(x) as fp32 [M, K]: the codes read
-    through E2M1_VALUES, each block's scale broadcast over its 16 columns."""
-    codes, s = nvfp4.quantize_activation(x, input_global_scale)
-    M, K = codes.shape
-    v = _lookup(E2M1_VALUES, codes).view(M, K // nvfp4.BLOCK, nvfp4.BLOCK)
-    return v.mul_(s.float()[..., None]).view(M, K)
-
-
 def _fp8(w: fp8.Fp8Weight) -> PreparedReference:
     W, scale, b = w.weight.float(), w.weight_scale.float()[None, :], _float_bias(w)
 
-    def run(x):
-        xq, s = fp8_activation(x)                    # per call: the activations' codes and scales
+    def run(a, x):
+        xq, s = a                                    # per call: the activations' codes and scales
         y = (xq @ W.t()).mul_(s.float()).mul_(scale)
         if b is not None:
             y.add_(b)
         return y.to(x.dtype)
-    return PreparedReference(w, run, W)
+    return PreparedReference(w, run, W, fp8_activation, "fp8")
 
 
 def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
@@ -106,23 +84,22 @@ def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
     if not w.quantizes_activations:   # NVFP4A16
         W = nvfp4.dequantize(w)
 
-        def run(x):
+        def run_a16(_, x):
             y = x.float() @ W.t()
             if b is not None:
                 y = y + b
             return y.to(x.dtype)
-        return PreparedReference(w, run, W)
+        return PreparedReference(w, run_a16, W)
     W = nvfp4.e2m1_decode(nvfp4.unpack_fp4(w.packed)) * w.block_scale.float().repeat_interleave(nvfp4.BLOCK, dim=1)
     alpha = 1.0 / (w.input_global_scale.float().reshape(()) * w.global_scale.float().reshape(()))
-    igs = w.input_global_scale
+    activation = Nvfp4Activation(w.input_global_scale)
 
-    def run(x):
-        xs = nvfp4_activation(x, igs)                  # per call: the activations' codes and scales
-        y = (xs @ W.t()).mul_(alpha)
+    def run(xs, x):
+        y = (xs @ W.t()).mul_(alpha)                   # xs: e2m1(codes) · s_x of this call's activations
         if b is not None:
             y.add_(b)
         return y.to(x.dtype)
-    return PreparedReference(w, run, W)
+    return PreparedReference(w, run, W, activation, activation.key)
 
 
 _PREPARE = {"dense": _dense, "int4": _int4, "fp8": _fp8, "nvfp4": _nvfp4}

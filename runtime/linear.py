@@ -114,12 +114,17 @@ class QLinear(torch.nn.Module):
     def _device(self) -> torch.device:
         return formats.get(self.weight.format).device_of(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] as rows [T, K]."""
         w = self.weight
         if x.shape[-1] != w.K:
             raise ValueError(f"QLinear({w.format}, N={w.N}, K={w.K}): input has {x.shape[-1]} features")
+        return x.reshape(-1, w.K)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, w.K)
+        x2 = self._rows(x)
         if x2.shape[0] == 0:
             return x.new_empty(*lead, w.N)
         if self.mode == "reference":
@@ -172,3 +177,20 @@ class QLinear(torch.nn.Module):
                 f"the {template.name} tile {tile} does not fit this GPU ({e}). Record tiles for this device "
                 f"into a new autotune cache with vsr-tune (or, if the cache lacks this key, run with "
                 f"--miss-policy tune)") from e
+
+
+def products_of_one_input(linears: list, x: torch.Tensor) -> list[torch.Tensor]:
+    """[m(x) for m in linears]. On the CPU reference path, where every part's prepared reference
+    has one activation_key (NVFP4 W4A4 parts with one input_global_scale, kept apart by their
+    weight global scales), x is quantized once for all of them: the same bytes, since the
+    quantization depends on x and that key only."""
+    preps = [m.__dict__.get("_prepared") if isinstance(m, QLinear) else None for m in linears]
+    key = preps[0].activation_key if preps[0] is not None else None
+    if key is None or any(p is None or p.activation_key != key for p in preps[1:]):
+        return [m(x) for m in linears]
+    lead = x.shape[:-1]
+    rows = [m._rows(x) for m in linears]
+    if rows[0].shape[0] == 0:
+        return [x.new_empty(*lead, m.out_features) for m in linears]
+    a = preps[0].activation(rows[0])
+    return [p.product(a, r).reshape(*lead, m.out_features) for m, p, r in zip(linears, preps, rows)]

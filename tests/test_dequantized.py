@@ -114,14 +114,25 @@ def test_builtin_packages_prepared_equal_per_call(name):
     assert torch.equal(prepared, engine.forward(texts))
 
 
-def test_code_tables_give_the_conversions_bytes():
-    """Every e4m3 code through E4M3_VALUES is torch's float8 -> fp32 conversion (NaN and -0.0
-    included, compared as bits); every e2m1 code through E2M1_VALUES is nvfp4.e2m1_decode's."""
-    from vsr.runtime import dequantized as dq
+def test_parts_over_one_input_quantize_it_once(monkeypatch):
+    """NVFP4 W4A4 parts kept apart by their weight global scales but sharing an input global
+    scale (the built-in NVFP4 packages' q|k|v): a Projection quantizes its input once, and each
+    part's output is still its reference_linear's; parts with other input scales quantize apart."""
+    from vsr.runtime import act_quant
+    from vsr.runtime.models.common import Projection
 
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    want = codes.view(fp8.FP8_DTYPE).float()
-    assert torch.equal(dq._lookup(dq.E4M3_VALUES, codes).view(torch.int32), want.view(torch.int32))
-    nib = torch.arange(16, dtype=torch.uint8).repeat(3, 1)
-    assert torch.equal(dq._lookup(dq.E2M1_VALUES, nib).view(torch.int32),
-                       nvfp4.e2m1_decode(nib).view(torch.int32))
+    base = random_weight("nvfp4", N, K, {"act": "e2m1-block16-dynamic"}, torch.bfloat16, seed=11)
+    parts = [dataclasses.replace(_with_bias(base, 12 + i), global_scale=base.global_scale * (1 + i),
+                                 packed=torch.roll(base.packed, i, dims=0)) for i in range(3)]
+    x = torch.randn(2, 5, K, generator=torch.Generator().manual_seed(13)) * 3
+    calls = []
+    real = act_quant.Nvfp4Activation.__call__
+    monkeypatch.setattr(act_quant.Nvfp4Activation, "__call__", lambda self, a: calls.append(a.shape) or real(self, a))
+    for igs, quantizations in ((None, 1), ([1.0, 2.0, 1.0], 3)):
+        ws = parts if igs is None else [dataclasses.replace(p, input_global_scale=p.input_global_scale * g)
+                                        for p, g in zip(parts, igs)]
+        calls.clear()
+        y = Projection([QLinear(w) for w in ws], [N] * 3, False)(x)
+        assert len(calls) == quantizations
+        want = torch.cat([nvfp4.reference_linear(x.reshape(-1, K), w) for w in ws], dim=-1)
+        assert torch.equal(y.reshape(-1, 3 * N).view(torch.int32), want.view(torch.int32))

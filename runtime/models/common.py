@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from vsr.runtime import fuse
-from vsr.runtime.linear import to_run_dtype
+from vsr.runtime.linear import products_of_one_input, to_run_dtype
 
 
 class Projection(torch.nn.Module):
@@ -32,7 +32,7 @@ class Projection(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return self.parts[0](x)
-        return torch.cat([m(x) for m in self.parts], dim=-1)
+        return torch.cat(products_of_one_input(list(self.parts), x), dim=-1)
 
     def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The fused fp8 product of activations already quantized per row (QLinear.product_fp8)."""
