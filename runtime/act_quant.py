@@ -111,17 +111,19 @@ class Nvfp4Activation:
             eff = S / gx
             bits = S.view(torch.int32) - 0x40000000
             bits[torch.isnan(S)] = 0
-            self.table = torch.stack([eff.view(torch.int32), bits], dim=1).contiguous()   # [256, 2]
+            # [256] int64, each (eff's bits, S's bits less 2^30) as two int32 (a 1-D gather is the fast one)
+            self.table = torch.stack([eff.view(torch.int32), bits], dim=1).contiguous().view(torch.int64).view(-1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.table is None or x.dtype != torch.float32:
             return nvfp4_activation(x, self.input_global_scale)
+        x = x.contiguous()
         M, K = x.shape
         nb = K // nvfp4.BLOCK
         q = torch.abs(x)
         amax = F.max_pool1d(q.view(M, 1, K), nvfp4.BLOCK)            # the blocks' max |x| (NaN kept)
         codes = amax.div_(nvfp4.FP4_MAX).mul_(self.gx).clamp_(max=fp8.FP8_MAX).to(fp8.FP8_DTYPE)
-        row = torch.index_select(self.table, 0, codes.view(torch.uint8).view(-1).int()).view(M, nb, 2)
+        row = torch.index_select(self.table, 0, codes.view(torch.uint8).view(-1).int()).view(torch.int32).view(M, nb, 2)
         eff, mult = row[..., :1].view(torch.float32), row[..., 1:]
         qb = torch.div(x.view(M, nb, nvfp4.BLOCK), eff, out=q.view(M, nb, nvfp4.BLOCK)).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)
         return e2m1_round_(qb, torch.empty_like(qb, dtype=torch.int32), mult).view(M, K)
