@@ -3,7 +3,8 @@
 `fp8_activation(x)` is fp8.quantize_activation(x) as (the codes' fp32 values, the scales) and
 `Nvfp4Activation(input_global_scale)(x)` is e2m1_decode(codes) · s_x of nvfp4.quantize_activation
 (x, input_global_scale): the same bytes (tests/test_act_quant.py checks them against the kernels'
-references, and the roundings over every fp32 value they can meet).
+references, and the roundings against the casts on every fp32 value of the binades where they
+behave differently).
 
 On fp32 activations (the CPU's dtype) the roundings are done in fp32 with no cast to a float8
 type and no table of codes. Rounding v to e4m3 (|v| <= 448) or to e2m1 (|v| <= 6) is
@@ -61,8 +62,8 @@ def e2m1_round_(q: torch.Tensor, work: torch.Tensor, scale_bits: torch.Tensor) -
 
 def fp8_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8.quantize_activation's bytes as (the codes' fp32 values [M, K], the scales [M, 1] in x's
-    dtype). fp32 rows whose scale is a normal number (every row but an all-zero one, one of
-    magnitudes below 2^-117 or one holding a NaN) are rounded in fp32: x / s is then within
+    dtype). fp32 x whose rows' scales are all normal numbers (no all-zero row, none whose max |x|
+    is below about 2^-117, no NaN) is rounded in fp32 with no clamp: x / s is then within
     [-448, 448] up to one ulp, which rounds to +-448 as the clamp does."""
     if x.dtype == torch.float32:
         a = x.abs()
