@@ -41,9 +41,9 @@ from triton.language.extra import libdevice
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, recurrent_gated_delta_rule_reference)
 from vsr.kernels.norm import LIBDEVICE
-# The scan's chunks depend on each other through the state, so its loop runs unpipelined: Triton's
-# default 3 stages buffer the loop's fp32 tiles in shared memory (263 KB at K = V = 128 in bf16,
-# more than an H200's 227 KB; 106 KB with one stage).
+# The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
+# stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
+# columns: 98 KB with one stage, 295 KB with two, more than an H200's 227 KB).
 SCAN_STAGES = 1
 # Every product runs on the tensor cores: TF32 operands (10-bit mantissa, fp32 accumulation) for
 # 16-bit inputs, whose output rounds to 8 or 11 bits anyway; three TF32 products per product
