@@ -35,8 +35,8 @@ as well; the full forward's output finite. An FP8 row of the approximate kernel 
 those tolerances is checked against the unquantized model instead (the same weights dequantized,
 bf16 activations, the reference ops; check["vs_unquantized"]): its hidden states no further from
 it than UNQUANTIZED_MARGIN times the exact reference's; its graph row, that and the graph's
-probabilities within the quantized tolerance of eager's (check["vs_eager_prob_err"]). The graph's bytes against eager's are recorded
-(graph_same_bytes).
+probabilities within the quantized tolerance of eager's (check["vs_eager_prob_err"]). The graph's
+bytes against eager's are recorded (graph_same_bytes).
 
 Times: median of --reps forwards (each synchronised: a forward's latency), after --warm seconds of
 the provider's own calls. Floor of a forward (BENCHMARKS.md): max(every linear weight's bytes once /
