@@ -37,11 +37,7 @@ LIBDEVICE = norm.LIBDEVICE
 def _act(x, MODE: tl.constexpr, TANH: tl.constexpr, LIBDEVICE: tl.constexpr):
     """silu (MODE 0) or gelu (MODE 1, TANH for the tanh form) of fp32 x, in fp32."""
     if MODE == 0:
-        if LIBDEVICE:
-            e = libdevice.exp(-x)
-        else:
-            e = tl.exp(-x)
-        return tl.div_rn(x, 1.0 + e)
+        return norm.silu_f32(x, LIBDEVICE)
     if TANH:
         z = 0.7978845608028654 * (x + 0.044715 * (x * x * x))   # torch's order: x³ first
         if LIBDEVICE:

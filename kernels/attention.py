@@ -31,9 +31,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
-
-from vsr.kernels.norm import LIBDEVICE
+from vsr.kernels.norm import LIBDEVICE, sigmoid_f32
 
 HEAD_DIMS = (32, 64, 128, 256)
 
@@ -104,11 +102,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
     if GATE:
         gate = tl.load(g_ptr + b * sgb + h * sgh + offs_m[:, None].to(tl.int64) * sgs + offs_d[None, :],
                        mask=valid[:, None], other=0.0).to(tl.float32)
-        if LIBDEVICE:
-            e = libdevice.exp(-gate)
-        else:
-            e = tl.exp(-gate)
-        sig = tl.div_rn(tl.full((BLOCK_M, D), 1.0, tl.float32), 1.0 + e)
+        sig = sigmoid_f32(gate, LIBDEVICE)
         o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * sig.to(o_ptr.dtype.element_ty).to(tl.float32)
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
 

@@ -22,8 +22,8 @@ Kernels: `_ut_kernel` (one program per (chunk, batch x value head), chunks in pa
 blocked triangular solve, w, u, and the chunk's state-independent terms exp(gc) q, the decayed
 keys and the masked q k^T, into fp32 workspaces) and `_scan_kernel` (one program per (value block,
 batch x value head): the chunks in order, the state in registers, four products a chunk). No
-atomics; the chunking starts at position 0 of each request and every program reads one request only, so a request's bytes do not
-depend on the batch it shares or its padding. Right padding: with `lengths`, positions
+atomics; the chunking starts at position 0 of each request and every program reads one request
+only, so a request's bytes do not depend on the batch it shares or its padding. Right padding: with `lengths`, positions
 t >= lengths[b] count as q = k = v = beta = g = 0 (they leave the state unchanged, and their
 output rows are zeros).
 
@@ -40,7 +40,7 @@ from triton.language.extra import libdevice
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, recurrent_gated_delta_rule_reference)
-from vsr.kernels.norm import LIBDEVICE
+from vsr.kernels.norm import LIBDEVICE, exp_f32, sigmoid_f32
 # The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
 # stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
 # columns: 98 KB with one stage, 295 KB with two, more than an H200's 227 KB).
@@ -48,11 +48,10 @@ SCAN_STAGES = 1
 # Every product runs on the tensor cores: TF32 operands (10-bit mantissa, fp32 accumulation) for
 # 16-bit inputs, whose output rounds to 8 or 11 bits anyway; three TF32 products per product
 # (tf32x3, about fp32's accuracy) for fp32 inputs. IEEE fp32 products are FMA loops whose [64, 128]
-# fp32 operands spill (12-14 KB of stack a thread at K = V = 128).
+# fp32 operands spill many KB of registers a thread at K = V = 128.
 PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
-# At Qwen3.5's 27B-class heads (16 key, 48 value heads of 128, bf16) on the H200: 64 value columns a
-# scan program, 8 warps on the per-chunk kernel and 4 on the scan: 0.060 ms a layer at 1x128,
-# 0.25 at 1x1024, 0.40 at 16x128 (transformers' pure-torch chunked form: 0.87, 3.2, 2.5).
+# The fastest of the forms tried at Qwen3.5's 27B-class heads (16 key, 48 value heads of 128, bf16)
+# on the H200: 64 value columns a scan program, 8 warps on the per-chunk kernel and 4 on the scan.
 SCAN_BLOCK_V = 64
 UT_WARPS = 8
 SCAN_WARPS = 4
@@ -205,21 +204,17 @@ def _check(q, k, v, g, beta):
             raise ValueError(f"{name}: the head dimension must be contiguous (stride 1), got strides {x.stride()}")
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block_v: int | None = None,
-                           num_warps: tuple[int, int] | None = None, scan_stages: int | None = None, precision: str | None = None, out=None):
+def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block_v: int | None = None, out=None):
     """The Triton form of chunk_gated_delta_rule_reference (same signature; q/k/v may be strided views,
     e.g. column slices of the conv output, with the head dimension contiguous). o [B, S, Hv, V] in
-    q's dtype, contiguous (written into `out` when given). `precision` is tl.dot's input precision
-    for every product (default PRECISION by q's dtype); `block_v` the scan's value columns a program
-    (default SCAN_BLOCK_V), `num_warps` the two kernels' warps (default UT_WARPS, SCAN_WARPS), `scan_stages` the scan's
-    pipeline stages (default SCAN_STAGES)."""
+    q's dtype, contiguous (written into `out` when given). Products in PRECISION[q.dtype];
+    `block_v`: the scan's value columns a program (default SCAN_BLOCK_V)."""
     _check(q, k, v, g, beta)
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
     BV = min(block_v or SCAN_BLOCK_V, triton.next_power_of_2(V))
-    prec = precision or PRECISION[q.dtype]
-    ut_warps, scan_warps = num_warps or (UT_WARPS, SCAN_WARPS)
+    prec = PRECISION[q.dtype]
     SP = triton.cdiv(S, CHUNK) * CHUNK
     dev = q.device
     if lengths is None:
@@ -228,9 +223,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     g = g.float().contiguous()
     beta = beta.contiguous()
     f32 = dict(dtype=torch.float32, device=dev)
-    w, qg, attn = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
-    u, kt = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32)
-    gl = torch.empty(B * Hv, SP // CHUNK, **f32)
+    w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
+    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
+    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32), torch.empty(B * Hv, SP // CHUNK, **f32)
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
@@ -238,10 +233,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=ut_warps)
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS)
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
-        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=scan_warps, num_stages=scan_stages or SCAN_STAGES)
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES)
     return o
 
 
@@ -260,17 +255,14 @@ def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H
     b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
     a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
     x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
-    one = tl.full((BLOCK_H,), 1.0, tl.float32)
+    e = exp_f32(x, LIBDEVICE)
     if LIBDEVICE:
-        sp = libdevice.log1p(libdevice.exp(x))
-        eb = libdevice.exp(-b)
+        sp = libdevice.log1p(e)
     else:   # log1p(e) as log(u) · e / (u - 1), u = 1 + e (exact where u rounds to 1: e itself)
-        e = tl.exp(x)
         u = 1.0 + e
         sp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
-        eb = tl.exp(-b)
     sp = tl.where(x > 20.0, x, sp)
-    tl.store(beta_ptr + row * H + h, tl.div_rn(one, 1.0 + eb).to(beta_ptr.dtype.element_ty), mask=m)
+    tl.store(beta_ptr + row * H + h, sigmoid_f32(b, LIBDEVICE).to(beta_ptr.dtype.element_ty), mask=m)
     tl.store(g_ptr + row * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * sp, mask=m)
 
 

@@ -208,13 +208,23 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 @triton.jit
+def exp_f32(z, LIBDEVICE: tl.constexpr):
+    """exp of fp32 z: libdevice's (torch's CUDA kernels call it) on a GPU, Triton's under the interpreter."""
+    if LIBDEVICE:
+        return libdevice.exp(z)
+    return tl.exp(z)
+
+
+@triton.jit
 def silu_f32(z, LIBDEVICE: tl.constexpr):
     """silu of fp32 z as torch's CUDA kernel: z / (1 + exp(-z)), IEEE division."""
-    if LIBDEVICE:
-        e = libdevice.exp(-z)
-    else:
-        e = tl.exp(-z)
-    return tl.div_rn(z, 1.0 + e)
+    return tl.div_rn(z, 1.0 + exp_f32(-z, LIBDEVICE))
+
+
+@triton.jit
+def sigmoid_f32(z, LIBDEVICE: tl.constexpr):
+    """sigmoid of fp32 z as torch's CUDA kernel: 1 / (1 + exp(-z)), IEEE division."""
+    return tl.div_rn(tl.full(z.shape, 1.0, tl.float32), 1.0 + exp_f32(-z, LIBDEVICE))
 
 
 @triton.jit
