@@ -3,8 +3,7 @@ compiler and argument binder (benchmarks/sm90_fit.py's Recorder), in a process w
 interpreter: the exact RoPE contracts no rounded product into a bf16 FMA, and the gated delta
 rule's kernels fit the H200's shared memory at Qwen3.5's head size (K = V = 128) and, for 16-bit
 inputs, run their products on the tensor cores (wgmma) within their registers: cuobjdump's stack
-size of the compiled kernel under 1 KB a thread (the FMA-loop form spilled 12-14 KB; the scan's
-default, the fastest measured, spills 288 bytes)."""
+size of the compiled kernel under 1 KB a thread (the scan's default spills 288 bytes)."""
 from __future__ import annotations
 
 import json
