@@ -123,7 +123,7 @@ def act_dtype_for(spec: FormatSpec, act: str | None) -> torch.dtype:
 
 
 def weight_for(spec: FormatSpec, N: int, K: int, act_dtype: torch.dtype, device, seed: int = 0):
-    return synth.random_weight(spec.fmt, N, K, dict(spec.params), act_dtype, device, seed)
+    return synth.random_weight(spec.fmt, N, K, dict(spec.params), act_dtype, device, seed, bias=True)
 
 
 def format_label(key) -> str:

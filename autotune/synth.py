@@ -4,6 +4,12 @@ A tile depends on the shape, the format and its parameters, never on the values,
 `vsr-tune 27b` and a resolver with policy "tune" time candidates on random data of the
 key's exact layout (random, never zeros: BENCHMARKS.md method), built by the format's spec
 (kernels/formats.py) from the Problem's format parameters.
+
+Tuning weights carry a random bias (`bias=True`, as shapes.weight_for and for_problem ask): the
+epilogue that adds one is the kernel's costliest, and on fp32's FMA products it is what makes a
+tile spill (the H200's shipped fp32 TMA tiles at M = 256 and 512 ran 6-10x slower with the bias
+of the router's layers than as tuned without one). A tile timed with a bias is no slower on a
+product without one, whose kernel holds fewer registers.
 """
 from __future__ import annotations
 
@@ -29,12 +35,16 @@ def template_format(template) -> str:
 
 
 def random_weight(fmt: str, N: int, K: int, params: dict, model_dtype: torch.dtype,
-                  device: torch.device | str = "cpu", seed: int = 0):
+                  device: torch.device | str = "cpu", seed: int = 0, bias: bool = False):
     """A weight object of format `fmt` with shape [N, K] and the given format parameters, made on
-    `device` directly (a 27B-class layer made on the CPU costs seconds per weight)."""
+    `device` directly (a 27B-class layer made on the CPU costs seconds per weight); with `bias`, a
+    random bias [N] in model_dtype."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
-    return formats.get(fmt).random_weight(N, K, params, model_dtype, g, device)
+    w = formats.get(fmt).random_weight(N, K, params, model_dtype, g, device)
+    if bias:
+        w.bias = torch.randn(N, generator=g, device=device).to(model_dtype)
+    return w
 
 
 def random_activations(M: int, K: int, dtype: torch.dtype, device, seed: int = 1) -> torch.Tensor:
@@ -46,6 +56,6 @@ def random_activations(M: int, K: int, dtype: torch.dtype, device, seed: int = 1
 def for_problem(template, problem, device, seed: int = 0):
     """(weight, x) for tuning `problem`: x has `bucket` rows, the most the bucket serves."""
     w = random_weight(template_format(template), problem.N, problem.K, dict(problem.params),
-                      problem.act_dtype, device, seed)
+                      problem.act_dtype, device, seed, bias=True)
     x = random_activations(problem.bucket, problem.K, problem.act_dtype, device, seed + 1)
     return w, x

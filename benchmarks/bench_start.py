@@ -78,12 +78,17 @@ def bytecode_env(env: dict, work: Path) -> tuple[dict, str]:
     return env, "PYTHONDONTWRITEBYTECODE was set: written under a PYTHONPYCACHEPREFIX of the run"
 
 
-def requests_file(n: int, out: Path) -> Path:
-    from vsr.runtime.intents import load_split
-    test = load_split()["test"]
+def requests_file(n: int, out: Path, texts_file: str | None = None) -> Path:
+    """n requests at an even stride of the intents' test split (or of texts_file's JSONL texts, for
+    a machine without the intents' sources), as JSONL for `--input`."""
+    if texts_file:
+        texts = [json.loads(line)["text"] for line in Path(texts_file).read_text().splitlines() if line.strip()]
+    else:
+        from vsr.runtime.intents import load_split
+        texts = [s.text for s in load_split()["test"]]
     with open(out, "w") as f:
         for i in range(n):
-            f.write(json.dumps({"text": test[i * len(test) // n].text}) + "\n")
+            f.write(json.dumps({"text": texts[i * len(texts) // n]}) + "\n")
     return out
 
 
@@ -112,6 +117,8 @@ def main() -> None:
                     help="the quantized package (a name or folder of an int4 package; 'none' skips it)")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--texts-file", default=None, help='JSONL {"text": ...} lines to take the requests from in '
+                                                      "place of the test split (bench_serve.py --write-texts makes one)")
     ap.add_argument("--bundle", default=None, help="the bundle to time (default: the one vsr-run finds)")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args()
@@ -148,7 +155,7 @@ def main() -> None:
                 break
 
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
-    inp = requests_file(args.requests, work / "requests.jsonl")
+    inp = requests_file(args.requests, work / "requests.jsonl", args.texts_file)
     base_env, bytecode = bytecode_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, work)
     rows = []
     modes = [(False, "empty")]
@@ -193,6 +200,7 @@ def main() -> None:
         "torch": torch.__version__, "triton": triton.__version__, "commit": code_commit(),
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "repeats": args.repeats,
         "bytecode": bytecode,
+        "requests_source": Path(args.texts_file).name if args.texts_file else "the intents' test split",
         "bundle": bundle_path and Path(bundle_path).name,
         "bundle_bytes": bundle_path and Path(bundle_path).stat().st_size,
         "rows": rows, "targets": targets,
