@@ -20,8 +20,8 @@ are fixed per head dim and sequence length (_config), chosen without timing at r
 
 Numerics: q · kᵀ accumulated in fp32, the softmax in fp32 (exp2 of logits scaled by
 scale · log2 e), probabilities rounded to v's dtype for the P · V product (fp32 accumulation), the
-output divided by the fp32 row sum once at the end and rounded to q's dtype. fp32 inputs use IEEE
-fp32 products (no TF32).
+output divided by the fp32 row sum once at the end and rounded to q's dtype. fp32 inputs multiply at
+common.f32_precision's precision (tf32x3 on NVIDIA GPUs: about fp32's accuracy; IEEE elsewhere).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from vsr.kernels import common
 from vsr.kernels.norm import LIBDEVICE, sigmoid_f32
 
 HEAD_DIMS = (32, 64, 128, 256)
@@ -40,7 +41,7 @@ HEAD_DIMS = (32, 64, 128, 256)
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, qk_scale, HALF_W,
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      WINDOW: tl.constexpr, IEEE: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr):
+                      WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -74,8 +75,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
         offs_n = start_n + offs_nb
         kv_mask = offs_n[:, None] < length
         k = tl.load(k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        if F32 != "":
+            qk = tl.dot(q, tl.trans(k), input_precision=F32)
         else:
             qk = tl.dot(q, tl.trans(k))
         allowed = offs_n[None, :] < length
@@ -91,8 +92,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        if F32 != "":
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=F32)
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -147,7 +148,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
+        F32=common.f32_precision(q), GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
         num_stages=stages)
     return o
 

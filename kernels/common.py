@@ -161,8 +161,20 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
-# The activation dtypes every template's launcher takes (fp32 multiplies in IEEE precision, never tf32).
+# The activation dtypes every template's launcher takes (fp32 at f32_precision's precision).
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+def f32_precision(x: torch.Tensor) -> str:
+    """tl.dot's input_precision for a product of x's dtype: "" for 16- and 8-bit operands, whose
+    products are exact. fp32 on an NVIDIA GPU: "tf32x3", each operand split into a TF32 high part
+    and a TF32 remainder and the three larger of the four partial products taken on the tensor
+    cores (the remainders' product, under 2^-22 of |a·b|, is dropped): about fp32's accuracy, at a
+    multiple of the speed of IEEE products, which Triton runs as FMA loops on the CUDA cores.
+    Elsewhere (AMD's Triton has no tf32x3; the interpreter multiplies in fp32 whatever it is told)
+    "ieee"."""
+    if x.dtype != torch.float32:
+        return ""
+    return "tf32x3" if device_features(x.device).nvidia else "ieee"
 
 def check_activation(x: torch.Tensor, K: int, device: torch.device, kernel: str) -> torch.Tensor:
     """x checked (2-D, K columns, one of ACT_DTYPES, the weight's device), with unit column stride."""

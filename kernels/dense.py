@@ -3,7 +3,8 @@
 The Triton template "dense" runs gemm.py's kernels (shared with fp8): a CUDA-core GEMV for one
 row; the transposed TMA product ("tma-swap") and split-K tiles for small row buckets; tiled paths
 for large ones (TMA descriptors where the row strides allow, stream-K for buckets 512-2048,
-persistent from 4096; pointer loads otherwise). fp32 operands multiply in IEEE precision.
+persistent from 4096; pointer loads otherwise). fp32 operands multiply at common.f32_precision's
+precision: tf32x3 on NVIDIA GPUs (about fp32's accuracy, on the tensor cores), IEEE elsewhere.
 """
 from __future__ import annotations
 

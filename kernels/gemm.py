@@ -18,17 +18,18 @@ from vsr.kernels import common, gemm_tiles
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    """acc + a·b in fp32; fp32 operands multiply in IEEE precision, never tf32."""
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
+def _dot(a, b, acc, F32: tl.constexpr):
+    """acc + a·b in fp32. fp32 operands multiply at the precision F32 names (common.f32_precision:
+    "tf32x3" on NVIDIA GPUs, "ieee" elsewhere); "" for 16- and 8-bit operands, which are exact."""
+    if F32 != "":
+        return tl.dot(a, b, acc, input_precision=F32)
     else:
         return tl.dot(a, b, acc)
 
 @triton.jit
 def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_am, stride_bn, stride_ym,
                       K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
-                      IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr,
                       FIXUP: tl.constexpr):
     """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype: the
@@ -48,12 +49,12 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
         else:
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_hi, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
-        acc = _dot(a, b, acc, IEEE)
+        acc = _dot(a, b, acc, F32)
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                    bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
 
 @triton.jit
-def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
     """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products in fp32: A·Bᵀ [BM, BN], or with
     SWAP B·Aᵀ [BN, BM]."""
@@ -65,23 +66,23 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, IEEE: tl.constexpr, BL
         a = a_desc.load([off_m, k0])
         b = b_desc.load([off_n, k0])
         if SWAP:
-            acc = _dot(b, a.T, acc, IEEE)
+            acc = _dot(b, a.T, acc, F32)
         else:
-            acc = _dot(a, b.T, acc, IEEE)
+            acc = _dot(a, b.T, acc, F32)
     return acc
 
 @triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+              F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
     common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
                       bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
                    stride_ym, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
-                   HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr):
     """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths that
     Triton's power-of-two blocks cannot take), as two products sharing each step's activation tile.
@@ -95,8 +96,8 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
         a = a_desc.load([off_m, k0])
         b = b_desc.load([off_n, k0])
         b2 = b2_desc.load([off_n + BLOCK_N, k0])
-        acc = _dot(a, b.T, acc, IEEE)
-        acc2 = _dot(a, b2.T, acc2, IEEE)
+        acc = _dot(a, b.T, acc, F32)
+        acc2 = _dot(a, b2.T, acc2, F32)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
                       stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
@@ -106,19 +107,19 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
 @triton.jit
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
     order, each whole."""
     for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K)
 
 @triton.jit
 def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
                     stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
-                    HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr,
                     WAIT: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
@@ -136,7 +137,7 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
         common.wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
-                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
         pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N + BLOCK_N2, GROUP_M)
         if PREFETCH > 0:
@@ -147,11 +148,11 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
         common.wait_for_producer(WAIT)
         if BLOCK_N2 > 0:
             _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N,
-                           K, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_N2,
+                           K, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_N2,
                            BLOCK_K)
         else:
             _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K)
 
 @triton.jit
 def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -232,7 +233,7 @@ def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
 @triton.jit
 def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
                        stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
-                       HAS_ALPHA: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
                        ROWS: tl.constexpr):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) walk the
@@ -248,7 +249,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
-               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
@@ -259,7 +260,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
         if lo < hi:
             pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                              (hi - s * iters) * BLOCK_K, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, False)
+                              (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
             tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
                      mask=rows < M - pid_m * BLOCK_M)
             if FIXUP:
@@ -283,7 +284,7 @@ def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
 @triton.jit
 def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
                     K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
-                    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
                     LINE_COLS: tl.constexpr, FIXUP: tl.constexpr):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
@@ -299,7 +300,7 @@ def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bi
         common.prefetch_weight_rows(b_ptr, stride_bn, pid_n * BLOCK_N, k_lo, N, K, BLOCK_N, PREFETCH, LINE_COLS)
     common.wait_for_producer(WAIT)
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k_lo, k_hi, F32, BLOCK_M, BLOCK_N, BLOCK_K,
                       True)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -389,7 +390,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             a_desc, b_desc, b, b.stride(0), y, ws, common.fixup_counters(fixup, y.device, programs, ws),
             d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-            IEEE=a.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            F32=common.f32_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, **common.pdl_option(wait),
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if split > 1 and not fixup:
@@ -412,7 +413,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         fixup = bool(units) and bool(tile.get("FIXUP", 0))
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
-                                        *scales, M, N, K, y.stride(0), programs, IEEE=a.dtype == torch.float32,
+                                        *scales, M, N, K, y.stride(0), programs, F32=common.f32_precision(a),
                                         **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
                                         **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
@@ -423,7 +424,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
     b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
-                                 programs if persistent else 0, IEEE=a.dtype == torch.float32, **flags, BLOCK_N2=bn2,
+                                 programs if persistent else 0, F32=common.f32_precision(a), **flags, BLOCK_N2=bn2,
                                  PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache
@@ -456,7 +457,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
     tiled_gemm_kernel[grid](a, b, y, ws, common.fixup_counters(fixup, y.device, grid[0], ws), d if bias is None else bias, d if rs is None else rs,
                             d if cs is None else cs, M, N, K, a.stride(0), b.stride(0), y.stride(0), k_split,
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
-                            IEEE=a.dtype == torch.float32, EVEN_K=K % bk == 0,
+                            F32=common.f32_precision(a), EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
                             WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), num_warps=tile["num_warps"],
                             num_stages=tile["num_stages"])

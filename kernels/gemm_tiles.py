@@ -103,9 +103,12 @@ def default_gemm_tile(bucket: int, N: int, K: int, a_bytes: float, b_bytes: floa
         return tile("tma", 64, 128, int(64 * kx), 1, 4, 4)
     if bucket <= 2048:
         # Stream-K over 128-row tiles: the leftover tiles' K steps spread over every multiprocessor.
-        return tile("tma-sk", 128, 128 if bucket <= 512 else 256, int(64 * kx), 1, 8, 4)
+        # fp32 operands (tf32x3 MMAs) keep three stages on the 256-wide tile: the MMA epilogue's
+        # staging beside four would pass the H200's shared memory (278,584 of 232,448 bytes).
+        bn = 128 if bucket <= 512 else 256
+        return tile("tma-sk", 128, bn, int(64 * kx), 1, 8, 3 if kx < 1 and bn == 256 else 4)
     # The largest buckets walk their tiles persistently: one tile's epilogue overlaps the next's loads.
-    return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx <= 1 else 3), PERSISTENT=1)
+    return dict(tile("tma", 128, 256, int(64 * kx), 1, 8, 4 if kx == 1 else 3), PERSISTENT=1)
 
 def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
     bn = t["BLOCK_N"] + t.get("BLOCK_N2", 0)

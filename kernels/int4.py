@@ -169,7 +169,7 @@ def _tile_words(M, N, K8, KW_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, IEEE: tl.constexpr = False):
+                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = ""):
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
@@ -196,7 +196,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr,
         else:
             b = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        part = gemm._dot(a, b, None, IEEE)   # fp32 activations (--dtype float32): exact products, never tf32
+        part = gemm._dot(a, b, None, F32)   # fp32 activations (--dtype float32): common.f32_precision
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -206,7 +206,7 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr,
 def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym,
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, IEEE: tl.constexpr = False):
+                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = ""):
     """Path "swap" (few rows): acc[BN, BM] = W_tile · x_tileᵀ. The weights, unpacked in registers,
     are the MMA's left operand (which wgmma reads from registers) and the few rows of x its narrow
     side (8-64 columns) instead of padding the rows up to the MMA's 64. Otherwise as split-K."""
@@ -234,7 +234,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
         else:
             wt = _nibble_field(u, 0xF, 8).to(x_ptr.dtype.element_ty)
         scale = tl.load(sc_ptr + rn * KG + g).to(tl.float32)
-        part = gemm._dot(wt, xt, None, IEEE)
+        part = gemm._dot(wt, xt, None, F32)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
@@ -294,7 +294,7 @@ def _packed_step(q_ptr, sc_ptr, zp_ptr, rn, kw0, K8, KG, GROUP: tl.constexpr, HA
 def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm,
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, IEEE: tl.constexpr,
+                        GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, F32: tl.constexpr,
                         FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, X_ROW: tl.constexpr):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
@@ -340,7 +340,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
             for j in tl.static_range(8):
                 xj = xs[j]
                 wj = _nibble_field(words >> (4 * j), 0xF, zf[:, None]).to(xj.dtype)
-                part = gemm._dot(wj, xj, part, IEEE)
+                part = gemm._dot(wj, xj, part, F32)
         if HAS_ZP and PAIRS:
             part += part2
         acc += part * scale[:, None]
@@ -567,7 +567,7 @@ WIDE_PATHS = ("dequant-tma",)
 
 def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
-    explicit float32 run, multiplied in IEEE fp32)."""
+    explicit float32 run, multiplied at common.f32_precision's precision)."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
@@ -623,7 +623,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             xs, w.packed, w.scale, zp, y, ws, cnt, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), xs.stride(0),
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-            GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, IEEE=x.dtype == torch.float32,
+            GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, F32=common.f32_precision(x),
             FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "join":
@@ -642,7 +642,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             x.stride(0), y.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
             EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), IEEE=x.dtype == torch.float32, FIXUP=fixup,
+            SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), F32=common.f32_precision(x), FIXUP=fixup,
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)

@@ -61,7 +61,7 @@ def default_tile(p: Problem) -> dict:
         t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, b, b)
         return dict(t, path=_DEQUANT_PATH[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
-        # fp32 x (IEEE products), buckets 2..128: the transposed product, which wins most of the
+        # fp32 x, buckets 2..128: the transposed product, which wins most of the
         # MiniLM keys, where the split-K tile below takes a median 4.8x as long.
         small = p.bucket <= 16
         return gemm_tiles.tile("swap", 16 if small else 32, 128 if small else 64, 64, 2 if small else 1, 4, 3)

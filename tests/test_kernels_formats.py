@@ -86,8 +86,18 @@ def test_dense_gemv_path(dtype, Kx, bias):
         assert_close(run(dense.launch, x, w, dict(tile, BLOCK_K=64)), dense.reference_linear(x, w))
 
 
-def test_dense_fp32_is_ieee_not_tf32():
-    # Values whose products need more than tf32's 10 mantissa bits: a tf32 product would be off by ~1e-3.
+def test_f32_precision_by_dtype_and_device():
+    assert common.f32_precision(torch.zeros(1, dtype=torch.bfloat16)) == ""
+    assert common.f32_precision(torch.zeros(1, dtype=torch.float16)) == ""
+    assert common.f32_precision(torch.zeros(1)) == "ieee"   # the CPU (the interpreter)
+    if torch.cuda.is_available():
+        want = "ieee" if torch.version.hip else "tf32x3"
+        assert common.f32_precision(torch.zeros(1, device="cuda")) == want
+
+
+def test_dense_fp32_is_not_plain_tf32():
+    # Values whose products need more than tf32's 10 mantissa bits: a plain tf32 product would be
+    # off by ~1e-3, an IEEE or tf32x3 one (common.f32_precision) by under 1e-6.
     g = gen(3)
     w = dense.DenseWeight((1 + torch.rand(N, K, generator=g) * 2 ** -12).float()).to(DEV)
     x = (1 + torch.rand(4, K, generator=g) * 2 ** -12).float().to(DEV)
@@ -758,7 +768,7 @@ def test_int4_slices_path(dtype, symmetric, act_order, M, split, warps):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_int4_slices_path_uneven_k(dtype):
     # K = 300: neither whole words nor whole 128-column blocks (x is zero-padded; the last word is
-    # partial), three splits of which the last is short; fp32 activations multiply in IEEE fp32.
+    # partial), three splits of which the last is short; fp32 activations (common.f32_precision).
     g = gen(95)
     Kodd = 300
     w = int4_weight(g, 128, False, False, True, dtype, Kx=Kodd)

@@ -3,7 +3,8 @@ compiler and argument binder (benchmarks/sm90_fit.py's Recorder), in a process w
 interpreter: the exact RoPE contracts no rounded product into a bf16 FMA, and the gated delta
 rule's kernels fit the H200's shared memory at Qwen3.5's head size (K = V = 128) and, for 16-bit
 inputs, run their products on the tensor cores (wgmma) within their registers: cuobjdump's stack
-size of the compiled kernel under 1 KB a thread (the scan's default spills 288 bytes)."""
+size of the compiled kernel under 1 KB a thread (the scan's default spills 288 bytes); fp32 products, as
+common.f32_precision gives them on an NVIDIA GPU (tf32x3), issue TF32 MMAs."""
 from __future__ import annotations
 
 import json
@@ -54,7 +55,29 @@ for dt in (torch.bfloat16, torch.float32):
     qq, kk = torch.randn(1, 70, 2, 128).to(dt), torch.randn(1, 70, 2, 128).to(dt)
     v, g, beta = torch.randn(1, 70, 6, 128).to(dt), -torch.rand(1, 70, 6), torch.rand(1, 70, 6).to(dt)
     delta_rule.chunk_gated_delta_rule(qq, kk, v, g, beta)
-print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared, "delta": delta,
+
+# fp32 products as on the H200 (common.f32_precision asks the device's features): the built-in
+# router's shapes, each row bucket's default tile of the dense and int4 templates.
+from vsr.kernels import common, dense, gemm, int4
+from sm90_fit import H200
+from vsr.autotune.synth import random_weight
+common.device_features = lambda device: H200.features
+gemm.multiprocessors = lambda device: H200.multiprocessors
+f32 = []
+for fmt, N, K in (("dense", 1536, 384), ("dense", 384, 1536), ("int4", 1152, 384)):
+    params = {} if fmt == "dense" else {"bits": 4, "group": 128, "symmetric": True, "act_order": False}
+    w = random_weight(fmt, N, K, params, torch.float32, "cpu", bias=True)
+    mod = dense if fmt == "dense" else int4
+    for M in (16, 64, 256, 1024):
+        x = torch.randn(M, K)
+        counts = {n: len(v) for n, v in ptx.items()}
+        mod.launch(x, w, mod.default_tile(mod.problem(w, M, torch.float32)))
+        for name, texts in ptx.items():
+            for text in texts[counts.get(name, 0):]:
+                f32.append({"format": fmt, "N": N, "K": K, "M": M, "kernel": name,
+                            "tf32_mma": len(re.findall(r"mma[.a-z_]*\.sync\.aligned[^;]*\.tf32", text)),
+                            "fma_f32": len(re.findall(r"fma\.rn\.f32", text))})
+print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared, "delta": delta, "f32": f32,
                   "rope_bf16_fma": sum(len(re.findall(r"fma\.rn\.bf16", p)) for p in ptx["_rope_kernel"])}))
 """
 
@@ -85,3 +108,14 @@ def test_delta_rule_runs_on_tensor_cores_within_its_registers(compiled):
     assert {r["kernel"] for r in rows} == {"_ut_kernel", "_scan_kernel"}
     for r in rows:
         assert r["wgmma"] > 0 and r["stack"] < 1024, r
+
+
+def test_fp32_products_run_on_the_tensor_cores(compiled):
+    # tf32x3 (common.f32_precision on an NVIDIA GPU): every product kernel of an fp32 call at 16 rows
+    # and more issues TF32 MMAs; IEEE products would be FMA loops with none. (int4 from 256 rows
+    # multiplies a transient dense copy with the dense kernels, compiled once for both.)
+    rows = [r for r in compiled["f32"] if "reduce" not in r["kernel"] and "dequant" not in r["kernel"]]
+    assert {(r["format"], r["M"]) for r in rows} >= {("dense", 16), ("dense", 64), ("dense", 256), ("dense", 1024),
+                                                     ("int4", 16), ("int4", 64)}
+    for r in rows:
+        assert r["tf32_mma"] > 0, r
