@@ -109,12 +109,16 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
 
 
 @functools.cache
-def _config(D: int, S: int) -> tuple[int, int, int, int]:
+def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages), fixed per head dim: BLOCK_N 64 keys a step; BLOCK_M 128
     queries for long sequences at D <= 128, else 64 (more programs for short prompts, and the
-    registers of a 64 x 256 accumulator at D = 256)."""
+    registers of a 64 x 256 accumulator at D = 256). fp32 inputs multiplied as tf32x3 (`f32`) stage
+    their TF32 parts in shared memory too: from D = 128 they take fewer stages and keys a step to
+    fit the H200's 227 KB (196,608 bytes at D = 128 and 256, compiled for sm_90)."""
     if D not in HEAD_DIMS:
         raise ValueError(f"attention supports head dims {HEAD_DIMS}, got {D}")
+    if f32 == "tf32x3" and D >= 128:
+        return (64, 64, 4, 2) if D == 128 else (64, 32, 8, 1)
     block_m = 128 if (S > 256 and D <= 128) else 64
     warps = 8 if (D >= 128 and block_m == 128) or D == 256 else 4
     stages = 2 if D == 256 else 3
@@ -136,7 +140,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     if gate is not None:
         assert gate.shape == q.shape and gate.dtype == q.dtype and gate.stride(3) == 1, \
             "gate must be [B, S, Hq, D] in q's dtype, unit stride along D"
-    block_m, block_n, warps, stages = _config(D, S)
+    f32 = common.f32_precision(q)
+    block_m, block_n, warps, stages = _config(D, S, f32)
     o = torch.empty((B, S, HQ, D), dtype=q.dtype, device=q.device)
     if B == 0 or S == 0:
         return o
@@ -148,7 +153,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        F32=common.f32_precision(q), GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
+        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
         num_stages=stages)
     return o
 

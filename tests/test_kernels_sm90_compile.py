@@ -77,6 +77,11 @@ for fmt, N, K in (("dense", 1536, 384), ("dense", 384, 1536), ("int4", 1152, 384
                 f32.append({"format": fmt, "N": N, "K": K, "M": M, "kernel": name,
                             "tf32_mma": len(re.findall(r"mma[.a-z_]*\.sync\.aligned[^;]*\.tf32", text)),
                             "fma_f32": len(re.findall(r"fma\.rn\.f32", text))})
+from vsr.kernels import attention
+for D in attention.HEAD_DIMS:
+    for S in (70, 512):
+        q, kv = torch.randn(2, S, 4, D), torch.randn(2, S, 2, D)
+        attention.attention(q, kv, kv, torch.tensor([S, 9], dtype=torch.int32), causal=True, gate=torch.randn(2, S, 4, D))
 print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared, "delta": delta, "f32": f32,
                   "rope_bf16_fma": sum(len(re.findall(r"fma\.rn\.bf16", p)) for p in ptx["_rope_kernel"])}))
 """
@@ -119,3 +124,11 @@ def test_fp32_products_run_on_the_tensor_cores(compiled):
                                                      ("int4", 16), ("int4", 64)}
     for r in rows:
         assert r["tf32_mma"] > 0, r
+
+
+def test_fp32_attention_fits_the_h200_at_every_head_dim(compiled):
+    # tf32x3 stages the operands' TF32 parts in shared memory: attention._config's fp32 tiles fit.
+    rows = [r for r in compiled["rows"] if r["kernel"] == "_attention_kernel" and r["constexprs"].get("F32") == "'tf32x3'"]
+    assert {r["constexprs"]["D"] for r in rows} == {"32", "64", "128", "256"}
+    for r in rows:
+        assert r["fits"] and r["shared"] <= compiled["limit"], r
