@@ -2,14 +2,16 @@
 
 The service runs in a process of its own (vsr.runtime.service.run_service, the function `vsr-run
 serve` calls, on a free port; timing starts once /health says ready). At each concurrency level, C
-client workers (httpx.AsyncClient, one keep-alive connection each, spread over --client-procs
-processes) send one held-out test sentence per call to POST /v1/classify back to back: requests
+client workers (one keep-alive connection each, spread over --client-procs processes) send one held-out test sentence per call to POST /v1/classify back to back: requests
 per second over the level's wall time, and p50 / p99 of each call's latency (send to body read).
 Beside it, `in-process`: the same engine and the same Batcher (max batch, max wait, merging rule)
 driven by C asyncio tasks in this process (tokenize, submit, await), no HTTP. The client's own
 ceiling is measured at each level against a canned-answer server (a bare asyncio HTTP/1.1 server
 that parses nothing and answers every call with a body the size of a real answer): an http figure
-near it is the client's limit, not the service's (`client_bound` on its row).
+near it is the client's limit, not the service's (`client_bound` on its row). --client picks the
+client library: aiohttp (one session and keep-alive pool a client process; the default where it is
+installed) costs a client process less per call than httpx, so fewer of the host's cores go to
+the load itself.
 
 Each level runs --requests calls (or for --duration seconds) after a warm-up of --warmup calls at
 the same concurrency (CUDA graphs capture their shapes there). Writes `serve-<device>-<date>.json`
@@ -125,7 +127,25 @@ async def closed_loop(calls: list, requests: int, duration: float | None, warmup
 
 
 async def http_level(url: str, texts: list[str], concurrency: int, requests: int, duration: float | None,
-                     warmup: int, offset: int = 0, ready=None) -> tuple[list[float], float, int]:
+                     warmup: int, offset: int = 0, ready=None, client: str = "httpx") -> tuple[list[float], float, int]:
+    """One level's calls from this process through `client` ("httpx" or "aiohttp")."""
+    level = _aiohttp_level if client == "aiohttp" else _httpx_level
+    return await level(url, texts, concurrency, requests, duration, warmup, offset, ready)
+
+
+async def _aiohttp_level(url, texts, concurrency, requests, duration, warmup, offset, ready):
+    """One aiohttp session whose pool holds a keep-alive connection per worker."""
+    import aiohttp
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async def call(i: int) -> bool:
+            async with session.post("/v1/classify", json={"input": texts[(offset + i) % len(texts)]}) as r:
+                body = await r.read()
+                return r.status == 200 and b'"data"' in body
+        return await closed_loop([call] * concurrency, requests, duration, warmup, ready)
+
+
+async def _httpx_level(url, texts, concurrency, requests, duration, warmup, offset, ready):
     """One client (httpx.AsyncClient, one keep-alive connection) per worker: one pool shared by
     many workers costs the client far more per call (measured with httpx 0.29 against the canned
     server: 230 calls/s at 64 workers on one pool, 1,500 with a client each)."""
@@ -144,26 +164,26 @@ async def http_level(url: str, texts: list[str], concurrency: int, requests: int
         await asyncio.gather(*(c.aclose() for c in clients))
 
 
-def _client_process(url, texts, concurrency, requests, duration, warmup, offset, barrier, results) -> None:
+def _client_process(url, texts, concurrency, requests, duration, warmup, offset, barrier, results, client) -> None:
     """One client process of a level (multiprocessing target): its share of the workers."""
     lat, wall, errors = asyncio.run(http_level(url, texts, concurrency, requests, duration, warmup, offset,
-                                               ready=barrier.wait))
+                                               ready=barrier.wait, client=client))
     results.put((lat, wall, errors))
 
 
 def run_http(url: str, texts: list[str], concurrency: int, requests: int, duration: float | None, warmup: int,
-             procs: int) -> dict:
+             procs: int, client: str = "httpx") -> dict:
     """One level through HTTP: the workers (and the calls) split over min(procs, concurrency)
     client processes that start timing together; the wall time is the slowest process's."""
     procs = max(1, min(procs, concurrency))
     if procs == 1:
-        return summary(*asyncio.run(http_level(url, texts, concurrency, requests, duration, warmup)))
+        return summary(*asyncio.run(http_level(url, texts, concurrency, requests, duration, warmup, client=client)))
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(procs), ctx.Queue()
     shares = [concurrency // procs + (k < concurrency % procs) for k in range(procs)]
     workers = [ctx.Process(target=_client_process,
                            args=(url, texts, c, requests * c // concurrency, duration, max(c, warmup * c // concurrency),
-                                 k * len(texts) // procs, barrier, results)) for k, c in enumerate(shares)]
+                                 k * len(texts) // procs, barrier, results, client)) for k, c in enumerate(shares)]
     for w in workers:
         w.start()
     got = [results.get(timeout=600) for _ in workers]
@@ -321,6 +341,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def client_version(client: str) -> str:
+    mod = __import__(client)
+    return f"{client} {mod.__version__}"
+
+
 def importable(name: str) -> bool:
     import importlib.util
     return importlib.util.find_spec(name) is not None
@@ -342,6 +367,8 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", choices=["exact", "shared"], default="shared")
     ap.add_argument("--replicas", type=int, default=1, help="the service's engine processes (uvicorn workers)")
     ap.add_argument("--client-procs", type=int, default=1, help="client processes sharing each level's workers")
+    ap.add_argument("--client", choices=["aiohttp", "httpx"], default=None,
+                    help="the HTTP client library (default: aiohttp where installed, else httpx)")
     ap.add_argument("--texts", type=int, default=4096, help="distinct held-out sentences the calls cycle through")
     ap.add_argument("--texts-file", default=None, help='JSONL {"text": ...} lines to send in place of the split '
                                                       "(for a machine without the intents' sources)")
@@ -350,6 +377,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-in-process", action="store_true")
     ap.add_argument("--out", default=None, help="the result file, or a folder for serve-<device>-<date>.json")
     args = ap.parse_args(argv)
+    if args.client is None:
+        args.client = "aiohttp" if importable("aiohttp") else "httpx"
 
     if args.write_texts:
         Path(args.write_texts).write_text("".join(json.dumps({"text": t}) + "\n" for t in held_out_texts(args.texts)))
@@ -400,8 +429,9 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(json.dumps(r), flush=True)
             r = {**common, "concurrency": c, "provider": "http", "replicas": args.replicas,
-                 **run_http(url, texts, c, args.requests, args.duration, warm(c), args.client_procs)}
-            ceiling = run_http(canned_url, texts, c, args.requests, args.duration, warm(c), args.client_procs)
+                 **run_http(url, texts, c, args.requests, args.duration, warm(c), args.client_procs, args.client)}
+            ceiling = run_http(canned_url, texts, c, args.requests, args.duration, warm(c), args.client_procs,
+                               args.client)
             r["client_ceiling_req_per_s"] = ceiling["req_per_s"]
             r["client_bound"] = r["req_per_s"] >= CLIENT_BOUND * ceiling["req_per_s"]
             rows.append(r)
@@ -420,7 +450,7 @@ def main(argv=None) -> int:
         "package": pkg.name, "package_formats": sorted(pkg.formats), "requests": args.requests,
         "duration_s": args.duration, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
         "merge": args.merge, "replicas": args.replicas, "client_procs": args.client_procs,
-        "client": f"httpx {httpx.__version__}", "texts": len(texts),
+        "client": client_version(args.client), "texts": len(texts),
         "texts_source": Path(args.texts_file).name if args.texts_file else "the intents' test split",
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
         "server": {"loop": "uvloop" if importable("uvloop") else "asyncio",

@@ -22,15 +22,18 @@ def test_percentile_is_nearest_rank():
     assert bench_serve.percentile([3.0], 0.99) == 3.0
 
 
-def test_a_tiny_run_writes_the_serve_record(tmp_path):
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_a_tiny_run_writes_the_serve_record(tmp_path, client):
+    pytest.importorskip(client)
     out = tmp_path / "serve.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--device", "cpu",
                         "--concurrency", "1,4", "--requests", "24", "--warmup", "4", "--client-procs", "2",
-                        "--max-batch", "8", "--texts", "64", "--out", str(out)],
+                        "--max-batch", "8", "--texts", "64", "--client", client, "--out", str(out)],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads(out.read_text())
     assert rec["benchmark"] == "serve" and rec["package"] == "vsr/intent-minilm" and rec["commit"]
+    assert rec["client"].startswith(client + " ")
     assert rec["max_batch"] == 8 and rec["merge"] == "shared" and rec["client_procs"] == 2
     rows = rec["rows"]
     assert sorted((x["provider"], x["concurrency"]) for x in rows) == [("http", 1), ("http", 4),
