@@ -100,7 +100,7 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     # Every kernel compiled before any timing (each engine loaded below still resolves its layers'
     # tiles from the cache on its first pass: a lookup per layer and bucket, not a compile).
     for ladder in (False, True):
-        warm = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=ladder)
+        warm = load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=False, shape_ladder=ladder)
         for texts in (t for calls in loads.values() for t in calls):
             warm.forward(texts)
     for load, calls in loads.items():
@@ -132,6 +132,14 @@ def traffic_rows(fmt: str, pkg, dtype: str, n: int) -> list[dict]:
     return rows
 
 
+def batch_engines(pkg, dtype: str) -> dict:
+    """The batch table's engines: eager at each batch's own shape, eager at the ladder's, CUDA
+    graphs. The eager ones ask for eager: graphs are load_engine's default on a GPU."""
+    return {"vsr-eager-own": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=False, shape_ladder=False),
+            "vsr-eager": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=False),
+            "vsr-graphs": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=50)
@@ -151,9 +159,7 @@ def main() -> int:
         runs.append((name, Pkg(Path(path)), "bfloat16"))
     rows, profiles = [], []
     for fmt, pkg, dtype in runs:
-        own = load_engine(pkg, device="cuda", dtype=dtype, shape_ladder=False)   # each batch at its own shape
-        engines = {"vsr-eager-own": own, "vsr-eager": load_engine(pkg, device="cuda", dtype=dtype),
-                   "vsr-graphs": load_engine(pkg, device="cuda", dtype=dtype, cuda_graphs=True)}
+        engines = batch_engines(pkg, dtype)
         for name, texts in batches().items():
             want = {p: e.forward(texts) for p, e in engines.items()}   # (the graphed engine's first call: eager)
             captured = engines["vsr-graphs"].forward(texts)            # its second: the capture's warm-up run
