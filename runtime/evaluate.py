@@ -129,6 +129,11 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str | None:
+    """$VSR_COMMIT when set (a copy of the tree without its own git history, as on a device that
+    is sent the working tree, names the commit it holds), else this checkout's HEAD."""
+    env = os.environ.get("VSR_COMMIT", "").strip()
+    if env:
+        return env
     try:
         root = Path(__file__).resolve().parents[1]
         r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,

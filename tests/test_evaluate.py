@@ -51,3 +51,11 @@ def test_table_names_the_approximate_set_and_its_agreement():
     table = evaluate.format_table({"rows": [row, dict(row, kernel_set="exact")]})
     assert "| triton, approximate (99.75% of the exact set's) |" in table.splitlines()[2]
     assert table.splitlines()[3].endswith("| triton |")
+
+
+def test_record_commit_is_vsr_commit_when_set(monkeypatch):
+    # A device is sent the working tree over an older git checkout: VSR_COMMIT names what it holds.
+    monkeypatch.setenv("VSR_COMMIT", "abc1234")
+    assert evaluate._commit() == "abc1234"
+    monkeypatch.delenv("VSR_COMMIT")
+    assert evaluate._commit() != "abc1234"
