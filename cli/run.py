@@ -365,7 +365,7 @@ def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss
     try:
         from vsr.runtime.service import ServeConfig, run_service
     except ImportError as e:
-        raise click.UsageError(f"vsr-run serve needs FastAPI, uvicorn and prometheus-client "
+        raise click.UsageError(f"vsr-run serve needs Starlette, uvicorn and prometheus-client "
                                f"(pip install 'vsr[serve]'): {e}")
     cfg = ServeConfig(package=package, host=host, port=port, revision=revision, dtype=dtype,
                       device=str(parse_device(device)) if device else None, autotune_cache=autotune_cache,

@@ -1,4 +1,4 @@
-"""`vsr-run serve --ray`: the service's engine and FastAPI app as a Ray Serve deployment (docs/serve.md).
+"""`vsr-run serve --ray`: the service's engine and Starlette app as a Ray Serve deployment (docs/serve.md).
 
 Each Ray Serve replica builds the same Service as `vsr-run serve` (vsr.runtime.service.build_service:
 every check, the engine, its Batcher) and serves the same app (create_app: the same endpoints, errors

@@ -19,7 +19,7 @@ import time
 import pytest
 
 httpx = pytest.importorskip("httpx")
-pytest.importorskip("fastapi")
+pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from tinypkgs import CALIBRATION, TEST_TEXTS, minilm_dir  # noqa: E402
@@ -173,8 +173,12 @@ def test_bad_calls_get_their_status_and_nothing_half_answered(server, payload, s
     assert httpx.get(server + "/health").status_code == 200
 
 
-def test_wrong_endpoint_and_task(server):
-    assert httpx.get(server + "/v2/nothing").status_code == 404
+def test_wrong_endpoint_method_and_task(server):
+    r = httpx.get(server + "/v2/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    r = httpx.get(server + "/v1/classify")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "method_not_allowed"
+    assert "POST" in r.headers["allow"]
     r = httpx.post(server + "/v1/embeddings", json={"input": "x"})
     assert r.status_code == 400 and "/v1/classify" in r.json()["error"]["message"]
 
