@@ -6,8 +6,14 @@
 #                                store, their int4 keys at 20 into DB (a 16-candidate pick leaves
 #                                int4 at M=64 9% slower; buckets 2 and 4 over their whole spaces),
 #                                the first imported into DB
-#   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates into DB, then
-#                                DB exported to caches/nvidia-h200.json (OUT_JSON to write elsewhere)
+#   caches/retune.sh minilm DB   the built-in MiniLM router's keys at 4 candidates (its dense fp32
+#                                keys at 8) into DB, then DB exported to caches/nvidia-h200.json
+#                                (OUT_JSON to write elsewhere)
+#   caches/retune.sh retime DB   after an edit that stales every key but changes few compiled
+#                                kernels (a module every template hashes): each key's tile in the
+#                                file against the template's default, checked and timed anew, the
+#                                faster into DB, DB exported (704 keys: about 9 minutes on the H200;
+#                                run it again, it resumes)
 #   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
 #                                file rebuilt) imported into DB, the entries whose kernel source
 #                                changed pruned, only the keys left without a tile tuned (vsr-tune
@@ -33,8 +39,8 @@
 # file into a DB that already holds other tiles for its keys stops on the conflicts.
 set -euo pipefail
 
-stage=${1:?usage: caches/retune.sh 27b|minilm|stale|steady DB}
-db=${2:?usage: caches/retune.sh 27b|minilm|stale|steady DB}
+stage=${1:?usage: caches/retune.sh 27b|minilm|stale|retime|steady DB}
+db=${2:?usage: caches/retune.sh 27b|minilm|stale|retime|steady DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-$(dirname "$0")/nvidia-h200.json}   # beside this script, wherever it is run from
 # OUT_JSON missing is a first build: no incumbents; a file that INCUMBENTS names (split on blanks,
@@ -69,8 +75,19 @@ tune_27b_int4() {
 }
 # A scratch store and what SQLite and its lock leave beside it, once its tiles are imported.
 drop_store() { rm -rf -- "$1" "$1-wal" "$1-shm" "$1.lock" "$1.locks"; }
+# The MiniLM keys at 4 candidates, its dense fp32 keys (the built-in router's own products) at 8.
 tune_minilm() {
+  $tune minilm --autotune-cache "$1" --max-candidates 8 ${inc[@]+"${inc[@]}"} --formats fp32
   $tune minilm --autotune-cache "$1" --max-candidates 4 ${inc[@]+"${inc[@]}"} \
+    --formats bf16,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
+}
+# Every key of the file at one candidate: the template's default, joined by the key's tile in the
+# file (its incumbent), each checked and timed anew; the faster ships.
+retime_all() {
+  $tune 27b --autotune-cache "$1" --formats bf16,fp8,int4-gptq,int4-awq --max-candidates 1 ${inc[@]+"${inc[@]}"}
+  $tune 27b-hybrid --autotune-cache "$1" --buckets 128,1024 --formats bf16,fp8,int4-gptq,int4-awq \
+    --max-candidates 1 ${inc[@]+"${inc[@]}"}
+  $tune minilm --autotune-cache "$1" --max-candidates 1 ${inc[@]+"${inc[@]}"} \
     --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
 }
 
@@ -94,6 +111,10 @@ case "$stage" in
     tune_minilm "$db"
     $tune export --autotune-cache "$db" --out "$out"
     ;;
+  retime)
+    retime_all "$db"
+    $tune export --autotune-cache "$db" --out "$out"
+    ;;
   steady)
     # autotune/buckets.py's ROW_BUCKETS from tuner.STEADY_FROM_BUCKET (tests/test_autotune_cli.py checks)
     buckets=${STEADY_BUCKETS:-256,512,1024,2048,4096,8192}
@@ -106,7 +127,7 @@ case "$stage" in
     drop_store "$scratch"
     ;;
   *)
-    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale or steady)" >&2
+    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale, retime or steady)" >&2
     exit 2
     ;;
 esac

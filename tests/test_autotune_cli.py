@@ -244,9 +244,13 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
                           env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo", "INCUMBENTS": str(tmp_path / "absent.json")})
     assert typo.returncode == 2 and "does not exist" in typo.stderr and not typo.stdout
     big, small = stage("27b"), stage("minilm")
-    for cmd in [big[0], big[2], small[0]]:
+    for cmd in [big[0], big[2], small[0], small[1]]:
         assert cmd[cmd.index("--incumbents") + 1] == str(shipped)
-    assert [c[0] for c in big] == ["27b", "27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "export"]
+    assert [c[0] for c in big] == ["27b", "27b", "27b", "import"] and [c[0] for c in small] == ["minilm", "minilm", "export"]
+    # MiniLM's dense fp32 keys (the built-in router's products) at 8 candidates, the rest at 4
+    assert small[0][small[0].index("--formats") + 1] == "fp32" and small[0][small[0].index("--max-candidates") + 1] == "8"
+    assert "fp32" not in small[1][small[1].index("--formats") + 1].split(",")
+    assert small[1][small[1].index("--max-candidates") + 1] == "4"
     # the 16-candidate store imported under DB
     assert big[3][1] == big[0][2] and big[1][2] == big[2][2] == big[3][3] == db
     assert "--max-candidates" in big[2] and big[2][big[2].index("--max-candidates") + 1] == "20"
@@ -259,13 +263,19 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     # stale: after a kernel edit, one stage: import FROM_JSON (default the file rebuilt), prune, the
     # three 27b passes and the minilm one (only keys left without a tile get tuned), export
     stale = stage("stale", FROM_JSON=str(tmp_path / "from.json"))
-    assert [c[0] for c in stale] == ["import", "prune", "27b", "27b", "27b", "minilm", "export"]
+    assert [c[0] for c in stale] == ["import", "prune", "27b", "27b", "27b", "minilm", "minilm", "export"]
     assert stale[0][1] == str(tmp_path / "from.json") and stage("stale")[0][1] == str(shipped)
     def opts(c):
         return c[0], c[c.index("--formats") + 1], c[c.index("--max-candidates") + 1], c[c.index("--incumbents") + 1]
-    assert [opts(c) for c in stale[2:6:2] + stale[5:6]] == [opts(c) for c in (big[0], big[2], small[0])]
+    assert [opts(c) for c in stale[2:6:2] + stale[5:7]] == [opts(c) for c in (big[0], big[2], small[0], small[1])]
     assert stale[3] == big[1] and opts(stale[2])[3] == str(shipped)
-    assert stale[6] == small[1] and all("--autotune-cache" in c and db in c for c in stale)
+    assert stale[7] == small[2] and all("--autotune-cache" in c and db in c for c in stale)
+    # retime: every key at one candidate (the default, joined by the file's tile), then export
+    retime = stage("retime")
+    assert [c[0] for c in retime] == ["27b", "27b-hybrid", "minilm", "export"] and retime[3] == small[2]
+    for c in retime[:3]:
+        assert c[c.index("--max-candidates") + 1] == "1" and c[c.index("--incumbents") + 1] == str(shipped)
+    assert "fp32" in retime[2][retime[2].index("--formats") + 1].split(",")
     # steady: the 27B-class keys of 256+ rows re-tuned into a scratch store at the same
     # counts, with incumbents; the file imported, the scratch store over it (its tiles preferred), export
     steady = stage("steady")
@@ -278,7 +288,7 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
                          "--max-candidates", "20", "--incumbents", str(shipped), "--buckets", sbuckets]
     assert steady[2] == ["import", str(shipped), "--autotune-cache", db]
     assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
-    assert steady[4] == small[1]
+    assert steady[4] == small[2]
     assert stage("steady", STEADY_BUCKETS="1024")[0][-1] == "1024"
     # A finished stage removes its scratch store (and its lock files): a later run would otherwise
     # skip the keys it holds and import its old picks again.
@@ -287,7 +297,7 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
         left[0].write_text(""), left[1].write_text(""), left[2].mkdir()
         stage(name)
         assert not any(p.exists() for p in left), name
-    for cmd in big + small + stale + steady:
+    for cmd in big + small + stale + steady + retime:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
@@ -299,12 +309,12 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     quoting.write_text('#!/bin/bash\nprintf "%q " "$@"; echo\n')
     quoting.chmod(0o755)
     cmd = stage("minilm", OUT_JSON=str(spaced), VSR_TUNE=str(quoting))
-    assert cmd[0][cmd[0].index("--incumbents") + 1] == str(spaced) and cmd[1][-1] == str(spaced)
+    assert cmd[0][cmd[0].index("--incumbents") + 1] == str(spaced) and cmd[-1][-1] == str(spaced)
     # Without OUT_JSON, the file rebuilt (and the incumbents) is the one beside the script, from any directory.
     p = subprocess.run(["bash", str(script), "minilm", db], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"})
     default = [shlex.split(line) for line in p.stdout.splitlines()]
-    assert p.returncode == 0 and Path(default[1][-1]).resolve() == script.parent / "nvidia-h200.json"
+    assert p.returncode == 0 and Path(default[-1][-1]).resolve() == script.parent / "nvidia-h200.json"
     assert Path(default[0][default[0].index("--incumbents") + 1]).resolve() == script.parent / "nvidia-h200.json"
 
 
