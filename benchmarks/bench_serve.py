@@ -407,6 +407,10 @@ def main(argv=None) -> int:
     common = {"device": device, "package": args.package, "max_batch": args.max_batch,
               "max_wait_ms": args.max_wait_ms, "merge": args.merge}
     pkg, engine = open_engine(args.package, **engine_args)   # builds a built-in package on first use
+    # As the service does once its engine has answered its warm-up call: the loaded heap out of the
+    # cyclic collector's reach, so the in-process figures are the same engine's.
+    from vsr.runtime.service import freeze_heap
+    freeze_heap()
     device_name = torch.cuda.get_device_name(torch.device(device)) if kind == "cuda" else f"cpu ({_cpu_model()})"
     cfg = {"package": args.package, "device": device, "allow_unverified": args.allow_unverified,
            "autotune_cache": args.autotune_cache, "replicas": args.replicas, **batcher_args}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gc
 import json
 import os
 import struct
@@ -116,6 +117,16 @@ def _inputs(obj: dict, max_batch: int) -> list[str]:
     return texts
 
 
+def freeze_heap() -> None:
+    """Exempt every object alive now from Python's cyclic collector (gc.freeze), after a last
+    collection: the modules, the model, its compiled kernels and graphs, which live as long as the
+    process. Otherwise each full collection, which a busy service triggers every few seconds, walks
+    all of them while every call waits: the longest waits of a loaded service. vLLM's engine
+    freezes its heap once it has loaded, for the same reason."""
+    gc.collect()
+    gc.freeze()
+
+
 class Service:
     """The engine, its batcher and metrics, and what the endpoints say about them."""
 
@@ -140,11 +151,13 @@ class Service:
         if problems[0] is not None:
             raise RuntimeError(f"the warm-up text cannot be answered: {problems[0]}")
         await self.batcher.submit(ids, 1)
+        freeze_heap()
         self.state = "ready"
 
     async def stop(self) -> None:
         self.state = "draining"
         await self.batcher.close()
+        gc.unfreeze()
 
     def model_card(self) -> dict:
         pkg = self.pkg

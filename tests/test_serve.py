@@ -258,6 +258,14 @@ def service_over(engine, pkg=None, **cfg):
     return Service(engine, pkg, ServeConfig(**cfg))
 
 
+def test_the_heap_is_frozen_once_ready_and_thawed_at_stop(engine):
+    import gc
+    with InProcessServer(service_over(engine)) as s:
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert gc.get_freeze_count() > 0   # the loaded modules and model: out of the cyclic collector's walk
+    assert gc.get_freeze_count() == 0
+
+
 def test_full_queue_is_503_with_retry_after(engine):
     with InProcessServer(service_over(WrappedEngine(engine, delay=0.15), max_batch=1, max_queue=2)) as s:
         responses = asyncio.run(post_all(s.url, [{"input": TEXTS[i]} for i in range(10)]))
