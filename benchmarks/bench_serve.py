@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import multiprocessing
@@ -444,6 +445,7 @@ def main(argv=None) -> int:
         canned.terminate()
         canned.join()
         code = stop_service(proc)
+        gc.unfreeze()   # as the service at its stop: the process's exit then collects as usual
     if code != 0:
         raise RuntimeError(f"the service exited {code} on SIGTERM: {log_path.read_text()[-3000:]}")
     rows.sort(key=lambda r: (r["provider"] != "http", r["concurrency"]))
