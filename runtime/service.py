@@ -223,9 +223,9 @@ class Service:
 
 def create_app(service: Service):
     """The Starlette app of one service; its lifespan runs the warm-up and, at shutdown, the drain.
-    Plain Starlette routes: FastAPI's per-call dependency solving and telemetry checks (cookies and
-    query parsed, the environment read) took over half of a replica's event-loop time per call,
-    for endpoints that read the body themselves."""
+    Plain Starlette routes: FastAPI adds per-call dependency solving and telemetry checks (cookies
+    and query parsed, the environment read) on the event loop, which endpoints that read their body
+    themselves do not use."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await service.start()
