@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     import triton
 
     from common_bench import code_commit, result_path
-    from vsr.runtime.evaluate import _cpu_model
+    from vsr.runtime.device import cpu_model
     from vsr.runtime.load import open_engine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
     # cyclic collector's reach, so the in-process figures are the same engine's.
     from vsr.runtime.service import freeze_heap
     freeze_heap()
-    device_name = torch.cuda.get_device_name(torch.device(device)) if kind == "cuda" else f"cpu ({_cpu_model()})"
+    device_name = torch.cuda.get_device_name(torch.device(device)) if kind == "cuda" else f"cpu ({cpu_model()})"
     cfg = {"package": args.package, "device": device, "allow_unverified": args.allow_unverified,
            "autotune_cache": args.autotune_cache, "replicas": args.replicas, **batcher_args}
     log_path = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "service.log"

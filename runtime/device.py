@@ -13,7 +13,9 @@ the support level is then "emulated" and every output must say so.
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -310,3 +312,15 @@ def _triton_version() -> str | None:
     except Exception:  # noqa: BLE001
         return None
     return getattr(triton, "__version__", "unknown")
+
+
+def cpu_model() -> str:
+    """This host's CPU model name (/proc/cpuinfo's, else platform.processor()): which kind of CPU
+    a CPU figure or a recording was made on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from vsr.runtime import builtin
+from vsr.runtime.device import cpu_model
 
 # Built-in package -> (record format name, Weights, Activations), the seeds' columns.
 DESCRIPTIONS = {
@@ -116,16 +117,6 @@ def _versions() -> dict:
         except metadata.PackageNotFoundError:
             out[dist] = None
     return out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _commit() -> str | None:
@@ -224,7 +215,7 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _commit(),
         "device": describe(device_identity(device))["device"],
-        "host": {"machine": platform.machine(), "processor": _cpu_model(),
+        "host": {"machine": platform.machine(), "processor": cpu_model(),
                  "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
         "versions": _versions(),
         "against": against,

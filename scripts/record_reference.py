@@ -6,7 +6,11 @@ For each built-in package (all six by default): build it (vsr.runtime.builtin.re
 open it on the CPU (FP8 and NVFP4 through the explicit emulation: the reference
 numerics), run the fp32 reference path on ``--count`` test sentences taken at a
 fixed stride of the test split, and write text, top choice and top-3
-probabilities. ``self_check`` compares an engine against these files.
+probabilities as the recording of the package's revision on this kind of CPU: it replaces
+an earlier recording of both and joins the others (a build on another kind of CPU
+calibrates the GPTQ, AWQ and NVFP4 siblings to other weights, a new revision, and the
+FP8 and NVFP4 references, which quantize activations, round some values to other codes).
+``self_check`` compares an engine against the recording of its package's revision.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from vsr.runtime import builtin
 from vsr.runtime.engine import load_engine
+from vsr.runtime.device import cpu_model
 from vsr.runtime.errors import DeviceRefusal
 from vsr.runtime.intents import load_split
 from vsr.runtime.package import open_package
@@ -38,8 +43,8 @@ def record(name: str, texts: list[str]) -> dict:
     eng = load_engine(pkg, device="cpu", dtype="float32", emulate=pkg.support == "emulated")
     answers = eng.predict(texts, top_k=3)
     return {
-        "package": name,
         "revision": pkg.revision,
+        "host": cpu_model(),
         "mode": eng.mode,
         "dtype": "float32",
         "torch": torch.__version__,
@@ -59,7 +64,8 @@ def main(argv=None):
         t0 = time.time()
         rec = record(name, texts)
         path = builtin.reference_path(name)
-        path.write_text(json.dumps(rec, indent=1) + "\n")
+        others = [r for r in builtin.recordings(name) if (r["revision"], r["host"]) != (rec["revision"], rec["host"])]
+        path.write_text(json.dumps({"package": name, "recordings": others + [rec]}, indent=1) + "\n")
         print(f"{name}: {len(texts)} answers ({rec['mode']}) -> {path} in {time.time() - t0:.0f}s", flush=True)
 
 

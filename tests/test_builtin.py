@@ -2,11 +2,14 @@
 
 import json
 import sys
+import types
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from vsr.runtime import builtin
+from vsr.runtime.device import cpu_model
 from vsr.runtime.errors import PackageError
 from vsr.runtime.package import file_digests, open_package, read_manifest, revision_of, verify_manifest
 
@@ -112,7 +115,7 @@ def test_self_check_verified_on_a_subset(engine):
 
 def _perturbed_reference(tmp_path, monkeypatch, edit):
     ref = json.loads(builtin.reference_path(builtin.BASE).read_text())
-    edit(ref["answers"])
+    edit(ref["recordings"][0]["answers"])
     (tmp_path / "intent-minilm.json").write_text(json.dumps(ref))
     monkeypatch.setattr(builtin, "REFERENCE_DIR", tmp_path)
 
@@ -145,11 +148,60 @@ def test_self_check_unverified(engine):
     assert builtin.self_check(engine, "my/own-router")["status"] == "unverified"
 
 
+def test_self_check_takes_the_recording_of_the_package_revision(engine, tmp_path, monkeypatch):
+    # A build on another kind of CPU is another revision: checked against its own answers, and
+    # one with none recorded is unverified, its reason naming the revisions that are.
+    rev = builtin.recordings(builtin.BASE)[0]["revision"]
+    assert builtin.self_check(engine, builtin.BASE, revision=rev, limit=8)["status"] == "verified"
+    ref = json.loads(builtin.reference_path(builtin.BASE).read_text())
+    wrong = json.loads(json.dumps(ref["recordings"][0]))
+    for a in wrong["answers"]:
+        a["top"][0][1] += 0.1   # answers that do not fit this engine, under another revision
+    wrong["revision"], wrong["host"] = "f" * 64, "another CPU"
+    ref["recordings"] = [wrong] + ref["recordings"]
+    (tmp_path / "intent-minilm.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(builtin, "REFERENCE_DIR", tmp_path)
+    assert builtin.self_check(engine, builtin.BASE, revision=rev, limit=8)["status"] == "verified"
+    assert builtin.self_check(engine, builtin.BASE, revision="f" * 64, limit=8)["status"] == "mismatch"
+    res = builtin.self_check(engine, builtin.BASE, revision="0" * 64)
+    assert res["status"] == "unverified" and rev[:12] in res["reason"] and "another CPU" in res["reason"]
+
+
+def test_tolerance_for_answers_recorded_on_another_kind_of_cpu():
+    # A reference that quantizes activations rounds some values to other codes on another CPU's
+    # arithmetic; one that does not moves by summation order only.
+    eng = types.SimpleNamespace(act_dtype=torch.float32, mode="emulated")
+    fp8, nvfp4 = builtin.BASE + "-FP8", builtin.BASE + "-NVFP4"
+    assert builtin.tolerance_for(eng, fp8) == builtin.TOL_FP32_REFERENCE
+    assert builtin.tolerance_for(eng, fp8, same_host=False) == builtin.TOL_QUANTIZED_ACTIVATIONS_OTHER_CPU
+    assert builtin.tolerance_for(eng, nvfp4, same_host=False) == builtin.TOL_QUANTIZED_ACTIVATIONS_OTHER_CPU
+    assert builtin.tolerance_for(eng, builtin.BASE, same_host=False) == builtin.TOL_FP32_REFERENCE
+    assert builtin.tolerance_for(eng, builtin.BASE + "-W4A16-GPTQ", same_host=False) == builtin.TOL_FP32_REFERENCE
+
+
+def test_self_check_prefers_this_hosts_recording(engine, tmp_path, monkeypatch):
+    ref = json.loads(builtin.reference_path(builtin.BASE).read_text())
+    mine = json.loads(json.dumps(ref["recordings"][0]))
+    mine["host"] = cpu_model()
+    other = json.loads(json.dumps(mine))
+    other["host"] = "another CPU"
+    for a in other["answers"]:
+        a["top"][0][1] += 0.1
+    (tmp_path / "intent-minilm.json").write_text(json.dumps({"package": builtin.BASE, "recordings": [other, mine]}))
+    monkeypatch.setattr(builtin, "REFERENCE_DIR", tmp_path)
+    res = builtin.self_check(engine, builtin.BASE, revision=mine["revision"], limit=8)
+    assert res["status"] == "verified" and res["recorded_on"] == cpu_model()
+
+
 def test_every_builtin_has_reference_answers():
     for name in builtin.BUILTINS:
         ref = json.loads(builtin.reference_path(name).read_text())
-        assert ref["package"] == name and len(ref["answers"]) >= 200
-        assert all(a["top"][0][0] == a["choice"] for a in ref["answers"])
+        assert ref["package"] == name and ref["recordings"]
+        for rec in ref["recordings"]:
+            assert len(rec["revision"]) == 64 and rec["host"] and len(rec["answers"]) >= 200
+            assert all(a["top"][0][0] == a["choice"] for a in rec["answers"])
+        keys = [(rec["revision"], rec["host"]) for rec in ref["recordings"]]
+        assert len(set(keys)) == len(keys)   # one recording a revision and kind of CPU
 
 
 @pytest.mark.slow

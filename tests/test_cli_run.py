@@ -125,7 +125,7 @@ def fake_builtin(monkeypatch, tmp_path):
     mod.resolve = lambda name: None
     mod.calls = []
 
-    def self_check(engine, name):
+    def self_check(engine, name, revision=None):
         mod.calls.append(name)
         return {"status": "mismatch", "package": name, "requests": 3,
                 "differ": [{"index": 1, "expected": "a", "got": "b"}]}
