@@ -201,7 +201,7 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
                f"formats {', '.join(sorted(pkg.formats))}; device {dev}: {pkg.support}; mode {mode}; "
                f"kernels {kernels}{'; CUDA graphs' if engine.graphed is not None else ''}", err=True)
 
-    mismatch = self_check and _self_check(engine, pkg.name, as_json) == "mismatch"
+    mismatch = self_check and _self_check(engine, pkg.name, pkg.revision, as_json) == "mismatch"
 
     failed = False
     # BATCH requests at a time, in order: answers stream out, memory stays bounded, and the
@@ -231,12 +231,12 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     sys.exit(EXIT_MISMATCH if mismatch else EXIT_REQUEST_FAILED if failed else EXIT_OK)
 
 
-def _self_check(engine, name: str, as_json: bool) -> str:
+def _self_check(engine, name: str, revision: str | None, as_json: bool) -> str:
     try:
         from vsr.runtime.builtin import self_check
     except ImportError as e:
         raise PackageError(f"--self-check needs the built-in packages (vsr.runtime.builtin): {e}")
-    result = self_check(engine, name)
+    result = self_check(engine, name, revision=revision)
     status = result["status"]
     if as_json:
         echo_json({"self_check": result})
