@@ -164,7 +164,7 @@ def main() -> int:
             want = {p: e.forward(texts) for p, e in engines.items()}   # (the graphed engine's first call: eager)
             captured = engines["vsr-graphs"].forward(texts)            # its second: the capture's warm-up run
             first = torch.equal(want["vsr-graphs"], want["vsr-eager"]) and torch.equal(captured, want["vsr-eager"])
-            tokens = max(len(t) for t in own.tokenizer.encode_checked(texts))
+            tokens = max(len(t) for t in engines["vsr-eager-own"].tokenizer.encode_checked(texts))
             # (the tuner's eager timer: each forward ends in a copy to the CPU, so a call's time is the caller's wait)
             times = {p: tuner.eager_timer(lambda: e.forward(texts), a.reps) for p, e in engines.items()}
             same = first and all(torch.equal(e.forward(texts), want[p]) for p, e in engines.items())

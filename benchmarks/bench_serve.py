@@ -386,7 +386,6 @@ def main(argv=None) -> int:
         print(f"wrote {args.texts} held-out sentences to {args.write_texts}")
         return 0
     load_before = os.getloadavg()
-    import httpx
     import torch
     import triton
 

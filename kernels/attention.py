@@ -26,7 +26,6 @@ common.f32_precision's precision (tf32x3 on NVIDIA GPUs: about fp32's accuracy; 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton

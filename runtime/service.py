@@ -17,7 +17,6 @@ and runs its engine on GPU slot % GPUs (or on the CPU), loading tiles from the o
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import gc

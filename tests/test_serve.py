@@ -7,7 +7,6 @@ wrapped engine; the drain and the replicas get processes of their own.
 import asyncio
 import base64
 import json
-import os
 import signal
 import socket
 import struct
