@@ -2,8 +2,8 @@
 
 The service runs in a process of its own (vsr.runtime.service.run_service, the function `vsr-run
 serve` calls, on a free port; timing starts once /health says ready). At each concurrency level, C
-client workers (one keep-alive connection each, spread over --client-procs processes) send one held-out test sentence per call to POST /v1/classify back to back: requests
-per second over the level's wall time, and p50 / p99 of each call's latency (send to body read).
+client workers (one keep-alive connection each, spread over --client-procs processes) send one
+held-out test sentence per call to POST /v1/classify back to back: requests per second over the level's wall time, and p50 / p99 of each call's latency (send to body read).
 Beside it, `in-process`: the same engine and the same Batcher (max batch, max wait, merging rule)
 driven by C asyncio tasks in this process (tokenize, submit, await), no HTTP. The client's own
 ceiling is measured at each level against a canned-answer server (a bare asyncio HTTP/1.1 server
@@ -128,7 +128,7 @@ async def closed_loop(calls: list, requests: int, duration: float | None, warmup
 
 
 async def http_level(url: str, texts: list[str], concurrency: int, requests: int, duration: float | None,
-                     warmup: int, offset: int = 0, ready=None, client: str = "httpx") -> tuple[list[float], float, int]:
+                     warmup: int, offset: int, ready, client: str) -> tuple[list[float], float, int]:
     """One level's calls from this process through `client` ("httpx" or "aiohttp")."""
     level = _aiohttp_level if client == "aiohttp" else _httpx_level
     return await level(url, texts, concurrency, requests, duration, warmup, offset, ready)
@@ -173,12 +173,12 @@ def _client_process(url, texts, concurrency, requests, duration, warmup, offset,
 
 
 def run_http(url: str, texts: list[str], concurrency: int, requests: int, duration: float | None, warmup: int,
-             procs: int, client: str = "httpx") -> dict:
+             procs: int, client: str) -> dict:
     """One level through HTTP: the workers (and the calls) split over min(procs, concurrency)
     client processes that start timing together; the wall time is the slowest process's."""
     procs = max(1, min(procs, concurrency))
     if procs == 1:
-        return summary(*asyncio.run(http_level(url, texts, concurrency, requests, duration, warmup, client=client)))
+        return summary(*asyncio.run(http_level(url, texts, concurrency, requests, duration, warmup, 0, None, client)))
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(procs), ctx.Queue()
     shares = [concurrency // procs + (k < concurrency % procs) for k in range(procs)]
@@ -343,8 +343,8 @@ def table(rows: list[dict]) -> str:
 
 
 def client_version(client: str) -> str:
-    mod = __import__(client)
-    return f"{client} {mod.__version__}"
+    from importlib import metadata
+    return f"{client} {metadata.version(client)}"
 
 
 def importable(name: str) -> bool:
@@ -407,8 +407,8 @@ def main(argv=None) -> int:
     common = {"device": device, "package": args.package, "max_batch": args.max_batch,
               "max_wait_ms": args.max_wait_ms, "merge": args.merge}
     pkg, engine = open_engine(args.package, **engine_args)   # builds a built-in package on first use
-    # As the service does once its engine has answered its warm-up call: the loaded heap out of the
-    # cyclic collector's reach, so the in-process figures are the same engine's.
+    # The loaded heap out of the cyclic collector's reach, as the service puts its own (after its
+    # warm-up call), so the in-process figures are the same engine's.
     from vsr.runtime.service import freeze_heap
     freeze_heap()
     device_name = torch.cuda.get_device_name(torch.device(device)) if kind == "cuda" else f"cpu ({cpu_model()})"

@@ -12,7 +12,7 @@
 #   caches/retune.sh retime DB   after an edit that stales every key but changes few compiled
 #                                kernels (a module every template hashes): each key's tile in the
 #                                file against the template's default, checked and timed anew, the
-#                                faster into DB, DB exported (704 keys: about 9 minutes on the H200;
+#                                faster into DB, DB exported (648 keys: about 10 minutes on the H200;
 #                                run it again, it resumes)
 #   caches/retune.sh stale DB    after a kernel edit, in one stage: the file (FROM_JSON, default the
 #                                file rebuilt) imported into DB, the entries whose kernel source

@@ -26,9 +26,9 @@ revision is the sha256 over the package files' (path, sha256) pairs.
 ``self_check(engine, name, revision=...)`` compares an engine's answers with the committed
 reference answers (runtime/builtin/reference_answers/<name>.json, recorded
 by scripts/record_reference.py from the fp32 reference path), one recording per package
-revision: the GPTQ, AWQ and NVFP4 siblings are calibrated in fp32 on the CPU that builds
-them, and CPUs whose arithmetic differs (an AMD and an Intel host, say) build packages whose
-weights differ in their last bits, so each build is checked against its own answers.
+revision and kind of CPU: the GPTQ, AWQ and NVFP4 siblings are calibrated in fp32 on the CPU
+that builds them, and CPUs whose arithmetic differs (an AMD and an Intel host, say) build
+packages whose weights differ in their last bits, so each build is checked against its own answers.
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ REFERENCE_DIR = DATA_DIR / "reference_answers"
 # quantizes activations (FP8, NVFP4) a different sum can move a value to the
 # neighbouring code (2e-2 on a GPU). So does the CPU reference of such a package
 # on another kind of CPU than the one its answers were recorded on (the same
-# host's reference gives the same bytes): between an Intel and an AMD host 220
-# of the FP8 package's 300 answers moved by more than 1e-4, at most by 0.037, no
-# top choice. bf16/fp16 activations round every layer's input.
+# host's reference gives the same bytes): the FP8 package's two recordings (an
+# Intel and an AMD host, one revision) differ by more than 1e-4 on 220 of 300
+# answers, by at most 0.037, in no top choice. bf16/fp16 activations round every
+# layer's input.
 TOL_FP32_REFERENCE = 1e-4
 TOL_TRITON_FP32 = 1e-3
 TOL_TRITON_QUANTIZED_ACTIVATIONS = 2e-2

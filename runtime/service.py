@@ -119,9 +119,9 @@ def _inputs(obj: dict, max_batch: int) -> list[str]:
 def freeze_heap() -> None:
     """Exempt every object alive now from Python's cyclic collector (gc.freeze), after a last
     collection: the modules, the model, its compiled kernels and graphs, which live as long as the
-    process. Otherwise each full collection, which a busy service triggers every few seconds, walks
-    all of them while every call waits: the longest waits of a loaded service. vLLM's engine
-    freezes its heap once it has loaded, for the same reason."""
+    process. Otherwise each full collection a busy service triggers walks all of them while every
+    call waits. vLLM's engine freezes its heap once it has loaded, for the same reason. A process
+    holds one service: stop() thaws the whole heap."""
     gc.collect()
     gc.freeze()
 

@@ -22,8 +22,8 @@ import time
 import torch
 
 from vsr.runtime import builtin
-from vsr.runtime.engine import load_engine
 from vsr.runtime.device import cpu_model
+from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import DeviceRefusal
 from vsr.runtime.intents import load_split
 from vsr.runtime.package import open_package
