@@ -15,10 +15,12 @@ import json
 import sys
 import types
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from vsr.autotune import startup_memo
 from vsr.autotune.device_id import DeviceIdentity
 from vsr.kernels.template import module_code_text
 
@@ -118,6 +120,16 @@ def kernel_source_hash(template) -> str:
     deps = sorted({m.__name__ for m in vars(template.module).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
                    and m.__name__ not in covered})
+    # The raw sources this hash derives from (and the code deriving it: template.py, this file)
+    # stamp its memo, so a process whose kernels are unchanged skips the ast and tokenize passes.
+    stamp = hashlib.sha256(template.name.encode())
+    for m in [*template.modules, *(sys.modules[d] for d in deps), sys.modules["vsr.kernels.template"],
+              sys.modules[__name__]]:
+        stamp.update(m.__name__.encode() + b"\0" + Path(m.__file__).read_bytes())
+    return startup_memo.source_hash(stamp.hexdigest(), lambda: _source_hash(template, deps))
+
+
+def _source_hash(template, deps: list[str]) -> str:
     if not deps:
         h = template.source_hash
     else:

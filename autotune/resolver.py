@@ -20,13 +20,16 @@ import os
 import threading
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from filelock import FileLock
 
 from vsr.autotune.device_id import DeviceIdentity, current_device_identity
 from vsr.autotune.keys import CacheKey, make_key
 from vsr.autotune.store import CacheError, Entry, JsonStore, Store, now_utc, open_store, tool_versions
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 POLICIES = ("tune", "default", "error")
 CACHES_ENV = "VSR_AUTOTUNE_CACHES"
@@ -137,6 +140,7 @@ class TileResolver:
             return None
         lockdir = Path(str(self.cache_path) + ".locks")
         lockdir.mkdir(parents=True, exist_ok=True)
+        from filelock import FileLock   # here, not at import: it costs a loading process ~70 ms
         return FileLock(str(lockdir / f"{key.digest()}.lock"))
 
     def _tune(self, template, problem, key: CacheKey, weight, x, deadline=None, progress=None, tiles=None) -> dict:

@@ -262,10 +262,12 @@ class Engine:
 def _use_kernel_bundle(resolver) -> str | None:
     """Before the first kernel compiles: Triton reads the compiled-kernel bundle of this device
     and Triton version, found beside the autotune cache in use or installed by `vsr-tune import`
-    (autotune.bundle; $VSR_KERNEL_BUNDLE names one, "off" none). Once per process."""
-    from vsr.autotune import bundle
+    (autotune.bundle; $VSR_KERNEL_BUNDLE names one, "off" none), and memoises the hashes every
+    compile lookup needs (autotune.startup_memo). Once per process."""
+    from vsr.autotune import bundle, startup_memo
     from vsr.runtime.paths import cache_root
 
+    startup_memo.enable(cache_root())   # Triton's installation hash and the kernels' source hashes
     if bundle.active_path() is None:
         bundle.find_and_activate(resolver.identity, resolver.cache_path, cache_root() / "bundles")
     return bundle.active_path()

@@ -371,3 +371,23 @@ def test_write_atomic_replaces_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         store_mod.write_atomic(path, "third")
     assert path.read_text() == "second" and sorted(p.name for p in path.parent.iterdir()) == ["out.json"]
+
+
+def test_a_stated_digest_that_does_not_match_its_key_is_refused_when_used(tmp_path):
+    db = tmp_path / "a.db"
+    tuned_db(db)
+    export_json(open_store(db), tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    good = doc["entries"][1]["digest"]
+    doc["entries"][0]["key"]["N"] += 1     # the key edited, its stated digest left as it was
+    bad = doc["entries"][0]["digest"]
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    s = JsonStore(tmp_path / "a.json", create=False)   # loading checks structure only
+    assert s.get(good).digest == good
+    with pytest.raises(CacheError, match="entry 0 is malformed.*does not match its key"):
+        s.get(bad)
+    with pytest.raises(CacheError, match="does not match its key"):
+        JsonStore(tmp_path / "a.json", create=False).entries()
+    with pytest.raises(CacheError, match="does not match its key"):
+        JsonStore(tmp_path / "a.json", create=False).put(Entry.from_json(doc["entries"][1] | {"digest": good}),
+                                                        replace=True)
