@@ -18,7 +18,11 @@ from typing import Any, Callable
 import torch
 
 from vsr.kernels import fp8, int4, nvfp4
-from vsr.runtime.act_quant import Nvfp4Activation, fp8_activation
+from vsr.runtime.act_quant import Nvfp4Activation, Workspace, fp8_activation
+
+# The activations' scratch memory, per thread, shared by every layer: each layer's products read
+# its activation before the next layer quantizes (act_quant.Workspace).
+WORKSPACE = Workspace()
 
 
 def _float_bias(w: Any) -> torch.Tensor | None:
@@ -76,7 +80,7 @@ def _fp8(w: fp8.Fp8Weight) -> PreparedReference:
         if b is not None:
             y.add_(b)
         return y.to(x.dtype)
-    return PreparedReference(w, run, W, fp8_activation, "fp8")
+    return PreparedReference(w, run, W, lambda x: fp8_activation(x, WORKSPACE), "fp8")
 
 
 def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
@@ -91,15 +95,53 @@ def _nvfp4(w: nvfp4.Nvfp4Weight) -> PreparedReference:
             return y.to(x.dtype)
         return PreparedReference(w, run_a16, W)
     W = nvfp4.e2m1_decode(nvfp4.unpack_fp4(w.packed)) * w.block_scale.float().repeat_interleave(nvfp4.BLOCK, dim=1)
-    alpha = 1.0 / (w.input_global_scale.float().reshape(()) * w.global_scale.float().reshape(()))
-    activation = Nvfp4Activation(w.input_global_scale)
+    activation = Nvfp4Activation(w.input_global_scale, WORKSPACE)
+    return PreparedReference(w, _nvfp4_w4a4_product(W, _nvfp4_alpha(w), b), W, activation, activation.key)
 
+
+def _nvfp4_alpha(w: nvfp4.Nvfp4Weight) -> torch.Tensor:
+    return 1.0 / (w.input_global_scale.float().reshape(()) * w.global_scale.float().reshape(()))
+
+
+def _nvfp4_w4a4_product(W: torch.Tensor, alpha: torch.Tensor, b: torch.Tensor | None):
+    """xs @ W.t() times alpha (a scalar, or one per output column), plus b."""
     def run(xs, x):
         y = (xs @ W.t()).mul_(alpha)                   # xs: e2m1(codes) · s_x of this call's activations
         if b is not None:
             y.add_(b)
         return y.to(x.dtype)
-    return PreparedReference(w, run, W, activation, activation.key)
+    return run
+
+
+def stack_nvfp4_parts(parts: list[PreparedReference], weights: list) -> tuple[PreparedReference, list[PreparedReference]] | None:
+    """One product for NVFP4 W4A4 parts over one input that cannot share a weight (their weight
+    global scales differ, runtime/fuse.py) but share the activation (one input global scale): the
+    parts' fp32 weights stacked along N, each output column times its own part's alpha (the
+    product of a row-stacked weight is the same sum per column, and each column is multiplied by
+    the same fp32 alpha as its part's product; tests check the bytes). Returns (the stacked
+    reference, the parts' references over views of the stacked weight, so the weights are held
+    once), or None where the parts are not such."""
+    if len(parts) < 2 or any(p is None or p.format != "nvfp4" for p in parts):
+        return None
+    if any(not w.quantizes_activations for w in weights) or len({p.activation_key for p in parts}) != 1:
+        return None
+    if len({p.dense.shape[1] for p in parts}) != 1:
+        return None
+    W = torch.cat([p.dense for p in parts])
+    alphas = [_nvfp4_alpha(w) for w in weights]
+    biases = [_float_bias(w) for w in weights]
+    # -0.0 for a part without a bias: -0.0 + y is y for every y, a -0.0 output included.
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else torch.full((w.N,), -0.0) for b, w in zip(biases, weights)])
+    alpha = torch.cat([a.expand(w.N) for a, w in zip(alphas, weights)])
+    stacked = PreparedReference(weights[0], _nvfp4_w4a4_product(W, alpha, bias), W, parts[0].activation,
+                                parts[0].activation_key)
+    views, row = [], 0
+    for p, w, a, b in zip(parts, weights, alphas, biases):
+        Wp = W[row:row + w.N]
+        views.append(PreparedReference(w, _nvfp4_w4a4_product(Wp, a, b), Wp, p.activation, p.activation_key))
+        row += w.N
+    return stacked, views
 
 
 _PREPARE = {"dense": _dense, "int4": _int4, "fp8": _fp8, "nvfp4": _nvfp4}

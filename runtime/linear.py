@@ -194,3 +194,40 @@ def products_of_one_input(linears: list, x: torch.Tensor) -> list[torch.Tensor]:
         return [x.new_empty(*lead, m.out_features) for m in linears]
     a = preps[0].activation(rows[0])
     return [p.product(a, r).reshape(*lead, m.out_features) for m, p, r in zip(linears, preps, rows)]
+
+
+class StackedProducts:
+    """The CPU reference's one product for parts over one input that run apart on the GPU (NVFP4
+    W4A4 parts whose weight global scales differ: dequantized.stack_nvfp4_parts): forward(x) ->
+    [..., sum(N)], the bytes of the parts' products side by side. The parts' own references are
+    replaced by views of the stacked weight; `valid()` is False once any part was re-prepared (a
+    new weight or mode), and the caller then runs the parts."""
+
+    def __init__(self, linears: list, stacked, installed: list):
+        self.linears, self.stacked, self.installed = linears, stacked, installed
+        self.N = sum(m.out_features for m in linears)
+
+    def valid(self) -> bool:
+        return all(m.__dict__.get("_prepared") is p for m, p in zip(self.linears, self.installed))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = self.linears[0]._rows(x)
+        if rows.shape[0] == 0:
+            return x.new_empty(*lead, self.N)
+        return self.stacked(rows).reshape(*lead, self.N)
+
+
+def stack_one_input(linears: list) -> StackedProducts | None:
+    """StackedProducts over `linears` where their prepared references stack, else None."""
+    if not linears or not all(isinstance(m, QLinear) for m in linears):
+        return None
+    from vsr.runtime.dequantized import stack_nvfp4_parts
+
+    got = stack_nvfp4_parts([m.__dict__.get("_prepared") for m in linears], [m.weight for m in linears])
+    if got is None:
+        return None
+    stacked, parts = got
+    for m, p in zip(linears, parts):
+        m.__dict__["_prepared"] = p
+    return StackedProducts(linears, stacked, parts)

@@ -136,15 +136,35 @@ def _activations(K: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("K", [64, 384])
-def test_fp8_activation_is_the_reference(dtype, K):
+@pytest.mark.parametrize("workspace", [False, True])
+def test_fp8_activation_is_the_reference(dtype, K, workspace):
+    ws = aq.Workspace() if workspace else None
     x = _activations(K, K).to(dtype)
-    got, s = aq.fp8_activation(x)
+    got, s = aq.fp8_activation(x, ws)
     want, s_want = _fp8_reference(x)
     assert _same(got, want) and _same(s, s_want)
     for row in (x[9:20], x[20:]):                  # rows the fp32 rounding takes
-        got, s = aq.fp8_activation(row)
+        got, s = aq.fp8_activation(row, ws)
         want, s_want = _fp8_reference(row)
         assert _same(got, want) and _same(s, s_want)
+
+
+def test_workspace_memory_is_reused_and_per_thread():
+    import threading
+
+    ws = aq.Workspace()
+    big, small = _activations(384, 1), _activations(64, 2)
+    a, _ = aq.fp8_activation(big, ws)
+    ptr = a.data_ptr()
+    b, _ = aq.fp8_activation(small, ws)            # a smaller call takes the same memory
+    assert b.data_ptr() == ptr and _same(b, _fp8_reference(small)[0])
+    act = aq.Nvfp4Activation(torch.tensor([GLOBAL_SCALES[0]]), ws)
+    assert _same(act(big), _nvfp4_reference(big, torch.tensor([GLOBAL_SCALES[0]])))
+    other = []
+    t = threading.Thread(target=lambda: other.append(aq.fp8_activation(big, ws)[0].data_ptr()))
+    t.start()
+    t.join()
+    assert other[0] != ptr
 
 
 @pytest.mark.parametrize("edge", ["zero", "tiny", "inf", "nan"])
@@ -162,9 +182,10 @@ def test_fp8_activation_edge_rows(edge):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("gx", GLOBAL_SCALES)
-def test_nvfp4_activation_is_the_reference(dtype, gx):
+@pytest.mark.parametrize("workspace", [False, True])
+def test_nvfp4_activation_is_the_reference(dtype, gx, workspace):
     gs = torch.tensor([gx])
-    act = aq.Nvfp4Activation(gs)
+    act = aq.Nvfp4Activation(gs, aq.Workspace() if workspace else None)
     for K, seed in ((64, 1), (384, 2)):
         x = _activations(K, seed).to(dtype)
         x[10, 5] = float("inf")

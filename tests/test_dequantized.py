@@ -136,3 +136,32 @@ def test_parts_over_one_input_quantize_it_once(monkeypatch):
         assert len(calls) == quantizations
         want = torch.cat([nvfp4.reference_linear(x.reshape(-1, K), w) for w in ws], dim=-1)
         assert torch.equal(y.reshape(-1, 3 * N).view(torch.int32), want.view(torch.int32))
+
+
+def test_nvfp4_parts_stack_into_one_product_with_their_bytes():
+    """Parts kept apart by their weight global scales run on the CPU as one product over the
+    stacked weight, each column times its part's alpha: the bytes of each part's reference_linear,
+    a part without a bias beside parts with one included (-0.0 outputs stay -0.0); the parts'
+    weights are views of the stacked one; a part given a new weight ends the stack."""
+    from vsr.runtime.models.common import Projection
+
+    base = random_weight("nvfp4", N, K, {"act": "e2m1-block16-dynamic"}, torch.bfloat16, seed=21)
+    parts = [dataclasses.replace(base if i == 1 else _with_bias(base, 22 + i), global_scale=base.global_scale * (1 + i),
+                                 packed=torch.roll(base.packed, i, dims=0)) for i in range(3)]
+    proj = Projection([QLinear(w) for w in parts], [N] * 3, False)
+    assert proj.stacked is not None and proj.stacked.valid()
+    stacked_w = proj.stacked.stacked.dense
+    assert all(q._prepared.dense.untyped_storage().data_ptr() == stacked_w.untyped_storage().data_ptr()
+               for q in proj.parts)
+    for seed, rows in ((23, 1), (24, 9), (25, 33)):
+        x = torch.randn(rows, K, generator=torch.Generator().manual_seed(seed)) * 3
+        x[0, :16] = 0.0    # a zero block: its outputs' signs come from the products alone
+        y = proj(x)
+        want = torch.cat([nvfp4.reference_linear(x, w) for w in parts], dim=-1)
+        assert torch.equal(y.view(torch.int32), want.view(torch.int32))
+        assert torch.equal(y.view(torch.int32), torch.cat([q(x) for q in proj.parts], -1).view(torch.int32))
+    proj.parts[0].weight = parts[2]
+    assert not proj.stacked.valid()
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(26))
+    want = torch.cat([nvfp4.reference_linear(x, w) for w in (parts[2], parts[1], parts[2])], dim=-1)
+    assert torch.equal(proj(x).view(torch.int32), want.view(torch.int32))

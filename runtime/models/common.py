@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from vsr.runtime import fuse
-from vsr.runtime.linear import products_of_one_input, to_run_dtype
+from vsr.runtime.linear import products_of_one_input, stack_one_input, to_run_dtype
 
 
 class Projection(torch.nn.Module):
@@ -20,6 +20,7 @@ class Projection(torch.nn.Module):
         self.parts = torch.nn.ModuleList(linears)
         self.sizes = list(sizes)
         self.fused = fused
+        self.stacked = None if fused else stack_one_input(list(linears))   # CPU reference only
 
     @property
     def format(self) -> str:
@@ -32,6 +33,8 @@ class Projection(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
             return self.parts[0](x)
+        if self.stacked is not None and self.stacked.valid():
+            return self.stacked(x)
         return torch.cat(products_of_one_input(list(self.parts), x), dim=-1)
 
     def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
