@@ -15,7 +15,10 @@ record) with, per package:
   machine, in the same run, on the same ``speed_requests`` sentences, in
   alternating rounds (the median of each side), at the same batch size. Timings
   on a shared machine swing when another process takes a core; the ratio of
-  the two, measured side by side, is the figure to read.
+  the two, measured side by side, is the figure to read;
+* ``speed_vs_against``: requests/s over the ``against`` package's, timed in the
+  same alternating rounds (its engine kept loaded), with
+  ``against_requests_per_s`` the latter's figure in those rounds.
 
 A package the device refuses (FP8 and NVFP4 on a CPU) runs only when
 ``emulate=True`` is passed: the explicit emulation (reference numerics), and
@@ -165,6 +168,8 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
     st = _StRouter() if compare_st else None
     st_labels = builtin.labels()
 
+    against_engine = []   # the against package's engine, timed beside each other package
+
     def run(name):
         pkg, refusal = _open(name, device, emulate)
         if refusal is not None:
@@ -186,14 +191,22 @@ def evaluate(package_names, against: str = builtin.BASE, *, limit: int | None = 
             row.update(format=fmt[0], weights=fmt[1], activations=fmt[2])
         else:
             row.update(format="+".join(sorted(pkg.formats)))
+        if name == against:
+            against_engine.append(eng)
         if st is not None and eng.labels == st_labels:
-            ours, theirs = [], []
-            for _ in range(speed_rounds):  # alternate, so a load spike hits both sides alike
+            base = against_engine[0] if against_engine and name != against else None
+            ours, theirs, base_s = [], [], []
+            for _ in range(speed_rounds):  # alternate, so a load spike hits every side alike
                 theirs.append(_timed(st.choices, speed_texts))
                 ours.append(_timed(lambda t: eng.predict(t, top_k=1), speed_texts))
+                if base is not None:
+                    base_s.append(_timed(lambda t: base.predict(t, top_k=1), speed_texts))
             row["requests_per_s"] = len(speed_texts) / statistics.median(ours)
             row["st_requests_per_s"] = len(speed_texts) / statistics.median(theirs)
             row["speed_ratio_vs_st"] = row["requests_per_s"] / row["st_requests_per_s"]
+            if base_s:
+                row["against_requests_per_s"] = len(speed_texts) / statistics.median(base_s)
+                row["speed_vs_against"] = statistics.median(base_s) / statistics.median(ours)
         say(f"{name}: accuracy {row['accuracy']:.4f} ({eng.mode})")
         return row, choices
 
@@ -243,17 +256,18 @@ def _mode(r: dict) -> str:
 def format_table(record: dict) -> str:
     """The seeds' format table: Format | Weights | Activations | memory | Keeps | accuracy (+ speed)."""
     lines = ["| Format | Weights | Activations | Weight memory | Keeps of the answers | Accuracy "
-             "| Requests/s (sentence-transformers) | Mode |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| Requests/s (sentence-transformers) | vs --against | Mode |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in record["rows"]:
         if "refused" in r:
-            lines.append(f"| {r['package']} | | | | | refused: {r['refused']} | | |")
+            lines.append(f"| {r['package']} | | | | | refused: {r['refused']} | | | |")
             continue
         speed = (f"{r['requests_per_s']:.0f} ({r['st_requests_per_s']:.0f})"
                  if "requests_per_s" in r else "")
         keeps = f"{100 * r['agreement']:.2f}%" if "agreement" in r else ""
+        vs = f"{r['speed_vs_against']:.2f}x" if "speed_vs_against" in r else ""
         lines.append(f"| {r['package']} | {r.get('weights', r['format'])} | {r.get('activations', '')} "
-                     f"| {_mb(r['weight_bytes'])} | {keeps} | {r['accuracy']:.4f} | {speed} | {_mode(r)} |")
+                     f"| {_mb(r['weight_bytes'])} | {keeps} | {r['accuracy']:.4f} | {speed} | {vs} | {_mode(r)} |")
     return "\n".join(lines)
 
 

@@ -40,6 +40,17 @@ def test_record_of_the_base_package(cache, tmp_path):
     assert json.loads(path.read_text())["rows"][0]["accuracy"] == base["accuracy"]
 
 
+def test_speed_is_timed_beside_the_against_package(cache):
+    # The base package by its folder: another name, so its row is timed beside the base's engine.
+    folder = str(builtin.resolve(builtin.BASE))
+    rec = evaluate.evaluate([builtin.BASE, folder], limit=16, speed_requests=8, speed_rounds=2)
+    base, again = rec["rows"]
+    assert "speed_vs_against" not in base
+    assert again["against_requests_per_s"] > 0 and again["speed_vs_against"] > 0
+    assert again["speed_vs_against"] == pytest.approx(again["requests_per_s"] / again["against_requests_per_s"])
+    assert f"| {again['speed_vs_against']:.2f}x |" in evaluate.format_table(rec)
+
+
 def test_spread_subset_covers_many_intents():
     test = evaluate._test_split(80)
     assert len(test) == 80 and len({e.label for e in test}) >= 30
