@@ -277,11 +277,13 @@ def check_device_cmd(as_json, device):
                    "without it their rows record the refusal.")
 @click.option("--speed-requests", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Requests timed for requests per second.")
+@click.option("--speed-rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Alternating timing rounds per package (the median of each side is kept).")
 @click.option("--no-st", is_flag=True, help="Skip the sentence-transformers speed comparison.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads.")
 @reports_errors
 def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dtype, emulate, speed_requests,
-             no_st, threads):
+             speed_rounds, no_st, threads):
     """Measure PACKAGE... on the test split: accuracy, agreement with --against, weight memory, requests/s.
 
     Prints a table shaped like the seeds' format table (or the JSON record with --json).
@@ -291,7 +293,8 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
     except ImportError as e:
         raise PackageError(f"vsr-run eval needs vsr.runtime.evaluate, which is not available: {e}")
     record = ev.evaluate(list(packages), against=against, limit=limit, device=device, dtype=dtype,
-                         emulate=emulate, speed_requests=speed_requests, compare_st=not no_st, threads=threads,
+                         emulate=emulate, speed_requests=speed_requests, speed_rounds=speed_rounds,
+                         compare_st=not no_st, threads=threads,
                          progress=lambda msg: click.echo(f"vsr-run eval: {msg}", err=True))
     if json_out:
         from pathlib import Path
