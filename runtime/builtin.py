@@ -177,6 +177,17 @@ def _build(name: str, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def is_built(name: str) -> bool:
+    """Whether `name` is a built-in package built on this machine (False where its sources, the
+    encoder's wheel, are not installed)."""
+    if name not in _SPECS:
+        return False
+    try:
+        return package_dir(name).is_dir()
+    except metadata.PackageNotFoundError:
+        return False
+
+
 def package_dir(name: str) -> Path:
     """Where the built package of `name` lives (whether or not it is built yet)."""
     return cache_root() / "packages" / f"{_slug(name)}-{_build_key(name)}"
