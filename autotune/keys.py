@@ -125,8 +125,14 @@ def kernel_source_hash(template) -> str:
     stamp = hashlib.sha256(template.name.encode())
     for m in [*template.modules, *(sys.modules[d] for d in deps), sys.modules["vsr.kernels.template"],
               sys.modules[__name__]]:
-        stamp.update(m.__name__.encode() + b"\0" + Path(m.__file__).read_bytes())
+        stamp.update(_raw_source_digest(m.__name__, m.__file__).encode())
     return startup_memo.source_hash(stamp.hexdigest(), lambda: _source_hash(template, deps))
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_source_digest(name: str, path: str) -> str:
+    """sha256 of a module's name and file bytes, once per process (templates share modules)."""
+    return hashlib.sha256(name.encode() + b"\0" + Path(path).read_bytes()).hexdigest()
 
 
 def _source_hash(template, deps: list[str]) -> str:

@@ -3,7 +3,8 @@
 The service runs in a process of its own (vsr.runtime.service.run_service, the function `vsr-run
 serve` calls, on a free port; timing starts once /health says ready). At each concurrency level, C
 client workers (one keep-alive connection each, spread over --client-procs processes) send one
-held-out test sentence per call to POST /v1/classify back to back: requests per second over the level's wall time, and p50 / p99 of each call's latency (send to body read).
+held-out test sentence per call to POST /v1/classify back to back: requests per second over the
+level's wall time, and p50 / p99 of each call's latency (send to body read).
 Beside it, `in-process`: the same engine and the same Batcher (max batch, max wait, merging rule)
 driven by C asyncio tasks in this process (tokenize, submit, await), no HTTP. The client's own
 ceiling is measured at each level against a canned-answer server (a bare asyncio HTTP/1.1 server

@@ -43,8 +43,8 @@ _POS0 = torch.tensor(0.0)
 class Workspace(threading.local):
     """Per-thread scratch memory for the activations' [M, K] tensors, kept from call to call.
 
-    A fresh tensor of a few MB is new memory the OS maps on first touch: on 2 CPU cores that
-    costs an FP8 activation of [480, 1536] about three times its arithmetic (830 against 280 us).
+    A fresh tensor of a few MB is new memory the OS maps on first touch, which at the down
+    projection's [tokens, 1536] input costs more than the quantization's arithmetic.
     A tensor taken from a workspace is valid until the next take of its slot on this thread: the
     CPU reference consumes each activation (its products) before the next layer quantizes."""
 

@@ -33,7 +33,7 @@ class PreparedReference:
     """y = reference_linear(x, weight) from precomputed weight-side tensors: y = product(a, x) with
     a = activation(x), the per-call activation quantization (None: a is x). `activation_key`
     names what the activation step computes (None where there is none): references with equal
-    keys give the same `a` for one x, so parts over one input may quantize it once."""
+    keys give the same `a` for one x, so parts over one input may share it (stack_nvfp4_parts)."""
 
     def __init__(self, weight: Any, product: Callable[[Any, torch.Tensor], torch.Tensor], dense: torch.Tensor,
                  activation: Callable[[torch.Tensor], Any] | None = None, activation_key: Any = None):
@@ -124,8 +124,6 @@ def stack_nvfp4_parts(parts: list[PreparedReference], weights: list) -> tuple[Pr
     if len(parts) < 2 or any(p is None or p.format != "nvfp4" for p in parts):
         return None
     if any(not w.quantizes_activations for w in weights) or len({p.activation_key for p in parts}) != 1:
-        return None
-    if len({p.dense.shape[1] for p in parts}) != 1:
         return None
     W = torch.cat([p.dense for p in parts])
     alphas = [_nvfp4_alpha(w) for w in weights]

@@ -179,23 +179,6 @@ class QLinear(torch.nn.Module):
                 f"--miss-policy tune)") from e
 
 
-def products_of_one_input(linears: list, x: torch.Tensor) -> list[torch.Tensor]:
-    """[m(x) for m in linears]. On the CPU reference path, where every part's prepared reference
-    has one activation_key (NVFP4 W4A4 parts with one input_global_scale, kept apart by their
-    weight global scales), x is quantized once for all of them: the same bytes, since the
-    quantization depends on x and that key only."""
-    preps = [m.__dict__.get("_prepared") if isinstance(m, QLinear) else None for m in linears]
-    key = preps[0].activation_key if preps[0] is not None else None
-    if key is None or any(p is None or p.activation_key != key for p in preps[1:]):
-        return [m(x) for m in linears]
-    lead = x.shape[:-1]
-    rows = [m._rows(x) for m in linears]
-    if rows[0].shape[0] == 0:
-        return [x.new_empty(*lead, m.out_features) for m in linears]
-    a = preps[0].activation(rows[0])
-    return [p.product(a, r).reshape(*lead, m.out_features) for m, p, r in zip(linears, preps, rows)]
-
-
 class StackedProducts:
     """The CPU reference's one product for parts over one input that run apart on the GPU (NVFP4
     W4A4 parts whose weight global scales differ: dequantized.stack_nvfp4_parts): forward(x) ->

@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from vsr.runtime import fuse
-from vsr.runtime.linear import products_of_one_input, stack_one_input, to_run_dtype
+from vsr.runtime.linear import stack_one_input, to_run_dtype
 
 
 class Projection(torch.nn.Module):
@@ -20,7 +20,9 @@ class Projection(torch.nn.Module):
         self.parts = torch.nn.ModuleList(linears)
         self.sizes = list(sizes)
         self.fused = fused
-        self.stacked = None if fused else stack_one_input(list(linears))   # CPU reference only
+        # Parts that cannot share a weight may still run as one product on the CPU reference path
+        # (NVFP4 W4A4 parts with one input global scale: linear.stack_one_input).
+        self.stacked = None if fused else stack_one_input(list(linears))
 
     @property
     def format(self) -> str:
@@ -35,7 +37,7 @@ class Projection(torch.nn.Module):
             return self.parts[0](x)
         if self.stacked is not None and self.stacked.valid():
             return self.stacked(x)
-        return torch.cat(products_of_one_input(list(self.parts), x), dim=-1)
+        return torch.cat([m(x) for m in self.parts], dim=-1)
 
     def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The fused fp8 product of activations already quantized per row (QLinear.product_fp8)."""
