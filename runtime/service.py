@@ -208,13 +208,13 @@ class Service:
         tokens = sum(len(x) for x in ids)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         if want == "classify":
-            data = [{"index": i, "label": r["choice"], "probs": row.tolist(), "num_classes": len(self.engine.labels),
-                     "top": r["top"]} for i, (row, r) in enumerate(zip(answered.outputs, answered.results))]
+            # One tolist for the call's rows: iterating the tensor builds a view per row on the event loop.
+            data = [{"index": i, "label": r["choice"], "probs": row, "num_classes": len(self.engine.labels),
+                     "top": r["top"]} for i, (row, r) in enumerate(zip(answered.outputs.tolist(), answered.results))]
             return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                     "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
         data = []
-        for i, row in enumerate(answered.outputs):
-            vec = row.tolist()
+        for i, vec in enumerate(answered.outputs.tolist()):
             emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if fmt == "base64" else vec
             data.append({"object": "embedding", "index": i, "embedding": emb})
         return {"object": "list", "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
@@ -356,7 +356,10 @@ def run_service(cfg: ServeConfig, log=print) -> None:
     import tempfile
 
     import uvicorn
-    common = dict(host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=cfg.graceful_timeout_s)
+    # No access log and no proxy-header rewriting: both run on the event loop for every call, and
+    # nothing here reads the client's address (errors and metrics are the service's own).
+    common = dict(host=cfg.host, port=cfg.port, log_level="warning", access_log=False, proxy_headers=False,
+                  timeout_graceful_shutdown=cfg.graceful_timeout_s)
     if cfg.replicas <= 1:
         service = build_service(cfg)
         log(f"vsr-run serve: {service.pkg.name} revision {service.pkg.revision or '-'} "
