@@ -196,7 +196,7 @@ def run_http(url: str, texts: list[str], concurrency: int, requests: int, durati
 
 def run_in_process(engine, batcher_args: dict, texts: list[str], concurrency: int, requests: int,
                    duration: float | None, warmup: int, top_k: int = 3) -> dict:
-    """One level with the engine in this process: the service's Batcher, C tasks each submitting
+    """One level with the engine in this process: the service's Batcher, C tasks each tokenizing
     one text and awaiting its answer, as the service's handler does without HTTP."""
     from vsr.runtime.batcher import Batcher
 
@@ -205,7 +205,10 @@ def run_in_process(engine, batcher_args: dict, texts: list[str], concurrency: in
         batcher.start()
 
         async def call(i: int) -> bool:
-            answered = await batcher.submit([texts[i % len(texts)]], top_k)
+            ids, problems = engine.tokenizer.encode_each([texts[i % len(texts)]])
+            if problems[0] is not None:
+                return False
+            answered = await batcher.submit(ids, top_k)
             return len(answered.results) == 1
         try:
             return await closed_loop([call] * concurrency, requests, duration, warmup)

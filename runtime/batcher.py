@@ -1,11 +1,9 @@
 """The request merger of `vsr-run serve`: concurrent calls queue on the event loop and one worker
 thread runs the engine (an Engine is not thread-safe), a batch of calls at a time.
 
-A call is a list of texts and a top_k. The worker tokenizes a batch's texts in one pass (the
-tokenizers library releases the GIL while it works, so the event loop goes on serving), and a
-call with a text the model must not answer (empty, too long) fails alone with InputProblem,
-naming its first such input; no input of that call is answered. The queue holds at most
-`max_queue` calls; `submit` on a full queue raises QueueFull (the service's 503). The collector takes the calls that are waiting, whole calls only, up to `max_batch` rows,
+A call is a list of token-id rows (its inputs, already checked by the tokenizer) and a top_k. The
+queue holds at most `max_queue` calls; `submit` on a full queue raises QueueFull (the service's
+503). The collector takes the calls that are waiting, whole calls only, up to `max_batch` rows,
 and hands them to the worker thread. How their rows meet the engine is the merging rule:
 
 - "exact": each call is its own engine call, in CLI_CHUNK rows at a time, exactly as `vsr-run`
@@ -45,31 +43,20 @@ class Closed(Exception):
     """The batcher is draining or stopped and accepts no new calls."""
 
 
-class InputProblem(Exception):
-    """A call's input the model must not answer: `index` the first such input, `count` how many."""
-
-    def __init__(self, index: int, problem: str, count: int):
-        super().__init__(problem)
-        self.index, self.problem, self.count = index, problem, count
-
-
 @dataclass
 class Answered:
     """One call's outputs: its rows of the engine's output (probabilities or embeddings, fp32)
-    and the engine's per-row results ({"choice", "top"} or {"embedding"}), in input order, and
-    the tokens its inputs came to."""
+    and the engine's per-row results ({"choice", "top"} or {"embedding"}), in input order."""
     outputs: torch.Tensor
     results: list[dict]
-    tokens: int = 0
 
 
 @dataclass
 class _Call:
-    texts: list[str]
+    ids: list[list[int]]
     top_k: int
     future: asyncio.Future
     queued_at: float = field(default_factory=time.perf_counter)
-    ids: list[list[int]] | None = None   # set by the worker's tokenizer pass
 
 
 def answer_ids(engine, ids: list[list[int]], top_k: int) -> Answered:
@@ -106,14 +93,13 @@ class Batcher:
         """Calls waiting (not yet handed to the worker)."""
         return (self._queue.qsize() if self._queue else 0) + (self._carry is not None)
 
-    async def submit(self, texts: list[str], top_k: int) -> Answered:
-        """This call's answer; QueueFull when max_queue calls wait, Closed while draining,
-        InputProblem for a text the model must not answer."""
+    async def submit(self, ids: list[list[int]], top_k: int) -> Answered:
+        """This call's answer; QueueFull when max_queue calls wait, Closed while draining."""
         if self._closing or self._queue is None:
             raise Closed("the service is shutting down")
-        if not 1 <= len(texts) <= self.max_batch:
-            raise ValueError(f"a call has 1 to {self.max_batch} inputs, got {len(texts)}")
-        call = _Call(list(texts), top_k, asyncio.get_running_loop().create_future())
+        if not 1 <= len(ids) <= self.max_batch:
+            raise ValueError(f"a call has 1 to {self.max_batch} inputs, got {len(ids)}")
+        call = _Call(ids, top_k, asyncio.get_running_loop().create_future())
         try:
             self._queue.put_nowait(call)
         except asyncio.QueueFull:
@@ -154,7 +140,7 @@ class Batcher:
             first = await self._next(None)
             if first is None:
                 break
-            batch, rows = [first], len(first.texts)
+            batch, rows = [first], len(first.ids)
             deadline = loop.time() + (self.max_wait if self.merge == "shared" else 0.0)
             while rows < self.max_batch:
                 try:
@@ -164,11 +150,11 @@ class Batcher:
                 if call is None:
                     stop = True
                     break
-                if rows + len(call.texts) > self.max_batch:
+                if rows + len(call.ids) > self.max_batch:
                     self._carry = call
                     break
                 batch.append(call)
-                rows += len(call.texts)
+                rows += len(call.ids)
             self._observe_depth()
             await loop.run_in_executor(self._pool, self._run, batch, loop)
 
@@ -176,11 +162,10 @@ class Batcher:
         """On the worker thread: the engine call(s) of one batch; each call's future is resolved
         on the event loop."""
         started = time.perf_counter()
-        batch = self._tokenize(batch, loop)   # a call refused for its input is no engine work
-        if self.metrics is not None and batch:
-            self.metrics.batch(len(batch), sum(len(c.texts) for c in batch),
+        if self.metrics is not None:
+            self.metrics.batch(len(batch), sum(len(c.ids) for c in batch),
                                [started - c.queued_at for c in batch])
-        groups = [[c] for c in batch] if self.merge == "exact" else [batch] if batch else []
+        groups = [[c] for c in batch] if self.merge == "exact" else [batch]
         for group in groups:
             t0 = time.perf_counter()
             try:
@@ -203,25 +188,7 @@ class Batcher:
             if self.metrics is not None:
                 self.metrics.engine_call(sum(len(c.ids) for c in group), time.perf_counter() - t0)
             for c, part in zip(group, parts, strict=True):
-                part.tokens = sum(len(x) for x in c.ids)
                 loop.call_soon_threadsafe(_settle, c.future, part, None)
-
-    def _tokenize(self, batch: list[_Call], loop) -> list[_Call]:
-        """Every text of the batch in one tokenizer pass; the calls with a text the model must not
-        answer fail (InputProblem), the others come back with their ids."""
-        ids, problems = self.engine.tokenizer.encode_each([t for c in batch for t in c.texts])
-        kept, at = [], 0
-        for c in batch:
-            n = len(c.texts)
-            bad = [i for i, p in enumerate(problems[at:at + n]) if p is not None]
-            if bad:
-                err = InputProblem(bad[0], problems[at + bad[0]], len(bad))
-                loop.call_soon_threadsafe(_settle, c.future, None, err)
-            else:
-                c.ids = ids[at:at + n]
-                kept.append(c)
-            at += n
-        return kept
 
     def _observe_depth(self) -> None:
         if self.metrics is not None:

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from vsr.runtime.batcher import Batcher, Closed, InputProblem, QueueFull
+from vsr.runtime.batcher import Batcher, Closed, QueueFull
 
 CONFIG_ENV = "VSR_SERVE_CONFIG"   # the ServeConfig (JSON) each replica process reads
 WARMUP_TEXT = "turn on the kitchen lights"
@@ -146,10 +146,10 @@ class Service:
 
     async def start(self) -> None:
         self.batcher.start()
-        try:
-            await self.batcher.submit([WARMUP_TEXT], 1)
-        except InputProblem as e:
-            raise RuntimeError(f"the warm-up text cannot be answered: {e.problem}") from None
+        ids, problems = self.engine.tokenizer.encode_each([WARMUP_TEXT])
+        if problems[0] is not None:
+            raise RuntimeError(f"the warm-up text cannot be answered: {problems[0]}")
+        await self.batcher.submit(ids, 1)
         freeze_heap()
         self.state = "ready"
 
@@ -187,12 +187,15 @@ class Service:
         texts = _inputs(obj, self.cfg.max_batch)
         if self.state != "ready":
             raise HTTPFailure(503, "unavailable", f"the service is {self.state}", headers={"Retry-After": "1"})
+        ids, problems = self.engine.tokenizer.encode_each(texts)
+        bad = [(i, p) for i, p in enumerate(problems) if p is not None]
+        if bad:
+            i, p = bad[0]
+            more = f" (and {len(bad) - 1} more inputs)" if len(bad) > 1 else ""
+            raise HTTPFailure(422, "invalid_input", f"input {i}: {p}{more}; no input of this call was answered",
+                              index=i)
         try:
-            answered = await self.batcher.submit(texts, top_k)
-        except InputProblem as e:
-            more = f" (and {e.count - 1} more inputs)" if e.count > 1 else ""
-            raise HTTPFailure(422, "invalid_input", f"input {e.index}: {e.problem}{more}; no input of this call "
-                                                    "was answered", index=e.index) from None
+            answered = await self.batcher.submit(ids, top_k)
         except QueueFull as e:
             raise HTTPFailure(503, "queue_full", f"the queue is full ({e}); retry later",
                               headers={"Retry-After": "1"}) from None
@@ -202,7 +205,8 @@ class Service:
             raise HTTPFailure(500, "engine_error", f"the engine failed on this call's batch: "
                                                    f"{type(e).__name__}: {e}") from None
         self.metrics.inputs.inc(len(texts))
-        usage = {"prompt_tokens": answered.tokens, "total_tokens": answered.tokens}
+        tokens = sum(len(x) for x in ids)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         if want == "classify":
             # One tolist for the call's rows: iterating the tensor builds a view per row on the event loop.
             data = [{"index": i, "label": r["choice"], "probs": row, "num_classes": len(self.engine.labels),

@@ -307,25 +307,6 @@ def test_shared_merging_agrees_with_the_answer_alone(engine):
         assert max(abs(a - b) for a, b in zip(got["probs"], probs[0])) < 1e-5
 
 
-def test_a_bad_input_merged_into_a_batch_fails_its_call_alone(engine):
-    """The worker tokenizes a merged batch in one pass: a call with an empty text gets its 422
-    (naming the input) and the calls merged with it get their answers and token counts."""
-    bodies = [{"input": [TEXTS[i], "" if i % 4 == 1 else TEXTS[i + 1]]} for i in range(16)]
-    with InProcessServer(service_over(engine, max_batch=32, max_wait_ms=20, merge="shared")) as s:
-        responses = asyncio.run(post_all(s.url, bodies))
-        assert metric(s.url, "vsr_batch_calls_sum") > metric(s.url, "vsr_batch_calls_count")   # merged
-    for body, r in zip(bodies, responses, strict=True):
-        if body["input"][1] == "":
-            err = r.json()["error"]
-            assert r.status_code == 422 and err["index"] == 1 and "no input of this call" in err["message"]
-            continue
-        assert r.status_code == 200, r.text
-        got = r.json()
-        assert [d["label"] for d in got["data"]] == [x["choice"] for x in alone(engine, body["input"])[1]]
-        tokens = sum(len(x) for x in engine.tokenizer.encode_checked(body["input"]))
-        assert got["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
-
-
 def test_embeddings_for_a_package_without_a_head():
     from vsr.runtime.service import ServeConfig, build_service
     service = build_service(ServeConfig(package=str(minilm_dir()), allow_unverified=True, device="cpu"))
