@@ -22,7 +22,7 @@ each met or missed, printed with the table last.
 
     python benchmarks/bench_serve.py [--device cuda] [--package vsr/intent-minilm] [--concurrency 1,8,64,256]
         [--requests 2000 | --duration S] [--max-batch 64] [--max-wait-ms 2] [--merge shared]
-        [--replicas 1] [--client-procs 1] [--texts-file FILE] [--out FILE|DIR]
+        [--replicas 1] [--http-workers W] [--client-procs 1] [--texts-file FILE] [--out FILE|DIR]
     python benchmarks/bench_serve.py --write-texts texts.jsonl   # the sentences, for --texts-file elsewhere
 """
 from __future__ import annotations
@@ -367,7 +367,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--merge", choices=["exact", "shared"], default="shared")
-    ap.add_argument("--replicas", type=int, default=1, help="the service's engine processes (uvicorn workers)")
+    ap.add_argument("--replicas", type=int, default=1, help="the service's engine processes")
+    ap.add_argument("--http-workers", type=int, default=None,
+                    help="the service's HTTP worker processes (default: vsr-run serve's for --replicas)")
     ap.add_argument("--client-procs", type=int, default=1, help="client processes sharing each level's workers")
     ap.add_argument("--client", choices=["aiohttp", "httpx"], default=None,
                     help="the HTTP client library (default: aiohttp where installed, else httpx)")
@@ -413,8 +415,11 @@ def main(argv=None) -> int:
     from vsr.runtime.service import freeze_heap
     freeze_heap()
     device_name = torch.cuda.get_device_name(torch.device(device)) if kind == "cuda" else f"cpu ({cpu_model()})"
+    from vsr.runtime.service import default_http_workers
+    http_workers = args.http_workers or default_http_workers(args.replicas)
     cfg = {"package": args.package, "device": device, "allow_unverified": args.allow_unverified,
-           "autotune_cache": args.autotune_cache, "replicas": args.replicas, **batcher_args}
+           "autotune_cache": args.autotune_cache, "replicas": args.replicas, "http_workers": http_workers,
+           **batcher_args}
     log_path = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "service.log"
     proc, url = start_service(cfg, log_path)
     # The client's own ceiling: the same clients against the canned server, at each level.
@@ -433,7 +438,7 @@ def main(argv=None) -> int:
                      **run_in_process(engine, batcher_args, texts, c, args.requests, args.duration, warm(c))}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-            r = {**common, "concurrency": c, "provider": "http", "replicas": args.replicas,
+            r = {**common, "concurrency": c, "provider": "http", "replicas": args.replicas, "http_workers": http_workers,
                  **run_http(url, texts, c, args.requests, args.duration, warm(c), args.client_procs, args.client)}
             ceiling = run_http(canned_url, texts, c, args.requests, args.duration, warm(c), args.client_procs,
                                args.client)
@@ -455,7 +460,7 @@ def main(argv=None) -> int:
         "commit": code_commit(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
         "package": pkg.name, "package_formats": sorted(pkg.formats), "requests": args.requests,
         "duration_s": args.duration, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-        "merge": args.merge, "replicas": args.replicas, "client_procs": args.client_procs,
+        "merge": args.merge, "replicas": args.replicas, "http_workers": http_workers, "client_procs": args.client_procs,
         "client": client_version(args.client), "texts": len(texts),
         "texts_source": Path(args.texts_file).name if args.texts_file else "the intents' test split",
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},

@@ -330,7 +330,10 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None,
               help="As for `vsr-run --cuda-graphs/--no-cuda-graphs` (default: on for a GPU).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Engine processes behind the one port (uvicorn workers), one per GPU in turn.")
+              help="Engine processes behind the one port, one per GPU in turn (with --ray: Ray Serve replicas).")
+@click.option("--http-workers", type=click.IntRange(min=1), default=None,
+              help="uvicorn worker processes on the port (HTTP, JSON, tokenizing), each handing its calls to "
+                   "the engine processes [default: 1 with one replica, else 2 per replica up to the CPUs].")
 @click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
               help="Most texts per batch the engine worker takes (and per call).")
 @click.option("--max-wait-ms", type=click.FloatRange(min=0), default=2.0, show_default=True,
@@ -356,7 +359,7 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
               help="--ray on a GPU: each replica's share of a GPU (0.5: two replicas share one).")
 @reports_errors
 def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss_policy, allow_unverified, emulate,
-              cuda_graphs, replicas, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name,
+              cuda_graphs, replicas, http_workers, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name,
               use_ray, ray_address, autoscale, gpus_per_replica):
     """Serve PACKAGE over HTTP: POST /v1/classify, /v1/embeddings; GET /v1/models, /health, /metrics.
 
@@ -366,15 +369,16 @@ def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss
     if cuda_graphs and parse_device(device).type != "cuda":
         raise click.UsageError(f"--cuda-graphs needs a CUDA device (the device is {parse_device(device)})")
     try:
-        from vsr.runtime.service import ServeConfig, run_service
+        from vsr.runtime.service import ServeConfig, default_http_workers, run_service
     except ImportError as e:
         raise click.UsageError(f"vsr-run serve needs Starlette, uvicorn and prometheus-client "
                                f"(pip install 'vsr[serve]'): {e}")
     cfg = ServeConfig(package=package, host=host, port=port, revision=revision, dtype=dtype,
                       device=str(parse_device(device)) if device else None, autotune_cache=autotune_cache,
                       miss_policy=miss_policy, allow_unverified=allow_unverified, emulate=emulate,
-                      cuda_graphs=cuda_graphs, replicas=replicas, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                      max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes, top_k=top_k,
+                      cuda_graphs=cuda_graphs, replicas=replicas,
+                      http_workers=http_workers or default_http_workers(replicas), max_batch=max_batch,
+                      max_wait_ms=max_wait_ms, max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes, top_k=top_k,
                       served_name=served_name)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if not use_ray:
@@ -382,6 +386,8 @@ def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss
             raise click.UsageError("--ray-address and --autoscale need --ray")
         run_service(cfg, log=log)
         return
+    if http_workers:
+        raise click.UsageError("--http-workers is for the service without --ray (Ray Serve runs its own HTTP proxy)")
     try:
         from vsr.runtime import ray_deployment as rd
     except ImportError as e:

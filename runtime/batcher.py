@@ -45,10 +45,16 @@ class Closed(Exception):
 
 @dataclass
 class Answered:
-    """One call's outputs: its rows of the engine's output (probabilities or embeddings, fp32)
-    and the engine's per-row results ({"choice", "top"} or {"embedding"}), in input order."""
-    outputs: torch.Tensor
-    results: list[dict]
+    """One call's outputs: its rows of the engine's output (probabilities or embeddings, fp32; a
+    tensor, or the rows as lists of floats where they came from an engine process) and the
+    engine's per-row results ({"choice", "top"} or {"embedding"}; None where the batcher was asked
+    for outputs only), in input order; `replica` the engine process that answered, if any."""
+    outputs: torch.Tensor | list[list[float]]
+    results: list[dict] | None
+    replica: int | None = None
+
+    def rows(self) -> list[list[float]]:
+        return self.outputs if isinstance(self.outputs, list) else self.outputs.tolist()
 
 
 @dataclass
@@ -59,22 +65,23 @@ class _Call:
     queued_at: float = field(default_factory=time.perf_counter)
 
 
-def answer_ids(engine, ids: list[list[int]], top_k: int) -> Answered:
+def answer_ids(engine, ids: list[list[int]], top_k: int, *, results: bool = True) -> Answered:
     """The engine's answer to these rows as `vsr-run` computes it: CLI_CHUNK rows per engine
-    call, each through Engine.answer's own path (forward of the token ids, then its results)."""
+    call, each through Engine.answer's own path (forward of the token ids, then its results,
+    unless `results` is False)."""
     outs = [engine._forward_ids(ids[i:i + CLI_CHUNK]) for i in range(0, len(ids), CLI_CHUNK)]
     y = torch.cat(outs) if len(outs) > 1 else outs[0]
-    return Answered(y, engine._results(y, top_k))
+    return Answered(y, engine._results(y, top_k) if results else None)
 
 
 class Batcher:
     def __init__(self, engine, *, max_batch: int = 64, max_wait_ms: float = 2.0, max_queue: int = 1024,
-                 merge: str = "exact", metrics=None):
+                 merge: str = "exact", metrics=None, results: bool = True):
         if merge not in MERGE_RULES:
             raise ValueError(f"merge rule {merge!r} is not one of {', '.join(MERGE_RULES)}")
         if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("max_batch and max_queue must be at least 1 and max_wait_ms not negative")
-        self.engine, self.merge, self.metrics = engine, merge, metrics
+        self.engine, self.merge, self.metrics, self.results = engine, merge, metrics, results
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self._queue: asyncio.Queue | None = None
         self._carry: _Call | None = None   # a call that did not fit the last batch: first in the next
@@ -95,6 +102,11 @@ class Batcher:
 
     async def submit(self, ids: list[list[int]], top_k: int) -> Answered:
         """This call's answer; QueueFull when max_queue calls wait, Closed while draining."""
+        return await self.enqueue(ids, top_k)
+
+    def enqueue(self, ids: list[list[int]], top_k: int) -> asyncio.Future:
+        """submit without the await: the future of this call's answer (QueueFull and Closed are
+        raised here)."""
         if self._closing or self._queue is None:
             raise Closed("the service is shutting down")
         if not 1 <= len(ids) <= self.max_batch:
@@ -105,7 +117,7 @@ class Batcher:
         except asyncio.QueueFull:
             raise QueueFull(f"{self.max_queue} calls are waiting") from None
         self._observe_depth()
-        return await call.future
+        return call.future
 
     async def close(self) -> None:
         """Accept nothing more, answer every call already accepted, stop the worker thread."""
@@ -170,14 +182,13 @@ class Batcher:
             t0 = time.perf_counter()
             try:
                 if len(group) == 1:
-                    parts = [answer_ids(self.engine, group[0].ids, group[0].top_k)]
-                else:
-                    merged = answer_ids(self.engine, [r for c in group for r in c.ids],
-                                        max(c.top_k for c in group))
+                    parts = [answer_ids(self.engine, group[0].ids, group[0].top_k, results=self.results)]
+                else:   # one forward for the group; each call's results at its own top_k
+                    merged = answer_ids(self.engine, [r for c in group for r in c.ids], 1, results=False)
                     parts, at = [], 0
                     for c in group:
                         y = merged.outputs[at:at + len(c.ids)]
-                        parts.append(Answered(y, self.engine._results(y, c.top_k)))
+                        parts.append(Answered(y, self.engine._results(y, c.top_k) if self.results else None))
                         at += len(c.ids)
             except Exception as e:   # the engine's failure is this group's answer, not the worker's end
                 if self.metrics is not None:

@@ -247,16 +247,23 @@ class Engine:
         return out
 
     def _results(self, y: torch.Tensor, top_k: int) -> list[dict]:
-        if self.labels is None:
-            return [{"embedding": row.tolist()} for row in y]
-        k = max(1, min(int(top_k), len(self.labels)))
-        res = []
-        for row in y.tolist():   # Python floats once (the exact fp32 values), not a tensor index per label
-            # Ties broken by label index (stable sort), so the answer never depends on the sort kernel.
-            order = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
-            top = [[self.labels[j], row[j]] for j in order]
-            res.append({"choice": top[0][0], "top": top})
-        return res
+        # Python floats once (the exact fp32 values), not a tensor index per label
+        return row_results(self.labels, y.tolist(), top_k)
+
+
+def row_results(labels: list[str] | None, rows: list[list[float]], top_k: int) -> list[dict]:
+    """Engine.predict's dicts of output rows given as lists of floats: {"choice", "top"} for a
+    classifier (the top_k labels by probability), {"embedding"} without labels."""
+    if labels is None:
+        return [{"embedding": row} for row in rows]
+    k = max(1, min(int(top_k), len(labels)))
+    res = []
+    for row in rows:
+        # Ties broken by label index (stable sort), so the answer never depends on the sort kernel.
+        order = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+        top = [[labels[j], row[j]] for j in order]
+        res.append({"choice": top[0][0], "top": top})
+    return res
 
 
 def _use_kernel_bundle(resolver) -> str | None:

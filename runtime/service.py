@@ -11,9 +11,10 @@ over max_batch inputs; 422 an empty or over-long text, with "index" (no input of
 answered); 503 a full queue (Retry-After) or a service still loading or draining; 500 an engine
 failure, for the calls of that engine call only.
 
-Replicas (`--replicas N`): uvicorn's own worker processes share the one port; each builds its app
-through app_from_env, claims the lowest free replica slot (a filelock held for the process's life)
-and runs its engine on GPU slot % GPUs (or on the CPU), loading tiles from the one autotune cache.
+Replicas and HTTP workers (`--replicas N --http-workers W`, either above 1): N engine processes
+(vsr.runtime.engine_server; replica i on GPU i % GPUs, or on the CPU, loading tiles from the one
+autotune cache) behind W uvicorn worker processes on the one port, each worker building its app
+through app_from_env and handing its calls' token ids to the engines.
 """
 from __future__ import annotations
 
@@ -61,7 +62,11 @@ class ServeConfig:
     top_k: int = 3
     served_name: str | None = None   # the "model" name callers use (default: the package's name)
     graceful_timeout_s: float = 30.0
-    slots_dir: str | None = None     # replicas: where their slot locks live
+    http_workers: int = 1            # uvicorn worker processes (HTTP, JSON, tokenizing) on the port
+    # Set by run_service for the workers of a split service: the engines' sockets and what the
+    # parent's checks found in the package (a worker neither opens the package again nor the GPU).
+    engine_sockets: list[str] | None = None
+    package_card: dict | None = None
 
 
 class HTTPFailure(Exception):
@@ -130,22 +135,36 @@ class Service:
     """The engine, its batcher and metrics, and what the endpoints say about them."""
 
     def __init__(self, engine, pkg, cfg: ServeConfig, *, replica: int | str | None = None,
-                 device: str | None = None):
+                 device: str | None = None, batcher=None, results: bool = True):
+        """`batcher`: in place of a Batcher over `engine` (a split service's worker passes
+        engine_server.RemoteBatcher); `results` False: the batcher answers output rows only
+        (an engine process, whose workers pick the top labels)."""
         from vsr.runtime.service_metrics import ServiceMetrics
         self.engine, self.pkg, self.cfg, self.replica = engine, pkg, cfg, replica
-        self.device = device or str(engine.device)
+        self._device = device
         self.name = cfg.served_name or pkg.name
         self.metrics = ServiceMetrics()
-        self.batcher = Batcher(engine, max_batch=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                               max_queue=cfg.max_queue, merge=cfg.merge, metrics=self.metrics)
+        self.batcher = batcher or Batcher(engine, max_batch=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
+                                          max_queue=cfg.max_queue, merge=cfg.merge, metrics=self.metrics,
+                                          results=results)
         self.state = "loading"   # -> "ready" after the warm-up answer -> "draining" at shutdown
 
     @property
     def task(self) -> str:
         return "classify" if self.engine.labels is not None else "embed"
 
+    @property
+    def device(self) -> str:
+        return self._device or str(self.engine.device)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and getattr(self.batcher, "available", True)
+
     async def start(self) -> None:
-        self.batcher.start()
+        started = self.batcher.start()
+        if started is not None:   # a RemoteBatcher connects to its engines
+            await started
         ids, problems = self.engine.tokenizer.encode_each([WARMUP_TEXT])
         if problems[0] is not None:
             raise RuntimeError(f"the warm-up text cannot be answered: {problems[0]}")
@@ -167,7 +186,8 @@ class Service:
                 "support": pkg.support, "task": self.task, "labels": self.engine.labels,
                 "max_tokens": self.engine.tokenizer.limit, "merge": self.cfg.merge, "max_batch": self.cfg.max_batch}
 
-    async def answer(self, request, endpoint: str):
+    async def answer(self, request, endpoint: str) -> tuple[dict, int | str | None]:
+        """The call's response body, and the replica that answered it (None: this process's)."""
         obj = await _read_json(request, self.cfg.max_body_bytes)
         model = obj.get("model")
         if model is not None and model not in (self.name, self.pkg.name):
@@ -210,14 +230,15 @@ class Service:
         if want == "classify":
             # One tolist for the call's rows: iterating the tensor builds a view per row on the event loop.
             data = [{"index": i, "label": r["choice"], "probs": row, "num_classes": len(self.engine.labels),
-                     "top": r["top"]} for i, (row, r) in enumerate(zip(answered.outputs.tolist(), answered.results))]
-            return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                    "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
+                     "top": r["top"]} for i, (row, r) in enumerate(zip(answered.rows(), answered.results))]
+            return ({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                     "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}, answered.replica)
         data = []
-        for i, vec in enumerate(answered.outputs.tolist()):
+        for i, vec in enumerate(answered.rows()):
             emb = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if fmt == "base64" else vec
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        return {"object": "list", "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage}
+        return ({"object": "list", "model": self.name, "mode": self.engine.mode, "data": data, "usage": usage},
+                answered.replica)
 
 
 def create_app(service: Service):
@@ -239,7 +260,8 @@ def create_app(service: Service):
     async def handle(request: Request, endpoint: str):
         t0 = time.perf_counter()
         try:
-            resp = JSONResponse(await service.answer(request, endpoint), headers=replica_header)
+            body, replica = await service.answer(request, endpoint)
+            resp = JSONResponse(body, headers=replica_header if replica is None else {"x-vsr-replica": str(replica)})
         except HTTPFailure as err:
             m.errors.labels(err.kind).inc()
             resp = _error_response(err)
@@ -259,7 +281,7 @@ def create_app(service: Service):
         return JSONResponse({"object": "list", "data": [service.model_card()]}, headers=replica_header)
 
     async def health(request: Request):
-        ready = service.state == "ready"
+        ready = service.ready
         m.requests.labels("/health", "200" if ready else "503").inc()
         return JSONResponse({"status": service.state, "model": service.name, "mode": service.engine.mode,
                              "queue_depth": service.batcher.depth}, status_code=200 if ready else 503,
@@ -292,14 +314,20 @@ def resolve_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_service(cfg: ServeConfig, *, replica: int | str | None = None, device: str | None = None) -> Service:
+def build_service(cfg: ServeConfig, *, replica: int | str | None = None, device: str | None = None,
+                  results: bool = True) -> Service:
     """Open the package with every check vsr-run makes and load its engine (vsr.runtime.load)."""
     from vsr.runtime.load import open_engine
     dev = device or resolve_device(cfg.device)
     pkg, engine = open_engine(cfg.package, device=dev, revision=cfg.revision, allow_unverified=cfg.allow_unverified,
                               dtype=cfg.dtype, emulate=cfg.emulate, autotune_cache=cfg.autotune_cache,
                               miss_policy=cfg.miss_policy, cuda_graphs=cfg.cuda_graphs)
-    return Service(engine, pkg, cfg, replica=replica, device=dev)
+    return Service(engine, pkg, cfg, replica=replica, device=dev, results=results)
+
+
+def default_http_workers(replicas: int) -> int:
+    """One HTTP worker with one replica (a single process); else two per replica, at most one per CPU."""
+    return 1 if replicas <= 1 else max(1, min(2 * replicas, os.cpu_count() or 1))
 
 
 def replica_device(cfg: ServeConfig, slot: int) -> str:
@@ -312,32 +340,19 @@ def replica_device(cfg: ServeConfig, slot: int) -> str:
     return f"cuda:{slot % torch.cuda.device_count()}"
 
 
-_SLOT_LOCK = None   # this process's replica slot lock, held until it exits
-
-
-def _claim_slot(slots_dir: str, replicas: int) -> int:
-    """The lowest replica slot no live process holds (a filelock per slot: a replica that dies
-    releases its slot, and uvicorn's replacement process takes it)."""
-    global _SLOT_LOCK
-    from filelock import FileLock, Timeout
-    for _ in range(600):
-        for slot in range(replicas):
-            lock = FileLock(str(Path(slots_dir) / f"replica-{slot}.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue
-            _SLOT_LOCK = lock
-            return slot
-        time.sleep(0.1)
-    raise RuntimeError(f"no free replica slot of {replicas} in {slots_dir}")
-
-
 def app_from_env():
-    """uvicorn's app factory for a replica process: the ServeConfig from VSR_SERVE_CONFIG."""
+    """uvicorn's app factory for a worker process of a split service: the ServeConfig from
+    VSR_SERVE_CONFIG, the package's tokenizer, and the engine processes' sockets."""
+    from types import SimpleNamespace
+
+    from vsr.runtime.engine_server import RemoteBatcher, RemoteEngine
+    from vsr.runtime.tokenize import PackageTokenizer
     cfg = ServeConfig(**json.loads(os.environ[CONFIG_ENV]))
-    slot = _claim_slot(cfg.slots_dir, cfg.replicas)
-    return create_app(build_service(cfg, replica=slot, device=replica_device(cfg, slot)))
+    card = cfg.package_card
+    pkg = SimpleNamespace(**{**card, "formats": set(card["formats"])})
+    engine = RemoteEngine(PackageTokenizer(card["path"], card["config"]))
+    batcher = RemoteBatcher(cfg.engine_sockets, engine, max_batch=cfg.max_batch)
+    return create_app(Service(engine, pkg, cfg, batcher=batcher))
 
 
 def _stop_quietly_after_drain() -> None:
@@ -350,9 +365,10 @@ def _stop_quietly_after_drain() -> None:
 
 def run_service(cfg: ServeConfig, log=print) -> None:
     """Check and load, then serve until SIGTERM/SIGINT (uvicorn's graceful shutdown: stop
-    accepting, answer what was accepted, exit). One replica loads its engine here, before the port
-    opens; with several, this process opens the package (every check, no weights) before the port
-    opens and each replica process loads its own engine."""
+    accepting, answer what was accepted, exit). One replica with one HTTP worker loads its engine
+    here, before the port opens. Otherwise this process opens the package (every check, no
+    weights), starts the engine processes and waits until each has answered its warm-up call, then
+    opens the port with the HTTP workers; once they have drained, the engines stop."""
     import tempfile
 
     import uvicorn
@@ -360,7 +376,7 @@ def run_service(cfg: ServeConfig, log=print) -> None:
     # nothing here reads the client's address (errors and metrics are the service's own).
     common = dict(host=cfg.host, port=cfg.port, log_level="warning", access_log=False, proxy_headers=False,
                   timeout_graceful_shutdown=cfg.graceful_timeout_s)
-    if cfg.replicas <= 1:
+    if cfg.replicas <= 1 and cfg.http_workers <= 1:
         service = build_service(cfg)
         log(f"vsr-run serve: {service.pkg.name} revision {service.pkg.revision or '-'} "
             f"(identity {service.pkg.identity_status}); formats {', '.join(sorted(service.pkg.formats))}; "
@@ -369,16 +385,27 @@ def run_service(cfg: ServeConfig, log=print) -> None:
         _stop_quietly_after_drain()
         uvicorn.run(create_app(service), **common)
         return
+    from vsr.runtime.engine_server import EngineProcesses
     from vsr.runtime.package import open_package
     dev = resolve_device(cfg.device)
     pkg = open_package(cfg.package, revision=cfg.revision, allow_unverified=cfg.allow_unverified, device=dev,
                        emulate=cfg.emulate)
+    # Private to this user: the engines' sockets take pickled frames from whoever can connect.
     with tempfile.TemporaryDirectory(prefix="vsr-serve-") as tmp:
         os.makedirs(Path(tmp) / "metrics")
-        os.makedirs(Path(tmp) / "slots")
-        cfg.slots_dir = str(Path(tmp) / "slots")
-        os.environ[CONFIG_ENV] = json.dumps(asdict(cfg))
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tmp) / "metrics")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Path(tmp) / "metrics")   # before any process starts
+        engines = EngineProcesses(json.dumps(asdict(cfg)), cfg.replicas, Path(tmp), log=log)
         log(f"vsr-run serve: {pkg.name} revision {pkg.revision or '-'} (identity {pkg.identity_status}); "
-            f"{cfg.replicas} replicas on {dev}; http://{cfg.host}:{cfg.port}")
-        uvicorn.run("vsr.runtime.service:app_from_env", factory=True, workers=cfg.replicas, **common)
+            f"loading {cfg.replicas} engine process(es) on {dev}")
+        cards = engines.start()
+        try:
+            cfg.engine_sockets = engines.paths
+            cfg.package_card = {"name": pkg.name, "revision": pkg.revision, "identity_status": pkg.identity_status,
+                                "formats": sorted(pkg.formats), "support": pkg.support, "path": str(pkg.path),
+                                "config": pkg.config}
+            os.environ[CONFIG_ENV] = json.dumps(asdict(cfg))
+            log(f"vsr-run serve: mode {cards[0]['mode']}; engines on {', '.join(c['device'] for c in cards)}; "
+                f"{cfg.http_workers} HTTP worker(s); http://{cfg.host}:{cfg.port}")
+            uvicorn.run("vsr.runtime.service:app_from_env", factory=True, workers=cfg.http_workers, **common)
+        finally:
+            engines.stop()

@@ -7,6 +7,7 @@ wrapped engine; the drain and the replicas get processes of their own.
 import asyncio
 import base64
 import json
+import os
 import signal
 import socket
 import struct
@@ -328,10 +329,10 @@ def test_embeddings_for_a_package_without_a_head():
 
 # ---- processes of their own ---------------------------------------------------------------
 
-def _sigterm_under_load(bodies):
+def _sigterm_under_load(bodies, args=(), warmups=1):
     """Start a server, send every call, SIGTERM once all are accepted: (exit status, how many calls
-    were answered after the signal, the responses)."""
-    proc, url = start_server("--max-batch", "4")
+    were answered after the signal, the responses). `warmups`: the warm-up calls its engines answer."""
+    proc, url = start_server("--max-batch", "4", *args)
     done = []
 
     async def drive():
@@ -342,7 +343,7 @@ def _sigterm_under_load(bodies):
                 return r
             tasks = [asyncio.ensure_future(one(b)) for b in bodies]
             # Every call accepted (taken by the worker, less its warm-up call, or queued):
-            while metric(url, "vsr_batch_calls_sum") - 1 + metric(url, "vsr_queue_depth") < len(bodies):
+            while metric(url, "vsr_batch_calls_sum") - warmups + metric(url, "vsr_queue_depth") < len(bodies):
                 await asyncio.sleep(0.02)
             sent_at = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -352,12 +353,14 @@ def _sigterm_under_load(bodies):
     return proc.wait(timeout=60), sum(t > sent_at for t in done), responses
 
 
-def test_sigterm_answers_every_accepted_call_then_exits_0(engine):
+@pytest.mark.parametrize("args,warmups", [((), 1), (("--http-workers", "2"), 3)], ids=["one-process", "split"])
+def test_sigterm_answers_every_accepted_call_then_exits_0(engine, args, warmups):
+    """In one process, and split (the HTTP workers drain before the engine process stops)."""
     bodies = [{"input": [TEXTS[(5 * i + j) % len(TEXTS)] for j in range(4)]} for i in range(96)]
     # The server may answer the last accepted calls before the signal lands (a race with the
     # client's polling): a run counts once calls were still waiting; a few runs make one likely.
     for _ in range(4):
-        status, after, responses = _sigterm_under_load(bodies)
+        status, after, responses = _sigterm_under_load(bodies, args, warmups)
         assert status == 0
         for body, r in zip(bodies, responses, strict=True):
             assert not isinstance(r, Exception), r
@@ -369,7 +372,7 @@ def test_sigterm_answers_every_accepted_call_then_exits_0(engine):
 
 
 def test_replicas_share_one_port(engine):
-    proc, url = start_server("--replicas", "2", timeout=180)
+    proc, url = start_server("--replicas", "2", "--http-workers", "2", timeout=180)
     try:
         seen, answered = set(), 0
         for _ in range(20):
@@ -382,7 +385,61 @@ def test_replicas_share_one_port(engine):
             if seen == {"0", "1"}:
                 break
         assert seen == {"0", "1"}
-        # the replicas' metrics, summed (prometheus-client's multiprocess mode); +2: their warm-ups
-        assert metric(url, "vsr_batch_rows_sum") == answered + 2
+        card = httpx.get(url + "/v1/models").json()["data"][0]
+        assert card["mode"] == "reference" and card["device"] == "cpu" and card["dtype"] == "float32"
+        # every process's metrics, summed (prometheus-client's multiprocess mode); +4: the warm-ups
+        # of the 2 engines and of the 2 HTTP workers (each answers one through an engine)
+        assert metric(url, "vsr_batch_rows_sum") == answered + 4
+        assert metric(url, "vsr_requests_total") >= answered
+    finally:
+        assert stop(proc) == 0
+
+
+def _engine_process(root: int, slot: int = 0) -> int:
+    """The pid of the process serving engine socket `slot` among root's children (Linux /proc: the
+    process holding a socket bound to that path; the HTTP workers' ends of it have no path)."""
+    with open("/proc/net/unix") as f:
+        inodes = {f"socket:[{line.split()[6]}]" for line in f if line.rstrip().endswith(f"engine-{slot}.sock")}
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if not d.isdigit() or int(f.read().rsplit(")", 1)[1].split()[1]) != root:
+                    continue
+            if any(os.readlink(f"/proc/{d}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{d}/fd")):
+                return int(d)
+        except OSError:
+            continue
+    raise AssertionError(f"no child of {root} serves engine socket {slot}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the engine process through /proc")
+def test_http_workers_share_one_engine_and_survive_its_death(engine):
+    """Two HTTP workers in front of one engine process: shared merging answers every call as the
+    merged engine call would (within rounding) and top_k is each call's own; an engine process
+    killed mid-service makes calls 503 (never a wrong answer), and the restarted engine answers."""
+    proc, url = start_server("--http-workers", "2", "--merge", "shared", timeout=180)
+    try:
+        bodies = [{"input": [TEXTS[i % len(TEXTS)], TEXTS[(i + 7) % len(TEXTS)]], "top_k": 1 + i % 4}
+                  for i in range(24)]
+        for body, r in zip(bodies, asyncio.run(post_all(url, bodies)), strict=True):
+            assert r.status_code == 200, r.text
+            assert r.headers["x-vsr-replica"] == "0"
+            want, results = alone(engine, body["input"], body["top_k"])
+            for d, row, res in zip(r.json()["data"], want, results, strict=True):
+                assert len(d["top"]) == body["top_k"] and d["label"] == res["choice"]
+                assert max(abs(a - b) for a, b in zip(d["probs"], row, strict=True)) < 1e-5
+        engine_pid = _engine_process(proc.pid)
+        os.kill(engine_pid, signal.SIGKILL)
+        codes = set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            r = httpx.post(url + "/v1/classify", json={"input": "turn on the kitchen lights"}, timeout=30)
+            codes.add(r.status_code)
+            if r.status_code == 200:
+                break
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            time.sleep(0.2)
+        assert 503 in codes   # the calls between the engine's death and its restart
+        assert r.status_code == 200 and r.json()["data"][0]["probs"] == alone(engine, ["turn on the kitchen lights"])[0][0]
     finally:
         assert stop(proc) == 0
