@@ -13,8 +13,10 @@ and hands them to the worker thread. How their rows meet the engine is the mergi
   batch with: measured with MKL's fp32 GEMM, any second row changes a row's probabilities by up
   to 1e-6, even at the same token count. Only this rule gives every caller the CLI's bytes.
 - "shared": the rows of every call in the batch form one engine call (the engine sorts them by
-  length into batches of BATCH_SIZE on the shape ladder, so CUDA graphs replay), after waiting up
-  to `max_wait_ms` for more calls while the batch is short of `max_batch` rows. Each answer is the
+  length into batches of BATCH_SIZE on the shape ladder, so CUDA graphs replay). A batch whose
+  first call found the engine idle and nothing queued waits up to `max_wait_ms` for more calls
+  while it is short of `max_batch` rows; calls that queued while the engine ran go at once (they
+  have waited already), so under load the engine runs batch after batch without idling. Each answer is the
   CLI's answer for the merged list (`vsr-run` given those inputs together, in that order), within
   the engine's rounding (about 1e-6 in a probability) of the caller's answer alone.
 
@@ -149,11 +151,14 @@ class Batcher:
         loop = asyncio.get_running_loop()
         stop = False
         while not stop:
+            # Calls that queued while the engine ran have waited already: they go at once. Only a
+            # call that found the engine idle and nothing queued waits (up to max_wait) for company.
+            idle = self._carry is None and self._queue.empty()
             first = await self._next(None)
             if first is None:
                 break
             batch, rows = [first], len(first.ids)
-            deadline = loop.time() + (self.max_wait if self.merge == "shared" else 0.0)
+            deadline = loop.time() + (self.max_wait if self.merge == "shared" and idle else 0.0)
             while rows < self.max_batch:
                 try:
                     call = await self._next(deadline - loop.time())
