@@ -102,7 +102,7 @@ async def _serve_worker(service, card: dict, reader, writer) -> None:
 
     def reply(cid: int, fut: asyncio.Future) -> None:
         waiting.discard(fut)
-        if writer.is_closing():
+        if writer.is_closing() or fut.cancelled():
             return
         err = fut.exception()
         if err is None:
@@ -328,17 +328,23 @@ class EngineProcesses:
         return cards
 
     def _watch_loop(self) -> None:
+        not_before = [0.0] * len(self._procs)   # a slot whose restart failed waits longer each time
+        backoff = [1.0] * len(self._procs)
         while not self._stopping.wait(1.0):
             for slot, proc in enumerate(self._procs):
-                if proc.is_alive() or self._stopping.is_set():
+                if proc.is_alive() or self._stopping.is_set() or time.monotonic() < not_before[slot]:
                     continue
                 self.log(f"vsr-run serve: engine process {slot} exited with code {proc.exitcode}; restarting it")
                 try:
                     proc, conn = self._launch(slot)
                     self._procs[slot], self._conns[slot] = proc, conn
                     self._await_ready(slot, proc, conn)
+                    backoff[slot] = 1.0
                 except Exception as e:
-                    self.log(f"vsr-run serve: engine process {slot} did not restart: {type(e).__name__}: {e}")
+                    backoff[slot] = min(2 * backoff[slot], 60.0)
+                    not_before[slot] = time.monotonic() + backoff[slot]
+                    self.log(f"vsr-run serve: engine process {slot} did not restart ({type(e).__name__}: {e}); "
+                             f"next try in {backoff[slot]:.0f} s")
 
     def stop(self, timeout: float = 60.0) -> None:
         """Tell every engine to stop (each answers what it accepted first) and wait for them."""
