@@ -306,7 +306,11 @@ class EngineProcesses:
             if time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"engine process {slot} did not load within {START_TIMEOUT_S} s")
-        kind, payload = conn.recv()
+        try:
+            kind, payload = conn.recv()
+        except EOFError:   # it died before a word (a script that starts the service needs a main guard)
+            proc.join()
+            raise RuntimeError(f"engine process {slot} exited with code {proc.exitcode} while loading") from None
         if kind == "failed":
             proc.join()
             raise payload
