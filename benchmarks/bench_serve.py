@@ -202,7 +202,7 @@ def run_in_process(engine, batcher_args: dict, texts: list[str], concurrency: in
 
     async def go():
         batcher = Batcher(engine, **batcher_args)
-        batcher.start()
+        await batcher.start()
 
         async def call(i: int) -> bool:
             ids, problems = engine.tokenizer.encode_each([texts[i % len(texts)]])
@@ -438,7 +438,8 @@ def main(argv=None) -> int:
                      **run_in_process(engine, batcher_args, texts, c, args.requests, args.duration, warm(c))}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-            r = {**common, "concurrency": c, "provider": "http", "replicas": args.replicas, "http_workers": http_workers,
+            r = {**common, "concurrency": c, "provider": "http", "replicas": args.replicas,
+                 "http_workers": http_workers,
                  **run_http(url, texts, c, args.requests, args.duration, warm(c), args.client_procs, args.client)}
             ceiling = run_http(canned_url, texts, c, args.requests, args.duration, warm(c), args.client_procs,
                                args.client)

@@ -359,8 +359,8 @@ def eval_cmd(packages, against, json_out, record_dir, as_json, limit, device, dt
               help="--ray on a GPU: each replica's share of a GPU (0.5: two replicas share one).")
 @reports_errors
 def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss_policy, allow_unverified, emulate,
-              cuda_graphs, replicas, http_workers, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k, served_name,
-              use_ray, ray_address, autoscale, gpus_per_replica):
+              cuda_graphs, replicas, http_workers, max_batch, max_wait_ms, max_queue, merge, max_body_bytes, top_k,
+              served_name, use_ray, ray_address, autoscale, gpus_per_replica):
     """Serve PACKAGE over HTTP: POST /v1/classify, /v1/embeddings; GET /v1/models, /health, /metrics.
 
     The package is opened with every check `vsr-run` makes (device, identity, revision) and its
@@ -378,8 +378,8 @@ def serve_cmd(package, host, port, revision, dtype, device, autotune_cache, miss
                       miss_policy=miss_policy, allow_unverified=allow_unverified, emulate=emulate,
                       cuda_graphs=cuda_graphs, replicas=replicas,
                       http_workers=http_workers or default_http_workers(replicas), max_batch=max_batch,
-                      max_wait_ms=max_wait_ms, max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes, top_k=top_k,
-                      served_name=served_name)
+                      max_wait_ms=max_wait_ms, max_queue=max_queue, merge=merge, max_body_bytes=max_body_bytes,
+                      top_k=top_k, served_name=served_name)
     log = lambda msg: click.echo(msg, err=True)  # noqa: E731
     if not use_ray:
         if ray_address or autoscale:

@@ -93,7 +93,7 @@ class Batcher:
 
     # ---- the caller's side (the event loop) -------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         self._queue = asyncio.Queue(maxsize=self.max_queue)
         self._task = asyncio.get_running_loop().create_task(self._collect(), name="vsr-batcher")
 

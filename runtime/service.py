@@ -36,7 +36,10 @@ from starlette.routing import Route
 
 from vsr.runtime.batcher import Batcher, Closed, QueueFull
 
-CONFIG_ENV = "VSR_SERVE_CONFIG"   # the ServeConfig (JSON) each replica process reads
+CONFIG_ENV = "VSR_SERVE_CONFIG"   # the ServeConfig (JSON) each HTTP worker process reads
+# What run_service hands a split service's HTTP workers (JSON): the engines' sockets and what its
+# checks found in the package, so a worker neither opens the package again nor touches the GPU.
+WORKER_ENV = "VSR_SERVE_WORKER"
 WARMUP_TEXT = "turn on the kitchen lights"
 
 
@@ -63,10 +66,6 @@ class ServeConfig:
     served_name: str | None = None   # the "model" name callers use (default: the package's name)
     graceful_timeout_s: float = 30.0
     http_workers: int = 1            # uvicorn worker processes (HTTP, JSON, tokenizing) on the port
-    # Set by run_service for the workers of a split service: the engines' sockets and what the
-    # parent's checks found in the package (a worker neither opens the package again nor the GPU).
-    engine_sockets: list[str] | None = None
-    package_card: dict | None = None
 
 
 class HTTPFailure(Exception):
@@ -162,9 +161,7 @@ class Service:
         return self.state == "ready" and getattr(self.batcher, "available", True)
 
     async def start(self) -> None:
-        started = self.batcher.start()
-        if started is not None:   # a RemoteBatcher connects to its engines
-            await started
+        await self.batcher.start()   # (a RemoteBatcher connects to its engines here)
         ids, problems = self.engine.tokenizer.encode_each([WARMUP_TEXT])
         if problems[0] is not None:
             raise RuntimeError(f"the warm-up text cannot be answered: {problems[0]}")
@@ -348,10 +345,11 @@ def app_from_env():
     from vsr.runtime.engine_server import RemoteBatcher, RemoteEngine
     from vsr.runtime.tokenize import PackageTokenizer
     cfg = ServeConfig(**json.loads(os.environ[CONFIG_ENV]))
-    card = cfg.package_card
+    worker = json.loads(os.environ[WORKER_ENV])
+    card = worker["package"]
     pkg = SimpleNamespace(**{**card, "formats": set(card["formats"])})
     engine = RemoteEngine(PackageTokenizer(card["path"], card["config"]))
-    batcher = RemoteBatcher(cfg.engine_sockets, engine, max_batch=cfg.max_batch)
+    batcher = RemoteBatcher(worker["sockets"], engine, max_batch=cfg.max_batch)
     return create_app(Service(engine, pkg, cfg, batcher=batcher))
 
 
@@ -399,11 +397,10 @@ def run_service(cfg: ServeConfig, log=print) -> None:
             f"loading {cfg.replicas} engine process(es) on {dev}")
         cards = engines.start()
         try:
-            cfg.engine_sockets = engines.paths
-            cfg.package_card = {"name": pkg.name, "revision": pkg.revision, "identity_status": pkg.identity_status,
-                                "formats": sorted(pkg.formats), "support": pkg.support, "path": str(pkg.path),
-                                "config": pkg.config}
             os.environ[CONFIG_ENV] = json.dumps(asdict(cfg))
+            os.environ[WORKER_ENV] = json.dumps({"sockets": engines.paths, "package": {
+                "name": pkg.name, "revision": pkg.revision, "identity_status": pkg.identity_status,
+                "formats": sorted(pkg.formats), "support": pkg.support, "path": str(pkg.path), "config": pkg.config}})
             log(f"vsr-run serve: mode {cards[0]['mode']}; engines on {', '.join(c['device'] for c in cards)}; "
                 f"{cfg.http_workers} HTTP worker(s); http://{cfg.host}:{cfg.port}")
             uvicorn.run("vsr.runtime.service:app_from_env", factory=True, workers=cfg.http_workers, **common)
