@@ -22,7 +22,7 @@ import torch
 
 from vsr.autotune import startup_memo
 from vsr.autotune.device_id import DeviceIdentity
-from vsr.kernels.template import module_code_text
+from vsr.kernels.template import TILE_CHOICE_MODULES, module_code_text
 
 KEY_FIELDS = ("device", "triton", "template", "source_hash", "params", "N", "K", "bucket", "act_dtype")
 
@@ -115,8 +115,9 @@ def kernel_source_hash(template) -> str:
     module: two templates of one module may have other deps (templates are frozen dataclasses,
     hashed by their fields, so two that share a name never share a hash). Each module counts
     once: those the template's own hash covers (a KernelTemplate's: its module, common.py,
-    gemm.py, gemm_tiles.py and its deps) are not added again."""
-    covered = {m.__name__ for m in template.modules} | {"vsr.kernels.template"}
+    gemm.py and its deps) are not added again, and those that only choose tiles
+    (template.TILE_CHOICE_MODULES: gemm_tiles.py) are not added at all."""
+    covered = {m.__name__ for m in template.modules} | {"vsr.kernels.template"} | TILE_CHOICE_MODULES
     deps = sorted({m.__name__ for m in vars(template.module).values()
                    if isinstance(m, types.ModuleType) and m.__name__.startswith("vsr.kernels.")
                    and m.__name__ not in covered})

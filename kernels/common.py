@@ -402,13 +402,14 @@ def e4m3_decode(code):
 
 @dataclass(frozen=True)
 class KernelTemplate(Template):
-    """A Template whose source hash also covers the modules its kernels call into: this one, gemm.py,
-    gemm_tiles.py and its `deps` (dense for int4, fp8 for nvfp4). A change there must not reuse
-    tiles recorded for the old code: the cache promises the same kernel source for the same key."""
+    """A Template whose source hash also covers the modules its kernels call into: this one, gemm.py
+    and its `deps` (dense for int4, fp8 for nvfp4). A change there must not reuse tiles recorded for
+    the old code: the cache promises the same kernel source for the same key. (gemm_tiles.py, the
+    shared tile spaces, only chooses tiles: template.TILE_CHOICE_MODULES.)"""
 
     deps: tuple[ModuleType, ...] = ()
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:
-        from vsr.kernels import gemm, gemm_tiles   # (they import this module: not at its top)
-        return tuple(dict.fromkeys((self.module, sys.modules[__name__], gemm, gemm_tiles) + tuple(self.deps)))
+        from vsr.kernels import gemm   # (it imports this module: not at its top)
+        return tuple(dict.fromkeys((self.module, sys.modules[__name__], gemm) + tuple(self.deps)))

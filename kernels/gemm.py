@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm_tiles
+from vsr.kernels import common
 
 
 @triton.jit
@@ -369,7 +369,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
-    if not gemm_tiles.tma_aligned(K, a.element_size(), b.element_size()):
+    if not tma_aligned(K, a.element_size(), b.element_size()):
         raise ValueError(f"tile {tile} uses TMA, which needs K·bytes % 16 == 0; K={K} does not allow it")
     if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
         return
@@ -463,3 +463,8 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
                             num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+
+
+def tma_aligned(K: int, *elem_bytes: float) -> bool:
+    """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
+    return all((K * b) % 16 == 0 for b in elem_bytes)

@@ -5,6 +5,7 @@ shared memory a tile's pipeline needs, and the candidates per row bucket.
 from __future__ import annotations
 
 from vsr.kernels import common
+from vsr.kernels.gemm import tma_aligned
 
 
 # Shared memory a block may opt into on sm_90 (H100/H200): 227 KiB. Candidates whose
@@ -22,10 +23,6 @@ def gemv_tiles(K: int, elem_bytes: float) -> list[dict]:
         if t not in out:
             out.append(t)
     return out
-
-def tma_aligned(K: int, *elem_bytes: float) -> bool:
-    """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
-    return all((K * b) % 16 == 0 for b in elem_bytes)
 
 def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = 132,
                waves: int = 2) -> int:

@@ -37,10 +37,12 @@ def test_source_hash_covers_shared_kernel_modules():
     assert any(m is common for m in vars(t.module).values())
     assert common in t.modules and len(set(t.modules)) == len(t.modules)
     assert kernel_source_hash(t) == t.source_hash
-    # The shared products (gemm.py, gemm_tiles.py) are in every template's hash: int4 reaches them
-    # only through dense (its dequant path), nvfp4 through fp8.
+    # The shared products (gemm.py) are in every template's hash: int4 reaches them only through
+    # dense (its dequant path), nvfp4 through fp8. The shared tile spaces (gemm_tiles.py) are in
+    # none, though dense, fp8 and nvfp4 import them (template.TILE_CHOICE_MODULES).
     from vsr.kernels import gemm, gemm_tiles
-    assert all({gemm, gemm_tiles} <= set(x.modules) for x in TEMPLATES.values())
+    assert all(gemm in x.modules and gemm_tiles not in x.modules for x in TEMPLATES.values())
+    assert any(m is gemm_tiles for m in vars(t.module).values()) and kernel_source_hash(t) == t.source_hash
     from vsr.kernels import int4_tiles   # int4's tile space, in a module of its own
     assert int4_tiles in TEMPLATES["int4_w4a16"].modules
     plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,

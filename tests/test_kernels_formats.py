@@ -1398,3 +1398,36 @@ def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
             tall = [c for c in space if c["path"] == "tma-sk" and c["BLOCK_M"] == 256]
             assert len(tall) == (len(gemm_tiles.TALL_SK_256) if bucket == 256 else 0), (t.__name__, N, K, bucket)
             assert all(c in pick for c in tall), (t.__name__, N, K, bucket)
+
+
+def test_launches_never_call_the_tile_spaces(monkeypatch):
+    # gemm_tiles.py is outside every source hash (template.TILE_CHOICE_MODULES): it may only choose
+    # tiles. Each template's launch of a tile of every path of its spaces (chosen first) must then
+    # run, and match its reference, with every function of gemm_tiles disabled.
+    import types as _types
+    from vsr.kernels.template import TILE_CHOICE_MODULES
+    assert TILE_CHOICE_MODULES == {gemm_tiles.__name__}
+    g = gen(77)
+    cases = [(dense, dense.launch, dense.DenseWeight(torch.randn(N, K, generator=g).half(),
+                                                     torch.randn(N, generator=g).half()).to(DEV), None),
+             (fp8, fp8.launch, fp8_weight(g, torch.float16, True), FP8_GPU_TOL if DEV == "cuda" else None),
+             (int4, int4.launch, int4_weight(g, 128, False, True, True), None),
+             (nvfp4, nvfp4.launch_emulated, nvfp4_weight(g, True, True, torch.float16), None)]
+    runs = []
+    for mod, launch, w, tol in cases:
+        problem = nvfp4.problem if mod is nvfp4 else mod.problem
+        space_of = nvfp4.search_space if mod is nvfp4 else mod.search_space
+        for M in (1, 5, 40, 200):
+            seen = set()
+            for t in space_of(problem(w, bucket_for(M), torch.float16)):
+                form = (t["path"], bool(t.get("BLOCK_N2")), bool(t.get("PERSISTENT")))
+                if form not in seen:
+                    seen.add(form)
+                    runs.append((mod, launch, w, tol, M, t))
+    for name, f in vars(gemm_tiles).items():
+        if isinstance(f, _types.FunctionType) and f.__module__ == gemm_tiles.__name__:
+            monkeypatch.setattr(gemm_tiles, name, lambda *a, _n=name, **k: pytest.fail(f"a launch called gemm_tiles.{_n}"))
+    for mod, launch, w, tol, M, t in runs:
+        x = torch.randn(M, K, generator=g).half().to(DEV)
+        assert_close(run(launch, x, w, t), mod.reference_linear(x, w), tol)
+    assert len({(r[0].__name__, r[5]["path"]) for r in runs}) >= 12
