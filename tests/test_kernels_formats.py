@@ -180,14 +180,15 @@ def test_wide_tiles_only_where_the_kernel_has_them():
     # int4's wide tiles are its transient dense product's ("dequant-tma"): a "tma" one is refused.
     with pytest.raises(ValueError, match="BLOCK_N2"):
         int4.launch(x, int4_weight(g, 128, True, False, False, torch.float16), dict(TMA, BLOCK_N2=16))
-    # The dense, fp8 and int4 spaces offer them at buckets 256-1024 only, as one-tile-per-program
-    # TMA tiles (int4's for its transient dense copy).
+    # The dense and fp8 spaces offer them at buckets 128-1024 only and int4's at 256-1024 (its
+    # transient dense copy's), as one-tile-per-program TMA tiles.
     spaces = {"dense": (dense, w), "fp8": (fp8, fp8_weight(g, torch.bfloat16, False)),
               "int4": (int4, int4_weight(g, 128, True, False, False, torch.bfloat16))}
     for name, (mod, wt) in spaces.items():
-        for bucket in (128, 256, 512, 1024, 2048):
+        for bucket in (64, 128, 256, 512, 1024, 2048):
             wide = [t for t in mod.search_space(mod.problem(wt, bucket, torch.bfloat16)) if t.get("BLOCK_N2")]
-            assert bool(wide) == (bucket in (256, 512, 1024)), (name, bucket)
+            assert bool(wide) == (bucket in ((256, 512, 1024) if name == "int4" else (128, 256, 512, 1024))), \
+                (name, bucket)
             assert all(t["path"] in ("tma", "dequant-tma") and not t.get("PERSISTENT") for t in wide)
 
 
@@ -1382,7 +1383,7 @@ def test_int4_gemv_refuses_the_fixup():
 
 
 
-@pytest.mark.parametrize("bucket", tuple(gemm_tiles.WIDE_SPLITS))
+@pytest.mark.parametrize("bucket", tuple(b for b in gemm_tiles.WIDE_SPLITS if b >= 256))
 def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
     # caches/retune.sh tunes bf16 and fp8 with 16 candidates: the pick gives wide tiles a share per
     # BLOCK_M (gemm_tiles.pick_group), so none of the few the space keeps
