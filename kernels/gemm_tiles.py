@@ -183,7 +183,9 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         # tried (64-row stream-K tiles lose on every 27B-class shape).
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
         if bucket == 128:
-            large = [(128, bn, bk, 8, st) for bn in (64, 128, 256) for bk in bks[:2] for st in (3, 4)]
+            # and 64-row ones on 4 warps: o and down make 80 tiles of 64 x 128 per row block
+            large = [(128, bn, bk, 8, st) for bn in (64, 128, 256) for bk in bks[:2] for st in (3, 4)] \
+                + [(64, 128, bk, 4, 4) for bk in bks[:2]]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
         if bucket == 256 and "tma" in paths:
