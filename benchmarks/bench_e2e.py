@@ -12,6 +12,8 @@ products (QLinear, tiles from an autotune cache: the shipped one by default) and
 (ops.triton_ops), the kernel set a package of the format gets at dtype auto (engine.load_engine's
 rule: the approximate set for a quantized one; --kernel-set exact forces the exact one). Providers:
   vsr              that model;
+  vsr-pdl          that model within kernels.pdl.programmatic_forward: its kernels launched as
+                   programmatic dependents (sm_90+; run only when asked for);
   cublas-bf16      the same model object, its linear layers swapped for F.linear on the same bf16
                    weights (bf16 rows only);
   scaled_mm+quant  the same, linears swapped for torch's per-token quantization + _scaled_mm on
@@ -76,12 +78,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_models  # noqa: E402
-from e2e_targets import CONFIGS, FORMATS, PROVIDERS, evaluate, merge, not_run_lines, report, table  # noqa: E402
+from e2e_targets import (CONFIGS, DEFAULT_PROVIDERS, FORMATS, PROVIDERS, evaluate, merge,  # noqa: E402
+                         not_run_lines, report, table)
 from common_bench import (SHIPPED_CACHE, code_commit, make_weight, result_path, scaled_mm,  # noqa: E402
                           scaled_mm_weight_scale, shipped_entry, torch_quant)
 
 from vsr.autotune.tuner import eager_timer  # noqa: E402
 from vsr.kernels import fp8 as fp8_format  # noqa: E402
+from vsr.kernels import pdl  # noqa: E402
 from vsr.runtime.linear import QLinear  # noqa: E402
 from vsr.runtime.models import build_model, linear_names  # noqa: E402
 from vsr.runtime.models import ops as ops_mod  # noqa: E402
@@ -402,7 +406,7 @@ def device_split(eager_fn, graph_fn) -> dict:
 # ---- one format ---------------------------------------------------------------------------
 
 def providers_for(fmt: str, providers) -> list[str]:
-    return [p for p in providers if p == "vsr" or PEER_FORMAT.get(p) == fmt]
+    return [p for p in providers if p in ("vsr", "vsr-pdl") or PEER_FORMAT.get(p) == fmt]
 
 
 def provider_rows(name: str, fmt: str, router, inputs, ref_n, a, log, base: dict, split: bool,
@@ -477,7 +481,7 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
     model, b, kernel_set = build_vsr(config, loader, dev, tiles, a.kernel_set)
     wbytes, macs = linear_totals(b)
     log(f"{fmt}: built in {time.time() - t0:.1f} s, linear weights {wbytes / 1e9:.2f} GB, kernel set {kernel_set}")
-    routers = {"vsr": model}
+    routers = {"vsr": model, "vsr-pdl": model}
     hf_note = {}
     provs = providers_for(fmt, a.providers)
     if "transformers" in provs:
@@ -516,6 +520,9 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
                     elif p == "transformers":
                         rows += provider_rows(p, fmt, routers[p], inputs, ref_n, a, log,
                                               {**base, **hf_note, "kernel_set": None}, False)
+                    elif p == "vsr-pdl":
+                        with pdl.programmatic_forward():
+                            rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)
                     else:
                         rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)
                 except Exception as e:   # this provider is left out and said so; the others run
@@ -581,7 +588,7 @@ def parse(argv=None):
     ap.add_argument("--model", choices=tuple(e2e_models.MODELS), default="qwen3")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--configs", default=None, help="default: 1x128,16x128,1x1024 (qwen3), 1x128,1x1024 (qwen3_5)")
-    ap.add_argument("--providers", default=",".join(PROVIDERS))
+    ap.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS))
     ap.add_argument("--modes", default=None, help="graph,eager (default: both for qwen3, graph for qwen3_5)")
     ap.add_argument("--layers", type=int, default=64, help="decoder layers (fewer for a quick check)")
     ap.add_argument("--config", type=Path, default=None, help="a config.json to run instead of the 27B-class one")

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import fp8, norm
+from vsr.kernels import fp8, norm, pdl
 
 ELEMENTWISE_BLOCK = 2048
 # libdevice's exp, erf and tanh on a GPU; Triton's own under the interpreter (norm.LIBDEVICE).
@@ -71,8 +71,10 @@ def _block(x_ptr, stride_x, row, offs, mask, I, GATED: tl.constexpr, MODE: tl.co
 def _activation_kernel(x_ptr, y_ptr, q_ptr, qs_ptr, I, stride_x, EPS_Q, BLOCK_A: tl.constexpr,
                        BLOCK_B: tl.constexpr, GATED: tl.constexpr, MODE: tl.constexpr, TANH: tl.constexpr,
                        EXACT: tl.constexpr, QUANT: tl.constexpr, LIBDEVICE: tl.constexpr,
-                       RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr):
+                       RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
+                       WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0), columns from program_id(1) · BLOCK_A (QUANT: the whole row, one program)."""
+    pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     offs_a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     ma = offs_a < I
@@ -118,7 +120,7 @@ def _launch(x, gated, mode, tanh, exact, quant_fp8):
         _activation_kernel[(T, cols)](
             x, y, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else y, xs if quant_fp8 else y, I, x.stride(0),
             eps_q, BLOCK_A=a, BLOCK_B=b, GATED=gated, MODE=mode, TANH=tanh, EXACT=exact, QUANT=quant_fp8,
-            LIBDEVICE=LIBDEVICE, RECIPROCAL=rcp, HW_CVT=hw, BF16_RCP=bf16_rcp, num_warps=warps)
+            LIBDEVICE=LIBDEVICE, RECIPROCAL=rcp, HW_CVT=hw, BF16_RCP=bf16_rcp, num_warps=warps, **pdl.options(x.device))
     return (y, xq, xs) if quant_fp8 else y
 
 

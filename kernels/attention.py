@@ -30,7 +30,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from vsr.kernels import common
+from vsr.kernels import common, pdl
 from vsr.kernels.norm import LIBDEVICE, sigmoid_f32
 
 HEAD_DIMS = (32, 64, 128, 256)
@@ -40,7 +40,9 @@ HEAD_DIMS = (32, 64, 128, 256)
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, qk_scale, HALF_W,
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                      WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr):
+                      WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr,
+                      WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    pdl.begin(WAIT, RELEASE)
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
@@ -153,7 +155,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
         F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, num_warps=warps,
-        num_stages=stages)
+        num_stages=stages, **pdl.options(q.device))
     return o
 
 

@@ -15,13 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
+from vsr.kernels import pdl
+
 # The reference lives in a module without Triton (the CPU path imports it); re-exported here.
 from vsr.kernels.deltanet_reference import causal_conv1d_silu_reference  # noqa: F401
 
 
 @triton.jit
 def _conv_kernel(x_ptr, w_ptr, y_ptr, S, C, sxb, sxs, syb, sys_, W: tl.constexpr,
-                 BS: tl.constexpr, BC: tl.constexpr):
+                 BS: tl.constexpr, BC: tl.constexpr,
+                 WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    pdl.begin(WAIT, RELEASE)
     ps = tl.program_id(0)
     pc = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -56,5 +60,5 @@ def causal_conv1d_silu(x: torch.Tensor, w: torch.Tensor, *, block_s: int = 32, b
         raise ValueError(f"out must be a contiguous [B, S, C] = {[B, S, C]} tensor of {x.dtype}")
     grid = (triton.cdiv(S, block_s), triton.cdiv(C, block_c), B)
     _conv_kernel[grid](x, w, y, S, C, x.stride(0), x.stride(1), y.stride(0), y.stride(1), W=w.shape[1],
-                       BS=block_s, BC=block_c, num_warps=4)
+                       BS=block_s, BC=block_c, num_warps=4, **pdl.options(x.device))
     return y

@@ -37,6 +37,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from vsr.kernels import pdl
+
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, recurrent_gated_delta_rule_reference)
@@ -117,12 +119,14 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
 def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
                S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr):
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+               WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
     kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
     gl = gc_last [SP / BT]."""
+    pdl.begin(WAIT, RELEASE)
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hv
@@ -162,10 +166,12 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
 
 @triton.jit
 def _scan_kernel(w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, o_ptr, S, V, SP, sob, sos, soh, Hv,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                 WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """The chunks of one (request, value head) in order, for value columns [pid0 * BV, +BV), from
     _ut_kernel's workspaces: the state [BK, BV] in fp32 registers, v' = u - w S,
     o = qg S + attn v' (written in o's dtype), S = exp(gl) S + kt v'."""
+    pdl.begin(WAIT, RELEASE)
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hv
@@ -233,10 +239,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS)
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
-        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES)
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
+        **pdl.options(w.device))
     return o
 
 
@@ -246,9 +253,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
 
 @triton.jit
 def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
-                  LIBDEVICE: tl.constexpr):
+                  LIBDEVICE: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
     dt_bias) in fp32 (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
+    pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     m = h < H
@@ -278,5 +286,6 @@ def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor)
     beta = torch.empty(T, H, dtype=ba.dtype, device=ba.device)
     if T:
         _gates_kernel[(T,)](ba, neg_a.contiguous(), dt_bias.contiguous(), g, beta, H, ba.stride(0),
-                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, num_warps=1)
+                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, num_warps=1,
+                            **pdl.options(ba.device))
     return g, beta

@@ -16,10 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from vsr.kernels import pdl
+
 
 @triton.jit
 def _score_kernel(h_ptr, len_ptr, w_ptr, b_ptr, o_ptr, S, K, L, stride_h, stride_w,
-                  BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    pdl.begin(WAIT, RELEASE)
     b = tl.program_id(0).to(tl.int64)
     offs_l = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)
     ml = offs_l < L
@@ -66,7 +70,7 @@ def last_token_score(h: torch.Tensor, lengths: torch.Tensor, weight: torch.Tenso
         bl, bk = _plan(L)
         _score_kernel[(B, triton.cdiv(L, bl))](h, lengths, weight, weight if bias is None else bias, o, S, K, L,
                                                h.stride(0), weight.stride(0), BLOCK_L=bl, BLOCK_K=bk,
-                                               HAS_BIAS=bias is not None, num_warps=4)
+                                               HAS_BIAS=bias is not None, num_warps=4, **pdl.options(h.device))
     return o
 
 

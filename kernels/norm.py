@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import common, fp8
+from vsr.kernels import common, fp8, pdl
 
 # fp32(1/448): torch on CUDA divides a tensor by a Python number as a product with its reciprocal.
 _RCP_448 = 0.0022321429569274187
@@ -106,8 +106,10 @@ def _load_sum(x_ptr, r_ptr, stride_x, stride_r, row, offs, mask, HAS_RES: tl.con
 def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, INV_N, stride_x, stride_r, eps, EPS_Q,
                  BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LAYER: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, EXACT: tl.constexpr, QUANT: tl.constexpr,
-                 RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr):
+                 RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
+                 WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """One row: s (stored when HAS_RES), y = norm(s) (RMSNorm, or LayerNorm when LAYER), codes."""
+    pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     offs_a = tl.arange(0, BLOCK_A)
     ma = offs_a < N
@@ -189,7 +191,7 @@ def _launch(x, residual, weight, bias, eps, layer, zero_centered, exact, quant_f
             xs if quant_fp8 else y, N, 1.0 / N, x.stride(0), 0 if residual is None else residual.stride(0), eps, eps_q,
             BLOCK_A=a, BLOCK_B=b, LAYER=layer, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
             ZERO_CENTERED=zero_centered, EXACT=exact, QUANT=quant_fp8, RECIPROCAL=rcp, HW_CVT=hw,
-            BF16_RCP=bf16_rcp, num_warps=warps)
+            BF16_RCP=bf16_rcp, num_warps=warps, **pdl.options(x.device))
     return (y, s, xq, xs) if quant_fp8 else (y, s)
 
 
@@ -229,8 +231,10 @@ def sigmoid_f32(z, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, H, stride_x, stride_z, eps, INV_D, D: tl.constexpr,
-                       BLOCK_D: tl.constexpr, HB: tl.constexpr, EXACT: tl.constexpr, LIBDEVICE: tl.constexpr):
+                       BLOCK_D: tl.constexpr, HB: tl.constexpr, EXACT: tl.constexpr, LIBDEVICE: tl.constexpr,
+                       WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0), heads [program_id(1) · HB, +HB) of D columns each."""
+    pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * HB + tl.arange(0, HB)
     cols = tl.arange(0, BLOCK_D)
@@ -265,7 +269,7 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
         hb = max(1, min(triton.next_power_of_2(H), _GATED_ELEMS // bd))
         _gated_norm_kernel[(T, triton.cdiv(H, hb))](
             x, z, weight, y, H, x.stride(0), z.stride(0), eps, 1.0 / D, D=D, BLOCK_D=bd, HB=hb, EXACT=exact,
-            LIBDEVICE=LIBDEVICE, num_warps=4)
+            LIBDEVICE=LIBDEVICE, num_warps=4, **pdl.options(x.device))
     return y
 
 

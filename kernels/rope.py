@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vsr.kernels import pdl
+
 # Heads per program: about 1024 elements of a row's q or k.
 _HEAD_ELEMS = 1024
 
@@ -37,9 +39,11 @@ def _rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr
                  HQ, HKV, P, stride_q, stride_k, stride_c, eps, INV_D,
                  D: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  BLOCK_PASS: tl.constexpr, HB: tl.constexpr, NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                 EXACT: tl.constexpr, HAS_POS: tl.constexpr):
+                 EXACT: tl.constexpr, HAS_POS: tl.constexpr,
+                 WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0); heads [j · HB, (j + 1) · HB) of q for j = program_id(1) < cdiv(HQ, HB),
     else of k."""
+    pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     nqb = tl.cdiv(HQ, HB)
@@ -161,7 +165,7 @@ def _launch(q, k, q_weight, k_weight, cos, sin, eps, head_dim, rotary_dim, posit
             cos if positions is None else positions, qo, ko, HQ, HKV, cos.shape[0], q.stride(0), k.stride(0),
             cos.stride(0), eps, 1.0 / D, D=D, HALF=R // 2, BLOCK_H=bh, BLOCK_HALF=bhalf, BLOCK_PASS=bp, HB=hb,
             NORM=norm, ZERO_CENTERED=zero_centered, EXACT=exact, HAS_POS=positions is not None, num_warps=warps,
-            enable_fp_fusion=not exact)
+            enable_fp_fusion=not exact, **pdl.options(q.device))
     return qo, ko
 
 

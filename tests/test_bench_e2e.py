@@ -235,3 +235,12 @@ def test_the_27b_class_shapes_at_a_few_layers_on_the_gpu(bench, tmp_path, model,
     assert any(r["graph"] for r in vsr) and all(r["products_ms"] > 0 for r in vsr)
     ran = {r["format"] for r in res["rows"]} | {x["format"] for x in res["not_run"]}
     assert ran == set(formats.split(","))
+
+
+def test_vsr_pdl_is_vsr_within_programmatic_forward(bench, tmp_path):
+    # vsr-pdl runs only when asked for; off a GPU with PDL it launches exactly as vsr does
+    res = run(bench, tmp_path, "qwen3", 2, "--formats", "bf16", "--providers", "vsr,vsr-pdl")
+    rows = {r["provider"]: r for r in res["rows"]}
+    assert set(rows) == {"vsr", "vsr-pdl"} and all(r["checked"] for r in rows.values())
+    assert rows["vsr-pdl"]["check"] == rows["vsr"]["check"]
+    assert "vsr-pdl" not in bench.parse([]).providers

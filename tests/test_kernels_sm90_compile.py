@@ -82,7 +82,32 @@ for D in attention.HEAD_DIMS:
     for S in (70, 512):
         q, kv = torch.randn(2, S, 4, D), torch.randn(2, S, 2, D)
         attention.attention(q, kv, kv, torch.tensor([S, 9], dtype=torch.int32), causal=True, gate=torch.randn(2, S, 4, D))
+# Within pdl.programmatic_forward (H200 features: PDL), every forward kernel and the dense product
+# compile with their waits and the forward kernels with their early release.
+from vsr.kernels import activation, conv1d, head, norm, pdl
+start = {n: len(v) for n, v in ptx.items()}
+with pdl.programmatic_forward():
+    x, wn = torch.randn(T, 256).bfloat16(), torch.randn(256).bfloat16()
+    norm.rms_norm(x, wn, 1e-6, residual=x)
+    wh = torch.randn(D).bfloat16()
+    norm.gated_rms_norm(torch.randn(T, 4 * D).bfloat16(), torch.randn(T, 4 * D).bfloat16(), wh, 1e-6)
+    rope.qk_norm_rope(torch.randn(T, 8 * D).bfloat16(), torch.randn(T, 2 * D).bfloat16(), wh, wh,
+                      torch.randn(T, D), torch.randn(T, D), 1e-6, exact=True)
+    activation.silu_mul(torch.randn(T, 512).bfloat16())
+    qa, kva = torch.randn(1, 70, 4, D).bfloat16(), torch.randn(1, 70, 2, D).bfloat16()
+    attention.attention(qa, kva, kva, torch.tensor([70], dtype=torch.int32), causal=True)
+    head.last_token_score(x, torch.tensor([T], dtype=torch.int32), torch.randn(3, 256).bfloat16())
+    conv1d.causal_conv1d_silu(torch.randn(1, 70, 256).bfloat16(), torch.randn(256, 4).bfloat16())
+    qq, kk = torch.randn(1, 70, 2, 128).bfloat16(), torch.randn(1, 70, 2, 128).bfloat16()
+    delta_rule.chunk_gated_delta_rule(qq, kk, torch.randn(1, 70, 6, 128).bfloat16(), -torch.rand(1, 70, 6),
+                                      torch.rand(1, 70, 6).bfloat16())
+    delta_rule.deltanet_gates(torch.randn(T, 12).bfloat16(), -torch.rand(6), torch.rand(6))
+    wd = random_weight("dense", 1536, 384, {}, torch.bfloat16, "cpu", bias=True)
+    dense.launch(torch.randn(128, 384).bfloat16(), wd, dense.default_tile(dense.problem(wd, 128, torch.bfloat16)))
+pdl_ptx = {n: [("griddepcontrol.wait" in t, "griddepcontrol.launch_dependents" in t) for t in v[start.get(n, 0):]]
+           for n, v in ptx.items() if v[start.get(n, 0):]}
 print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared, "delta": delta, "f32": f32,
+                  "pdl": pdl_ptx,
                   "rope_bf16_fma": sum(len(re.findall(r"fma\.rn\.bf16", p)) for p in ptx["_rope_kernel"])}))
 """
 
@@ -132,3 +157,17 @@ def test_fp32_attention_fits_the_h200_at_every_head_dim(compiled):
     assert {r["constexprs"]["D"] for r in rows} == {"32", "64", "128", "256"}
     for r in rows:
         assert r["fits"] and r["shared"] <= compiled["limit"], r
+
+
+def test_programmatic_forward_compiles_waits_and_releases(compiled):
+    # kernels.pdl: each forward kernel waits for the kernel before it and releases the one after; the
+    # dense product (launched as a dependent) waits. Nothing else changes in them (tests/gpu checks
+    # the bytes).
+    got = compiled["pdl"]
+    forward = {"_norm_kernel", "_gated_norm_kernel", "_rope_kernel", "_activation_kernel", "_attention_kernel",
+               "_score_kernel", "_conv_kernel", "_ut_kernel", "_scan_kernel", "_gates_kernel"}
+    assert forward <= set(got), sorted(forward - set(got))
+    for name in forward:
+        assert got[name] and all(w and r for w, r in got[name]), (name, got[name])
+    products = [v for n, vs in got.items() if n not in forward for v in vs]
+    assert products and all(w for w, _ in products), got

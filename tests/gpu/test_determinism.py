@@ -1,7 +1,8 @@
 """Two processes, the same inputs and tiles: byte-identical outputs for every format (GPU only),
 of each product template and of whole forwards (the 27B-class Qwen3 and Qwen3.5 routers cut to a
 few layers, random weights, every kernel of the forward: norms, RoPE, attention, the Gated DeltaNet
-ops, the score head; eager and through a CUDA graph, with right-padded requests).
+ops, the score head; eager and through a CUDA graph, with right-padded requests), whose bytes are
+also the same with the kernels launched as programmatic dependents (kernels.pdl).
 
 Run alone as `python tests/gpu/test_determinism.py` it prints, as JSON, the sha256 of each
 output; the test starts that twice and compares. Split-K tiles (plain and transposed, with the
@@ -74,6 +75,7 @@ def forwards() -> dict[str, str]:
     from bench_e2e import build_vsr
     from e2e_models import MODELS
     from vsr.autotune.resolver import TileResolver
+    from vsr.kernels import pdl
     from vsr.runtime.engine import GraphedForward
     dev = torch.device("cuda")
     tiles = TileResolver(None, device=dev)
@@ -93,11 +95,18 @@ def forwards() -> dict[str, str]:
                 graphed = GraphedForward(model, dev, kept=1, capture_at=1)
                 graphed(ids, mask, lengths)
                 replay = graphed(ids, mask, lengths)
+                with pdl.programmatic_forward():   # kernels as programmatic dependents: same bytes
+                    probs_pdl = model(ids, mask, lengths)
+                    graphed_pdl = GraphedForward(model, dev, kept=1, capture_at=1)
+                    graphed_pdl(ids, mask, lengths)
+                    replay_pdl = graphed_pdl(ids, mask, lengths)
             torch.cuda.synchronize()
             for name, t in (("probs", probs), ("hidden", hidden), ("graph", replay)):
                 out[f"{model_name}/{fmt}/{kernel_set}/{name}"] = hashlib.sha256(
                     t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
             assert torch.equal(replay, probs), f"{model_name}/{fmt}: the graph's replay differs from eager"
+            assert torch.equal(probs_pdl, probs) and torch.equal(replay_pdl, probs), \
+                f"{model_name}/{fmt}: programmatic dependent launch changed the bytes"
             del model
             torch.cuda.empty_cache()
     return out
