@@ -29,20 +29,24 @@ def test_shape_keys_match_real_weight_keys(fmt):
 
 def test_source_hash_covers_shared_kernel_modules():
     # The key covers the vsr.kernels modules a template's module uses, each once: a KernelTemplate's
-    # own hash already covers common.py (the key adds nothing), a plain Template's only its module.
-    from vsr.kernels import common
+    # own hash already covers common.py (fp8's key adds nothing), a plain Template's only its module;
+    # dense's adds pdl.py, which its launcher reads.
+    from vsr.kernels import common, pdl
     from vsr.kernels.registry import TEMPLATES
     from vsr.kernels.template import Template
+    f = TEMPLATES["fp8_w8a8"]
+    assert any(m is common for m in vars(f.module).values())
+    assert common in f.modules and len(set(f.modules)) == len(f.modules)
+    assert kernel_source_hash(f) == f.source_hash
     t = TEMPLATES["dense"]
-    assert any(m is common for m in vars(t.module).values())
-    assert common in t.modules and len(set(t.modules)) == len(t.modules)
-    assert kernel_source_hash(t) == t.source_hash
+    assert pdl not in t.modules and any(m is pdl for m in vars(t.module).values())
+    assert kernel_source_hash(t) != t.source_hash
     # The shared products (gemm.py) are in every template's hash: int4 reaches them only through
     # dense (its dequant path), nvfp4 through fp8. The shared tile spaces (gemm_tiles.py) are in
     # none, though dense, fp8 and nvfp4 import them (template.TILE_CHOICE_MODULES).
     from vsr.kernels import gemm, gemm_tiles
     assert all(gemm in x.modules and gemm_tiles not in x.modules for x in TEMPLATES.values())
-    assert any(m is gemm_tiles for m in vars(t.module).values()) and kernel_source_hash(t) == t.source_hash
+    assert any(m is gemm_tiles for m in vars(f.module).values()) and kernel_source_hash(f) == f.source_hash
     from vsr.kernels import int4_tiles   # int4's tile space, in a module of its own
     assert int4_tiles in TEMPLATES["int4_w4a16"].modules
     plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,
