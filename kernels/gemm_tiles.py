@@ -60,10 +60,9 @@ def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
 # at 256 rows, is mixed at 1024 and gains at 4096).
 PERSISTENT_FROM = 1024
 # Row buckets from which TMA tiles are also tried stream-K (on the H200 it wins on most 27B-class
-# shapes from 512 rows, at 256 on some). At 128 rows one 128-row tile holds every row, so each
-# weight tile is fetched once, and o and down (40-80 such tiles) need their K steps shared out
-# to fill 132 multiprocessors.
-STREAMK_FROM = 128
+# shapes from 512 rows, at 256 on some; at 128 rows, over all the rows in one tile, it lost on o
+# and down by 2-36%).
+STREAMK_FROM = 256
 
 def k_step(a_bytes: float) -> int:
     """The tiled paths' default BLOCK_K: 64 elements, 128 for 1-byte operands, 32 for fp32 ones."""
@@ -118,11 +117,10 @@ def smem_bytes(t: dict, a_bytes: float, b_bytes: float) -> int:
 # layer's programs fit the H200 at once: at M = 256, 64 x 160 tiles make 256 programs on qkv and
 # 64 x 80 tiles 256 on o and down, two per multiprocessor (264 places), where plain 64 x 128 tiles
 # make 320 and 160. The 128-row tiles are one program per multiprocessor, as cuBLAS runs (128 x
-# 320 on 8 warps: 253 registers, no spills, sm_90). At 128 rows, 128 x 80 tiles make 128 programs
+# 320 on 8 warps: 253 registers, no spills, sm_90). At 128 rows, 64 x 80 tiles make 256 programs
 # on qkv and 128 x 272 tiles 128 on gate_up, where 128 x 128 tiles make 80 and 272 (2.06 waves).
 # Each bucket keeps the tiles that win a key.
-WIDE_SPLITS = {128: ((128, 64, 16, 8, 4), (128, 64, 16, 4, 4), (128, 256, 16, 8, 3), (128, 256, 16, 8, 4),
-                     (64, 64, 16, 4, 4), (64, 128, 32, 4, 4)),
+WIDE_SPLITS = {128: ((128, 256, 16, 8, 4), (64, 64, 16, 4, 4)),
                256: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4),
                      (64, 128, 32, 4, 4), (64, 64, 16, 4, 4), (64, 128, 64, 4, 3)),
                512: ((128, 128, 32, 8, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3), (64, 128, 32, 4, 4)),
@@ -167,7 +165,7 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         if bucket <= 128:
             shapes = [(bm, bn, bk, 4, st) for bm in (32, 64) for bn in (64, 128) for bk in bks[-2:] for st in (4, 6)]
             if bucket == 128 and "tma" in paths:
-                # One 128-row TMA tile over all the rows (8 warps), as is and stream-K (below).
+                # One 128-row TMA tile over all the rows, on 8 warps.
                 cands += [tile("tma", 128, bn, bk, 1, 8, st) for bn in (64, 128, 256) for bk in bks[:2]
                           for st in (3, 4)]
             if bucket == 32 and "tma" in paths and a_bytes <= 2:
@@ -182,10 +180,6 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
         # The large TMA tiles (128 rows, 8 warps): the ones whose stream-K and persistent forms are
         # tried (64-row stream-K tiles lose on every 27B-class shape).
         large = [(bm, bn, bk, w, st) for bm, bn, bk, w, st in shapes if bm == 128 and w == 8]
-        if bucket == 128:
-            # and 64-row ones on 4 warps: o and down make 80 tiles of 64 x 128 per row block
-            large = [(128, bn, bk, 8, st) for bn in (64, 128, 256) for bk in bks[:2] for st in (3, 4)] \
-                + [(64, 128, bk, 4, 4) for bk in bks[:2]]
         if bucket >= STREAMK_FROM and "tma" in paths:
             cands += [tile("tma-sk", bm, bn, bk, 1, w, st) for bm, bn, bk, w, st in large]
         if bucket == 256 and "tma" in paths:
