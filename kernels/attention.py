@@ -43,7 +43,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
                       WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr,
                       WAIT: tl.constexpr, RELEASE: tl.constexpr):
     pdl.begin(WAIT, RELEASE)
-    start_m = tl.program_id(0) * BLOCK_M
+    if CAUSAL:   # the longest query blocks (the most keys) first: the last wave's programs are short
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b = (bh // HQ).to(tl.int64)
     h = bh % HQ
@@ -80,13 +83,22 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
             qk = tl.dot(q, tl.trans(k), input_precision=F32)
         else:
             qk = tl.dot(q, tl.trans(k))
-        allowed = offs_n[None, :] < length
+        # A block whose every key is allowed to every query skips the mask (the same values).
+        whole = start_n + BLOCK_N <= length
         if CAUSAL:
-            allowed &= offs_n[None, :] <= offs_m[:, None]
+            whole = whole & (start_n + BLOCK_N - 1 <= start_m)
         if WINDOW:
-            d = offs_m[:, None] - offs_n[None, :]
-            allowed &= (d <= HALF_W) & (d >= -HALF_W)
-        qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+            whole = False
+        if whole:
+            qk = qk * qk_scale
+        else:
+            allowed = offs_n[None, :] < length
+            if CAUSAL:
+                allowed &= offs_n[None, :] <= offs_m[:, None]
+            if WINDOW:
+                d = offs_m[:, None] - offs_n[None, :]
+                allowed &= (d <= HALF_W) & (d >= -HALF_W)
+            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key allowed yet
         p = tl.math.exp2(qk - m_safe[:, None])
