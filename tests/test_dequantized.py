@@ -165,3 +165,25 @@ def test_nvfp4_parts_stack_into_one_product_with_their_bytes():
     x = torch.randn(4, K, generator=torch.Generator().manual_seed(26))
     want = torch.cat([nvfp4.reference_linear(x, w) for w in (parts[2], parts[1], parts[2])], dim=-1)
     assert torch.equal(proj(x).view(torch.int32), want.view(torch.int32))
+
+
+def test_a_projection_warns_only_when_its_parts_run_apart():
+    """Builder.projection warns that parts which cannot share a weight run as several products,
+    except where the CPU reference stacks them into one (NVFP4 W4A4 parts over one input scale)."""
+    import types
+    import warnings
+
+    from vsr.runtime.models.common import Builder
+
+    base = random_weight("nvfp4", N, K, {"act": "e2m1-block16-dynamic"}, torch.bfloat16, seed=31)
+    names = ["q", "k", "v"]
+    for igs, warned in (((1.0, 1.0, 1.0), False), ((1.0, 2.0, 1.0), True)):
+        parts = {n: dataclasses.replace(base, global_scale=base.global_scale * (1 + i),
+                                        input_global_scale=base.input_global_scale * g)
+                 for i, (n, g) in enumerate(zip(names, igs))}
+        b = Builder(types.SimpleNamespace(linear=parts.__getitem__), QLinear, torch.float32, "cpu", False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            proj = b.projection("qkv", names)
+        assert not proj.fused and (proj.stacked is None) == warned
+        assert [("run as 3 products" in str(w.message)) for w in caught] == ([True] if warned else [])
