@@ -66,17 +66,12 @@ def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None
     path = tile.get("path")
     wait = pdl.enabled(x.device)   # within pdl.programmatic_forward: a dependent of the kernel that made x
     if path in gemm.TMA_PATHS:
-        gemm.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w, wait=wait, prefetch=PDL_PREFETCH_LINES)
+        gemm.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w, wait=wait, prefetch=gemm.PDL_PREFETCH_LINES)
     elif path == "gemv":
         gemm.launch_gemv(x, w.weight, y, tile, bias=w.bias, wait=wait)
     else:
         gemm.launch_tiled(x, w.weight, y, tile, bias=w.bias, wait=wait)
     return y
-
-
-# 128-byte lines of each weight row a product launched as a programmatic dependent asks of the L2
-# before it waits (gemm.launch_tma; fp8.PDL_PREFETCH_LINES for its product after the prologue).
-PDL_PREFETCH_LINES = 4
 
 
 def problem(w: DenseWeight, M: int, act_dtype: torch.dtype) -> Problem:

@@ -233,13 +233,9 @@ def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None =
     plan, pdl = tile_prologue(tile, w.K)
     pdl = pdl and common.device_features(x.device).pdl
     xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=PDL_PREFETCH_LINES)   # launch_tma prefetches only with wait
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=gemm.PDL_PREFETCH_LINES)   # launch_tma prefetches only with wait
     return y
 
-
-# 128-byte lines of each weight row the product asks of the L2 before it waits, when launched as
-# the prologue's programmatic dependent (16-32 lines cost time on the wide layers).
-PDL_PREFETCH_LINES = 4
 
 # The prologue's knobs in fp8's tile: PRO_WARPS, the prologue's warps per row (0: the plan's own,
 # prologue_plan(K)); PDL (0/1), the product launched as the prologue's programmatic dependent

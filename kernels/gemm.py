@@ -465,6 +465,11 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
         common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
 
 
+# 128-byte lines of each weight row a product launched as a programmatic dependent asks of the L2
+# before it waits (launch_tma's `prefetch`; 16-32 lines cost time on the wide layers).
+PDL_PREFETCH_LINES = 4
+
+
 def tma_aligned(K: int, *elem_bytes: float) -> bool:
     """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
     return all((K * b) % 16 == 0 for b in elem_bytes)

@@ -20,7 +20,7 @@ import contextvars
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from vsr.kernels import common
 
@@ -52,7 +52,6 @@ def options(device: torch.device) -> dict:
 def begin(WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """The first statement of a forward kernel: WAIT for the kernel before it (its writes visible),
     then RELEASE the kernel after it to launch. No instruction without them."""
-    if WAIT:
-        gdc_wait()
+    common.wait_for_producer(WAIT)
     if RELEASE:
         gdc_launch_dependents()

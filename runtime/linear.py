@@ -146,12 +146,12 @@ class QLinear(torch.nn.Module):
         if not self.takes_fp8_codes:
             raise ValueError(f"product_fp8 needs an fp8 weight on the triton path, not {self.weight.format} "
                              f"on {self.mode}")
-        from vsr.kernels import fp8, pdl
+        from vsr.kernels import fp8, gemm, pdl
         template, tile = self._plan(xq.shape[0], dtype)
         y = torch.empty((xq.shape[0], self.weight.N), dtype=dtype, device=xq.device)
         # within pdl.programmatic_forward: a dependent of the kernel that quantized xq (a norm or an activation)
         fp8.launch_product(xq, xs, self.weight, y, tile, wait=pdl.enabled(xq.device),
-                           prefetch=fp8.PDL_PREFETCH_LINES)
+                           prefetch=gemm.PDL_PREFETCH_LINES)
         return y
 
     def _plan(self, rows: int, dtype: torch.dtype):

@@ -492,7 +492,7 @@ def test_fp8_launch_decisions(monkeypatch):
         y = fp8.launch(x, w, tile)
         if M <= 64:
             assert_close(y, fp8.reference_linear(x, w))
-        assert seen == dict(release=release, wait=release, prefetch=fp8.PDL_PREFETCH_LINES, warps=warps), \
+        assert seen == dict(release=release, wait=release, prefetch=gemm.PDL_PREFETCH_LINES, warps=warps), \
             (M, tile, seen)
     own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
     assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
