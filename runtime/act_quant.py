@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,17 +47,28 @@ class Workspace(threading.local):
     A fresh tensor of a few MB is new memory the OS maps on first touch, which at the down
     projection's [tokens, 1536] input costs more than the quantization's arithmetic.
     A tensor taken from a workspace is valid until the next take of its slot on this thread: the
-    CPU reference consumes each activation (its products) before the next layer quantizes."""
+    CPU reference consumes each activation (its products) before the next layer quantizes.
+    `plan(key, build)` keeps per-shape views of the slots (and small tensors of their own) from
+    call to call; a slot that grows drops them, so a plan never points at memory no longer taken."""
 
     def __init__(self):
         self.buffers: dict[int, torch.Tensor] = {}
+        self.plans: dict = {}
 
     def take(self, slot: int, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         n = math.prod(shape) * dtype.itemsize
         buf = self.buffers.get(slot)
         if buf is None or buf.numel() < n:
             buf = self.buffers[slot] = torch.empty(n, dtype=torch.uint8)
+            self.plans.clear()
         return buf[:n].view(dtype).view(shape)
+
+    def plan(self, key, build: Callable[["Workspace"], object]):
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = build(self)
+            self.plans[key] = plan
+        return plan
 
 
 def _lookup(table: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
@@ -113,6 +125,24 @@ def nvfp4_activation(x: torch.Tensor, input_global_scale: torch.Tensor) -> torch
     return v.mul_(s.float()[..., None]).view(M, K)
 
 
+class _Nvfp4Plan:
+    """One [M, K]'s tensors for Nvfp4Activation: the quotient q over the workspace's slot 0 and its
+    views, the rounding's int32 scratch over slot 1, and the blocks' codes, indices and table rows."""
+
+    def __init__(self, ws: Workspace, M: int, K: int):
+        nb = K // nvfp4.BLOCK
+        self.nb = nb
+        self.q = ws.take(0, (M, nb, nvfp4.BLOCK), torch.float32)
+        self.q_rows = self.q.view(M, K)
+        self.q_pool = self.q.view(M, 1, K)
+        self.work = ws.take(1, (M, nb, nvfp4.BLOCK), torch.int32)
+        self.codes = torch.empty(M * nb, dtype=fp8.FP8_DTYPE)
+        self.index = torch.empty(M * nb, dtype=torch.int32)
+        self.rows = torch.empty(M * nb, dtype=torch.int64)
+        pair = self.rows.view(torch.int32).view(M, nb, 2)
+        self.eff, self.mult = pair[..., :1].view(torch.float32), pair[..., 1:]
+
+
 class Nvfp4Activation:
     """x -> e2m1_decode(codes) · s_x of nvfp4.quantize_activation(x, input_global_scale), fp32
     [M, K] (nvfp4_activation's bytes).
@@ -126,6 +156,13 @@ class Nvfp4Activation:
     it, the row of the table, q = clamp(x / eff, +-6), and q rounded to e2m1 as round(2q / e) ·
     (e · S / 2) with e = 2^clamp(E(q), 0, 2). +0.0 is added to 2q / e, so q = -0.0 gives +0.0 and a
     negative q that rounds to zero gives -0.0, as nvfp4.e2m1_encode's sign (q < 0) does.
+
+    The clamp to +-6 changes nothing, and is skipped, when every block's v = amax / 6 · gx is
+    within [2^-6, 448] and gx <= 2^119: each scale S is then a normal e4m3 number, S >= v ·
+    (1 - 2^-4) (half a step of 3 mantissa bits), and S / gx a normal fp32, so |q| is at most
+    6 / (1 - 2^-4) = 6.4 and a few ulps, below 7, and every |q| in (6, 7) rounds to 6 as the
+    clamped 6 does (e = 4, round(q / 2) = 3). Zero blocks, subnormal or saturated scales, inf and
+    NaN take the clamp.
     """
 
     def __init__(self, input_global_scale: torch.Tensor, workspace: Workspace | None = None):
@@ -135,6 +172,7 @@ class Nvfp4Activation:
         self.gx = gx
         self.key = ("nvfp4", int(gx.view(torch.int32)))   # the activation depends on x and gx only
         self.table = None
+        self.clamp_free_scales = False
         if torch.isfinite(gx) and gx > 0:
             S = torch.where(E4M3_VALUES == 0, torch.full_like(E4M3_VALUES, 0.125), E4M3_VALUES)
             eff = S / gx
@@ -142,19 +180,29 @@ class Nvfp4Activation:
             bits[torch.isnan(S)] = 0
             # [256] int64, each (eff's bits, S's bits less 2^30) as two int32 (a 1-D gather is the fast one)
             self.table = torch.stack([eff.view(torch.int32), bits], dim=1).contiguous().view(torch.int64).view(-1)
+            self.clamp_free_scales = bool(gx <= 2.0 ** 119)
+
+    def needs_clamp(self, v: torch.Tensor) -> bool:
+        """Whether q must be clamped to +-6 for the blocks' v = amax / 6 · gx (the class's note)."""
+        if not self.clamp_free_scales:
+            return True
+        lo, hi = torch.aminmax(v)
+        return not (float(lo) >= 2.0 ** -6 and float(hi) <= fp8.FP8_MAX)   # a NaN fails both
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.table is None or x.dtype != torch.float32:
             return nvfp4_activation(x, self.input_global_scale)
         x = x.contiguous()
         M, K = x.shape
-        nb = K // nvfp4.BLOCK
-        ws = self.workspace
-        q = torch.abs(x) if ws is None else torch.abs(x, out=ws.take(0, x.shape, torch.float32))
-        amax = F.max_pool1d(q.view(M, 1, K), nvfp4.BLOCK)            # the blocks' max |x| (NaN kept)
-        codes = amax.div_(nvfp4.FP4_MAX).mul_(self.gx).clamp_(max=fp8.FP8_MAX).to(fp8.FP8_DTYPE)
-        row = torch.index_select(self.table, 0, codes.view(torch.uint8).view(-1).int()).view(torch.int32).view(M, nb, 2)
-        eff, mult = row[..., :1].view(torch.float32), row[..., 1:]
-        qb = torch.div(x.view(M, nb, nvfp4.BLOCK), eff, out=q.view(M, nb, nvfp4.BLOCK)).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)
-        work = torch.empty_like(qb, dtype=torch.int32) if ws is None else ws.take(1, qb.shape, torch.int32)
-        return e2m1_round_(qb, work, mult).view(M, K)
+        ws = self.workspace or Workspace()
+        p = ws.plan(("nvfp4", M, K), lambda w: _Nvfp4Plan(w, M, K))
+        torch.abs(x, out=p.q_rows)
+        v = F.max_pool1d(p.q_pool, nvfp4.BLOCK).div_(nvfp4.FP4_MAX).mul_(self.gx)   # amax (NaN kept) / 6 · gx
+        clamp = self.needs_clamp(v)
+        p.codes.copy_(v.clamp_(max=fp8.FP8_MAX).view(-1))                         # the e4m3 cast
+        p.index.copy_(p.codes.view(torch.uint8))
+        torch.index_select(self.table, 0, p.index, out=p.rows)
+        q = torch.div(x.view(M, p.nb, nvfp4.BLOCK), p.eff, out=p.q)
+        if clamp:
+            q.clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)
+        return e2m1_round_(q, p.work, p.mult).view(M, K)

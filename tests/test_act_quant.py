@@ -201,3 +201,62 @@ def test_nvfp4_activation_scales_outside_the_fast_path():
         act = aq.Nvfp4Activation(gs)
         assert act.table is None
         assert _same(act(x), _nvfp4_reference(x, gs))
+
+
+def _clamp_free_rows(gx: float, seed: int) -> torch.Tensor:
+    """[64, 384] rows whose every block has v = amax / 6 · gx within [2^-6, 448]: random blocks,
+    and blocks whose amax puts v just below each e4m3 value's upper tie, so that the scale rounds
+    down and the largest |x / eff| is up to 6 · 17/16 (q above 6 without the clamp)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 384, generator=g)
+    blocks = x.view(64, 24, 16)
+    normal = aq.E4M3_VALUES[8:126]                       # 2^-6 .. 416, whose next value is finite
+    upper_tie = (normal + aq.E4M3_VALUES[9:127]) / 2
+    v = torch.cat([torch.nextafter(upper_tie, torch.zeros(1)), normal,
+                   torch.exp2(torch.empty(64 * 24 - 2 * normal.numel()).uniform_(-6, 8.8, generator=g))])
+    v = v[torch.randperm(v.numel(), generator=g)].view(64, 24)
+    amax = v * 6.0 / gx
+    blocks.mul_(amax[..., None] / blocks.abs().amax(-1, keepdim=True))
+    return x
+
+
+@pytest.mark.parametrize("gx", GLOBAL_SCALES)
+def test_nvfp4_activation_without_the_clamp(gx):
+    """Blocks whose scales are all normal and unsaturated skip the clamp to +-6 and give the
+    reference's bytes, with q above 6 where a scale rounds down."""
+    gs = torch.tensor([gx])
+    x = _clamp_free_rows(gx, seed=7)
+    act = aq.Nvfp4Activation(gs, aq.Workspace())
+    v = x.view(64, 24, 16).abs().amax(-1) / nvfp4.FP4_MAX * gs
+    assert not act.needs_clamp(v)
+    s = fp8.e4m3_rne(v).float()
+    assert (x.view(64, 24, 16).abs() * gs / s[..., None]).max() > 6.2   # unclamped q beyond 6
+    assert _same(act(x), _nvfp4_reference(x, gs))
+    assert _same(act(-x), _nvfp4_reference(-x, gs))
+
+
+@pytest.mark.parametrize("edge", ["zero", "subnormal", "saturated", "inf", "nan", "huge_gx"])
+def test_nvfp4_activation_takes_the_clamp(edge):
+    """One block outside the clamp-free condition (a zero block, a subnormal or saturated scale,
+    inf, NaN) or a global scale above 2^119 clamps, with the reference's bytes."""
+    gx = 2.0 ** 120 if edge == "huge_gx" else 424.3098
+    gs = torch.tensor([gx])
+    x = _clamp_free_rows(1.0 if edge == "huge_gx" else gx, seed=8)
+    if edge == "huge_gx":
+        x *= 2.0 ** -124
+    block = x[5, 32:48]
+    g = torch.Generator().manual_seed(9)
+    if edge == "zero":
+        block.zero_()
+    elif edge == "subnormal":                          # v between 2^-10 and 2^-6: a subnormal e4m3 scale
+        block.copy_(torch.randn(16, generator=g) * (3 * 2.0 ** -9 / gx))
+    elif edge == "saturated":
+        block.copy_(torch.randn(16, generator=g) * (6 * 2000.0 / gx))
+    elif edge == "inf":
+        block[3] = float("inf")
+    elif edge == "nan":
+        block[3] = float("nan")
+    act = aq.Nvfp4Activation(gs, aq.Workspace())
+    v = x.view(64, 24, 16).abs().amax(-1) / nvfp4.FP4_MAX * gs
+    assert act.needs_clamp(v)
+    assert _same(act(x), _nvfp4_reference(x, gs))
