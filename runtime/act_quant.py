@@ -49,7 +49,13 @@ class Workspace(threading.local):
     A tensor taken from a workspace is valid until the next take of its slot on this thread: the
     CPU reference consumes each activation (its products) before the next layer quantizes.
     `plan(key, build)` keeps per-shape views of the slots (and small tensors of their own) from
-    call to call; a slot that grows drops them, so a plan never points at memory no longer taken."""
+    call to call, the MAX_PLANS most recently used; a slot that grows drops them, so a plan never
+    points at memory no longer taken."""
+
+    # A CPU engine's batches take a few dozen [M, K] shapes (batches of 32 requests padded to the
+    # longest); a service sees any number, so the plans (up to ~13 bytes per block of 16 values
+    # each, beside the views) are bounded.
+    MAX_PLANS = 64
 
     def __init__(self):
         self.buffers: dict[int, torch.Tensor] = {}
@@ -64,10 +70,12 @@ class Workspace(threading.local):
         return buf[:n].view(dtype).view(shape)
 
     def plan(self, key, build: Callable[["Workspace"], object]):
-        plan = self.plans.get(key)
+        plan = self.plans.pop(key, None)
         if plan is None:
             plan = build(self)
-            self.plans[key] = plan
+            if len(self.plans) >= self.MAX_PLANS:
+                del self.plans[next(iter(self.plans))]   # the least recently used
+        self.plans[key] = plan
         return plan
 
 

@@ -260,3 +260,24 @@ def test_nvfp4_activation_takes_the_clamp(edge):
     v = x.view(64, 24, 16).abs().amax(-1) / nvfp4.FP4_MAX * gs
     assert act.needs_clamp(v)
     assert _same(act(x), _nvfp4_reference(x, gs))
+
+
+def test_workspace_plans_are_bounded_and_follow_their_slots():
+    """At most MAX_PLANS shapes keep their plans (the least recently used goes first), and a slot
+    that grows drops every plan: a later call at an old shape still gives the reference's bytes."""
+    ws = aq.Workspace()
+    gs = torch.tensor([GLOBAL_SCALES[0]])
+    act = aq.Nvfp4Activation(gs, ws)
+    x = torch.cat([_activations(64, seed) for seed in (4, 5, 6)])   # 72 rows: more shapes than plans
+    act(x)
+    first = ws.plans[("nvfp4",) + tuple(x.shape)]
+    for m in range(1, aq.Workspace.MAX_PLANS + 1):
+        act(x[:m])
+        act(x)                                       # kept: used again after each other shape
+    assert len(ws.plans) == aq.Workspace.MAX_PLANS
+    assert ws.plans[("nvfp4",) + tuple(x.shape)] is first
+    assert ("nvfp4", 1, 64) not in ws.plans           # the least recently used went
+    big = torch.cat([x] * 4)
+    assert _same(act(big), _nvfp4_reference(big, gs))  # slot 0 grows: the old plans go
+    assert list(ws.plans) == [("nvfp4",) + tuple(big.shape)]
+    assert _same(act(x), _nvfp4_reference(x, gs))
