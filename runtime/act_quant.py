@@ -53,8 +53,8 @@ class Workspace(threading.local):
     points at memory no longer taken."""
 
     # A CPU engine's batches take a few dozen [M, K] shapes (batches of 32 requests padded to the
-    # longest); a service sees any number, so the plans (up to ~13 bytes per block of 16 values
-    # each, beside the views) are bounded.
+    # longest); a service sees any number, so the plans (13 bytes per block of 16 values, beside
+    # their views of the slots) are bounded.
     MAX_PLANS = 64
 
     def __init__(self):
