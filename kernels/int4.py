@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm, int4_tiles
+from vsr.kernels import common, gemm
 from vsr.kernels.int4_tiles import default_tile, pick_group, search_space
 from vsr.kernels.template import Problem
 
@@ -587,7 +587,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     y = common.output(x, N, out)
     if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
         return y
-    dtile = int4_tiles.dense_tile(tile)
+    dtile = dense_tile(tile)
     if dtile is not None:
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)
@@ -670,7 +670,7 @@ def dequantize_transient(w: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
     """W [N, K] in `dtype` through _int4_dequant_kernel: the large-M paths' buffer for one call."""
     N, K = w.N, w.K
     wt = torch.empty((N, K), dtype=dtype, device=w.packed.device)
-    dbk = int4_tiles.dequant_block_k(w.group_size)
+    dbk = dequant_block_k(w.group_size)
     _int4_dequant_kernel[(common.cdiv(N, 32), common.cdiv(K, dbk))](
         w.packed, w.scale, w.zero_point if w.zero_point is not None else w.packed, wt, N, K, w.packed.stride(0),
         w.scale.stride(0), GROUP=w.group_size, HAS_ZP=w.zero_point is not None, BLOCK_N=32, BLOCK_K=dbk,
@@ -683,6 +683,25 @@ def _dense_module():
     return dense
 
 
+# The large-M paths: a transient dense copy (dequantize_transient) multiplied by the dense
+# template's path of this name. Launch-time choices live here, in the hashed module; the tile
+# spaces (int4_tiles.py) only choose among them.
+DENSE_PATH = {"dequant": "tiled", "dequant-tma": "tma", "dequant-sk": "tma-sk"}
+
+
+def dense_tile(tile: dict) -> dict | None:
+    """The dense template's tile that a large-M path ("dequant", "dequant-tma", "dequant-sk")
+    multiplies its transient dense copy with (the same tile on "tiled", "tma" or "tma-sk"); None
+    for the paths that unpack in the kernel."""
+    path = DENSE_PATH.get(tile.get("path"))
+    return None if path is None else dict(tile, path=path)
+
+
+def dequant_block_k(group: int) -> int:
+    """The dequantization kernel's K step: the largest power of two up to 256 that divides the group."""
+    return next(b for b in (256, 128, 64, 32, 16, 8) if group % b == 0)
+
+
 def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
     """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
@@ -690,4 +709,4 @@ def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
                     default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
-                    pick_group=pick_group, deps=(_dense_module(), int4_tiles))
+                    pick_group=pick_group, deps=(_dense_module(),))

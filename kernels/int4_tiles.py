@@ -15,11 +15,6 @@ def _bk_choices(group: int) -> tuple[int, ...]:
     return tuple(b for b in (32, 64, 128, 256) if group % b == 0)
 
 
-def dequant_block_k(group: int) -> int:
-    """The dequantization kernel's K step: the largest power of two up to 256 that divides the group."""
-    return next(b for b in (256, 128, 64, 32, 16, 8) if group % b == 0)
-
-
 def _gemv_block_k(K: int) -> int:
     """The GEMV's K step: 1024 columns (128 words) where K allows, else K rounded up to a power of two."""
     return min(1024, max(64, common.next_pow2(K)))
@@ -59,7 +54,7 @@ def default_tile(p: Problem) -> dict:
         # main loop (3x on qkv at 4096 rows); its tile is the dense template's default for the bucket.
         b = _dense_bytes(p)
         t = gemm_tiles.default_gemm_tile(p.bucket, p.N, p.K, b, b)
-        return dict(t, path=_DEQUANT_PATH[t["path"]])
+        return dict(t, path=_dequant_paths()[t["path"]])
     if p.act_dtype == torch.float32 and 64 in bks:
         # fp32 x, buckets 2..128: the transposed product, which wins most of the
         # MiniLM keys, where the split-K tile below takes a median 4.8x as long.
@@ -74,16 +69,11 @@ def default_tile(p: Problem) -> dict:
     return gemm_tiles.tile("splitk", bm, bn, bk, split, 4, 4)
 
 
-_DEQUANT_PATH = {"tma": "dequant-tma", "tma-sk": "dequant-sk", "tiled": "dequant"}
-_DENSE_PATH = {v: k for k, v in _DEQUANT_PATH.items()}
-
-
-def dense_tile(tile: dict) -> dict | None:
-    """The dense template's tile that a large-M path ("dequant", "dequant-tma", "dequant-sk")
-    multiplies its transient dense copy with (the same tile on "tiled", "tma" or "tma-sk"); None
-    for the paths that unpack in the kernel."""
-    path = _DENSE_PATH.get(tile.get("path"))
-    return None if path is None else dict(tile, path=path)
+def _dequant_paths() -> dict[str, str]:
+    """Dense path -> the int4 path that multiplies a transient dense copy with it (int4.DENSE_PATH,
+    which the launcher reads, inverted)."""
+    from vsr.kernels import int4   # (it imports this module: not at its top)
+    return {v: k for k, v in int4.DENSE_PATH.items()}
 
 
 def _slices_ok(p: Problem) -> bool:
@@ -174,15 +164,30 @@ _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (
                 256: ((128, 128, 8, 4, 2), (128, 64, 4, 4, 2), (256, 64, 4, 3, 2), (256, 128, 8, 2, 1))}
 
 
+# SCALE_W join tiles of 256 weight rows at BLOCK_K 64, per bucket: (rows of x, warps, stages, waves).
+# A join program reads its rows of x whole for each block of weight rows, so x crosses from L2
+# M x K x 2 bytes x N / BLOCK_N in all: on the 27B-class gate_up at 256 rows, 1.43 GB with 64
+# weight rows and 356 MB with 256, against 1.07 GB of x and weights together for BF16's 128 x 256
+# tile. At BLOCK_K 64 these hold their accumulator and joined operand in registers (sm_90, Triton
+# 3.9: 150-220 a thread on 8 warps, about 120 on 16, no stack), where the same tiles at BLOCK_K 128
+# or without SCALE_W spill. Bucket 64 holds 64 rows of x, 128 and 256 hold 128.
+_WIDE_JOIN = {64: ((64, 8, 3, 4),), 128: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 16, 3, 2)),
+              256: ((128, 8, 2, 2), (128, 16, 3, 2))}
+
+
 def _scaled_join_tiles(p: Problem) -> list[dict]:
     """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
     product), for buckets 16..256: the join form whose wgmmas Triton keeps in flight across K steps,
-    so the nibble conversion overlaps the tensor cores. Buckets 16-32 take 64's tiles."""
+    so the nibble conversion overlaps the tensor cores. Buckets 16-32 take 64's tiles. The 256
+    weight rows of _WIDE_JOIN come first where the group takes BLOCK_K 64."""
     rows = 64 if p.bucket <= 64 else p.bucket
+    forms = [(bm, 256, 64, warps, stages, waves) for bm, warps, stages, waves in _WIDE_JOIN[rows]
+             if p.param("group", 128) % 64 == 0]
+    forms += [(bm, bn, 128, warps, stages, waves) for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]]
     out = []
-    for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]:
+    for bm, bn, bk, warps, stages, waves in forms:
         bm = min(bm, max(16, p.bucket))
-        t = gemm_tiles.tile("join", bm, bn, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, 128, 16, waves=waves),
+        t = gemm_tiles.tile("join", bm, bn, bk, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16, waves=waves),
                             warps, stages)
         t["SCALE_W"] = 1
         if t not in out:
@@ -228,8 +233,9 @@ def search_space(p: Problem) -> list[dict]:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
         b = _dense_bytes(p)
-        rest = [dict(t, path=_DEQUANT_PATH[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in _DEQUANT_PATH] + mma[:4] + _join_tiles(p)   # (unpacking in the loop loses 3x here)
+        dequant = _dequant_paths()
+        rest = [dict(t, path=dequant[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
+                if t["path"] in dequant] + mma[:4] + _join_tiles(p)   # (unpacking in the loop loses 3x here)
     else:
         rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))
     out, seen = [d], {tuple(sorted(d.items()))}

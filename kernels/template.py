@@ -116,7 +116,7 @@ def module_code_text(module: ModuleType) -> str:
 # runs. What a recorded tile computes does not depend on them (the launchers and kernels never
 # call into them), so no source hash covers them, and a change to a search space leaves every
 # recorded tile valid (tests/test_kernels_formats.py runs each template's launch with them disabled).
-TILE_CHOICE_MODULES = frozenset({"vsr.kernels.gemm_tiles"})
+TILE_CHOICE_MODULES = frozenset({"vsr.kernels.gemm_tiles", "vsr.kernels.int4_tiles"})
 
 
 def source_hash(*modules: ModuleType) -> str:

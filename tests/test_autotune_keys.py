@@ -42,13 +42,15 @@ def test_source_hash_covers_shared_kernel_modules():
     assert pdl not in t.modules and any(m is pdl for m in vars(t.module).values())
     assert kernel_source_hash(t) != t.source_hash
     # The shared products (gemm.py) are in every template's hash: int4 reaches them only through
-    # dense (its dequant path), nvfp4 through fp8. The shared tile spaces (gemm_tiles.py) are in
-    # none, though dense, fp8 and nvfp4 import them (template.TILE_CHOICE_MODULES).
-    from vsr.kernels import gemm, gemm_tiles
-    assert all(gemm in x.modules and gemm_tiles not in x.modules for x in TEMPLATES.values())
+    # dense (its dequant path), nvfp4 through fp8. The tile spaces (gemm_tiles.py, shared, and
+    # int4_tiles.py, int4's) are in none, though the templates import them
+    # (template.TILE_CHOICE_MODULES): int4's launch-time choices (int4.DENSE_PATH) are in int4.py.
+    from vsr.kernels import gemm, gemm_tiles, int4_tiles
+    assert all(gemm in x.modules and gemm_tiles not in x.modules and int4_tiles not in x.modules
+               for x in TEMPLATES.values())
     assert any(m is gemm_tiles for m in vars(f.module).values()) and kernel_source_hash(f) == f.source_hash
-    from vsr.kernels import int4_tiles   # int4's tile space, in a module of its own
-    assert int4_tiles in TEMPLATES["int4_w4a16"].modules
+    i = TEMPLATES["int4_w4a16"]
+    assert i.search_space is int4_tiles.search_space and kernel_source_hash(i) == i.source_hash
     plain = Template(name="dense_plain", module=t.module, search_space=t.search_space, default_tile=t.default_tile,
                      launch=t.launch, reference=t.reference, problem=t.problem)
     assert kernel_source_hash(plain) != plain.source_hash

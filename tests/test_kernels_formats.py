@@ -976,6 +976,27 @@ def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
     assert not torch.equal(unrounded, expect.cpu()), "the case must tell a weight rounded first from one not"
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_wide_join_tiles_of_the_space(symmetric):
+    # The space's join tiles of 256 weight rows (int4_tiles._WIDE_JOIN: BLOCK_K 64, SCALE_W) at
+    # each bucket that offers them, on 300 weight rows (a whole block and a partial one) and rows
+    # of x past one block at 256, against the reference in a NaN-filled output.
+    from vsr.autotune import synth
+    from vsr.kernels import int4_tiles
+    t = int4.TEMPLATE
+    w = synth.random_weight("int4", 300, K, dict(group=128, symmetric=symmetric), torch.float16, DEV, 41)
+    seen = 0
+    for bucket, M in ((16, 13), (64, 40), (128, 100), (256, 150)):
+        x = torch.randn(M, K, generator=gen(42 + M)).half().to(DEV)
+        tiles = [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "join" and c["BLOCK_N"] == 256]
+        assert len(tiles) == len(int4_tiles._WIDE_JOIN[64 if bucket <= 64 else bucket])
+        for tile in tiles:
+            assert tile["BLOCK_K"] == 64 and tile["SCALE_W"] == 1
+            assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
+            seen += 1
+    assert seen == 7
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_int4_scale_w_tiles_of_the_space_are_right_and_repeatable(symmetric):
@@ -984,13 +1005,15 @@ def test_int4_scale_w_tiles_of_the_space_are_right_and_repeatable(symmetric):
     # second launch. (The 256 x 128 tile fails this with zero points at 3 stages on the H200 with
     # Triton 3.6, wrong and varying; the space holds it at 2.)
     from vsr.autotune import synth
+    from vsr.kernels import int4_tiles
     t = int4.TEMPLATE
     N, Kx = 5120, 8192
     w = synth.random_weight("int4", N, Kx, dict(group=128, symmetric=symmetric), torch.bfloat16, DEV, 31)
     x = torch.randn(256, Kx, generator=gen(32)).to(torch.bfloat16).to(DEV)
     ref = int4.reference_linear(x, w)
     tiles = [c for c in t.search_space(t.problem(w, 256, x.dtype)) if c.get("SCALE_W")]
-    assert len(tiles) == 4 and all(c["SPLIT_K"] > 1 for c in tiles if c["BLOCK_M"] == 256 and c["BLOCK_N"] == 128)
+    assert len(tiles) == len(int4_tiles._SCALED_JOIN[256]) + len(int4_tiles._WIDE_JOIN[256])
+    assert all(c["SPLIT_K"] > 1 for c in tiles if c["BLOCK_M"] == 256 and c["BLOCK_N"] == 128)
     for tile in tiles:
         y1, y2 = run(int4.launch, x, w, tile), run(int4.launch, x, w, tile)
         assert_close(y1, ref)
@@ -1402,12 +1425,13 @@ def test_every_wide_tile_is_in_the_tuners_pick_of_16(bucket):
 
 
 def test_launches_never_call_the_tile_spaces(monkeypatch):
-    # gemm_tiles.py is outside every source hash (template.TILE_CHOICE_MODULES): it may only choose
-    # tiles. Each template's launch of a tile of every path of its spaces (chosen first) must then
-    # run, and match its reference, with every function of gemm_tiles disabled.
+    # gemm_tiles.py and int4_tiles.py are outside every source hash (template.TILE_CHOICE_MODULES):
+    # they may only choose tiles. Each template's launch of a tile of every path of its spaces
+    # (chosen first) must then run, and match its reference, with every function of both disabled.
     import types as _types
+    from vsr.kernels import int4_tiles
     from vsr.kernels.template import TILE_CHOICE_MODULES
-    assert TILE_CHOICE_MODULES == {gemm_tiles.__name__}
+    assert TILE_CHOICE_MODULES == {gemm_tiles.__name__, int4_tiles.__name__}
     g = gen(77)
     cases = [(dense, dense.launch, dense.DenseWeight(torch.randn(N, K, generator=g).half(),
                                                      torch.randn(N, generator=g).half()).to(DEV), None),
@@ -1425,9 +1449,10 @@ def test_launches_never_call_the_tile_spaces(monkeypatch):
                 if form not in seen:
                     seen.add(form)
                     runs.append((mod, launch, w, tol, M, t))
-    for name, f in vars(gemm_tiles).items():
-        if isinstance(f, _types.FunctionType) and f.__module__ == gemm_tiles.__name__:
-            monkeypatch.setattr(gemm_tiles, name, lambda *a, _n=name, **k: pytest.fail(f"a launch called gemm_tiles.{_n}"))
+    for mod in (gemm_tiles, int4_tiles):
+        for name, f in vars(mod).items():
+            if isinstance(f, _types.FunctionType) and f.__module__ == mod.__name__:
+                monkeypatch.setattr(mod, name, lambda *a, _n=f"{mod.__name__}.{name}", **k: pytest.fail(f"a launch called {_n}"))
     for mod, launch, w, tol, M, t in runs:
         x = torch.randn(M, K, generator=g).half().to(DEV)
         assert_close(run(launch, x, w, t), mod.reference_linear(x, w), tol)
