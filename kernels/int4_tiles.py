@@ -249,10 +249,10 @@ def search_space(p: Problem) -> list[dict]:
 
 def pick_group(tile: dict):
     """The tuner's pick group of an int4 tile (Template.pick_group): its path, with SCALE_W join tiles
-    and X_SPLIT slices tiles in groups of their own (kernel forms that few tiles stand for); the
-    dequantizing paths' tiles as gemm_tiles groups them."""
+    (those of 256 weight rows apart) and X_SPLIT slices tiles in groups of their own (kernel forms
+    that few tiles stand for); the dequantizing paths' tiles as gemm_tiles groups them."""
     if tile.get("SCALE_W"):
-        return tile.get("path"), "scale-w"
+        return tile.get("path"), "scale-w-256" if tile.get("BLOCK_N") == 256 else "scale-w"
     if tile.get("X_SPLIT"):
         return tile.get("path"), "x-split"
     return gemm_tiles.pick_group(tile)

@@ -236,14 +236,18 @@ def _int4_pick(symmetric, bucket, field):
 
 
 def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
-    # The int4 join's SCALE_W tiles are a group of their own (a kernel form whose products stay in
-    # flight, which the fp32-scaled join's do not): the 20-tile pick of caches/retune.sh sees all
-    # four at bucket 128 beside the fp32-scaled ones, and three of four at 256 (the first and last
-    # among them).
-    for bucket, seen in ((128, 4), (256, 3)):
+    # The int4 join's SCALE_W tiles are groups of their own (a kernel form whose products stay in
+    # flight, which the fp32-scaled join's do not), those of 256 weight rows apart: the 20-tile
+    # pick of caches/retune.sh sees every 256-row one, three of the four others at bucket 128 and
+    # two at 256 (the first and last of each group), beside fp32-scaled join tiles.
+    from vsr.kernels import int4_tiles
+    t = int4_tiles.pick_group
+    for bucket, wide, seen in ((128, 3, 3), (256, 2, 2)):
         space, pick, scaled, got, groups = _int4_pick(True, bucket, "SCALE_W")
-        assert len(scaled) == 4 and groups == {("join", "scale-w")}
-        assert len(got) == seen and got[0] == scaled[0] and got[-1] == scaled[-1], (bucket, got)
+        assert groups == {("join", "scale-w"), ("join", "scale-w-256")} and len(scaled) == 4 + wide
+        for g, n in ((("join", "scale-w-256"), wide), (("join", "scale-w"), seen)):
+            of, picked = [c for c in scaled if t(c) == g], [c for c in got if t(c) == g]
+            assert len(picked) == n and picked[0] == of[0] and picked[-1] == of[-1], (bucket, g, picked)
         assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
 
 
@@ -252,10 +256,11 @@ def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():
     # group of their own: at bucket 1, where every slices tile comes in that form too, the 20-tile
     # pick of caches/retune.sh sees the default and five more of them beside five copy-form slices
     # tiles; at bucket 2 (every tile in that form after the copying ones) five of them beside the
-    # copying default and five more; at bucket 16 the one X_SPLIT tile, beside five copy-form ones.
+    # copying default and five more; at bucket 16 the one X_SPLIT tile, beside four copy-form ones
+    # (the 256-weight-row join tile's group takes a share there).
     # (At bucket 2 that leaves out X_ROW tiles that can win: caches/retune.sh tunes buckets 2 and 4
     # over their whole spaces before the 20-tile pass.)
-    for bucket, seen, copying in ((1, 6, 5), (2, 5, 6), (16, 1, 5)):
+    for bucket, seen, copying in ((1, 6, 5), (2, 5, 6), (16, 1, 4)):
         space, pick, _, got, groups = _int4_pick(False, bucket, "X_SPLIT")
         assert groups == {("slices", "x-split")}
         assert len(got) == seen and (bucket > 1 or got[0] == space[0]), (bucket, got)
