@@ -170,9 +170,10 @@ _SCALED_JOIN = {64: ((64, 64, 4, 3, 8), (64, 64, 4, 4, 4), (64, 128, 8, 3, 4), (
 # weight rows and 356 MB with 256, against 1.07 GB of x and weights together for BF16's 128 x 256
 # tile. At BLOCK_K 64 these hold their accumulator and joined operand in registers (sm_90, Triton
 # 3.9: 100-220 a thread on 8 warps, about 120 on 16, no stack), where the same tiles at BLOCK_K 128
-# or without SCALE_W spill. Bucket 64 holds 64 rows of x, 128 and 256 hold 128.
-_WIDE_JOIN = {64: ((64, 8, 3, 4),), 128: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 16, 3, 2)),
-              256: ((128, 8, 2, 2), (128, 16, 3, 2))}
+# or without SCALE_W spill. Bucket 64 holds 64 rows of x, 128 and 256 hold 128 (and at 128 also
+# 64, twice the programs at half the registers).
+_WIDE_JOIN = {64: ((64, 8, 3, 4),), 128: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 16, 3, 2), (64, 8, 3, 2)),
+              256: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 16, 3, 2))}
 
 
 def _scaled_join_tiles(p: Problem) -> list[dict]:
