@@ -7,7 +7,7 @@ import torch
 from tinypkgs import QWEN3_LABELS, TEST_TEXTS, Pkg, tiny_qwen3  # noqa: F401
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.qwen3 import rope_theta
+from vsr.runtime.models.common import rope_theta
 
 
 def _ours_logits(e, b):

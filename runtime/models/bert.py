@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder, activated_product, normed_product
+from vsr.runtime.models.common import Builder, activated_product, labels, normed_product
 
 # config.json's hidden_act -> the activation op (models/common.activated_product): "gelu" is the
 # exact (erf) GELU, as transformers' "gelu".
@@ -96,10 +96,7 @@ class BertRouter(torch.nn.Module):
             if head.get("pooling", "mean") != "mean":
                 raise PackageError(f"config.json: vsr_classifier pooling {head.get('pooling')!r} is not supported (only mean)")
             self.normalize = bool(head.get("normalize", True))
-            id2label = config.get("id2label")
-            if not id2label:
-                raise PackageError("config.json: vsr_classifier needs id2label")
-            self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+            self.labels = labels(config, "vsr_classifier")
             # The head runs in fp32 whatever the activation dtype: it is tiny and decides the answer.
             self.cls_w = b.tensor("classifier.weight", torch.float32)
             self.cls_b = b.tensor("classifier.bias", torch.float32)

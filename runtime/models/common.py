@@ -6,6 +6,7 @@ import warnings
 import torch
 
 from vsr.runtime import fuse
+from vsr.runtime.errors import PackageError
 from vsr.runtime.linear import stack_one_input, to_run_dtype
 
 
@@ -175,3 +176,75 @@ def activated_product(ops, proj, h, act: str, exact: bool = True):
         y, xq, xs = fn(h, *args, quant_fp8=True)
         return proj.product_fp8(xq, xs, y.dtype)
     return proj(fn(h, *args))
+
+
+def labels(config: dict, needs: str) -> list[str]:
+    """config's id2label as a list in id order (its keys strings or ints); `needs` says who needs
+    them, for the error when there are none."""
+    id2label = config.get("id2label")
+    if not id2label:
+        raise PackageError(f"config.json: {needs} needs id2label")
+    return [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+
+
+def rope_theta(config: dict) -> float:
+    """rope_theta from transformers 4.x ("rope_theta") or 5.x ("rope_parameters") configs."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rtype = params.get("rope_type", params.get("type", "default"))
+    if rtype != "default":
+        raise PackageError(f"config.json: rope_type {rtype!r} is not supported (only default RoPE)")
+    theta = config.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise PackageError("config.json: no rope_theta (neither top-level nor in rope_parameters)")
+    return float(theta)
+
+
+def rope_inv_freq(theta: float, dim: int, device) -> torch.Tensor:
+    """RoPE's inverse frequencies of `dim` rotated columns (fp32, transformers' default RoPE)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+
+
+def rope_cos_sin(S: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [S, dim] in fp32 of positions 0..S-1 (each request's own: right padding)."""
+    t = torch.arange(S, device=inv_freq.device, dtype=torch.float32)
+    f = torch.outer(t, inv_freq)
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+class DecoderRouter(torch.nn.Module):
+    """What the decoder routers (Qwen3, Qwen3.5) share: grouped-query heads from the config, and the
+    score head (fp32 [labels, hidden]) applied to each request's last real token. A subclass sets
+    hidden, labels, ops, exact and defines encode."""
+
+    def attention_heads(self, cfg: dict) -> None:
+        """heads, kv_heads, head_dim from the config; the query heads a multiple of the key/value heads."""
+        self.heads = int(cfg["num_attention_heads"])
+        self.kv_heads = int(cfg.get("num_key_value_heads") or self.heads)
+        self.head_dim = int(cfg.get("head_dim") or self.hidden // self.heads)
+        if self.heads % self.kv_heads:
+            raise PackageError(f"config.json: num_attention_heads {self.heads} is not a multiple of "
+                               f"num_key_value_heads {self.kv_heads}")
+
+    def load_score(self, b: Builder) -> None:
+        self.score = b.tensor("score.weight", torch.float32)
+        if tuple(self.score.shape) != (len(self.labels), self.hidden):
+            raise PackageError(f"score.weight: shape {tuple(self.score.shape)}, expected "
+                               f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
+
+    @staticmethod
+    def request_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        lengths: torch.Tensor | None) -> torch.Tensor:
+        """Each request's token count, int32 on the inputs' device (from the mask when not given)."""
+        if lengths is None:
+            lengths = attention_mask.sum(-1)
+        return lengths.to(device=input_ids.device, dtype=torch.int32)
+
+    def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
+        """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
+        lengths = self.request_lengths(input_ids, attention_mask, lengths)
+        h = self.encode(input_ids, attention_mask, lengths)
+        return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
+
+    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return last_hidden.float() @ self.score.t()

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder, activated_product, normed_product
+from vsr.runtime.models.common import (Builder, activated_product, labels, normed_product, rope_cos_sin,
+                                       rope_inv_freq)
 
 # config.json's activation -> its name in models/common.activated_product (the MLP's gated form is
 # this name + "_mul"); transformers' "gelu" is the exact (erf) GELU.
@@ -96,10 +97,7 @@ class ModernBertRouter(torch.nn.Module):
         self.eps = float(config.get("norm_eps", 1e-5))
         self.local_attention = int(config.get("local_attention", 128))   # keys within |i - j| <= this // 2
         self.types = layer_types(config)
-        id2label = config.get("id2label")
-        if not id2label:
-            raise PackageError("config.json: a ModernBERT classifier needs id2label (its classifier's labels)")
-        self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+        self.labels = labels(config, "a ModernBERT classifier's head")
 
         self.embed = b.tensor("model.embeddings.tok_embeddings.weight")   # as stored; rows cast after lookup
         self.emb_norm = self._norm(b, "model.embeddings.norm")
@@ -118,19 +116,16 @@ class ModernBertRouter(torch.nn.Module):
         if tuple(self.cls_w.shape) != (len(self.labels), self.hidden):
             raise PackageError(f"classifier.weight: shape {tuple(self.cls_w.shape)}, expected "
                                f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
-        self.inv_freq = {t: 1.0 / (rope_theta(config, t) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
-                                                                           device=b.device) / self.head_dim))
-                         for t in set(self.types)}
+        self.inv_freq = {t: rope_inv_freq(rope_theta(config, t), self.head_dim, b.device) for t in set(self.types)}
 
     def _norm(self, b: Builder, name: str):
         bias = b.tensor(name + ".bias", self.dtype) if b.has(name + ".bias") else None
         return b.tensor(name + ".weight", self.dtype), bias
 
-    def _cos_sin(self, layer_type: str, S: int, device):
+    def _cos_sin(self, layer_type: str, S: int):
         """cos, sin [S, head_dim], made in fp32 and cast to the activation dtype (transformers')."""
-        f = torch.outer(torch.arange(S, device=device, dtype=torch.float32), self.inv_freq[layer_type])
-        emb = torch.cat((f, f), dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        cos, sin = rope_cos_sin(S, self.inv_freq[layer_type])
+        return cos.to(self.dtype), sin.to(self.dtype)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None
                ) -> torch.Tensor:
@@ -142,7 +137,7 @@ class ModernBertRouter(torch.nn.Module):
         lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
         o, X = self.ops, self.exact
         e = self.embed[input_ids.reshape(T)].to(self.dtype)
-        rope = {t: self._cos_sin(t, S, e.device) for t in set(self.types)}
+        rope = {t: self._cos_sin(t, S) for t in set(self.types)}
         d = res = None   # the residual stream is d + res, summed by the next norm
         for i, (t, m, (attn_norm, mlp_norm)) in enumerate(zip(self.types, self.layers, self.norms)):
             if i == 0:   # the embedding norm's output is the stream and Wqkv's input

@@ -18,7 +18,8 @@ import torch
 
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models import ops
-from vsr.runtime.models.common import Builder, activated_product, normed_product
+from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
+                                       rope_cos_sin, rope_inv_freq, rope_theta)
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -39,24 +40,12 @@ def products(config: dict, loader=None) -> list[tuple[str, tuple[str, ...]]]:
             for i in range(int(config["num_hidden_layers"])) for label, parts in _PRODUCTS]
 
 
-def rope_theta(config: dict) -> float:
-    """rope_theta from transformers 4.x ("rope_theta") or 5.x ("rope_parameters") configs."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rtype = params.get("rope_type", params.get("type", "default"))
-    if rtype != "default":
-        raise PackageError(f"config.json: rope_type {rtype!r} is not supported (only default RoPE)")
-    theta = config.get("rope_theta", params.get("rope_theta"))
-    if theta is None:
-        raise PackageError("config.json: no rope_theta (neither top-level nor in rope_parameters)")
-    return float(theta)
-
-
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Qwen3RMSNorm: normalise in fp32, cast back, then scale."""
     return ops.REFERENCE.rms_norm(x, w, eps)[0]
 
 
-class Qwen3Router(torch.nn.Module):
+class Qwen3Router(DecoderRouter):
     def __init__(self, config: dict, b: Builder):
         super().__init__()
         if config.get("use_sliding_window"):
@@ -65,18 +54,10 @@ class Qwen3Router(torch.nn.Module):
             raise PackageError(f"config.json: hidden_act {config['hidden_act']!r} is not supported (only silu)")
         self.dtype = b.act_dtype
         self.hidden = int(config["hidden_size"])
-        self.heads = int(config["num_attention_heads"])
-        self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
-        self.head_dim = int(config.get("head_dim") or self.hidden // self.heads)
-        if self.heads % self.kv_heads:
-            raise PackageError(f"config.json: num_attention_heads {self.heads} is not a multiple of "
-                               f"num_key_value_heads {self.kv_heads}")
+        self.attention_heads(config)
         self.eps = float(config.get("rms_norm_eps", 1e-6))
         self.theta = rope_theta(config)
-        id2label = config.get("id2label")
-        if not id2label:
-            raise PackageError("config.json: a Qwen3 router needs id2label (its score head's labels)")
-        self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+        self.labels = labels(config, "a Qwen3 router's score head")
 
         # Norm weights in the activation dtype, as transformers multiplies them.
         self.ops, self.exact = b.ops(), b.exact
@@ -93,31 +74,18 @@ class Qwen3Router(torch.nn.Module):
             self.norms.append({n: b.tensor(P + n + ".weight", self.dtype) for n in
                                ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")})
         self.final_norm = b.tensor("model.norm.weight", self.dtype)
-        self.score = b.tensor("score.weight", torch.float32)
-        if tuple(self.score.shape) != (len(self.labels), self.hidden):
-            raise PackageError(f"score.weight: shape {tuple(self.score.shape)}, expected "
-                               f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
-        self.inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32,
-                                                            device=b.device) / self.head_dim))
-
-    def _rope(self, B: int, S: int, device):
-        """cos, sin [B*S, head_dim] in fp32 (each request's positions 0..S-1: right padding)."""
-        t = torch.arange(S, device=device, dtype=torch.float32)
-        f = torch.outer(t, self.inv_freq)
-        emb = torch.cat((f, f), dim=-1)
-        return emb.cos().repeat(B, 1), emb.sin().repeat(B, 1)
+        self.load_score(b)
+        self.inv_freq = rope_inv_freq(self.theta, self.head_dim, b.device)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None
                ) -> torch.Tensor:
         """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        if lengths is None:
-            lengths = attention_mask.sum(-1)
-        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        lengths = self.request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         T = B * S
         x = self.embed[input_ids.reshape(T)].to(self.dtype)
-        cos, sin = self._rope(B, S, x.device)
+        cos, sin = (c.repeat(B, 1) for c in rope_cos_sin(S, self.inv_freq))   # [B*S, head_dim]
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for m, n in zip(self.layers, self.norms):
@@ -132,12 +100,3 @@ class Qwen3Router(torch.nn.Module):
             d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, exact=X)[0]
         return h.view(B, S, self.hidden)
-
-    def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
-        """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
-        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
-        h = self.encode(input_ids, attention_mask, lengths)
-        return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
-
-    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        return last_hidden.float() @ self.score.t()

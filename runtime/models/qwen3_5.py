@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import Builder, activated_product, normed_product
+from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
+                                       rope_cos_sin, rope_inv_freq, rope_theta)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 # The old names transformers' configs remap on load (configuration_utils.remap_legacy_layer_types).
@@ -115,19 +116,13 @@ def products(config: dict, loader) -> list[tuple[str, tuple[str, ...]]]:
 def rope_parameters(cfg: dict) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor), default RoPE only."""
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rtype = params.get("rope_type", params.get("type", "default"))
-    if rtype != "default":
-        raise PackageError(f"config.json: rope_type {rtype!r} is not supported (only default RoPE)")
-    theta = cfg.get("rope_theta", params.get("rope_theta"))
-    if theta is None:
-        raise PackageError("config.json: no rope_theta (neither top-level nor in rope_parameters)")
     factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
-    return float(theta), float(factor)
+    return rope_theta(cfg), float(factor)
 
 
 # ---- the model ------------------------------------------------------------------------------
 
-class Qwen3_5Router(torch.nn.Module):
+class Qwen3_5Router(DecoderRouter):
     def __init__(self, config: dict, b: Builder):
         super().__init__()
         arch = (config.get("architectures") or [None])[0]
@@ -144,12 +139,7 @@ class Qwen3_5Router(torch.nn.Module):
             raise PackageError("config.json: attention_bias is not supported (Qwen3.5 projections have no bias)")
         self.dtype = b.act_dtype
         self.hidden = int(cfg["hidden_size"])
-        self.heads = int(cfg["num_attention_heads"])
-        self.kv_heads = int(cfg.get("num_key_value_heads") or self.heads)
-        self.head_dim = int(cfg.get("head_dim") or self.hidden // self.heads)
-        if self.heads % self.kv_heads:
-            raise PackageError(f"config.json: num_attention_heads {self.heads} is not a multiple of "
-                               f"num_key_value_heads {self.kv_heads}")
+        self.attention_heads(cfg)
         self.lk_heads = int(cfg.get("linear_num_key_heads", 16))
         self.lv_heads = int(cfg.get("linear_num_value_heads", 32))
         self.lk_dim = int(cfg.get("linear_key_head_dim", 128))
@@ -161,10 +151,7 @@ class Qwen3_5Router(torch.nn.Module):
         theta, factor = rope_parameters(cfg)
         self.rotary_dim = int(self.head_dim * factor)
         self.types = layer_types(cfg)
-        id2label = cfg.get("id2label")
-        if not id2label:
-            raise PackageError("config.json: a Qwen3.5 router needs id2label (its score head's labels)")
-        self.labels = [id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label))]
+        self.labels = labels(cfg, "a Qwen3.5 router's score head")
 
         self.ops, self.exact = b.ops(), b.exact
         P = prefix(b)
@@ -202,20 +189,8 @@ class Qwen3_5Router(torch.nn.Module):
                 p["k_norm"] = b.tensor(L + "self_attn.k_norm.weight", torch.float32)
             self.params.append(p)
         self.final_norm = b.tensor(P + "norm.weight", torch.float32)
-        self.score = b.tensor("score.weight", torch.float32)
-        if tuple(self.score.shape) != (len(self.labels), self.hidden):
-            raise PackageError(f"score.weight: shape {tuple(self.score.shape)}, expected "
-                               f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.rotary_dim, 2, dtype=torch.float32,
-                                                       device=b.device) / self.rotary_dim))
-
-    def _rope(self, S: int, device):
-        """cos, sin [S, rotary_dim] in fp32 (each request's positions 0..S-1: right padding); the
-        ops cast them to the activation dtype, as transformers' rotary embedding returns them."""
-        t = torch.arange(S, device=device, dtype=torch.float32)
-        f = torch.outer(t, self.inv_freq)
-        emb = torch.cat((f, f), dim=-1)
-        return emb.cos(), emb.sin()
+        self.load_score(b)
+        self.inv_freq = rope_inv_freq(theta, self.rotary_dim, b.device)
 
     def _deltanet(self, m, p, qkvz, h, B: int, S: int, lengths):
         """Gated DeltaNet on the fused in_proj_qkv | in_proj_z output qkvz [T, conv_dim + Hv*V] of h."""
@@ -249,12 +224,12 @@ class Qwen3_5Router(torch.nn.Module):
                ) -> torch.Tensor:
         """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        if lengths is None:
-            lengths = attention_mask.sum(-1)
-        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        lengths = self.request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         x = self.embed[input_ids.reshape(B * S)].to(self.dtype)
-        cos, sin = self._rope(S, x.device)
+        # [S, rotary_dim] fp32: the ops cast them to the activation dtype, as transformers' rotary
+        # embedding returns them
+        cos, sin = rope_cos_sin(S, self.inv_freq)
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for t, m, p in zip(self.types, self.layers, self.params):
             first = m["in_proj_qkvz"] if t == "linear_attention" else m["qkv_proj"]
@@ -269,12 +244,3 @@ class Qwen3_5Router(torch.nn.Module):
             d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, zero_centered=True, exact=X)[0]
         return h.view(B, S, self.hidden)
-
-    def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
-        """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
-        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
-        h = self.encode(input_ids, attention_mask, lengths)
-        return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
-
-    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        return last_hidden.float() @ self.score.t()
