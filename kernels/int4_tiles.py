@@ -118,16 +118,20 @@ def slices_tiles(p: Problem) -> list[dict]:
 
 
 def _join_tiles(p: Problem) -> list[dict]:
-    """Candidates of the join path for buckets 16..256: its SCALE_W tiles (_scaled_join_tiles) and
-    tiles of the form that scales each step's fp32 product. At 16..128 these take the slices path's
-    row blocks; at 128 and 256 also all 128 rows of a block on two warpgroups (on 4 warps the fp32
-    accumulator alone takes 128 registers a thread). Above bucket 256 every join tile loses to the
-    transient dense copy (1.2-2.5x its time) and below 16 to the slices path, so none is offered
-    there. The joined operand also passes through shared memory (BN x BK x 2 bytes per stage,
+    """Candidates of the join path from bucket 16: its SCALE_W tiles (_scaled_join_tiles) and, up to
+    bucket 256, tiles of the form that scales each step's fp32 product. At 16..128 these take the
+    slices path's row blocks; at 128 and 256 also all 128 rows of a block on two warpgroups (on 4
+    warps the fp32 accumulator alone takes 128 registers a thread). Above bucket 256 the join tiles
+    of 64-128 weight rows lose to the transient dense copy (1.2-2.5x its time), so only those of
+    256 weight rows are offered there (_WIDE_JOIN: one pass over the packed weights, where the dense
+    copy writes and then reads a 16-bit copy four times their size); below 16 every join tile
+    loses to the slices path. The joined operand also passes through shared memory (BN x BK x 2 bytes per stage,
     which the shared-memory estimate leaves out): a tile too large fails to compile and the tuner
     skips it."""
-    if not 16 <= p.bucket <= 256 or not _slices_ok(p) or p.act_dtype == torch.float32:
+    if p.bucket < 16 or not _slices_ok(p) or p.act_dtype == torch.float32:
         return []
+    if p.bucket > 256:
+        return _wide_join_tiles(p)
     scaled = _scaled_join_tiles(p)
     wide = [gemm_tiles.tile("join", 128, 128, 128, gemm_tiles._split_for(p.bucket, p.N, p.K, 128, 128, 128, 8, waves=2),
                         8, 3)] if p.bucket >= 128 else []
@@ -176,15 +180,27 @@ _WIDE_JOIN = {64: ((64, 8, 3, 4),), 128: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 
               256: ((128, 8, 2, 2), (128, 8, 3, 2), (128, 16, 3, 2))}
 
 
+def _wide_join_tiles(p: Problem) -> list[dict]:
+    """_WIDE_JOIN's tiles for the bucket (from 256 rows, 256's) where the group takes BLOCK_K 64."""
+    if p.param("group", 128) % 64:
+        return []
+    rows = 64 if p.bucket <= 64 else min(p.bucket, 256)
+    return _join_forms(p, [(bm, 256, 64, warps, stages, waves) for bm, warps, stages, waves in _WIDE_JOIN[rows]])
+
+
 def _scaled_join_tiles(p: Problem) -> list[dict]:
     """Join tiles with SCALE_W (the group scale multiplying the weight tile, not each step's fp32
     product), for buckets 16..256: the join form whose wgmmas Triton keeps in flight across K steps,
     so the nibble conversion overlaps the tensor cores. Buckets 16-32 take 64's tiles. The 256
-    weight rows of _WIDE_JOIN come first where the group takes BLOCK_K 64."""
+    weight rows of _WIDE_JOIN come first."""
     rows = 64 if p.bucket <= 64 else p.bucket
-    forms = [(bm, 256, 64, warps, stages, waves) for bm, warps, stages, waves in _WIDE_JOIN[rows]
-             if p.param("group", 128) % 64 == 0]
-    forms += [(bm, bn, 128, warps, stages, waves) for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]]
+    return _wide_join_tiles(p) + _join_forms(p, [(bm, bn, 128, warps, stages, waves)
+                                                 for bm, bn, warps, stages, waves in _SCALED_JOIN[rows]])
+
+
+def _join_forms(p: Problem, forms: list[tuple]) -> list[dict]:
+    """SCALE_W join tiles of (rows of x, weight rows, BLOCK_K, warps, stages, waves), the rows of x
+    at most the bucket's (at least 16), each split to give about `waves` waves."""
     out = []
     for bm, bn, bk, warps, stages, waves in forms:
         bm = min(bm, max(16, p.bucket))

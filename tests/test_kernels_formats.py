@@ -979,22 +979,22 @@ def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_int4_wide_join_tiles_of_the_space(symmetric):
     # The space's join tiles of 256 weight rows (int4_tiles._WIDE_JOIN: BLOCK_K 64, SCALE_W) at
-    # each bucket that offers them, on 300 weight rows (a whole block and a partial one) and rows
-    # of x past one block at 256, against the reference in a NaN-filled output.
+    # buckets 16-1024, on 300 weight rows (a whole block and a partial one) and rows of x past one
+    # block from 256, against the reference in a NaN-filled output.
     from vsr.autotune import synth
     from vsr.kernels import int4_tiles
     t = int4.TEMPLATE
     w = synth.random_weight("int4", 300, K, dict(group=128, symmetric=symmetric), torch.float16, DEV, 41)
     seen = 0
-    for bucket, M in ((16, 13), (64, 40), (128, 100), (256, 150)):
+    for bucket, M in ((16, 13), (64, 40), (128, 100), (256, 150), (1024, 600)):
         x = torch.randn(M, K, generator=gen(42 + M)).half().to(DEV)
         tiles = [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "join" and c["BLOCK_N"] == 256]
-        assert len(tiles) == len(int4_tiles._WIDE_JOIN[64 if bucket <= 64 else bucket])
+        assert len(tiles) == len(int4_tiles._WIDE_JOIN[64 if bucket <= 64 else min(bucket, 256)])
         for tile in tiles:
             assert tile["BLOCK_K"] == 64 and tile["SCALE_W"] == 1
             assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
             seen += 1
-    assert seen == 9
+    assert seen == 12
 
 
 @pytest.mark.gpu
