@@ -13,7 +13,8 @@ CUDA kernels call) and divide with IEEE division, so on the GPU they follow the 
 arithmetic; under the interpreter they use Triton's own, within an fp32 ulp or two.
 
 quant_fp8=True also returns (xq, xs), the output quantized per row exactly as fp8's prologue does
-(norm.quantize_row_fp8). Then one program holds a whole row (norm.row_blocks: 17408 = 16384 + 1024
+(norm.quantize_row_fp8); keep_output=False then leaves the output itself unwritten (None in its
+place), for a caller that reads only the codes. Then one program holds a whole row (norm.row_blocks: 17408 = 16384 + 1024
 columns); without it, each program covers ELEMENTWISE_BLOCK columns of one row. Every element is
 computed on its own: the results never depend on the batch.
 """
@@ -70,7 +71,7 @@ def _block(x_ptr, stride_x, row, offs, mask, I, GATED: tl.constexpr, MODE: tl.co
 @triton.jit
 def _activation_kernel(x_ptr, y_ptr, q_ptr, qs_ptr, I, stride_x, EPS_Q, BLOCK_A: tl.constexpr,
                        BLOCK_B: tl.constexpr, GATED: tl.constexpr, MODE: tl.constexpr, TANH: tl.constexpr,
-                       EXACT: tl.constexpr, QUANT: tl.constexpr, LIBDEVICE: tl.constexpr,
+                       EXACT: tl.constexpr, QUANT: tl.constexpr, STORE_Y: tl.constexpr, LIBDEVICE: tl.constexpr,
                        RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
                        WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0), columns from program_id(1) · BLOCK_A (QUANT: the whole row, one program)."""
@@ -79,12 +80,14 @@ def _activation_kernel(x_ptr, y_ptr, q_ptr, qs_ptr, I, stride_x, EPS_Q, BLOCK_A:
     offs_a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     ma = offs_a < I
     ya = _block(x_ptr, stride_x, row, offs_a, ma, I, GATED, MODE, TANH, EXACT, LIBDEVICE)
-    tl.store(y_ptr + row * I + offs_a, ya, mask=ma)
+    if STORE_Y:
+        tl.store(y_ptr + row * I + offs_a, ya, mask=ma)
     if BLOCK_B > 0:
         offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
         mb = offs_b < I
         yb = _block(x_ptr, stride_x, row, offs_b, mb, I, GATED, MODE, TANH, EXACT, LIBDEVICE)
-        tl.store(y_ptr + row * I + offs_b, yb, mask=mb)
+        if STORE_Y:
+            tl.store(y_ptr + row * I + offs_b, yb, mask=mb)
     else:
         offs_b = offs_a
         yb = ya
@@ -103,13 +106,14 @@ def _plan(I: int, quant: bool) -> tuple[int, int, int, int]:
     return block, 0, max(1, min(8, block // 256)), triton.cdiv(I, block)
 
 
-def _launch(x, gated, mode, tanh, exact, quant_fp8):
+def _launch(x, gated, mode, tanh, exact, quant_fp8, keep_output=True):
     assert x.dim() == 2 and x.stride(1) == 1, "the input must be [T, C] with unit column stride"
+    norm.check_keep_output(keep_output, quant_fp8)
     T, C = x.shape
     if gated:
         assert C % 2 == 0, f"a gated activation needs an even number of columns, got {C}"
     I = C // 2 if gated else C
-    y = torch.empty((T, I), dtype=x.dtype, device=x.device)
+    y = torch.empty((T, I), dtype=x.dtype, device=x.device) if keep_output else None
     xq = xs = None
     if quant_fp8:
         xq = torch.empty((T, I), dtype=fp8.FP8_DTYPE, device=x.device)
@@ -117,9 +121,11 @@ def _launch(x, gated, mode, tanh, exact, quant_fp8):
     if T:
         a, b, warps, cols = _plan(I, quant_fp8)
         rcp, hw, bf16_rcp, eps_q = norm._quant_flags(x.device, x.dtype)
+        yp = y if keep_output else x   # (not written without STORE_Y)
         _activation_kernel[(T, cols)](
-            x, y, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else y, xs if quant_fp8 else y, I, x.stride(0),
+            x, yp, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else yp, xs if quant_fp8 else yp, I, x.stride(0),
             eps_q, BLOCK_A=a, BLOCK_B=b, GATED=gated, MODE=mode, TANH=tanh, EXACT=exact, QUANT=quant_fp8,
+            STORE_Y=keep_output,
             LIBDEVICE=LIBDEVICE, RECIPROCAL=rcp, HW_CVT=hw, BF16_RCP=bf16_rcp, num_warps=warps, **pdl.options(x.device))
     return (y, xq, xs) if quant_fp8 else y
 
@@ -130,37 +136,44 @@ def _tanh(approximate: str) -> bool:
     return approximate == "tanh"
 
 
-def silu_mul(gate_up: torch.Tensor, *, exact: bool = True, quant_fp8: bool = False):
+def silu_mul(gate_up: torch.Tensor, *, exact: bool = True, quant_fp8: bool = False, keep_output: bool = True):
     """silu(gate) · up of [T, 2I] (gate first) -> [T, I]; with quant_fp8 (y, xq, xs)."""
-    return _launch(gate_up, True, 0, False, exact, quant_fp8)
+    return _launch(gate_up, True, 0, False, exact, quant_fp8, keep_output)
 
 
-def gelu(x: torch.Tensor, approximate: str = "none", *, quant_fp8: bool = False):
+def gelu(x: torch.Tensor, approximate: str = "none", *, quant_fp8: bool = False, keep_output: bool = True):
     """gelu(x) [T, N] -> [T, N] (one rounding, as torch's); with quant_fp8 (y, xq, xs)."""
-    return _launch(x, False, 1, _tanh(approximate), True, quant_fp8)
+    return _launch(x, False, 1, _tanh(approximate), True, quant_fp8, keep_output)
 
 
-def gelu_mul(x: torch.Tensor, approximate: str = "none", *, exact: bool = True, quant_fp8: bool = False):
+def gelu_mul(x: torch.Tensor, approximate: str = "none", *, exact: bool = True, quant_fp8: bool = False,
+             keep_output: bool = True):
     """gelu(first half) · second half of [T, 2I] -> [T, I] (GeGLU); with quant_fp8 (y, xq, xs)."""
-    return _launch(x, True, 1, _tanh(approximate), exact, quant_fp8)
+    return _launch(x, True, 1, _tanh(approximate), exact, quant_fp8, keep_output)
 
 
-def _gated_reference(x, act, exact, quant_fp8):
+def _with_codes(y, quant_fp8, keep_output):
+    """The references' return: y, or with quant_fp8 (y or None, xq, xs)."""
+    norm.check_keep_output(keep_output, quant_fp8)
+    return (y if keep_output else None,) + norm._quant_reference(y) if quant_fp8 else y
+
+
+def _gated_reference(x, act, exact, quant_fp8, keep_output):
     a, u = x.chunk(2, dim=-1)
     y = act(a) * u if exact else (act(a.float()) * u.float()).to(x.dtype)
-    return (y,) + norm._quant_reference(y) if quant_fp8 else y
+    return _with_codes(y, quant_fp8, keep_output)
 
 
-def silu_mul_reference(gate_up, *, exact=True, quant_fp8=False):
+def silu_mul_reference(gate_up, *, exact=True, quant_fp8=False, keep_output=True):
     """transformers' Qwen3MLP activation: F.silu(gate) * up."""
-    return _gated_reference(gate_up, torch.nn.functional.silu, exact, quant_fp8)
+    return _gated_reference(gate_up, torch.nn.functional.silu, exact, quant_fp8, keep_output)
 
 
-def gelu_reference(x, approximate="none", *, quant_fp8=False):
-    y = torch.nn.functional.gelu(x, approximate=approximate)
-    return (y,) + norm._quant_reference(y) if quant_fp8 else y
+def gelu_reference(x, approximate="none", *, quant_fp8=False, keep_output=True):
+    return _with_codes(torch.nn.functional.gelu(x, approximate=approximate), quant_fp8, keep_output)
 
 
-def gelu_mul_reference(x, approximate="none", *, exact=True, quant_fp8=False):
+def gelu_mul_reference(x, approximate="none", *, exact=True, quant_fp8=False, keep_output=True):
     """ModernBertMLP's activation: act(input) * gate of Wi's output chunked in two."""
-    return _gated_reference(x, lambda a: torch.nn.functional.gelu(a, approximate=approximate), exact, quant_fp8)
+    return _gated_reference(x, lambda a: torch.nn.functional.gelu(a, approximate=approximate), exact, quant_fp8,
+                            keep_output)

@@ -20,7 +20,8 @@ The Triton forms differ from the references only by the order of their fp32 sums
 
 quant_fp8=True also returns (xq, xs): y quantized per row to e4m3 as vsr.kernels.fp8's prologue
 does (the same bits as fp8.quantize_activation(y)), xq [T, N] e4m3 and xs [T] in x's dtype,
-the layout fp8.launch_product takes.
+the layout fp8.launch_product takes. keep_output=False then leaves y unwritten (None in its place),
+for a caller that reads only the codes and the sum.
 
 One program per row, the row held in registers (two power-of-two blocks, row_blocks): every row's
 result is independent of the others in the batch; no atomics.
@@ -106,9 +107,11 @@ def _load_sum(x_ptr, r_ptr, stride_x, stride_r, row, offs, mask, HAS_RES: tl.con
 def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, INV_N, stride_x, stride_r, eps, EPS_Q,
                  BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LAYER: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, EXACT: tl.constexpr, QUANT: tl.constexpr,
+                 STORE_Y: tl.constexpr,
                  RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
                  WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """One row: s (stored when HAS_RES), y = norm(s) (RMSNorm, or LayerNorm when LAYER), codes."""
+    """One row: s (stored when HAS_RES), y = norm(s) (RMSNorm, or LayerNorm when LAYER; stored when
+    STORE_Y), codes."""
     pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     offs_a = tl.arange(0, BLOCK_A)
@@ -141,11 +144,13 @@ def _norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, q_ptr, qs_ptr, N, INV
             ss += tl.sum(sb * sb, axis=0)
     rstd = tl.math.rsqrt(ss * INV_N + eps)   # torch's mean: the sum times fp32(1/N)
     ya = _scale(sa * rstd, w_ptr, b_ptr, offs_a, ma, x_ptr.dtype.element_ty, LAYER, HAS_BIAS, ZERO_CENTERED, EXACT)
-    tl.store(y_ptr + row * N + offs_a, ya, mask=ma)
+    if STORE_Y:
+        tl.store(y_ptr + row * N + offs_a, ya, mask=ma)
     if BLOCK_B > 0:
         yb = _scale(sb * rstd, w_ptr, b_ptr, offs_b, mb, x_ptr.dtype.element_ty, LAYER, HAS_BIAS, ZERO_CENTERED,
                     EXACT)
-        tl.store(y_ptr + row * N + offs_b, yb, mask=mb)
+        if STORE_Y:
+            tl.store(y_ptr + row * N + offs_b, yb, mask=mb)
     else:
         yb = ya
     if QUANT:
@@ -169,11 +174,12 @@ def _scale(n, w_ptr, b_ptr, offs, mask, dtype: tl.constexpr, LAYER: tl.constexpr
     return (n * w).to(dtype)
 
 
-def _launch(x, residual, weight, bias, eps, layer, zero_centered, exact, quant_fp8):
+def _launch(x, residual, weight, bias, eps, layer, zero_centered, exact, quant_fp8, keep_output=True):
     assert x.dim() == 2 and x.stride(1) == 1, "x must be [T, N] with unit column stride"
+    check_keep_output(keep_output, quant_fp8)
     T, N = x.shape
     assert weight.shape == (N,) and weight.is_contiguous(), f"weight must be contiguous [{N}]"
-    y = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((T, N), dtype=x.dtype, device=x.device) if keep_output else None
     s = None
     if residual is not None:
         assert residual.shape == (T, N) and residual.stride(1) == 1, "residual must be [T, N], unit column stride"
@@ -185,28 +191,31 @@ def _launch(x, residual, weight, bias, eps, layer, zero_centered, exact, quant_f
     if T:
         a, b, warps = row_blocks(N)
         rcp, hw, bf16_rcp, eps_q = _quant_flags(x.device, x.dtype)
+        yp = y if keep_output else x   # (not written without STORE_Y)
         _norm_kernel[(T,)](
-            x, x if residual is None else residual, weight, weight if bias is None else bias, y,
-            y if s is None else s, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else y,
-            xs if quant_fp8 else y, N, 1.0 / N, x.stride(0), 0 if residual is None else residual.stride(0), eps, eps_q,
+            x, x if residual is None else residual, weight, weight if bias is None else bias, yp,
+            yp if s is None else s, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else yp,
+            xs if quant_fp8 else yp, N, 1.0 / N, x.stride(0), 0 if residual is None else residual.stride(0), eps, eps_q,
             BLOCK_A=a, BLOCK_B=b, LAYER=layer, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-            ZERO_CENTERED=zero_centered, EXACT=exact, QUANT=quant_fp8, RECIPROCAL=rcp, HW_CVT=hw,
+            ZERO_CENTERED=zero_centered, EXACT=exact, QUANT=quant_fp8, STORE_Y=keep_output, RECIPROCAL=rcp, HW_CVT=hw,
             BF16_RCP=bf16_rcp, num_warps=warps, **pdl.options(x.device))
     return (y, s, xq, xs) if quant_fp8 else (y, s)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, residual: torch.Tensor | None = None,
-             zero_centered: bool = False, exact: bool = True, quant_fp8: bool = False):
+             zero_centered: bool = False, exact: bool = True, quant_fp8: bool = False, keep_output: bool = True):
     """(y, s) = RMSNorm(x + residual) and the sum (None without a residual); with quant_fp8
-    (y, s, xq, xs). x and residual [T, N] (row-strided views allowed); weight [N] in x's dtype."""
-    return _launch(x, residual, weight, None, eps, False, zero_centered, exact, quant_fp8)
+    (y, s, xq, xs), y None (not written) with keep_output=False. x and residual [T, N] (row-strided
+    views allowed); weight [N] in x's dtype."""
+    return _launch(x, residual, weight, None, eps, False, zero_centered, exact, quant_fp8, keep_output)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float, *,
-               residual: torch.Tensor | None = None, exact: bool = True, quant_fp8: bool = False):
+               residual: torch.Tensor | None = None, exact: bool = True, quant_fp8: bool = False,
+               keep_output: bool = True):
     """(y, s) = LayerNorm(x + residual) and the sum (None without a residual); with quant_fp8
-    (y, s, xq, xs). bias may be None (ModernBERT)."""
-    return _launch(x, residual, weight, bias, eps, True, False, exact, quant_fp8)
+    (y, s, xq, xs), y None (not written) with keep_output=False. bias may be None (ModernBERT)."""
+    return _launch(x, residual, weight, bias, eps, True, False, exact, quant_fp8, keep_output)
 
 
 @triton.jit
@@ -273,12 +282,25 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     return y
 
 
+def check_keep_output(keep_output: bool, quant_fp8: bool) -> None:
+    """keep_output=False (the output left unwritten) only where codes are returned instead."""
+    if not (keep_output or quant_fp8):
+        raise ValueError("keep_output=False is for quant_fp8=True: without codes there is nothing to return")
+
+
 def _quant_reference(y):
     xq, xs = fp8.quantize_activation(y)
     return xq, xs.reshape(-1)
 
 
-def rms_norm_reference(x, weight, eps, *, residual=None, zero_centered=False, exact=True, quant_fp8=False):
+def _norm_out(y, s, quant_fp8, keep_output):
+    """The norm references' return: (y, s), or with quant_fp8 (y or None, s, xq, xs)."""
+    check_keep_output(keep_output, quant_fp8)
+    return (y if keep_output else None, s) + _quant_reference(y) if quant_fp8 else (y, s)
+
+
+def rms_norm_reference(x, weight, eps, *, residual=None, zero_centered=False, exact=True, quant_fp8=False,
+                       keep_output=True):
     """transformers' Qwen3RMSNorm (zero_centered: Qwen3.5's) on x + residual, as rms_norm."""
     s = x if residual is None else x + residual
     sf = s.float() if exact or residual is None else x.float() + residual.float()
@@ -289,11 +311,10 @@ def rms_norm_reference(x, weight, eps, *, residual=None, zero_centered=False, ex
         y = (weight * n.to(x.dtype)).to(x.dtype)
     else:
         y = (n * weight.float()).to(x.dtype)
-    out = (y, None if residual is None else s)
-    return out + _quant_reference(y) if quant_fp8 else out
+    return _norm_out(y, None if residual is None else s, quant_fp8, keep_output)
 
 
-def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, quant_fp8=False):
+def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, quant_fp8=False, keep_output=True):
     """torch's layer_norm (BERT's LayerNorm) on x + residual, as layer_norm."""
     s = x if residual is None else x + residual
     if exact or residual is None:
@@ -302,8 +323,7 @@ def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, qua
         sf = x.float() + residual.float()
         y = torch.nn.functional.layer_norm(sf, (s.shape[-1],), weight.float(),
                                            None if bias is None else bias.float(), eps).to(x.dtype)
-    out = (y, None if residual is None else s)
-    return out + _quant_reference(y) if quant_fp8 else out
+    return _norm_out(y, None if residual is None else s, quant_fp8, keep_output)
 
 
 def gated_rms_norm_reference(x, z, weight, eps, *, exact=True):

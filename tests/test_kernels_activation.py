@@ -55,3 +55,21 @@ def test_bad_arguments():
         activation.gelu(x, approximate="erf")
     with pytest.raises(AssertionError):
         activation.silu_mul(torch.randn(2, 5).to(DEV))
+
+
+@pytest.mark.parametrize("name", ["silu_mul", "gelu", "gelu_mul"])
+def test_codes_alone_leave_the_output_unwritten(monkeypatch, name):
+    # keep_output=False (a caller that reads only the codes): the same codes and scales, no output
+    # tensor, the input untouched; the reference twin answers alike. Without quant_fp8 there would be nothing to return.
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    x = (_strided(5, 640, torch.float16, g) * 2).to(DEV)
+    _, xq, xs = getattr(activation, name)(x, quant_fp8=True)
+    x0 = x.clone()
+    y, xq2, xs2 = getattr(activation, name)(x, quant_fp8=True, keep_output=False)
+    assert torch.equal(x, x0), "nothing is written in place of the output"
+    assert y is None and torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)
+    yr, qr, sr = getattr(activation, name + "_reference")(x, quant_fp8=True, keep_output=False)
+    assert yr is None and torch.equal(qr.view(torch.uint8), xq2.view(torch.uint8).cpu()) and torch.equal(sr, xs2.cpu())
+    with pytest.raises(ValueError, match="keep_output"):
+        getattr(activation, name)(x, keep_output=False)

@@ -152,3 +152,27 @@ def test_gated_rms_norm_reference_is_transformers():
     # The exact and approximate forms differ (the exact rounds n and w * n): both are really computed.
     assert not torch.equal(norm.gated_rms_norm_reference(x, z, m.weight.detach(), 1e-6),
                            norm.gated_rms_norm_reference(x, z, m.weight.detach(), 1e-6, exact=False))
+
+
+@pytest.mark.parametrize("layer", [False, True])
+def test_codes_alone_leave_the_norm_unwritten(monkeypatch, layer):
+    # keep_output=False with quant_fp8: the same sum, codes and scales, y None (not written).
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(12 + layer)
+    N = 320
+    x = _strided(6, N, torch.float16, g).to(DEV)
+    r = torch.randn(6, N, generator=g).half().to(DEV)
+    w = (torch.randn(N, generator=g) + 1).half().to(DEV)
+    f = (lambda **k: norm.layer_norm(x, w, None, 1e-5, residual=r, quant_fp8=True, **k)) if layer else \
+        (lambda **k: norm.rms_norm(x, w, 1e-6, residual=r, quant_fp8=True, **k))
+    _, s, xq, xs = f()
+    x0, r0 = x.clone(), r.clone()
+    y2, s2, xq2, xs2 = f(keep_output=False)
+    assert torch.equal(x, x0) and torch.equal(r, r0), "nothing is written in place of y"
+    assert y2 is None and torch.equal(s, s2) and torch.equal(xs, xs2)
+    assert torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8))
+    ref = (norm.layer_norm_reference(x, w, None, 1e-5, residual=r, quant_fp8=True, keep_output=False) if layer
+           else norm.rms_norm_reference(x, w, 1e-6, residual=r, quant_fp8=True, keep_output=False))
+    assert ref[0] is None and len(ref) == 4
+    with pytest.raises(ValueError, match="keep_output"):
+        norm.rms_norm(x, w, 1e-6, keep_output=False)

@@ -112,3 +112,45 @@ def test_reference_window_is_transformers_modernbert_local_attention():
     got = ops.REFERENCE.attention(q, k, v, lengths, causal=False, window=local)
     assert torch.equal(got, want)
     assert not torch.equal(got, ops.REFERENCE.attention(q, k, v, lengths, causal=False))
+
+
+class _CodesProjection:
+    """An FP8 projection of the approximate set as the model code sees one: it takes the codes of
+    the op before it (takes_fp8_codes) and records what product_fp8 got."""
+    takes_fp8_codes = True
+
+    def __init__(self):
+        self.got = []
+
+    def product_fp8(self, xq, xs, dtype):
+        self.got.append((xq, xs, dtype))
+        return torch.zeros(xq.shape[0], 3, dtype=dtype)
+
+
+@pytest.mark.parametrize("layer", [False, True])
+def test_the_approximate_fp8_path_hands_the_codes_and_skips_unread_outputs(layer):
+    # normed_product and activated_product in the approximate set on the Triton kernels (the
+    # interpreter here): the projection gets the norm's / activation's own e4m3 codes and scales,
+    # which equal fp8.quantize_activation of the output; the norm's y only when the caller keeps it.
+    from vsr.kernels import activation, fp8, norm
+    from vsr.runtime.models.common import activated_product, normed_product
+    t = ops.triton_ops()
+    r = _inputs(torch.float16, seed=3)
+    x, res, w = r(6, 64), r(6, 64), r(64) + 1
+    for keep in (True, False):
+        p = _CodesProjection()
+        out, y, s = normed_product(t, p, x, w, 1e-5, residual=res, bias=None, layer=layer, exact=False,
+                                   keep_output=keep)
+        ref = (norm.layer_norm(x, w, None, 1e-5, residual=res, exact=False) if layer
+               else norm.rms_norm(x, w, 1e-5, residual=res, exact=False))
+        assert (y is None) != keep and torch.equal(s, ref[1]) and out.shape == (6, 3)
+        q, qs = fp8.quantize_activation(ref[0])
+        (xq, xs, dtype), = p.got
+        assert dtype == torch.float16 and torch.equal(xq.view(torch.uint8), q.view(torch.uint8))
+        assert torch.equal(xs, qs.reshape(-1))
+    p = _CodesProjection()
+    gu = r(6, 128)
+    activated_product(t, p, gu, "silu_mul", exact=False)
+    q, qs = fp8.quantize_activation(activation.silu_mul(gu))   # (the activation rounds exactly in both sets)
+    (xq, xs, dtype), = p.got
+    assert torch.equal(xq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(xs, qs.reshape(-1))

@@ -139,16 +139,18 @@ def _fp8_codes(proj, exact: bool) -> bool:
 
 
 def normed_product(ops, proj, x, weight, eps, *, residual=None, bias=None, layer=False, zero_centered=False,
-                   exact=True):
+                   exact=True, keep_output=True):
     """proj(norm(x + residual)) as (product, the norm's output y, the sum s = x + residual, or x).
     RMSNorm (zero_centered: Qwen3.5's), or LayerNorm with `layer` (BERT's post-LN, whose y is also
     the next residual). In the approximate set an FP8 product takes the norm's own per-row e4m3
-    codes (quant_fp8)."""
+    codes (quant_fp8), and a caller that passes keep_output=False gets no y then (None: not
+    written)."""
     kw = {"residual": residual, "exact": exact}
     if _fp8_codes(proj, exact):
+        kw["keep_output"] = keep_output
         y, s, xq, xs = (ops.layer_norm(x, weight, bias, eps, quant_fp8=True, **kw) if layer
                         else ops.rms_norm(x, weight, eps, zero_centered=zero_centered, quant_fp8=True, **kw))
-        out = proj.product_fp8(xq, xs, y.dtype)
+        out = proj.product_fp8(xq, xs, x.dtype)
     else:
         y, s = (ops.layer_norm(x, weight, bias, eps, **kw) if layer
                 else ops.rms_norm(x, weight, eps, zero_centered=zero_centered, **kw))
@@ -172,9 +174,9 @@ def activated_product(ops, proj, h, act: str, exact: bool = True):
         return proj(torch.relu(h[:, :i]) * h[:, i:])
     name, args = _ACTIVATIONS[act]
     fn = getattr(ops, name)
-    if _fp8_codes(proj, exact):
-        y, xq, xs = fn(h, *args, quant_fp8=True)
-        return proj.product_fp8(xq, xs, y.dtype)
+    if _fp8_codes(proj, exact):   # the codes alone: the activation itself is not written
+        _, xq, xs = fn(h, *args, quant_fp8=True, keep_output=False)
+        return proj.product_fp8(xq, xs, h.dtype)
     return proj(fn(h, *args))
 
 

@@ -145,14 +145,14 @@ class ModernBertRouter(torch.nn.Module):
                                              layer=True, exact=X)
             else:
                 qkv, _, res = normed_product(o, m["attn_Wqkv"], d, attn_norm[0], self.eps, bias=attn_norm[1],
-                                             residual=res, layer=True, exact=X)
+                                             residual=res, layer=True, exact=X, keep_output=False)
             q, k = o.rope(qkv[:, :H], qkv[:, H:2 * H], *rope[t], dh)
             v = qkv[:, 2 * H:].unflatten(0, (B, S)).unflatten(-1, (nh, dh))
             a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nh, dh), v, lengths, causal=False,
                             window=self.local_attention if t == "sliding_attention" else None, scale=dh ** -0.5)
             d = m["attn_Wo"](a.reshape(T, H))
             wi, _, res = normed_product(o, m["mlp_Wi"], d, mlp_norm[0], self.eps, bias=mlp_norm[1], residual=res,
-                                        layer=True, exact=X)
+                                        layer=True, exact=X, keep_output=False)
             d = activated_product(o, m["mlp_Wo"], wi, self.act, X)
         w, bias = self.final_norm
         return o.layer_norm(d, w, bias, self.eps, residual=res, exact=X)[0].view(B, S, H)

@@ -89,14 +89,15 @@ class Qwen3Router(DecoderRouter):
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for m, n in zip(self.layers, self.norms):
-            qkv, _, res = normed_product(o, m["qkv_proj"], d, n["input_layernorm"], self.eps, residual=res, exact=X)
+            qkv, _, res = normed_product(o, m["qkv_proj"], d, n["input_layernorm"], self.eps, residual=res, exact=X,
+                                         keep_output=False)
             q, k, v = qkv.split(m["qkv_proj"].sizes, dim=1)
             q, k = o.qk_norm_rope(q, k, n["self_attn.q_norm"], n["self_attn.k_norm"], cos, sin, self.eps, exact=X)
             a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nkv, dh), v.view(B, S, nkv, dh), lengths,
                             causal=True, scale=dh ** -0.5)
             d = m["o_proj"](a.reshape(T, nh * dh))
             gu, _, res = normed_product(o, m["gate_up_proj"], d, n["post_attention_layernorm"], self.eps,
-                                        residual=res, exact=X)
+                                        residual=res, exact=X, keep_output=False)
             d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, exact=X)[0]
         return h.view(B, S, self.hidden)

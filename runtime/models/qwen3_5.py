@@ -234,13 +234,13 @@ class Qwen3_5Router(DecoderRouter):
         for t, m, p in zip(self.types, self.layers, self.params):
             first = m["in_proj_qkvz"] if t == "linear_attention" else m["qkv_proj"]
             out, h, res = normed_product(o, first, d, p["input_layernorm"], self.eps, residual=res,
-                                         zero_centered=True, exact=X)
+                                         zero_centered=True, exact=X, keep_output=t == "linear_attention")
             if t == "linear_attention":
                 d = self._deltanet(m, p, out, h, B, S, lengths)
             else:
                 d = self._attention(m, p, out, B, S, lengths, cos, sin)
             gu, _, res = normed_product(o, m["gate_up_proj"], d, p["post_attention_layernorm"], self.eps,
-                                        residual=res, zero_centered=True, exact=X)
+                                        residual=res, zero_centered=True, exact=X, keep_output=False)
             d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, zero_centered=True, exact=X)[0]
         return h.view(B, S, self.hidden)
