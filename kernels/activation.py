@@ -14,9 +14,10 @@ arithmetic; under the interpreter they use Triton's own, within an fp32 ulp or t
 
 quant_fp8=True also returns (xq, xs), the output quantized per row exactly as fp8's prologue does
 (norm.quantize_row_fp8); keep_output=False then leaves the output itself unwritten (None in its
-place), for a caller that reads only the codes. Then one program holds a whole row (norm.row_blocks: 17408 = 16384 + 1024
-columns); without it, each program covers ELEMENTWISE_BLOCK columns of one row. Every element is
-computed on its own: the results never depend on the batch.
+place), for a caller that reads only the codes. With quant_fp8 one program holds a whole row
+(norm.row_blocks: 17408 = 16384 + 1024 columns); without it, each program covers
+ELEMENTWISE_BLOCK columns of one row. Every element is computed on its own: the results never
+depend on the batch.
 """
 from __future__ import annotations
 
@@ -154,8 +155,8 @@ def gelu_mul(x: torch.Tensor, approximate: str = "none", *, exact: bool = True, 
 
 def _with_codes(y, quant_fp8, keep_output):
     """The references' return: y, or with quant_fp8 (y or None, xq, xs)."""
-    norm.check_keep_output(keep_output, quant_fp8)
-    return (y if keep_output else None,) + norm._quant_reference(y) if quant_fp8 else y
+    out = norm.reference_out(y, (), quant_fp8, keep_output)
+    return out if quant_fp8 else y
 
 
 def _gated_reference(x, act, exact, quant_fp8, keep_output):

@@ -293,10 +293,10 @@ def _quant_reference(y):
     return xq, xs.reshape(-1)
 
 
-def _norm_out(y, s, quant_fp8, keep_output):
-    """The norm references' return: (y, s), or with quant_fp8 (y or None, s, xq, xs)."""
+def reference_out(y, rest: tuple, quant_fp8: bool, keep_output: bool) -> tuple:
+    """A reference's return as its kernel's: (y, *rest), with quant_fp8 (y or None, *rest, xq, xs)."""
     check_keep_output(keep_output, quant_fp8)
-    return (y if keep_output else None, s) + _quant_reference(y) if quant_fp8 else (y, s)
+    return (y if keep_output else None, *rest) + _quant_reference(y) if quant_fp8 else (y, *rest)
 
 
 def rms_norm_reference(x, weight, eps, *, residual=None, zero_centered=False, exact=True, quant_fp8=False,
@@ -311,7 +311,7 @@ def rms_norm_reference(x, weight, eps, *, residual=None, zero_centered=False, ex
         y = (weight * n.to(x.dtype)).to(x.dtype)
     else:
         y = (n * weight.float()).to(x.dtype)
-    return _norm_out(y, None if residual is None else s, quant_fp8, keep_output)
+    return reference_out(y, (None if residual is None else s,), quant_fp8, keep_output)
 
 
 def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, quant_fp8=False, keep_output=True):
@@ -323,7 +323,7 @@ def layer_norm_reference(x, weight, bias, eps, *, residual=None, exact=True, qua
         sf = x.float() + residual.float()
         y = torch.nn.functional.layer_norm(sf, (s.shape[-1],), weight.float(),
                                            None if bias is None else bias.float(), eps).to(x.dtype)
-    return _norm_out(y, None if residual is None else s, quant_fp8, keep_output)
+    return reference_out(y, (None if residual is None else s,), quant_fp8, keep_output)
 
 
 def gated_rms_norm_reference(x, z, weight, eps, *, exact=True):
