@@ -29,6 +29,11 @@ output rows are zeros).
 
 The gates (deltanet_gates): beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias) from the
 fused in_proj_b | in_proj_a output, one program per token.
+
+The whole token mixer (deltanet_mixer, what the Qwen3.5 model runs): `_ut_kernel` reads the conv's
+input and in_proj_b | in_proj_a's output and makes q, k, v (causal conv + SiLU) and g, beta itself,
+so a Gated DeltaNet layer launches two kernels for what would be four, and neither the conv's
+output (2 bytes x 10,240 channels a token at the 27B class) nor the gates are written and read back.
 """
 from __future__ import annotations
 
@@ -37,11 +42,12 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import pdl
+from vsr.kernels import common, conv1d, pdl
 
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
-                                            deltanet_gates_reference, recurrent_gated_delta_rule_reference)
+                                            deltanet_gates_reference, deltanet_mixer_reference,
+                                            recurrent_gated_delta_rule_reference)
 from vsr.kernels.norm import LIBDEVICE, exp_f32, sigmoid_f32
 # The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
 # stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
@@ -58,17 +64,37 @@ SCAN_BLOCK_V = 64
 UT_WARPS = 8
 SCAN_WARPS = 4
 
+
+def _mul_rn(device: torch.device) -> bool:
+    """gate_values' MUL_RN: PTX inline assembly, on NVIDIA GPUs (not under the interpreter)."""
+    return LIBDEVICE and common.device_features(torch.device(device)).nvidia
+
+
 # ---------------------------------------------------------------------------------------------
 # Triton
 
 
 @triton.jit
-def _load_qk(ptr, b, pos, head, sb, ss, sh, L, K, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
-    """[BT, BK] fp32 rows `pos` of head `head` (zeros past the length and past K), L2-normalised."""
-    cols = tl.arange(0, BK)
-    m = (pos < L)[:, None] & (cols < K)[None, :]
-    x = tl.load(ptr + b.to(tl.int64) * sb + pos.to(tl.int64)[:, None] * ss + head * sh + cols[None, :],
-                mask=m, other=0.0).to(tl.float32)
+def _load_rows(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, N, BT: tl.constexpr, BN: tl.constexpr,
+               CONV_W: tl.constexpr):
+    """[BT, BN] fp32: columns col0 + [0, BN) of ptr's rows `pos` of request b (zeros past the length
+    L and past N columns): as stored, or with CONV_W taps the causal conv + SiLU of the stored rows
+    (conv1d.conv_silu_rows; the columns are conv channels chan0 + [0, BN) of cw [C, CONV_W]),
+    rounded to ptr's dtype as the conv kernel stores it."""
+    cols = tl.arange(0, BN)
+    m = (pos < L)[:, None] & (cols < N)[None, :]
+    base = ptr + b.to(tl.int64) * sb + col0
+    if CONV_W:
+        y = conv1d.conv_silu_rows(base, cw_ptr + chan0 * CONV_W, pos, cols, cols < N, S, ss, CONV_W)
+        return tl.where(m, y.to(ptr.dtype.element_ty).to(tl.float32), 0.0)
+    return tl.load(base + pos.to(tl.int64)[:, None] * ss + cols[None, :], mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_qk(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, K, BT: tl.constexpr, BK: tl.constexpr,
+             L2NORM: tl.constexpr, CONV_W: tl.constexpr):
+    """_load_rows of one query/key head, L2-normalised."""
+    x = _load_rows(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, K, BT, BK, CONV_W)
     if L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
@@ -117,15 +143,20 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
-               S, Hv, GROUP, K, V, SP, scale,
+               cw_ptr, na_ptr, dt_ptr, S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+               CONV_W: tl.constexpr, LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr,
                WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
     kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
-    gl = gc_last [SP / BT]."""
+    gl = gc_last [SP / BT].
+    CONV_W (deltanet_mixer): q, k, v are column views of the conv's input, each row passed through
+    the causal conv + SiLU here (weights cw [C, CONV_W], channels in q | k | v order), and g_ptr /
+    beta_ptr are the a / b columns of in_proj_b | in_proj_a's output, turned into g and beta here
+    (gate_values): the bytes of _conv_kernel + _gates_kernel + this kernel unfused."""
     pdl.begin(WAIT, RELEASE)
     c = tl.program_id(0)
     bh = tl.program_id(1)
@@ -135,11 +166,20 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     r = tl.arange(0, BT)
     pos = c * BT + r
     real = pos < L
-    q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
-    k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
+    kd = (Hv // GROUP) * K   # the conv's key channels start here, its value channels at 2 kd
+    hk = h // GROUP
+    q = _load_qk(q_ptr, cw_ptr, b, pos, hk * sqh, hk * sqh, sqb, sqs, L, S, K, BT, BK, L2NORM, CONV_W) * scale
+    k = _load_qk(k_ptr, cw_ptr, b, pos, hk * skh, kd + hk * skh, skb, sks, L, S, K, BT, BK, L2NORM, CONV_W)
     gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
-    g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    if CONV_W:
+        g, beta = gate_values(tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32),
+                              tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32),
+                              tl.load(na_ptr + h), tl.load(dt_ptr + h), LIBDEVICE, MUL_RN)
+        g = tl.where(real, g, 0.0)
+        beta = tl.where(real, beta.to(beta_ptr.dtype.element_ty).to(tl.float32), 0.0)
+    else:
+        g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
     g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
     kb = k * beta[:, None]
@@ -157,9 +197,8 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
-        vm = real[:, None] & (vcols < V)[None, :]
-        vv = tl.load(v_ptr + b.to(tl.int64) * svb + pos.to(tl.int64)[:, None] * svs + h * svh + vcols[None, :],
-                     mask=vm, other=0.0).to(tl.float32)
+        vv = _load_rows(v_ptr, cw_ptr, b, pos, h * svh + v0, 2 * kd + h * svh + v0, svb, svs, L, S, V - v0, BT, BV,
+                        CONV_W)
         u = tl.dot(t, vv * beta[:, None], input_precision=PREC)
         tl.store(u_ptr + ws[:, None] * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
@@ -216,6 +255,41 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     q's dtype, contiguous (written into `out` when given). Products in PRECISION[q.dtype];
     `block_v`: the scan's value columns a program (default SCAN_BLOCK_V)."""
     _check(q, k, v, g, beta)
+    return _run(q, k, v, g.float().contiguous(), beta.contiguous(), lengths, l2norm, block_v, out)
+
+
+def deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: int, key_dim: int,
+                   block_v: int | None = None, out=None):
+    """The Triton form of deltanet_mixer_reference: Gated DeltaNet's token mixer from the conv's
+    input x [B, S, C] (q | k | v channels, C = 2 · key_heads · key_dim + Hv · V; a row-strided view
+    allowed) and in_proj_b | in_proj_a's output ba [B·S, 2 Hv] (row-strided allowed): o [B, S, Hv,
+    V] in x's dtype. The conv + SiLU and the gates run inside the delta rule's per-chunk kernel, so
+    neither the conv's output nor g and beta are written; the bytes are those of causal_conv1d_silu,
+    deltanet_gates and chunk_gated_delta_rule run one after another (on NVIDIA GPUs and under the
+    interpreter: elsewhere g's product may be fused into the sum after it)."""
+    if x.dim() != 3 or x.stride(2) != 1:
+        raise ValueError(f"x must be [B, S, C] with contiguous channels, got {tuple(x.shape)} {x.stride()}")
+    B, S, C = x.shape
+    Hv, kd = neg_a.shape[0], key_heads * key_dim
+    if conv_w.dim() != 2 or conv_w.shape[0] != C or (C - 2 * kd) <= 0 or (C - 2 * kd) % Hv or Hv % key_heads:
+        raise ValueError(f"x's {C} channels, conv weight {tuple(conv_w.shape)}, {key_heads} key heads of {key_dim} "
+                         f"and {Hv} value heads do not fit C = 2 · key_heads · key_dim + Hv · V")
+    if ba.dim() != 2 or ba.shape != (B * S, 2 * Hv) or ba.stride(1) != 1:
+        raise ValueError(f"ba must be [B·S, 2·Hv] = [{B * S}, {2 * Hv}] with unit column stride, got "
+                         f"{tuple(ba.shape)} {ba.stride()}")
+    if dt_bias.shape != (Hv,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
+        raise ValueError(f"neg_a and dt_bias must be fp32 [{Hv}]")
+    q = x[..., :kd].unflatten(-1, (key_heads, key_dim))
+    k = x[..., kd:2 * kd].unflatten(-1, (key_heads, key_dim))
+    v = x[..., 2 * kd:].unflatten(-1, (Hv, -1))
+    rows = ba.unflatten(0, (B, S))
+    return _run(q, k, v, rows[..., Hv:], rows[..., :Hv], lengths, True, block_v, out,
+                fused=(conv_w.contiguous(), neg_a.contiguous(), dt_bias.contiguous()))
+
+
+def _run(q, k, v, g, beta, lengths, l2norm, block_v, out, fused=None):
+    """The two kernels. Unfused: g fp32 and beta [B, S, Hv]. fused = (conv weight, neg_a, dt_bias):
+    q, k, v are the conv's input's column views and g, beta the a, b columns of ba ([B, S, Hv] views)."""
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
@@ -226,8 +300,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     if lengths is None:
         lengths = torch.full((B,), S, dtype=torch.int32, device=dev)
     lengths = lengths.to(device=dev, dtype=torch.int32)
-    g = g.float().contiguous()
-    beta = beta.contiguous()
     f32 = dict(dtype=torch.float32, device=dev)
     w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
     u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
@@ -235,11 +307,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
+    cw, na, dt = fused or (g, g, g)   # unread without the conv
     _ut_kernel[(SP // CHUNK, B * Hv)](
-        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, cw, na, dt, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, CONV_W=cw.shape[1] if fused else 0,
+        LIBDEVICE=LIBDEVICE, MUL_RN=_mul_rn(dev), num_warps=UT_WARPS, **pdl.options(q.device))
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
         BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
@@ -252,17 +326,14 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
 
 
 @triton.jit
-def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
-    dt_bias) in fp32 (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
-    pdl.begin(WAIT, RELEASE)
-    row = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    m = h < H
-    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
-    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
-    x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
+def gate_values(b, a, neg_a, dt_bias, LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr):
+    """(g, beta) in fp32 from fp32 b, a and the head's neg_a, dt_bias: beta = sigmoid(b) (the caller
+    rounds it to ba's dtype), g = neg_a · softplus(a + dt_bias) (torch's softplus: x past 20 is x
+    itself, else log1p(exp(x))). MUL_RN (NVIDIA): g's product as PTX's mul.rn.f32, which neither
+    LLVM nor ptxas fuses into an add after it (a plain product may become an FMA with the fused
+    _ut_kernel's cumulative sum); so g has the same bytes whether it is stored (_gates_kernel) or
+    summed at once."""
+    x = a + dt_bias
     e = exp_f32(x, LIBDEVICE)
     if LIBDEVICE:
         sp = libdevice.log1p(e)
@@ -270,8 +341,28 @@ def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H
         u = 1.0 + e
         sp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
     sp = tl.where(x > 20.0, x, sp)
-    tl.store(beta_ptr + row * H + h, sigmoid_f32(b, LIBDEVICE).to(beta_ptr.dtype.element_ty), mask=m)
-    tl.store(g_ptr + row * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * sp, mask=m)
+    if MUL_RN:
+        g = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [neg_a, sp],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        g = neg_a * sp
+    return g, sigmoid_f32(b, LIBDEVICE)
+
+
+@triton.jit
+def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
+                  LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    """Row program_id(0): gate_values of its H heads, beta rounded to ba's dtype."""
+    pdl.begin(WAIT, RELEASE)
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    m = h < H
+    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
+    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
+    g, beta = gate_values(b, a, tl.load(na_ptr + h, mask=m, other=0.0), tl.load(dt_ptr + h, mask=m, other=0.0),
+                          LIBDEVICE, MUL_RN)
+    tl.store(beta_ptr + row * H + h, beta.to(beta_ptr.dtype.element_ty), mask=m)
+    tl.store(g_ptr + row * H + h, g, mask=m)
 
 
 def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor):
@@ -286,6 +377,6 @@ def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor)
     beta = torch.empty(T, H, dtype=ba.dtype, device=ba.device)
     if T:
         _gates_kernel[(T,)](ba, neg_a.contiguous(), dt_bias.contiguous(), g, beta, H, ba.stride(0),
-                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, num_warps=1,
-                            **pdl.options(ba.device))
+                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, MUL_RN=_mul_rn(ba.device),
+                            num_warps=1, **pdl.options(ba.device))
     return g, beta

@@ -26,6 +26,11 @@ modules' wrappers and their `*_reference` twins):
 - deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
                                               ba [T, 2H] (b | a): g = neg_a · softplus(a + dt_bias)
                                               fp32, beta = sigmoid(b) in ba's dtype, both [T, H]
+- deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths, *, key_heads, key_dim) -> o
+                                              the three above in one: the conv of x [B, S, C]
+                                              (q | k | v channels), the gates of ba [B*S, 2Hv], the
+                                              delta rule; o [B, S, Hv, V] (one Triton launch fewer
+                                              than the parts and no conv output or gates written)
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
@@ -164,6 +169,7 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
 causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
 chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
 deltanet_gates = _gdn.deltanet_gates_reference
+deltanet_mixer = _gdn.deltanet_mixer_reference
 
 
 def last_token_score(h, lengths, weight):
@@ -175,7 +181,8 @@ def last_token_score(h, lengths, weight):
 
 
 NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
-         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
+         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "deltanet_mixer",
+         "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
@@ -189,7 +196,8 @@ def triton_ops() -> SimpleNamespace:
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
                            attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
                            chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
-                           deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
+                           deltanet_gates=delta_rule.deltanet_gates, deltanet_mixer=delta_rule.deltanet_mixer,
+                           last_token_score=head.last_token_score)
 
 
 def kernel_twins() -> SimpleNamespace:
@@ -205,4 +213,5 @@ def kernel_twins() -> SimpleNamespace:
                            causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
                            chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
                            deltanet_gates=_gdn.deltanet_gates_reference,
+                           deltanet_mixer=_gdn.deltanet_mixer_reference,
                            last_token_score=head.last_token_score_reference)

@@ -55,6 +55,36 @@ def test_conv1d_27b_shapes(S):
     assert torch.equal(got, conv1d.causal_conv1d_silu(mixed, w))
 
 
+@pytest.mark.parametrize("B,S", [(1, 128), (1, 1024), (4, 200)])
+def test_fused_mixer_is_the_three_kernels_bytes(B, S):
+    """deltanet_mixer (conv and gates inside the per-chunk kernel) gives the bytes of the conv, gates
+    and delta rule kernels run one after another, from the fused products' column views as the
+    model passes them; and the reference's values."""
+    Hk, Hv, D = 16, 48, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    C = 2 * Hk * D + Hv * D
+    qkvz = torch.randn(B * S, C + Hv * D, generator=g, device="cuda").to(torch.bfloat16)
+    x = qkvz[:, :C].unflatten(0, (B, S))
+    ba = (torch.randn(B * S, 2 * Hv, generator=g, device="cuda") * 4).to(torch.bfloat16)
+    w = (torch.randn(C, 4, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
+    neg_a = -torch.empty(Hv, device="cuda").uniform_(0.01, 16, generator=g)
+    dt = torch.randn(Hv, generator=g, device="cuda")
+    lengths = torch.tensor([S] + [S // 2 + 3] * (B - 1), dtype=torch.int32, device="cuda")
+    got = delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D,
+                                    out=torch.full((B, S, Hv, D), float("nan"), dtype=torch.bfloat16, device="cuda"))
+    mixed = conv1d.causal_conv1d_silu(x, w)
+    gg, beta = delta_rule.deltanet_gates(ba, neg_a, dt)
+    kd = Hk * D
+    parts = delta_rule.chunk_gated_delta_rule(mixed[..., :kd].unflatten(-1, (Hk, D)),
+                                              mixed[..., kd:2 * kd].unflatten(-1, (Hk, D)),
+                                              mixed[..., 2 * kd:].unflatten(-1, (Hv, D)), gg.view(B, S, Hv),
+                                              beta.view(B, S, Hv), lengths)
+    assert torch.equal(got, parts)
+    ref = delta_rule.deltanet_mixer_reference(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D)
+    torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * float(ref.float().abs().max()), rtol=0)
+    assert torch.equal(got, delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D))
+
+
 def test_gates_and_gated_norm_27b_shapes():
     T, Hv, V = 4 * 512, 48, 128
     g = torch.Generator(device="cuda").manual_seed(3)
