@@ -214,6 +214,14 @@ def rope_cos_sin(S: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return emb.cos(), emb.sin()
 
 
+def request_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    lengths: torch.Tensor | None) -> torch.Tensor:
+    """Each request's token count, int32 on the inputs' device (from the mask when not given)."""
+    if lengths is None:
+        lengths = attention_mask.sum(-1)
+    return lengths.to(device=input_ids.device, dtype=torch.int32)
+
+
 class DecoderRouter(torch.nn.Module):
     """What the decoder routers (Qwen3, Qwen3.5) share: grouped-query heads from the config, and the
     score head (fp32 [labels, hidden]) applied to each request's last real token. A subclass sets
@@ -234,17 +242,9 @@ class DecoderRouter(torch.nn.Module):
             raise PackageError(f"score.weight: shape {tuple(self.score.shape)}, expected "
                                f"[{len(self.labels)}, {self.hidden}] (labels x hidden_size)")
 
-    @staticmethod
-    def request_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        lengths: torch.Tensor | None) -> torch.Tensor:
-        """Each request's token count, int32 on the inputs' device (from the mask when not given)."""
-        if lengths is None:
-            lengths = attention_mask.sum(-1)
-        return lengths.to(device=input_ids.device, dtype=torch.int32)
-
     def forward(self, input_ids, attention_mask, lengths) -> torch.Tensor:
         """Probabilities [B, L] (fp32) from the score head on each request's last real token."""
-        lengths = self.request_lengths(input_ids, attention_mask, lengths)
+        lengths = request_lengths(input_ids, attention_mask, lengths)
         h = self.encode(input_ids, attention_mask, lengths)
         return torch.softmax(self.ops.last_token_score(h.view(-1, self.hidden), lengths, self.score), dim=-1)
 

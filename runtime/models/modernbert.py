@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import (Builder, activated_product, labels, normed_product, rope_cos_sin,
-                                       rope_inv_freq)
+from vsr.runtime.models.common import (Builder, activated_product, labels, normed_product, request_lengths,
+                                       rope_cos_sin, rope_inv_freq)
 
 # config.json's activation -> its name in models/common.activated_product (the MLP's gated form is
 # this name + "_mul"); transformers' "gelu" is the exact (erf) GELU.
@@ -132,9 +132,7 @@ class ModernBertRouter(torch.nn.Module):
         """Last hidden state [B, S, H] (after final_norm) in the activation dtype."""
         B, S = input_ids.shape
         T, H, nh, dh = B * S, self.hidden, self.heads, self.head_dim
-        if lengths is None:
-            lengths = attention_mask.sum(-1)
-        lengths = lengths.to(device=input_ids.device, dtype=torch.int32)
+        lengths = request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         e = self.embed[input_ids.reshape(T)].to(self.dtype)
         rope = {t: self._cos_sin(t, S) for t in set(self.types)}

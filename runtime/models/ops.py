@@ -21,16 +21,12 @@ modules' wrappers and their `*_reference` twins):
 - attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
                                               q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
                                               window: |i - j| <= window // 2; gate: o · sigmoid(gate)
-- causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
-- chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
-- deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
-                                              ba [T, 2H] (b | a): g = neg_a · softplus(a + dt_bias)
-                                              fp32, beta = sigmoid(b) in ba's dtype, both [T, H]
 - deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths, *, key_heads, key_dim) -> o
-                                              the three above in one: the conv of x [B, S, C]
-                                              (q | k | v channels), the gates of ba [B*S, 2Hv], the
-                                              delta rule; o [B, S, Hv, V] (one Triton launch fewer
-                                              than the parts and no conv output or gates written)
+                                              Gated DeltaNet's token mixer: the causal conv + SiLU of
+                                              x [B, S, C] (q | k | v channels), the gates of ba
+                                              [B*S, 2Hv] (b | a: g = neg_a · softplus(a + dt_bias),
+                                              beta = sigmoid(b)), the chunked delta rule; o [B, S, Hv, V]
+                                              (kernels: conv1d.py and delta_rule.py, two launches)
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
@@ -166,9 +162,6 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     return a if gate is None else a * torch.sigmoid(gate.contiguous())
 
 
-causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
-chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
-deltanet_gates = _gdn.deltanet_gates_reference
 deltanet_mixer = _gdn.deltanet_mixer_reference
 
 
@@ -181,8 +174,7 @@ def last_token_score(h, lengths, weight):
 
 
 NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
-         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "deltanet_mixer",
-         "last_token_score")
+         "attention", "deltanet_mixer", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
@@ -194,9 +186,7 @@ def triton_ops() -> SimpleNamespace:
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
                            qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
-                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
-                           chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
-                           deltanet_gates=delta_rule.deltanet_gates, deltanet_mixer=delta_rule.deltanet_mixer,
+                           attention=attn.attention, deltanet_mixer=delta_rule.deltanet_mixer,
                            last_token_score=head.last_token_score)
 
 
@@ -210,8 +200,5 @@ def kernel_twins() -> SimpleNamespace:
                            rope=functools.partial(rp.rope_reference, exact=False),
                            silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
                            gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
-                           causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
-                           chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
-                           deltanet_gates=_gdn.deltanet_gates_reference,
                            deltanet_mixer=_gdn.deltanet_mixer_reference,
                            last_token_score=head.last_token_score_reference)

@@ -19,7 +19,7 @@ import torch
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models import ops
 from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
-                                       rope_cos_sin, rope_inv_freq, rope_theta)
+                                       request_lengths, rope_cos_sin, rope_inv_freq, rope_theta)
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -81,7 +81,7 @@ class Qwen3Router(DecoderRouter):
                ) -> torch.Tensor:
         """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        lengths = self.request_lengths(input_ids, attention_mask, lengths)
+        lengths = request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         T = B * S
         x = self.embed[input_ids.reshape(T)].to(self.dtype)

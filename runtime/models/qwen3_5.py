@@ -28,7 +28,7 @@ import torch
 
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
-                                       rope_cos_sin, rope_inv_freq, rope_theta)
+                                       request_lengths, rope_cos_sin, rope_inv_freq, rope_theta)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 # The old names transformers' configs remap on load (configuration_utils.remap_legacy_layer_types).
@@ -220,7 +220,7 @@ class Qwen3_5Router(DecoderRouter):
                ) -> torch.Tensor:
         """The final-normed hidden state [B, S, H] (rows past a request's length are finite padding)."""
         B, S = input_ids.shape
-        lengths = self.request_lengths(input_ids, attention_mask, lengths)
+        lengths = request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         x = self.embed[input_ids.reshape(B * S)].to(self.dtype)
         # [S, rotary_dim] fp32: the ops cast them to the activation dtype, as transformers' rotary

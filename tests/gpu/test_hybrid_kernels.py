@@ -6,6 +6,7 @@ and `vsr-tune PACKAGE` recording every product those forwards run."""
 import pytest
 import torch
 
+from test_kernels_delta_rule import _parts as mixer_parts
 from tinypkgs import LONG_TEXT, TEST_TEXTS, Pkg, tiny_modernbert, tiny_qwen3_5  # noqa: F401
 from vsr.kernels import attention, conv1d, delta_rule, norm
 
@@ -72,14 +73,7 @@ def test_fused_mixer_is_the_three_kernels_bytes(B, S):
     lengths = torch.tensor([S] + [S // 2 + 3] * (B - 1), dtype=torch.int32, device="cuda")
     got = delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D,
                                     out=torch.full((B, S, Hv, D), float("nan"), dtype=torch.bfloat16, device="cuda"))
-    mixed = conv1d.causal_conv1d_silu(x, w)
-    gg, beta = delta_rule.deltanet_gates(ba, neg_a, dt)
-    kd = Hk * D
-    parts = delta_rule.chunk_gated_delta_rule(mixed[..., :kd].unflatten(-1, (Hk, D)),
-                                              mixed[..., kd:2 * kd].unflatten(-1, (Hk, D)),
-                                              mixed[..., 2 * kd:].unflatten(-1, (Hv, D)), gg.view(B, S, Hv),
-                                              beta.view(B, S, Hv), lengths)
-    assert torch.equal(got, parts)
+    assert torch.equal(got, mixer_parts(x, ba, w, neg_a, dt, lengths, Hk, D, None))
     ref = delta_rule.deltanet_mixer_reference(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D)
     torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * float(ref.float().abs().max()), rtol=0)
     assert torch.equal(got, delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=D))
