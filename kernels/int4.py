@@ -130,14 +130,14 @@ def reference_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 #   "slices"  buckets 1..128 (the default with bf16/fp16 x and groups of 128k): each nibble
 #             slice of the words its own MMA operand, x in slice order; _int4_slices_kernel.
 #   "join"    buckets 16..256, a candidate: the slices conversion joined back into natural K
-#             order, one tl.dot per step over x as stored; _int4_join_kernel (also with
-#             SCALE_W, the group scale on the weight tile).
-#   "gemv"    M = 1: no tensor cores; each program streams rows of packed words (16-byte
-#             loads along K) and turns nibbles into floats through the mantissa of 2^23
-#             (_nibble_field), with the zero point taken once per word.
+#             order, one tl.dot a step over x as stored; _int4_join_kernel (SCALE_W: scale on W).
+#   "frag"    buckets 16 up, a candidate: join's SCALE_W product, its weight operand unpacked in
+#             the MMA's register fragment (each lane its byte of the words), so the unpacked
+#             operand never passes through shared memory; _int4_frag_kernel (the last kernel).
+#   "gemv"    M = 1: no tensor cores; rows of packed words streamed (16-byte loads along K),
+#             nibbles to floats through the mantissa of 2^23 (_nibble_field), zero point per word.
 #   "swap"    buckets 2..128: the split-K product taken transposed (weights as the MMA's left
-#             operand, the few rows of x as its narrow side, unpacked through a reshape);
-#             _int4_swap_kernel.
+#             operand, the few rows of x its narrow side, unpacked by a reshape); _int4_swap_kernel.
 #   "splitk" / "tiled": tl.dot on the unpacked integers (u - zu) with the group scale
 #             applied to the fp32 partial product of each BLOCK_K tile.
 #   Row strides of the packed words and scales (K8 = ceil(K/8), KG = ceil(K/G)) come in as
@@ -579,7 +579,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         "zero_point must be contiguous int32 (unpacked u-domain)"
     path = tile.get("path", "splitk")
     bk = tile["BLOCK_K"]
-    if path in ("splitk", "tiled", "swap", "slices", "join"):
+    if path in ("splitk", "tiled", "swap", "slices", "join", "frag"):
         assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
     assert w.group_size % 8 == 0, f"int4 group size {w.group_size} must be a multiple of 8"
     assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
@@ -639,6 +639,15 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, FIXUP=fixup,
             SCALE_W=bool(tile.get("SCALE_W", 0)), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+    elif path == "frag":
+        assert bk >= 16 and bk & (bk - 1) == 0 and x.dtype != torch.float32, \
+            "the frag path takes bf16/fp16 x and a power-of-two BLOCK_K >= 16"
+        _int4_frag_kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
+            x, w.packed, w.scale, zp, y, ws, cnt, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0),
+            y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+            GROUP_M=tile.get("GROUP_M", 8), PAIRS=frag_pairs(x.dtype, w.scale.dtype, dev), F16=x.dtype == torch.float16,
+            FIXUP=fixup, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -659,6 +668,12 @@ def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
     only from sm_90 (ptxas refuses sub.bf16x2 below), so bf16 on Ampere/Ada takes the portable
     twin; fp32 x always does."""
     return dtype == torch.float16 or (dtype == torch.bfloat16 and tuple(capability) >= (9, 0))
+
+
+def frag_pairs(dtype: torch.dtype, scale_dtype: torch.dtype, dev: common.DeviceFeatures) -> bool:
+    """Whether the frag kernel converts by PTX pairs (_frag_pair_*): as ptx_pairs, for scales of x's
+    own dtype (packed multiplies need both operands in it; other scales take the fp32 twin)."""
+    return dev.nvidia and scale_dtype == dtype and ptx_pairs(dtype, dev.capability)
 
 
 def slice_order(x: torch.Tensor, bk: int) -> torch.Tensor:
@@ -709,6 +724,100 @@ def dequant_block_k(group: int) -> int:
 def problem(w: Int4Weight, M: int, act_dtype: torch.dtype) -> Problem:
     """The Problem of a call; M is the row bucket (vsr.autotune.buckets.bucket_for)."""
     return Problem(N=w.N, K=w.K, bucket=M, act_dtype=act_dtype, params=w.params())
+
+
+# Path "frag". Kernels are added below the others: a Triton cache key counts the line its function
+# starts on, and a shipped tile may be re-keyed to a new source hash only while the kernel it was
+# timed as keeps its key (docs/cache.md).
+
+
+@triton.jit
+def _frag_pair_bf16(t, zz, ss):
+    """(u_lo - zu)·s and (u_hi - zu)·s, each rounded once to bf16, of t holding u_lo in bits 0-3 and
+    u_hi in bits 16-19: _nibble_pair_bf16's LOP3 and exact subtraction, then one packed multiply by
+    ss (the row's bf16 scale in both halves), which rounds the exact product once, as
+    _int4_dequant_kernel's fp32 product and cast do. NVIDIA PTX, sm_90."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
+        "mul.rn.bf16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
+        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _frag_pair_f16(t, zz, ss):
+    """_frag_pair_bf16 for fp16 activations and scales (1024 + u in the f16x2 mantissas)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+        "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
+        dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _frag_group(sc_ptr, zp_ptr, rn, g, KG, HAS_ZP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Group g's scale and u-domain zero point (8 when symmetric) of rows rn. The zero point (0..15)
+    is the low half of its little-endian int32, read as 16 bits like the scale."""
+    s = tl.load(sc_ptr + rn * KG + g)
+    if HAS_ZP:
+        zu = tl.load(zp_ptr.to(tl.pointer_type(tl.int16)) + 2 * (rn * KG + g)).to(tl.int32)
+    else:
+        zu = tl.full((BLOCK_N,), 8, tl.int32)
+    return s, zu
+
+
+@triton.jit
+def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm,
+                      stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr):
+    """Path "frag" (16-256 rows): acc[BN, BM] += W_q · x_tileᵀ, one tl.dot of K = BLOCK_K a step, the
+    weight tile W_q = (u - zu)·s rounded once to x's dtype (the join path's SCALE_W numerics) built
+    where the MMA reads it. The operand is indexed [n, c, h, l, e] with k = 16c + 8h + 2l + e: the
+    word 2c + h of row n holds k's nibble in byte l, nibble e. A warpgroup's register operand for
+    K = 16 gives each thread the pairs k = 2l + e (l its lane mod 4) of two rows and both h, so with
+    l on the lanes, (n, c, h) in registers and e joined in last, the nibbles each thread unpacks
+    are the ones its MMA fragment holds: on sm_90 the packed words go through shared memory as
+    loaded (the pipeline's asynchronous copy) and every thread reads the words of its rows, taking
+    byte l; the unpacked operand never passes through shared memory (the join path stores and
+    reloads it each step). PAIRS (NVIDIA PTX, scales in x's dtype): byte l spread to bits 0-3 and
+    16-19 by one multiply, then _frag_pair_*; else the fp32 twin through the mantissa of 2^23.
+    Words past K8 read as 0 and x past K as 0, as in the join path."""
+    pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
+    C16: tl.constexpr = BLOCK_K // 16
+    W8: tl.constexpr = BLOCK_K // 8
+    lane_shift = (8 * tl.arange(0, 4))[None, None, None, :].to(tl.uint32)                    # [1, 1, 1, L]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # The group's scale and zero point (2-byte loads, which the pipeline leaves to the loop) are
+    # loaded a step ahead, so their latency hides behind a step's work rather than stall the MMAs.
+    s, zu = _frag_group(sc_ptr, zp_ptr, rn, (kw_lo * 8) // GROUP, KG, HAS_ZP, BLOCK_N)
+    for kw0 in range(kw_lo, kw_hi, W8):
+        s_next, zu_next = _frag_group(sc_ptr, zp_ptr, rn, tl.minimum(((kw0 + W8) * 8) // GROUP, KG - 1), KG, HAS_ZP,
+                                      BLOCK_N)
+        offs_w = kw0 + tl.arange(0, W8)
+        words = tl.load(q_ptr + rn[:, None] * K8 + offs_w[None, :], mask=offs_w[None, :] < K8, other=0)
+        words = tl.reshape(words, (BLOCK_N, C16, 2))                                            # [BN, C, H]
+        b = (words.to(tl.uint32, bitcast=True)[:, :, :, None] >> lane_shift) & 0xFF           # [BN, C, H, L]
+        offs_k = kw0 * 8 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + rm[None, :] * stride_xm + offs_k[:, None], mask=offs_k[:, None] < K, other=0.0)
+        if PAIRS:
+            t = (b * 0x1001).to(tl.int32, bitcast=True)          # byte l's nibbles at bits 0-3 and 16-19
+            zz = ((0x64006400 if F16 else 0x43004300) + zu * 0x10001)[:, None, None, None]
+            sb = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            ss = (sb * 0x10001)[:, None, None, None]
+            if F16:
+                lo, hi = _frag_pair_f16(t, zz, ss)
+            else:
+                lo, hi = _frag_pair_bf16(t, zz, ss)
+        else:   # the exact u - zu in fp32, times the fp32 scale, then x's dtype (the dequantization's roundings)
+            zf = zu.to(tl.float32)[:, None, None, None]
+            sf = s.to(tl.float32)[:, None, None, None]
+            bi = b.to(tl.int32, bitcast=True)
+            lo = (_nibble_field(bi, 0xF, zf) * sf).to(xt.dtype)
+            hi = (_nibble_field(bi >> 4, 0xF, zf) * sf).to(xt.dtype)
+        w_q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        acc = tl.dot(w_q, xt, acc)
+        s, zu = s_next, zu_next
+    common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
 
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,

@@ -212,6 +212,39 @@ def _join_forms(p: Problem, forms: list[tuple]) -> list[dict]:
     return out
 
 
+# Tiles of the frag path per bucket: (rows of x, weight rows, BLOCK_K, warps, stages). A warpgroup
+# takes 64 weight rows: with fewer warps than BLOCK_N / 16 Triton reaches the MMA's layout through
+# shared memory again, so every tile has at least that many. All compile on sm_90 (Triton 3.6 and
+# 3.9) with no stack and no shared-memory store of the operand; 256 weight rows on 16 warps and
+# 256 rows of x fail ptxas (158 registers needed, 128 allowed), 128 rows on 16 warps spill.
+_FRAG = {16: ((16, 64, 128, 4, 4), (16, 128, 128, 8, 4)),
+         32: ((32, 64, 128, 4, 4), (32, 128, 128, 8, 4)),
+         64: ((64, 64, 128, 4, 4), (64, 64, 128, 4, 3), (64, 128, 128, 8, 4), (64, 256, 64, 16, 4)),
+         128: ((128, 64, 128, 4, 3), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 16, 3),
+               (128, 64, 128, 4, 4)),
+         256: ((256, 64, 128, 8, 3), (256, 128, 64, 8, 4), (256, 128, 128, 8, 3), (256, 64, 64, 4, 3))}
+
+
+def _frag_tiles(p: Problem) -> list[dict]:
+    """Candidates of the frag path (int4._int4_frag_kernel) from bucket 16 for half-precision x:
+    _FRAG's tiles of the bucket (from 256 rows, 256's, against the transient dense copy), each
+    split to give about four waves of programs. BLOCK_K must divide the group: a form whose
+    BLOCK_K does not takes the largest power of two from 16 that does."""
+    group = p.param("group", 128)
+    if p.bucket < 16 or p.act_dtype == torch.float32 or group % 16:
+        return []
+    out = []
+    for bm, bn, bk, warps, stages in _FRAG[min(p.bucket, 256)]:
+        while group % bk:
+            bk //= 2
+        bm = min(bm, p.bucket)
+        t = gemm_tiles.tile("frag", bm, bn, bk, gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16, waves=4),
+                            warps, stages)
+        if t not in out:
+            out.append(t)
+    return out
+
+
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
     """Candidates of the transposed ("swap") product for buckets 2..128, the likeliest first (rows as
     narrow as the bucket, 128 weight rows, the split that fills the machine): a short sweep's
@@ -252,9 +285,10 @@ def search_space(p: Problem) -> list[dict]:
         b = _dense_bytes(p)
         dequant = _dequant_paths()
         rest = [dict(t, path=dequant[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in dequant] + mma[:4] + _join_tiles(p)   # (unpacking in the loop loses 3x here)
+                if t["path"] in dequant] + mma[:4] + _interleave(_frag_tiles(p), _join_tiles(p))
     else:
-        rest = _interleave(_interleave(slices, _join_tiles(p)), _interleave(_swap_tiles(p, bks), mma))
+        rest = _interleave(_interleave(_interleave(_frag_tiles(p), slices), _join_tiles(p)),
+                           _interleave(_swap_tiles(p, bks), mma))
     out, seen = [d], {tuple(sorted(d.items()))}
     for t in rest:
         key = tuple(sorted(t.items()))

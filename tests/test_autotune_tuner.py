@@ -237,19 +237,22 @@ def _int4_pick(symmetric, bucket, field):
 
 def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     # The int4 join's SCALE_W tiles are groups of their own (a kernel form whose products stay in
-    # flight, which the fp32-scaled join's do not), those of 256 weight rows apart: the 20-tile
-    # pick of caches/retune.sh sees three of each group's four at bucket 128, and at 256 all three
-    # of 256 rows and two of the four others (the first and last of each group), beside
-    # fp32-scaled join tiles.
+    # flight, which the fp32-scaled join's do not), those of 256 weight rows apart, and so are the
+    # frag tiles (their path): the 20-tile pick of caches/retune.sh sees three of each SCALE_W
+    # group's four and three of the five frag tiles at bucket 128 (the first and last of each),
+    # beside fp32-scaled join tiles. At 256, with ten groups, the pick spreads over the whole
+    # space and still sees each of the three forms.
     from vsr.kernels import int4_tiles
     t = int4_tiles.pick_group
-    for bucket, wide, wide_seen, seen in ((128, 4, 3, 3), (256, 3, 3, 2)):
-        space, pick, scaled, got, groups = _int4_pick(True, bucket, "SCALE_W")
-        assert groups == {("join", "scale-w"), ("join", "scale-w-256")} and len(scaled) == 4 + wide
-        for g, n in ((("join", "scale-w-256"), wide_seen), (("join", "scale-w"), seen)):
-            of, picked = [c for c in scaled if t(c) == g], [c for c in got if t(c) == g]
-            assert len(picked) == n and picked[0] == of[0] and picked[-1] == of[-1], (bucket, g, picked)
-        assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
+    space, pick, scaled, got, groups = _int4_pick(True, 128, "SCALE_W")
+    assert groups == {("join", "scale-w"), ("join", "scale-w-256")} and len(scaled) == 8
+    frag = [c for c in space if c["path"] == "frag"]
+    for of, picked in [([c for c in scaled if t(c) == g], [c for c in got if t(c) == g])
+                       for g in (("join", "scale-w-256"), ("join", "scale-w"))] + [(frag, [c for c in pick if c in frag])]:
+        assert len(picked) == 3 and picked[0] == of[0] and picked[-1] == of[-1], picked
+    assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
+    space, pick, scaled, got, groups = _int4_pick(True, 256, "SCALE_W")
+    assert {t(c) for c in pick} >= {("join", "scale-w"), ("join", "scale-w-256"), "frag"}
 
 
 def test_int4_x_split_tiles_get_a_share_of_the_pick_of_their_own():

@@ -920,6 +920,53 @@ def test_int4_join_path(dtype, symmetric, M, split, Kx, act_order, scale_w):
     assert_close(run(int4.launch, x, w, tile), int4.reference_linear(x, w))
 
 
+# The tile fields that give each path the SCALE_W numerics (the frag path has no other form).
+SCALED = {"join": {"SCALE_W": 1}, "frag": {}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("M,bm,bn,bk,split,Kx,act_order", [(16, 16, 32, 128, 1, K, False), (40, 64, 64, 64, 2, K, True),
+                                                          (3, 16, 32, 16, 3, 300, False), (150, 128, 32, 32, 1, 300, False),
+                                                          (70, 64, 128, 256, 1, K, False)])
+def test_int4_frag_path(dtype, symmetric, M, bm, bn, bk, split, Kx, act_order):
+    # The operand built in the MMA's fragment order ([n, c, h, l, e] -> k = 16c + 8h + 2l + e: a
+    # wrong word, byte or nibble order fails), for BLOCK_K 16-256 (one to sixteen 16-column
+    # chunks a step); K = 300: a partial last word, words past K8 and a masked last step;
+    # act_order: x gathered by the weight's column permutation; 128 weight rows: two warpgroups
+    # of rows; a partial block of x's rows (M = 150 on 128) and of weight rows (N = 37).
+    g = gen(130 + M + split + symmetric)
+    w = int4_weight(g, 128 if bk <= 128 else 256, symmetric, act_order, True, dtype, Kx=Kx)
+    x = torch.randn(M, Kx, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, path="frag", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                num_warps=8 if bm > 64 or bn > 64 else 4)
+    y = run(int4.launch, x, w, tile)
+    assert_close(y, int4.reference_linear(x, w))
+    assert_close(y, _rounded_weight_linear(x, w), tuple(t / 2 for t in TOL[dtype]))
+
+
+def test_int4_frag_path_refuses_fp32_activations_and_odd_block_k():
+    w = int4_weight(gen(126), 128, True, False, bias=False)
+    with pytest.raises(AssertionError, match="bf16/fp16"):
+        int4.launch(torch.randn(2, K).to(DEV), w, dict(SLICES, path="frag"))
+    with pytest.raises(AssertionError, match="power-of-two BLOCK_K"):
+        int4.launch(torch.randn(2, K).half().to(DEV), w, dict(SLICES, path="frag", BLOCK_K=8))
+
+
+def test_int4_frag_pairs_need_scales_in_x_dtype():
+    # The packed multiply takes both operands in x's dtype: bf16 scales under fp16 x (or fp32
+    # scales) take the fp32 twin, as do devices without the pairs.
+    from vsr.kernels.common import DeviceFeatures
+    hopper = DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)
+    ampere = DeviceFeatures(nvidia=True, capability=(8, 0), pdl=False, hardware_e4m3=False)
+    assert int4.frag_pairs(torch.bfloat16, torch.bfloat16, hopper)
+    assert int4.frag_pairs(torch.float16, torch.float16, ampere)
+    assert not int4.frag_pairs(torch.bfloat16, torch.bfloat16, ampere)
+    assert not int4.frag_pairs(torch.float16, torch.bfloat16, hopper)
+    assert not int4.frag_pairs(torch.bfloat16, torch.float32, hopper)
+    assert not int4.frag_pairs(torch.float16, torch.float16, DeviceFeatures(False, (9, 4), False, False))
+
+
 def _rounded_weight_linear(x, w):
     """x·Wᵀ + b with W = (u - zu)·s rounded once to x's dtype (the transient dequantization's
     numerics, and SCALE_W's), accumulated in fp32."""
@@ -932,7 +979,8 @@ def _rounded_weight_linear(x, w):
                                                pytest.param(torch.bfloat16, "x", marks=BF16_ON_GPU.marks)])
 @pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
 @pytest.mark.parametrize("M,bm,split,fixup", [(300, 256, 1, 0), (70, 64, 2, 1), (20, 16, 3, 0)])
-def test_int4_join_scale_w_rounds_each_weight_once(dtype, scale_dtype, symmetric, act_order, M, bm, split, fixup):
+@pytest.mark.parametrize("path", ["join", "frag"])
+def test_int4_join_scale_w_rounds_each_weight_once(dtype, scale_dtype, symmetric, act_order, M, bm, split, fixup, path):
     # SCALE_W's numerics are the transient dequantization's: each weight (u - zu)·s rounded to x's
     # dtype, so the output agrees with x·W_rounded to within the output's own rounding and the
     # fp32 accumulation (held to half the template's tolerance; the exact check is the next
@@ -943,8 +991,8 @@ def test_int4_join_scale_w_rounds_each_weight_once(dtype, scale_dtype, symmetric
     if scale_dtype != "x":
         w = dataclasses.replace(w, scale=w.scale.to(scale_dtype))
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
-    tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, FIXUP=fixup, SCALE_W=1,
-                num_warps=8 if bm > 64 else 4)
+    tile = dict(SLICES, path=path, BLOCK_M=bm, SPLIT_K=split, FIXUP=fixup, num_warps=8 if bm > 64 else 4,
+                **SCALED[path])
     y = run(int4.launch, x, w, tile)
     rtol, atol = TOL[dtype]
     assert_close(y, _rounded_weight_linear(x, w), (rtol / 2, atol / 2))
@@ -953,7 +1001,8 @@ def test_int4_join_scale_w_rounds_each_weight_once(dtype, scale_dtype, symmetric
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
 @pytest.mark.parametrize("bm,split", [(64, 1), (256, 2)])
-def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
+@pytest.mark.parametrize("path", ["join", "frag"])
+def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split, path):
     # Rows of x with two ones (columns k1, k2 of the same or different groups), no bias: each
     # output is W_rounded[n, k1] + W_rounded[n, k2], exact in fp32 (terms within 2^13 of each
     # other), then rounded once; so with SCALE_W the output equals that bit for bit. A kernel
@@ -970,7 +1019,7 @@ def test_int4_join_scale_w_is_exact_on_two_hot_rows(dtype, bm, split):
     x = x.to(dtype).to(DEV)
     Wr = int4.dequantize(w).to(dtype).float()
     expect = (Wr[:, k[:, 0]] + Wr[:, k[:, 1]]).t().to(dtype)
-    tile = dict(SLICES, path="join", BLOCK_M=bm, SPLIT_K=split, SCALE_W=1, num_warps=8 if bm > 64 else 4)
+    tile = dict(SLICES, path=path, BLOCK_M=bm, SPLIT_K=split, num_warps=8 if bm > 64 else 4, **SCALED[path])
     assert torch.equal(run(int4.launch, x, w, tile).cpu(), expect.cpu())
     unrounded = int4.reference_linear(x, w).cpu()
     assert not torch.equal(unrounded, expect.cpu()), "the case must tell a weight rounded first from one not"

@@ -193,3 +193,74 @@ def test_programmatic_forward_compiles_waits_and_releases(compiled):
         assert got[name] and all(w and r for w, r in got[name]), (name, got[name])
     products = [v for n, vs in got.items() if n not in forward for v in vs]
     assert products and all(w for w, _ in products), got
+
+
+_FRAG_PROBE = r"""
+import json, os, re, subprocess, sys, tempfile
+import torch, triton
+sys.path.insert(0, sys.argv[1])
+from sm90_fit import H200, Recorder
+from triton.runtime.jit import JITFunction
+from vsr.kernels import common, gemm, int4
+from vsr.autotune.synth import random_weight
+
+rec, rows = Recorder(H200), []
+compile_ = triton.compile
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+def stack_bytes(cubin):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([BIN, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", out).group(1))
+def loop_body(ptx):
+    lines = ptx.splitlines()
+    head = next(i for i, l in enumerate(lines) if "Loop Header" in l)
+    label = lines[head].split(":")[0].strip()
+    tail = max(i for i, l in enumerate(lines) if i > head and "bra" in l and label in l)
+    return "\n".join(lines[head:tail + 1])
+def compile_and_keep(src, *a, **k):
+    kernel = compile_(src, *a, **k)
+    if src.fn.__name__ == "_int4_frag_kernel":
+        body = loop_body(kernel.asm["ptx"])
+        rows.append({"tile": TILE, "fmt": FMT, "stack": stack_bytes(kernel.asm["cubin"]),
+                     "shared": int(kernel.metadata.shared), "st_shared": body.count("st.shared"),
+                     "ldmatrix": body.count("ldmatrix"), "wgmma": body.count("wgmma.mma_async"),
+                     "pairs": body.count("mul.rn.bf16x2")})
+    return kernel
+triton.compile = compile_and_keep
+JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
+common.device_features = lambda device: H200.features
+gemm.multiprocessors = lambda device: H200.multiprocessors
+t = int4.TEMPLATE
+for FMT, sym in (("gptq", True), ("awq", False)):
+    w = random_weight("int4", 34816, 5120, {"bits": 4, "group": 128, "symmetric": sym, "act_order": False},
+                      torch.bfloat16, "cpu")
+    for bucket in (16, 64, 128, 256):
+        x = torch.randn(bucket, 5120).bfloat16()
+        for TILE in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "frag"]:
+            t.launch(x, w, TILE)
+print(json.dumps({"rows": rows, "limit": rec.device.shared}))
+"""
+
+
+@pytest.fixture(scope="module")
+def frag_compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", _FRAG_PROBE, str(BENCH)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
+    # Every frag tile of the search space at buckets 16-256, on the 27B-class gate_up (bf16 x, GPTQ
+    # and AWQ): the loop's MMAs take the weight operand from the registers it was unpacked in, so the
+    # loop body holds no shared-memory store and no ldmatrix (the join path holds 8 of each a
+    # thread a step), uses the PTX pairs with the packed scale multiply, keeps no stack and fits
+    # the H200's shared memory.
+    rows = frag_compiled["rows"]
+    assert {r["fmt"] for r in rows} == {"gptq", "awq"} and len(rows) >= 2 * (2 + 4 + 5 + 4)
+    for r in rows:
+        assert r["st_shared"] == 0 and r["ldmatrix"] == 0 and r["wgmma"] > 0, r
+        assert r["pairs"] > 0 and r["stack"] == 0 and r["shared"] <= frag_compiled["limit"], r
