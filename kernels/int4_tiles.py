@@ -222,19 +222,22 @@ _FRAG = {16: ((16, 64, 128, 4, 4), (16, 128, 128, 8, 4)),
          64: ((64, 64, 128, 4, 4), (64, 64, 128, 4, 3), (64, 128, 128, 8, 4), (64, 256, 64, 16, 4)),
          128: ((128, 64, 128, 4, 3), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 16, 3),
                (128, 64, 128, 4, 4)),
-         256: ((256, 64, 128, 8, 3), (256, 128, 64, 8, 4), (256, 128, 128, 8, 3), (256, 64, 64, 4, 3))}
+         256: ((256, 64, 128, 8, 3), (256, 128, 64, 8, 4), (256, 128, 128, 8, 3), (256, 64, 64, 4, 3)),
+         # above 256 rows, against the transient dense copy: wider weight blocks first, since each
+         # program reads its rows of x whole once per block of weight rows
+         512: ((128, 256, 64, 16, 3), (256, 128, 64, 8, 4), (128, 128, 128, 8, 3), (256, 64, 128, 8, 3))}
 
 
 def _frag_tiles(p: Problem) -> list[dict]:
     """Candidates of the frag path (int4._int4_frag_kernel) from bucket 16 for half-precision x:
-    _FRAG's tiles of the bucket (from 256 rows, 256's, against the transient dense copy), each
+    _FRAG's tiles of the bucket (above 256 rows, 512's, against the transient dense copy), each
     split to give about four waves of programs. BLOCK_K must divide the group: a form whose
     BLOCK_K does not takes the largest power of two from 16 that does."""
     group = p.param("group", 128)
     if p.bucket < 16 or p.act_dtype == torch.float32 or group % 16:
         return []
     out = []
-    for bm, bn, bk, warps, stages in _FRAG[min(p.bucket, 256)]:
+    for bm, bn, bk, warps, stages in _FRAG[min(p.bucket, 512)]:
         while group % bk:
             bk //= 2
         bm = min(bm, p.bucket)

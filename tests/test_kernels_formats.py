@@ -1073,7 +1073,7 @@ def test_int4_scale_w_tiles_of_the_space_are_right_and_repeatable(symmetric):
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_int4_frag_tiles_of_the_space_are_right_and_repeatable(symmetric, dtype):
-    # Every frag tile of the space at buckets 16-256 (PTX pairs with the packed scale multiply), on
+    # Every frag tile of the space at buckets 16-1024 (PTX pairs with the packed scale multiply), on
     # the 27B "o" layer (K = 8192: most tiles split K), in a NaN-filled output: within the
     # template's tolerance of the reference, within half of it of the rounded-weight product
     # (SCALE_W's numerics), and the same bytes from a second launch.
@@ -1082,7 +1082,7 @@ def test_int4_frag_tiles_of_the_space_are_right_and_repeatable(symmetric, dtype)
     N, Kx = 5120, 8192
     w = synth.random_weight("int4", N, Kx, dict(group=128, symmetric=symmetric), dtype, DEV, 33, bias=True)
     seen = 0
-    for bucket, M in ((16, 13), (64, 64), (128, 100), (256, 256)):
+    for bucket, M in ((16, 13), (64, 64), (128, 100), (256, 256), (1024, 600)):
         x = torch.randn(M, Kx, generator=gen(34 + M)).to(dtype).to(DEV)
         ref, rounded = int4.reference_linear(x, w), _rounded_weight_linear(x, w)
         for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "frag"]:
@@ -1091,7 +1091,7 @@ def test_int4_frag_tiles_of_the_space_are_right_and_repeatable(symmetric, dtype)
             assert_close(y1, rounded, tuple(v / 2 for v in TOL[dtype]))
             assert same_bytes(y1, y2), tile
             seen += 1
-    assert seen == 2 + 4 + 5 + 4
+    assert seen == 2 + 4 + 5 + 4 + 4
 
 
 def test_int4_join_path_refuses_fp32_activations():
