@@ -37,6 +37,53 @@ HEAD_DIMS = (32, 64, 128, 256)
 
 
 @triton.jit
+def _key_blocks(q, k_base, v_base, acc, l_i, m_i, n_lo, n_hi, offs_m, offs_d, length, qk_scale, HALF_W, sks, svs,
+                BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                F32: tl.constexpr):
+    """The online softmax over key blocks [n_lo, n_hi) in order: (acc, l_i, m_i) updated. MASK: keys
+    past the length, after the query (CAUSAL) or outside the window give -inf logits; without it
+    every key of every block is allowed (and in bounds)."""
+    offs_nb = tl.arange(0, BLOCK_N)
+    for start_n in range(n_lo, n_hi, BLOCK_N):
+        offs_n = start_n + offs_nb
+        k_ptrs = k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :]
+        if MASK:
+            k = tl.load(k_ptrs, mask=offs_n[:, None] < length, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if F32 != "":
+            qk = tl.dot(q, tl.trans(k), input_precision=F32)
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if MASK:
+            allowed = offs_n[None, :] < length
+            if CAUSAL:
+                allowed &= offs_n[None, :] <= offs_m[:, None]
+            if WINDOW:
+                d = offs_m[:, None] - offs_n[None, :]
+                allowed &= (d <= HALF_W) & (d >= -HALF_W)
+            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+        else:
+            qk = qk * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key allowed yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASK:
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < length, other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        if F32 != "":
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=F32)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, qk_scale, HALF_W,
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -74,42 +121,19 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-    offs_nb = tl.arange(0, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_nb
-        kv_mask = offs_n[:, None] < length
-        k = tl.load(k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-        if F32 != "":
-            qk = tl.dot(q, tl.trans(k), input_precision=F32)
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        # A block whose every key is allowed to every query skips the mask (the same values).
-        whole = start_n + BLOCK_N <= length
+    # The key blocks whose every key is allowed to every query of the block (below the padding and,
+    # causal, at or before the block's first query) skip the mask, which only ever replaces logits
+    # by -inf; the rest take it. Two loops in the one fixed block order, not a branch in one loop.
+    mid = lo
+    if not WINDOW:
+        whole = length
         if CAUSAL:
-            whole = whole & (start_n + BLOCK_N - 1 <= start_m)
-        if WINDOW:
-            whole = False
-        if whole:
-            qk = qk * qk_scale
-        else:
-            allowed = offs_n[None, :] < length
-            if CAUSAL:
-                allowed &= offs_n[None, :] <= offs_m[:, None]
-            if WINDOW:
-                d = offs_m[:, None] - offs_n[None, :]
-                allowed &= (d <= HALF_W) & (d >= -HALF_W)
-            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key allowed yet
-        p = tl.math.exp2(qk - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if F32 != "":
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=F32)
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+            whole = tl.minimum(whole, start_m + 1)
+        mid = whole // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _key_blocks(q, k_base, v_base, acc, l_i, m_i, lo, mid, offs_m, offs_d, length, qk_scale, HALF_W,
+                                sks, svs, BLOCK_N, False, CAUSAL, WINDOW, F32)
+    acc, l_i, m_i = _key_blocks(q, k_base, v_base, acc, l_i, m_i, mid, hi, offs_m, offs_d, length, qk_scale, HALF_W,
+                                sks, svs, BLOCK_N, True, CAUSAL, WINDOW, F32)
     valid = offs_m < length
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o = tl.where(valid[:, None], o, 0.0)
