@@ -5,7 +5,8 @@ rule's kernels fit the H200's shared memory at Qwen3.5's head size (K = V = 128)
 inputs, run their products on the tensor cores (wgmma) within their registers: cuobjdump's stack
 size of the compiled kernel under 1 KB a thread (the scan's default spills 288 bytes), the fused
 mixer's included; the gates' product stays a rounded multiply wherever it is computed; fp32 products,
-as common.f32_precision gives them on an NVIDIA GPU (tf32x3), issue TF32 MMAs."""
+as common.f32_precision gives them on an NVIDIA GPU (tf32x3), issue TF32 MMAs; the int4 frag
+tiles' weight operand never passes through shared memory."""
 from __future__ import annotations
 
 import json
@@ -18,14 +19,14 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
-_PROBE = r"""
+# Each probe runs in a process of its own (no interpreter), argv[1] the benchmarks directory.
+_PRELUDE = r"""
 import json, os, re, subprocess, sys, tempfile
 import torch, triton
 sys.path.insert(0, sys.argv[1])
-from sm90_fit import DEVICES, Recorder
+from sm90_fit import DEVICES, H200, Recorder
 from triton.runtime.jit import JITFunction
 
-rec, ptx, delta = Recorder(DEVICES["h200"]), {}, []
 compile_ = triton.compile
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 def stack_bytes(cubin):
@@ -34,6 +35,10 @@ def stack_bytes(cubin):
         f.flush()
         out = subprocess.run([BIN, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     return int(re.search(r"STACK:(\d+)", out).group(1))
+"""
+
+_PROBE = _PRELUDE + r"""
+rec, ptx, delta = Recorder(DEVICES["h200"]), {}, []
 def compile_and_keep(src, *a, **k):
     kernel = compile_(src, *a, **k)
     name = src.fn.__name__
@@ -61,7 +66,6 @@ for dt in (torch.bfloat16, torch.float32):
 # fp32 products as on the H200 (common.f32_precision asks the device's features): the built-in
 # router's shapes, each row bucket's default tile of the dense and int4 templates.
 from vsr.kernels import common, dense, gemm, int4
-from sm90_fit import H200
 from vsr.autotune.synth import random_weight
 common.device_features = lambda device: H200.features
 gemm.multiprocessors = lambda device: H200.multiprocessors
@@ -124,13 +128,18 @@ print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.share
 """
 
 
-@pytest.fixture(scope="module")
-def compiled():
+def _run(probe: str, timeout: int) -> dict:
+    """The JSON a probe prints last, run without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", _PROBE, str(BENCH)], capture_output=True, text=True, env=env,
-                       timeout=300)
+    p = subprocess.run([sys.executable, "-c", probe, str(BENCH)], capture_output=True, text=True, env=env,
+                       timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return _run(_PROBE, 300)
 
 
 def test_exact_rope_keeps_every_rounding(compiled):
@@ -195,24 +204,11 @@ def test_programmatic_forward_compiles_waits_and_releases(compiled):
     assert products and all(w for w, _ in products), got
 
 
-_FRAG_PROBE = r"""
-import json, os, re, subprocess, sys, tempfile
-import torch, triton
-sys.path.insert(0, sys.argv[1])
-from sm90_fit import H200, Recorder
-from triton.runtime.jit import JITFunction
+_FRAG_PROBE = _PRELUDE + r"""
 from vsr.kernels import common, gemm, int4
 from vsr.autotune.synth import random_weight
 
 rec, rows, kernels = Recorder(H200), [], {}
-compile_ = triton.compile
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-def stack_bytes(cubin):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([BIN, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"STACK:(\d+)", out).group(1))
 def loop_body(ptx):
     lines = ptx.splitlines()
     head = next(i for i, l in enumerate(lines) if "Loop Header" in l)
@@ -250,11 +246,7 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 
 @pytest.fixture(scope="module")
 def frag_compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", _FRAG_PROBE, str(BENCH)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _run(_FRAG_PROBE, 600)
 
 
 def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
