@@ -769,7 +769,7 @@ def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                       stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr):
-    """Path "frag" (16-256 rows): acc[BN, BM] += W_q · x_tileᵀ, one tl.dot of K = BLOCK_K a step, the
+    """Path "frag" (from 16 rows): acc[BN, BM] += W_q · x_tileᵀ, one tl.dot of K = BLOCK_K a step, the
     weight tile W_q = (u - zu)·s rounded once to x's dtype (the join path's SCALE_W numerics) built
     where the MMA reads it. The operand is indexed [n, c, h, l, e] with k = 16c + 8h + 2l + e: the
     word 2c + h of row n holds k's nibble in byte l, nibble e. A warpgroup's register operand for
