@@ -1091,7 +1091,7 @@ def test_int4_frag_tiles_of_the_space_are_right_and_repeatable(symmetric, dtype)
             assert_close(y1, rounded, tuple(v / 2 for v in TOL[dtype]))
             assert same_bytes(y1, y2), tile
             seen += 1
-    assert seen == 2 + 4 + 5 + 4 + 4
+    assert seen == 2 + 3 + 3 + 3 + 2
 
 
 def test_int4_join_path_refuses_fp32_activations():

@@ -257,7 +257,7 @@ def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
     # the H200's shared memory.
     rows = frag_compiled["rows"]
     assert {(r["fmt"], r["bucket"]) for r in rows} == {(f, b) for f in ("gptq", "awq") for b in (16, 64, 128, 256, 1024)}
-    assert len(rows) == 2 * (2 + 4 + 5 + 4 + 4)
+    assert len(rows) == 2 * (2 + 3 + 3 + 3 + 2)
     for r in rows:
         assert r["st_shared"] == 0 and r["ldmatrix"] == 0 and r["wgmma"] > 0, r
         assert r["pairs"] > 0 and r["stack"] == 0 and r["shared"] <= frag_compiled["limit"], (r["tile"], r)
