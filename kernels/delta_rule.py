@@ -30,10 +30,8 @@ output rows are zeros).
 The gates (deltanet_gates): beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias) from the
 fused in_proj_b | in_proj_a output, one program per token.
 
-The whole token mixer (deltanet_mixer, what the Qwen3.5 model runs): `_ut_kernel` reads the conv's
-input and in_proj_b | in_proj_a's output and makes q, k, v (causal conv + SiLU) and g, beta itself,
-so a Gated DeltaNet layer launches two kernels for what would be four, and neither the conv's
-output (2 bytes x 10,240 channels a token at the 27B class) nor the gates are written and read back.
+The whole token mixer (deltanet_mixer, what the Qwen3.5 model runs): the causal conv + SiLU
+(conv1d.py), the gates and the delta rule, one after another.
 """
 from __future__ import annotations
 
@@ -75,26 +73,19 @@ def _mul_rn(device: torch.device) -> bool:
 
 
 @triton.jit
-def _load_rows(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, N, BT: tl.constexpr, BN: tl.constexpr,
-               CONV_W: tl.constexpr):
+def _load_rows(ptr, b, pos, col0, sb, ss, L, N, BT: tl.constexpr, BN: tl.constexpr):
     """[BT, BN] fp32: columns col0 + [0, BN) of ptr's rows `pos` of request b (zeros past the length
-    L and past N columns): as stored, or with CONV_W taps the causal conv + SiLU of the stored rows
-    (conv1d.conv_silu_rows; the columns are conv channels chan0 + [0, BN) of cw [C, CONV_W]),
-    rounded to ptr's dtype as the conv kernel stores it."""
+    L and past N columns)."""
     cols = tl.arange(0, BN)
     m = (pos < L)[:, None] & (cols < N)[None, :]
     base = ptr + b.to(tl.int64) * sb + col0
-    if CONV_W:
-        y = conv1d.conv_silu_rows(base, cw_ptr + chan0 * CONV_W, pos, cols, cols < N, S, ss, CONV_W)
-        return tl.where(m, y.to(ptr.dtype.element_ty).to(tl.float32), 0.0)
     return tl.load(base + pos.to(tl.int64)[:, None] * ss + cols[None, :], mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_qk(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, K, BT: tl.constexpr, BK: tl.constexpr,
-             L2NORM: tl.constexpr, CONV_W: tl.constexpr):
+def _load_qk(ptr, b, pos, col0, sb, ss, L, K, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
     """_load_rows of one query/key head, L2-normalised."""
-    x = _load_rows(ptr, cw_ptr, b, pos, col0, chan0, sb, ss, L, S, K, BT, BK, CONV_W)
+    x = _load_rows(ptr, b, pos, col0, sb, ss, L, K, BT, BK)
     if L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
@@ -143,20 +134,15 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
-               cw_ptr, na_ptr, dt_ptr, S, Hv, GROUP, K, V, SP, scale,
+               S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
-               CONV_W: tl.constexpr, LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr,
                WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
     kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
-    gl = gc_last [SP / BT].
-    CONV_W (deltanet_mixer): q, k, v are column views of the conv's input, each row passed through
-    the causal conv + SiLU here (weights cw [C, CONV_W], channels in q | k | v order), and g_ptr /
-    beta_ptr are the a / b columns of in_proj_b | in_proj_a's output, turned into g and beta here
-    (gate_values): the bytes of _conv_kernel + _gates_kernel + this kernel unfused."""
+    gl = gc_last [SP / BT]."""
     pdl.begin(WAIT, RELEASE)
     c = tl.program_id(0)
     bh = tl.program_id(1)
@@ -166,20 +152,12 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     r = tl.arange(0, BT)
     pos = c * BT + r
     real = pos < L
-    kd = (Hv // GROUP) * K   # the conv's key channels start here, its value channels at 2 kd
     hk = h // GROUP
-    q = _load_qk(q_ptr, cw_ptr, b, pos, hk * sqh, hk * sqh, sqb, sqs, L, S, K, BT, BK, L2NORM, CONV_W) * scale
-    k = _load_qk(k_ptr, cw_ptr, b, pos, hk * skh, kd + hk * skh, skb, sks, L, S, K, BT, BK, L2NORM, CONV_W)
+    q = _load_qk(q_ptr, b, pos, hk * sqh, sqb, sqs, L, K, BT, BK, L2NORM) * scale
+    k = _load_qk(k_ptr, b, pos, hk * skh, skb, sks, L, K, BT, BK, L2NORM)
     gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
-    if CONV_W:
-        g, beta = gate_values(tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32),
-                              tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32),
-                              tl.load(na_ptr + h), tl.load(dt_ptr + h), LIBDEVICE, MUL_RN)
-        g = tl.where(real, g, 0.0)
-        beta = tl.where(real, beta.to(beta_ptr.dtype.element_ty).to(tl.float32), 0.0)
-    else:
-        g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
     g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
     kb = k * beta[:, None]
@@ -197,8 +175,7 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
-        vv = _load_rows(v_ptr, cw_ptr, b, pos, h * svh + v0, 2 * kd + h * svh + v0, svb, svs, L, S, V - v0, BT, BV,
-                        CONV_W)
+        vv = _load_rows(v_ptr, b, pos, h * svh + v0, svb, svs, L, V - v0, BT, BV)
         u = tl.dot(t, vv * beta[:, None], input_precision=PREC)
         tl.store(u_ptr + ws[:, None] * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
@@ -287,9 +264,8 @@ def deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: in
     return chunk_gated_delta_rule(q, k, v, g.view(B, S, Hv), beta.view(B, S, Hv), lengths, block_v=block_v, out=out)
 
 
-def _run(q, k, v, g, beta, lengths, l2norm, block_v, out, fused=None):
-    """The two kernels. Unfused: g fp32 and beta [B, S, Hv]. fused = (conv weight, neg_a, dt_bias):
-    q, k, v are the conv's input's column views and g, beta the a, b columns of ba ([B, S, Hv] views)."""
+def _run(q, k, v, g, beta, lengths, l2norm, block_v, out):
+    """The two kernels; g fp32 and beta [B, S, Hv]."""
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
@@ -307,13 +283,11 @@ def _run(q, k, v, g, beta, lengths, l2norm, block_v, out, fused=None):
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
-    cw, na, dt = fused or (g, g, g)   # unread without the conv
     _ut_kernel[(SP // CHUNK, B * Hv)](
-        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, cw, na, dt, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, CONV_W=cw.shape[1] if fused else 0,
-        LIBDEVICE=LIBDEVICE, MUL_RN=_mul_rn(dev), num_warps=UT_WARPS, **pdl.options(q.device))
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
         BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,

@@ -146,7 +146,7 @@ def test_gates_match_transformers(dtype):
 
 
 def _mixer_inputs(B, S, Hk, Hv, K, V, dtype, seed=0):
-    """The fused mixer's inputs as the model passes them: x a column view of the fused in_proj_qkv |
+    """The mixer's inputs as the model passes them: x a column view of the fused in_proj_qkv |
     in_proj_z output, ba in_proj_b | in_proj_a's output."""
     g = torch.Generator().manual_seed(seed)
     C = 2 * Hk * K + Hv * V
@@ -156,28 +156,15 @@ def _mixer_inputs(B, S, Hk, Hv, K, V, dtype, seed=0):
     return x, ba, w, -torch.rand(Hv, generator=g) * 2, torch.randn(Hv, generator=g)
 
 
-def _parts(x, ba, w, neg_a, dt, lengths, Hk, K, block_v):
-    """The conv, gates and delta rule kernels one after another."""
-    B, S, _ = x.shape
-    Hv, kd = neg_a.shape[0], Hk * K
-    mixed = conv1d.causal_conv1d_silu(x, w)
-    g, beta = delta_rule.deltanet_gates(ba, neg_a, dt)
-    return delta_rule.chunk_gated_delta_rule(mixed[..., :kd].unflatten(-1, (Hk, K)),
-                                             mixed[..., kd:2 * kd].unflatten(-1, (Hk, K)),
-                                             mixed[..., 2 * kd:].unflatten(-1, (Hv, -1)), g.view(B, S, Hv),
-                                             beta.view(B, S, Hv), lengths, block_v=block_v)
-
-
 # fp32: the conv kernel's SiLU (1e-6 of the reference's) carried through the rule
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-def test_fused_mixer_is_its_parts_and_matches_the_reference(dtype, tol):
+def test_mixer_matches_the_reference(dtype, tol):
     # 70 tokens (a full chunk and a partial one), two requests, one padded; V 48 in value blocks of 32.
     B, S, Hk, Hv, K, V = 2, 70, 2, 4, 32, 48
     x, ba, w, neg_a, dt = _mixer_inputs(B, S, Hk, Hv, K, V, dtype)
     lengths = torch.tensor([70, 33])
     got = delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=K, block_v=32,
                                     out=_poisoned(B, S, Hv, V, dtype=dtype))
-    assert torch.equal(got, _parts(x, ba, w, neg_a, dt, lengths, Hk, K, 32))
     ref = delta_rule.deltanet_mixer_reference(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=K)
     assert got.dtype == dtype and float(ref.abs().max()) > 0.1
     torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
@@ -192,7 +179,7 @@ def test_fused_mixer_is_its_parts_and_matches_the_reference(dtype, tol):
     assert torch.equal(alone[0], got[1, :33])
 
 
-def test_fused_mixer_checks_its_shapes():
+def test_mixer_checks_its_shapes():
     x, ba, w, neg_a, dt = _mixer_inputs(1, 8, 1, 2, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="do not fit"):
         delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, key_heads=2, key_dim=16)

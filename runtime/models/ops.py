@@ -26,7 +26,7 @@ modules' wrappers and their `*_reference` twins):
                                               x [B, S, C] (q | k | v channels), the gates of ba
                                               [B*S, 2Hv] (b | a: g = neg_a · softplus(a + dt_bias),
                                               beta = sigmoid(b)), the chunked delta rule; o [B, S, Hv, V]
-                                              (kernels: conv1d.py and delta_rule.py, two launches)
+                                              (kernels: conv1d.py and delta_rule.py, four launches)
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
