@@ -232,7 +232,34 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     q's dtype, contiguous (written into `out` when given). Products in PRECISION[q.dtype];
     `block_v`: the scan's value columns a program (default SCAN_BLOCK_V)."""
     _check(q, k, v, g, beta)
-    return _run(q, k, v, g.float().contiguous(), beta.contiguous(), lengths, l2norm, block_v, out)
+    g, beta = g.float().contiguous(), beta.contiguous()
+    B, S, Hk, K = k.shape
+    Hv, V = v.shape[2:]
+    BK = triton.next_power_of_2(K)
+    BV = min(block_v or SCAN_BLOCK_V, triton.next_power_of_2(V))
+    prec = PRECISION[q.dtype]
+    SP = triton.cdiv(S, CHUNK) * CHUNK
+    dev = q.device
+    if lengths is None:
+        lengths = torch.full((B,), S, dtype=torch.int32, device=dev)
+    lengths = lengths.to(device=dev, dtype=torch.int32)
+    f32 = dict(dtype=torch.float32, device=dev)
+    w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
+    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
+    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32), torch.empty(B * Hv, SP // CHUNK, **f32)
+    o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
+    if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
+        raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
+    _ut_kernel[(SP // CHUNK, B * Hv)](
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
+    _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
+        w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
+        **pdl.options(w.device))
+    return o
 
 
 def deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: int, key_dim: int,
@@ -262,37 +289,6 @@ def deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: in
     v = mixed[..., 2 * kd:].unflatten(-1, (Hv, -1))
     g, beta = deltanet_gates(ba, neg_a, dt_bias)
     return chunk_gated_delta_rule(q, k, v, g.view(B, S, Hv), beta.view(B, S, Hv), lengths, block_v=block_v, out=out)
-
-
-def _run(q, k, v, g, beta, lengths, l2norm, block_v, out):
-    """The two kernels; g fp32 and beta [B, S, Hv]."""
-    B, S, Hk, K = k.shape
-    Hv, V = v.shape[2:]
-    BK = triton.next_power_of_2(K)
-    BV = min(block_v or SCAN_BLOCK_V, triton.next_power_of_2(V))
-    prec = PRECISION[q.dtype]
-    SP = triton.cdiv(S, CHUNK) * CHUNK
-    dev = q.device
-    if lengths is None:
-        lengths = torch.full((B,), S, dtype=torch.int32, device=dev)
-    lengths = lengths.to(device=dev, dtype=torch.int32)
-    f32 = dict(dtype=torch.float32, device=dev)
-    w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
-    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
-    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32), torch.empty(B * Hv, SP // CHUNK, **f32)
-    o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
-    if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
-        raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
-    _ut_kernel[(SP // CHUNK, B * Hv)](
-        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
-    _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
-        w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
-        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
-        **pdl.options(w.device))
-    return o
 
 
 # ---------------------------------------------------------------------------------------------
