@@ -22,24 +22,6 @@ from vsr.kernels.deltanet_reference import causal_conv1d_silu_reference  # noqa:
 
 
 @triton.jit
-def conv_silu_rows(x_ptr, w_ptr, s, c, cmask, S, sxs, W: tl.constexpr):
-    """y at rows s [BS] and channels c [BC] (cmask: the real ones) in w's dtype; x_ptr at the request's
-    row 0 and channel 0 of c, w_ptr at the same channel's row of w [C, W]. The W products summed in
-    order into fp32 from zero, rounded to w's dtype, SiLU, rounded again (the caller casts to x's
-    dtype). _conv_kernel's arithmetic, shared so that the delta rule's fused form
-    (delta_rule.deltanet_mixer) gives the same bytes."""
-    acc = tl.zeros((s.shape[0], c.shape[0]), dtype=tl.float32)
-    for j in tl.static_range(W):
-        src = s - (W - 1) + j
-        m = ((src >= 0) & (src < S))[:, None] & cmask[None, :]
-        xv = tl.load(x_ptr + src.to(tl.int64)[:, None] * sxs + c[None, :], mask=m, other=0.0)
-        wv = tl.load(w_ptr + c * W + j, mask=cmask, other=0.0)
-        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
-    acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
-    return (acc / (1.0 + tl.exp(-acc))).to(w_ptr.dtype.element_ty)
-
-
-@triton.jit
 def _conv_kernel(x_ptr, w_ptr, y_ptr, S, C, sxb, sxs, syb, sys_, W: tl.constexpr,
                  BS: tl.constexpr, BC: tl.constexpr,
                  WAIT: tl.constexpr, RELEASE: tl.constexpr):
@@ -50,7 +32,15 @@ def _conv_kernel(x_ptr, w_ptr, y_ptr, S, C, sxb, sxs, syb, sys_, W: tl.constexpr
     s = ps * BS + tl.arange(0, BS)
     c = pc * BC + tl.arange(0, BC)
     cm = c < C
-    y = conv_silu_rows(x_ptr + b * sxb, w_ptr, s, c, cm, S, sxs, W)
+    acc = tl.zeros((BS, BC), dtype=tl.float32)
+    for j in tl.static_range(W):
+        src = s - (W - 1) + j
+        m = ((src >= 0) & (src < S))[:, None] & cm[None, :]
+        xv = tl.load(x_ptr + b * sxb + src.to(tl.int64)[:, None] * sxs + c[None, :], mask=m, other=0.0)
+        wv = tl.load(w_ptr + c * W + j, mask=cm, other=0.0)
+        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+    acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
+    y = (acc / (1.0 + tl.exp(-acc))).to(w_ptr.dtype.element_ty)
     om = (s < S)[:, None] & cm[None, :]
     tl.store(y_ptr + b * syb + s.to(tl.int64)[:, None] * sys_ + c[None, :], y.to(y_ptr.dtype.element_ty), mask=om)
 

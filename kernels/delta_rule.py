@@ -29,9 +29,6 @@ output rows are zeros).
 
 The gates (deltanet_gates): beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias) from the
 fused in_proj_b | in_proj_a output, one program per token.
-
-The whole token mixer (deltanet_mixer, what the Qwen3.5 model runs): the causal conv + SiLU
-(conv1d.py), the gates and the delta rule, one after another.
 """
 from __future__ import annotations
 
@@ -40,12 +37,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import common, conv1d, pdl
+from vsr.kernels import pdl
 
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
-                                            deltanet_gates_reference, deltanet_mixer_reference,
-                                            recurrent_gated_delta_rule_reference)
+                                            deltanet_gates_reference, recurrent_gated_delta_rule_reference)
 from vsr.kernels.norm import LIBDEVICE, exp_f32, sigmoid_f32
 # The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
 # stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
@@ -62,30 +58,17 @@ SCAN_BLOCK_V = 64
 UT_WARPS = 8
 SCAN_WARPS = 4
 
-
-def _mul_rn(device: torch.device) -> bool:
-    """gate_values' MUL_RN: PTX inline assembly, on NVIDIA GPUs (not under the interpreter)."""
-    return LIBDEVICE and common.device_features(torch.device(device)).nvidia
-
-
 # ---------------------------------------------------------------------------------------------
 # Triton
 
 
 @triton.jit
-def _load_rows(ptr, b, pos, col0, sb, ss, L, N, BT: tl.constexpr, BN: tl.constexpr):
-    """[BT, BN] fp32: columns col0 + [0, BN) of ptr's rows `pos` of request b (zeros past the length
-    L and past N columns)."""
-    cols = tl.arange(0, BN)
-    m = (pos < L)[:, None] & (cols < N)[None, :]
-    base = ptr + b.to(tl.int64) * sb + col0
-    return tl.load(base + pos.to(tl.int64)[:, None] * ss + cols[None, :], mask=m, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _load_qk(ptr, b, pos, col0, sb, ss, L, K, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
-    """_load_rows of one query/key head, L2-normalised."""
-    x = _load_rows(ptr, b, pos, col0, sb, ss, L, K, BT, BK)
+def _load_qk(ptr, b, pos, head, sb, ss, sh, L, K, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
+    """[BT, BK] fp32 rows `pos` of head `head` (zeros past the length and past K), L2-normalised."""
+    cols = tl.arange(0, BK)
+    m = (pos < L)[:, None] & (cols < K)[None, :]
+    x = tl.load(ptr + b.to(tl.int64) * sb + pos.to(tl.int64)[:, None] * ss + head * sh + cols[None, :],
+                mask=m, other=0.0).to(tl.float32)
     if L2NORM:
         x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
@@ -152,9 +135,8 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     r = tl.arange(0, BT)
     pos = c * BT + r
     real = pos < L
-    hk = h // GROUP
-    q = _load_qk(q_ptr, b, pos, hk * sqh, sqb, sqs, L, K, BT, BK, L2NORM) * scale
-    k = _load_qk(k_ptr, b, pos, hk * skh, skb, sks, L, K, BT, BK, L2NORM)
+    q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
+    k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
     gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
     g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
@@ -175,7 +157,9 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
-        vv = _load_rows(v_ptr, b, pos, h * svh + v0, svb, svs, L, V - v0, BT, BV)
+        vm = real[:, None] & (vcols < V)[None, :]
+        vv = tl.load(v_ptr + b.to(tl.int64) * svb + pos.to(tl.int64)[:, None] * svs + h * svh + vcols[None, :],
+                     mask=vm, other=0.0).to(tl.float32)
         u = tl.dot(t, vv * beta[:, None], input_precision=PREC)
         tl.store(u_ptr + ws[:, None] * V + vcols[None, :], u, mask=(vcols < V)[None, :])
 
@@ -232,7 +216,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     q's dtype, contiguous (written into `out` when given). Products in PRECISION[q.dtype];
     `block_v`: the scan's value columns a program (default SCAN_BLOCK_V)."""
     _check(q, k, v, g, beta)
-    g, beta = g.float().contiguous(), beta.contiguous()
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
@@ -243,6 +226,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     if lengths is None:
         lengths = torch.full((B,), S, dtype=torch.int32, device=dev)
     lengths = lengths.to(device=dev, dtype=torch.int32)
+    g = g.float().contiguous()
+    beta = beta.contiguous()
     f32 = dict(dtype=torch.float32, device=dev)
     w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
     u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
@@ -262,48 +247,22 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     return o
 
 
-def deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: int, key_dim: int,
-                   block_v: int | None = None, out=None):
-    """The Triton form of deltanet_mixer_reference: Gated DeltaNet's token mixer from the conv's
-    input x [B, S, C] (q | k | v channels, C = 2 · key_heads · key_dim + Hv · V; a row-strided view
-    allowed) and in_proj_b | in_proj_a's output ba [B·S, 2 Hv] (row-strided allowed): o [B, S, Hv,
-    V] in x's dtype: causal_conv1d_silu, deltanet_gates and chunk_gated_delta_rule, one after another.
-    (Run inside the delta rule's per-chunk kernel, the conv and the gates give the same bytes but
-    take 14-21% longer on the H200 at the 27B-class heads, 1x128 to 16x128 tokens: that kernel's
-    registers are already full.)"""
-    if x.dim() != 3 or x.stride(2) != 1:
-        raise ValueError(f"x must be [B, S, C] with contiguous channels, got {tuple(x.shape)} {x.stride()}")
-    B, S, C = x.shape
-    Hv, kd = neg_a.shape[0], key_heads * key_dim
-    if conv_w.dim() != 2 or conv_w.shape[0] != C or (C - 2 * kd) <= 0 or (C - 2 * kd) % Hv or Hv % key_heads:
-        raise ValueError(f"x's {C} channels, conv weight {tuple(conv_w.shape)}, {key_heads} key heads of {key_dim} "
-                         f"and {Hv} value heads do not fit C = 2 · key_heads · key_dim + Hv · V")
-    if ba.dim() != 2 or ba.shape != (B * S, 2 * Hv) or ba.stride(1) != 1:
-        raise ValueError(f"ba must be [B·S, 2·Hv] = [{B * S}, {2 * Hv}] with unit column stride, got "
-                         f"{tuple(ba.shape)} {ba.stride()}")
-    if dt_bias.shape != (Hv,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
-        raise ValueError(f"neg_a and dt_bias must be fp32 [{Hv}]")
-    mixed = conv1d.causal_conv1d_silu(x, conv_w)
-    q = mixed[..., :kd].unflatten(-1, (key_heads, key_dim))
-    k = mixed[..., kd:2 * kd].unflatten(-1, (key_heads, key_dim))
-    v = mixed[..., 2 * kd:].unflatten(-1, (Hv, -1))
-    g, beta = deltanet_gates(ba, neg_a, dt_bias)
-    return chunk_gated_delta_rule(q, k, v, g.view(B, S, Hv), beta.view(B, S, Hv), lengths, block_v=block_v, out=out)
-
-
 # ---------------------------------------------------------------------------------------------
 # the gates
 
 
 @triton.jit
-def gate_values(b, a, neg_a, dt_bias, LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr):
-    """(g, beta) in fp32 from fp32 b, a and the head's neg_a, dt_bias: beta = sigmoid(b) (the caller
-    rounds it to ba's dtype), g = neg_a · softplus(a + dt_bias) (torch's softplus: x past 20 is x
-    itself, else log1p(exp(x))). MUL_RN (NVIDIA): g's product as PTX's mul.rn.f32, which neither
-    LLVM nor ptxas fuses into an add after it (a plain product may become an FMA with the fused
-    _ut_kernel's cumulative sum); so g has the same bytes whether it is stored (_gates_kernel) or
-    summed at once."""
-    x = a + dt_bias
+def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
+                  LIBDEVICE: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
+    dt_bias) in fp32 (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
+    pdl.begin(WAIT, RELEASE)
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    m = h < H
+    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
+    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
+    x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
     e = exp_f32(x, LIBDEVICE)
     if LIBDEVICE:
         sp = libdevice.log1p(e)
@@ -311,28 +270,8 @@ def gate_values(b, a, neg_a, dt_bias, LIBDEVICE: tl.constexpr, MUL_RN: tl.conste
         u = 1.0 + e
         sp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
     sp = tl.where(x > 20.0, x, sp)
-    if MUL_RN:
-        g = tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [neg_a, sp],
-                                      dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        g = neg_a * sp
-    return g, sigmoid_f32(b, LIBDEVICE)
-
-
-@triton.jit
-def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, MUL_RN: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """Row program_id(0): gate_values of its H heads, beta rounded to ba's dtype."""
-    pdl.begin(WAIT, RELEASE)
-    row = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    m = h < H
-    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
-    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
-    g, beta = gate_values(b, a, tl.load(na_ptr + h, mask=m, other=0.0), tl.load(dt_ptr + h, mask=m, other=0.0),
-                          LIBDEVICE, MUL_RN)
-    tl.store(beta_ptr + row * H + h, beta.to(beta_ptr.dtype.element_ty), mask=m)
-    tl.store(g_ptr + row * H + h, g, mask=m)
+    tl.store(beta_ptr + row * H + h, sigmoid_f32(b, LIBDEVICE).to(beta_ptr.dtype.element_ty), mask=m)
+    tl.store(g_ptr + row * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * sp, mask=m)
 
 
 def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor):
@@ -347,6 +286,6 @@ def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor)
     beta = torch.empty(T, H, dtype=ba.dtype, device=ba.device)
     if T:
         _gates_kernel[(T,)](ba, neg_a.contiguous(), dt_bias.contiguous(), g, beta, H, ba.stride(0),
-                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, MUL_RN=_mul_rn(ba.device),
-                            num_warps=1, **pdl.options(ba.device))
+                            BLOCK_H=triton.next_power_of_2(H), LIBDEVICE=LIBDEVICE, num_warps=1,
+                            **pdl.options(ba.device))
     return g, beta

@@ -1,7 +1,6 @@
 """The Gated DeltaNet's pure-torch references, importable without Triton (the CPU path's numerics):
-the depthwise causal conv1d with SiLU (the Triton form in vsr.kernels.conv1d), the gated delta
-rule, chunked and token by token, the gates, and the whole token mixer they make (the Triton forms
-and the definitions in vsr.kernels.delta_rule).
+the depthwise causal conv1d with SiLU (the Triton form in vsr.kernels.conv1d) and the gated delta
+rule, chunked and token by token (the Triton form and the definitions in vsr.kernels.delta_rule).
 """
 from __future__ import annotations
 
@@ -98,17 +97,3 @@ def deltanet_gates_reference(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: tor
     beta = ba[:, :H].contiguous().sigmoid()
     g = neg_a * F.softplus(ba[:, H:].float() + dt_bias)
     return g, beta
-
-
-def deltanet_mixer_reference(x, ba, conv_w, neg_a, dt_bias, lengths=None, *, key_heads: int, key_dim: int):
-    """Gated DeltaNet's token mixer: the causal conv + SiLU of x [B, S, C] (q | k | v channels),
-    split into q, k [B, S, key_heads, key_dim] and v [B, S, Hv, V]; the gates of ba [B·S, 2 Hv];
-    the chunked gated delta rule with L2-normalised q/k. o [B, S, Hv, V] in x's dtype."""
-    B, S, _ = x.shape
-    kd, Hv = key_heads * key_dim, neg_a.shape[0]
-    mixed = causal_conv1d_silu_reference(x, conv_w)
-    q = mixed[..., :kd].unflatten(-1, (key_heads, key_dim))
-    k = mixed[..., kd:2 * kd].unflatten(-1, (key_heads, key_dim))
-    v = mixed[..., 2 * kd:].unflatten(-1, (Hv, -1))
-    g, beta = deltanet_gates_reference(ba, neg_a, dt_bias)
-    return chunk_gated_delta_rule_reference(q, k, v, g.view(B, S, Hv), beta.view(B, S, Hv), lengths)

@@ -1,6 +1,5 @@
-"""The gated delta rule, the causal conv1d, the gates and the whole mixer they make (Gated DeltaNet):
-Triton kernels (interpreter on the CPU) against their pure-torch references, and the references
-against transformers' own forms."""
+"""The gated delta rule and the causal conv1d (Gated DeltaNet): Triton kernels (interpreter on the CPU)
+against their pure-torch references, and the references against transformers' own forms."""
 import pytest
 import torch
 
@@ -143,45 +142,3 @@ def test_gates_match_transformers(dtype):
     torch.testing.assert_close(got_g, ref_g, atol=0, rtol=1e-6)
     tol = 1e-6 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got_beta.float(), ref_beta.float(), atol=0, rtol=tol)
-
-
-def _mixer_inputs(B, S, Hk, Hv, K, V, dtype, seed=0):
-    """The mixer's inputs as the model passes them: x a column view of the fused in_proj_qkv |
-    in_proj_z output, ba in_proj_b | in_proj_a's output."""
-    g = torch.Generator().manual_seed(seed)
-    C = 2 * Hk * K + Hv * V
-    x = torch.randn(B * S, C + Hv * V, generator=g).to(dtype)[:, :C].unflatten(0, (B, S))
-    ba = (torch.randn(B * S, 2 * Hv, generator=g) * 3).to(dtype)
-    w = (torch.randn(C, 4, generator=g) * 0.5).to(dtype)
-    return x, ba, w, -torch.rand(Hv, generator=g) * 2, torch.randn(Hv, generator=g)
-
-
-# fp32: the conv kernel's SiLU (1e-6 of the reference's) carried through the rule
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
-def test_mixer_matches_the_reference(dtype, tol):
-    # 70 tokens (a full chunk and a partial one), two requests, one padded; V 48 in value blocks of 32.
-    B, S, Hk, Hv, K, V = 2, 70, 2, 4, 32, 48
-    x, ba, w, neg_a, dt = _mixer_inputs(B, S, Hk, Hv, K, V, dtype)
-    lengths = torch.tensor([70, 33])
-    got = delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=K, block_v=32,
-                                    out=_poisoned(B, S, Hv, V, dtype=dtype))
-    ref = delta_rule.deltanet_mixer_reference(x, ba, w, neg_a, dt, lengths, key_heads=Hk, key_dim=K)
-    assert got.dtype == dtype and float(ref.abs().max()) > 0.1
-    torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
-    assert torch.equal(got[1, 33:], torch.zeros_like(got[1, 33:]))
-    # The padding's content does not reach a real token, and a request alone gives its batch bytes.
-    x2, ba2 = x.clone(), ba.clone()
-    x2[1, 33:], ba2.view(B, S, -1)[1, 33:] = 1e3, -50.0
-    assert torch.equal(delta_rule.deltanet_mixer(x2, ba2, w, neg_a, dt, lengths, key_heads=Hk, key_dim=K,
-                                                 block_v=32), got)
-    alone = delta_rule.deltanet_mixer(x[1:, :33], ba.view(B, S, -1)[1, :33], w, neg_a, dt, key_heads=Hk, key_dim=K,
-                                      block_v=32)
-    assert torch.equal(alone[0], got[1, :33])
-
-
-def test_mixer_checks_its_shapes():
-    x, ba, w, neg_a, dt = _mixer_inputs(1, 8, 1, 2, 16, 16, torch.float32)
-    with pytest.raises(ValueError, match="do not fit"):
-        delta_rule.deltanet_mixer(x, ba, w, neg_a, dt, key_heads=2, key_dim=16)
-    with pytest.raises(ValueError, match="ba must be"):
-        delta_rule.deltanet_mixer(x, ba[:, :3], w, neg_a, dt, key_heads=1, key_dim=16)

@@ -21,12 +21,11 @@ modules' wrappers and their `*_reference` twins):
 - attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
                                               q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
                                               window: |i - j| <= window // 2; gate: o · sigmoid(gate)
-- deltanet_mixer(x, ba, conv_w, neg_a, dt_bias, lengths, *, key_heads, key_dim) -> o
-                                              Gated DeltaNet's token mixer: the causal conv + SiLU of
-                                              x [B, S, C] (q | k | v channels), the gates of ba
-                                              [B*S, 2Hv] (b | a: g = neg_a · softplus(a + dt_bias),
-                                              beta = sigmoid(b)), the chunked delta rule; o [B, S, Hv, V]
-                                              (kernels: conv1d.py and delta_rule.py, four launches)
+- causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
+- chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
+- deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
+                                              ba [T, 2H] (b | a): g = neg_a · softplus(a + dt_bias)
+                                              fp32, beta = sigmoid(b) in ba's dtype, both [T, H]
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
@@ -162,7 +161,9 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     return a if gate is None else a * torch.sigmoid(gate.contiguous())
 
 
-deltanet_mixer = _gdn.deltanet_mixer_reference
+causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
+chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
+deltanet_gates = _gdn.deltanet_gates_reference
 
 
 def last_token_score(h, lengths, weight):
@@ -174,7 +175,7 @@ def last_token_score(h, lengths, weight):
 
 
 NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
-         "attention", "deltanet_mixer", "last_token_score")
+         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
@@ -186,8 +187,9 @@ def triton_ops() -> SimpleNamespace:
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
                            qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
-                           attention=attn.attention, deltanet_mixer=delta_rule.deltanet_mixer,
-                           last_token_score=head.last_token_score)
+                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
+                           chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
+                           deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
 
 
 def kernel_twins() -> SimpleNamespace:
@@ -200,5 +202,7 @@ def kernel_twins() -> SimpleNamespace:
                            rope=functools.partial(rp.rope_reference, exact=False),
                            silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
                            gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
-                           deltanet_mixer=_gdn.deltanet_mixer_reference,
+                           causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
+                           chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
+                           deltanet_gates=_gdn.deltanet_gates_reference,
                            last_token_score=head.last_token_score_reference)

@@ -195,9 +195,13 @@ class Qwen3_5Router(DecoderRouter):
     def _deltanet(self, m, p, qkvz, h, B: int, S: int, lengths):
         """Gated DeltaNet on the fused in_proj_qkv | in_proj_z output qkvz [T, conv_dim + Hv*V] of h."""
         o, X = self.ops, self.exact
-        c = self.conv_dim
-        core = o.deltanet_mixer(qkvz[:, :c].unflatten(0, (B, S)), m["in_proj_ba"](h), p["conv"], p["neg_a"],
-                                p["dt_bias"], lengths, key_heads=self.lk_heads, key_dim=self.lk_dim)
+        kd, c = self.lk_heads * self.lk_dim, self.conv_dim
+        mixed = o.causal_conv1d_silu(qkvz[:, :c].unflatten(0, (B, S)), p["conv"])
+        q = mixed[..., :kd].unflatten(-1, (self.lk_heads, self.lk_dim))
+        k = mixed[..., kd:2 * kd].unflatten(-1, (self.lk_heads, self.lk_dim))
+        v = mixed[..., 2 * kd:].unflatten(-1, (self.lv_heads, self.lv_dim))
+        g, beta = o.deltanet_gates(m["in_proj_ba"](h), p["neg_a"], p["dt_bias"])
+        core = o.chunk_gated_delta_rule(q, k, v, g.view(B, S, -1), beta.view(B, S, -1), lengths)
         y = o.gated_rms_norm(core.reshape(B * S, -1), qkvz[:, c:], p["norm"], self.eps, exact=X)
         return m["out_proj"](y)
 
