@@ -44,7 +44,7 @@ from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, shippe
 from vsr.autotune import shapes as named_shapes  # noqa: E402
 from vsr.autotune.buckets import parse_buckets  # noqa: E402
 from vsr.autotune.device_id import DeviceIdentity  # noqa: E402
-from vsr.kernels import common, gemm, gemm_tiles, registry  # noqa: E402
+from vsr.kernels import common, gemm, gemm_tiles, registry, wgmma_hazard  # noqa: E402
 
 @dataclass(frozen=True)
 class Device:
@@ -117,6 +117,9 @@ class Recorder:
                 k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.device.target,
                                    options=options.__dict__)
                 row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= self.device.shared)
+                if self.device.target.backend == "cuda" and self.device.target.arch == 90:
+                    rs, found = wgmma_hazard.check_cubin(k.asm["cubin"])
+                    row.update(rs_wgmma=rs, wgmma_hazards=found[:3], fits=row["fits"] and not found)
             except Exception as e:  # a kernel that does not compile for the device is a finding too
                 row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
             self.compiled[key] = row
@@ -161,7 +164,8 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                         err = f"{type(e).__name__}: {str(e)[-300:]}"
                     kernels = [rec.compiled[k] for k in rec.current]
                     row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, error=err,
-                               kernels=[dict(kernel=r["kernel"], shared=r["shared"]) for r in kernels],
+                               kernels=[dict(kernel=r["kernel"], shared=r["shared"],
+                                             wgmma_hazards=len(r.get("wgmma_hazards", ()))) for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
                     rows.append(row)
                     log(row)

@@ -418,7 +418,7 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr,
-                      SCALE_W: tl.constexpr = False):
+                      SCALE_W: tl.constexpr = False, MMA_WAIT: tl.constexpr = False):
     """Path "join" (few rows): the slices path's pair conversion, with the four pairs of each word
     joined back into natural K order and ONE tl.dot of K = BLOCK_K per step over x as stored (no
     slice-order copy). tl.join puts its new axis last: joining pairs (0, 2) and (1, 3), then those
@@ -465,6 +465,8 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                 # as in the transient dequantization)
                 wq = (w_t.to(tl.float32) * scale[:, None]).to(xt.dtype)
             acc = tl.dot(wq, xt, acc)
+            if MMA_WAIT:
+                acc = _retire(acc)
         else:
             acc += tl.dot(w_t.to(xt.dtype), xt) * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
@@ -638,7 +640,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, FIXUP=fixup,
-            SCALE_W=bool(tile.get("SCALE_W", 0)), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            SCALE_W=bool(tile.get("SCALE_W", 0)), MMA_WAIT=bool(tile.get("SCALE_W", 0)) and mma_wait(dev),
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "frag":
         assert bk >= 16 and bk & (bk - 1) == 0 and x.dtype != torch.float32, \
             "the frag path takes bf16/fp16 x and a power-of-two BLOCK_K >= 16"
@@ -647,7 +650,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=frag_pairs(x.dtype, w.scale.dtype, dev), F16=x.dtype == torch.float16,
-            FIXUP=fixup, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, MMA_WAIT=mma_wait(dev), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -668,6 +671,19 @@ def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
     only from sm_90 (ptxas refuses sub.bf16x2 below), so bf16 on Ampere/Ada takes the portable
     twin; fp32 x always does."""
     return dtype == torch.float16 or (dtype == torch.bfloat16 and tuple(capability) >= (9, 0))
+
+
+_TRITON = tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
+def mma_wait(dev: common.DeviceFeatures) -> bool:
+    """Whether the frag and SCALE_W join kernels retire each step's wgmmas before the next step
+    (MMA_WAIT): on Hopper under Triton before 3.8. Their weight operand is a wgmma register operand,
+    which those versions keep in flight across loop steps without copying it
+    (triton-lang/triton#9433, fixed by #9514 in 3.8): in their SASS the next step writes registers
+    a pending wgmma still reads (kernels/wgmma_hazard.py finds it; benchmarks/sm90_fit.py checks
+    every launch). Waiting for the accumulator each step removes those writes."""
+    return dev.nvidia and dev.capability is not None and dev.capability[0] == 9 and _TRITON < (3, 8)
 
 
 def frag_pairs(dtype: torch.dtype, scale_dtype: torch.dtype, dev: common.DeviceFeatures) -> bool:
@@ -768,7 +784,8 @@ def _frag_group(sc_ptr, zp_ptr, rn, g, KG, HAS_ZP: tl.constexpr, BLOCK_N: tl.con
 def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm,
                       stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr):
+                      GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr,
+                      MMA_WAIT: tl.constexpr = False):
     """Path "frag" (from 16 rows): acc[BN, BM] += W_q · x_tileᵀ, one tl.dot of K = BLOCK_K a step, the
     weight tile W_q = (u - zu)·s rounded once to x's dtype (the join path's SCALE_W numerics) built
     where the MMA reads it. The operand is indexed [n, c, h, l, e] with k = 16c + 8h + 2l + e: the
@@ -815,9 +832,18 @@ def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
             hi = (_nibble_field(bi >> 4, 0xF, zf) * sf).to(xt.dtype)
         w_q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
         acc = tl.dot(w_q, xt, acc)
+        if MMA_WAIT:
+            acc = _retire(acc)
         s, zu = s_next, zu_next
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                           bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+
+
+@triton.jit
+def _retire(acc):
+    """acc unchanged, read by an instruction: Triton retires the wgmmas that produce it here
+    (a wait for none in flight) instead of keeping them in flight into the next step (mma_wait)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
