@@ -678,12 +678,12 @@ _TRITON = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 def mma_wait(dev: common.DeviceFeatures) -> bool:
     """Whether the frag and SCALE_W join kernels retire each step's wgmmas before the next step
-    (MMA_WAIT): on Hopper under Triton before 3.8. Their weight operand is a wgmma register operand,
-    which those versions keep in flight across loop steps without copying it
-    (triton-lang/triton#9433, fixed by #9514 in 3.8): in their SASS the next step writes registers
-    a pending wgmma still reads (kernels/wgmma_hazard.py finds it; benchmarks/sm90_fit.py checks
-    every launch). Waiting for the accumulator each step removes those writes."""
-    return dev.nvidia and dev.capability is not None and dev.capability[0] == 9 and _TRITON < (3, 8)
+    (MMA_WAIT): on Hopper under Triton before 3.9. Their weight operand is a wgmma register operand,
+    which Triton keeps in flight across loop steps (triton-lang/triton#9433; #9514 copies the
+    operand from 3.8): compiled by 3.6, 3.7 and 3.8, the SASS of these kernels writes registers a
+    pending wgmma still reads (kernels/wgmma_hazard.py finds it; 3.9's SASS has none).
+    Reading the accumulator each step makes Triton wait for the step's wgmmas there."""
+    return dev.nvidia and dev.capability is not None and dev.capability[0] == 9 and _TRITON < (3, 9)
 
 
 def frag_pairs(dtype: torch.dtype, scale_dtype: torch.dtype, dev: common.DeviceFeatures) -> bool:

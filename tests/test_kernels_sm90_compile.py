@@ -183,7 +183,7 @@ def test_programmatic_forward_compiles_waits_and_releases(compiled):
 
 
 _FRAG_PROBE = _PRELUDE + r"""
-from vsr.kernels import common, gemm, int4
+from vsr.kernels import common, gemm, int4, wgmma_hazard
 from vsr.autotune.synth import random_weight
 
 rec, rows, kernels = Recorder(H200), [], {}
@@ -196,11 +196,14 @@ def loop_body(ptx):
 found = {}
 def compile_and_keep(src, *a, **k):
     kernel = compile_(src, *a, **k)
-    if src.fn.__name__ == "_int4_frag_kernel":
+    name = src.fn.__name__
+    if name in ("_int4_frag_kernel", "_int4_join_kernel"):
         body = loop_body(kernel.asm["ptx"])
-        found["last"] = {"stack": stack_bytes(kernel.asm["cubin"]), "shared": int(kernel.metadata.shared),
-                         "st_shared": body.count("st.shared"), "ldmatrix": body.count("ldmatrix"),
-                         "wgmma": body.count("wgmma.mma_async"), "pairs": body.count("mul.rn.bf16x2")}
+        rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
+        found[name] = {"stack": stack_bytes(kernel.asm["cubin"]), "shared": int(kernel.metadata.shared),
+                       "st_shared": body.count("st.shared"), "ldmatrix": body.count("ldmatrix"),
+                       "wgmma": body.count("wgmma.mma_async"), "pairs": body.count("mul.rn.bf16x2"),
+                       "rs_wgmma": rs, "hazards": hazards}
     return kernel
 triton.compile = compile_and_keep
 JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
@@ -210,16 +213,23 @@ t = int4.TEMPLATE
 for FMT, sym in (("gptq", True), ("awq", False)):
     w = random_weight("int4", 34816, 5120, {"bits": 4, "group": 128, "symmetric": sym, "act_order": False},
                       torch.bfloat16, "cpu")
-    for bucket in (16, 64, 128, 256, 1024):
+    for bucket in (16, 32, 64, 128, 256, 1024):
         x = torch.randn(bucket, 5120).bfloat16()
-        for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "frag"]:
+        for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype))
+                     if c["path"] == "frag" or c["path"] == "join" and c.get("SCALE_W")]:
+            name = "_int4_frag_kernel" if tile["path"] == "frag" else "_int4_join_kernel"
             t.launch(x, w, tile)
-            key = next(k for k in reversed(rec.current) if "_int4_frag_kernel" in k)
+            key = next(k for k in reversed(rec.current) if name in k)
             if key not in kernels:   # (launches that specialise alike compile once)
-                kernels[key] = found.pop("last")
+                kernels[key] = found.pop(name)
             rows.append(dict(kernels[key], tile=tile, fmt=FMT, bucket=bucket))
-print(json.dumps({"rows": rows, "limit": rec.device.shared}))
+print(json.dumps({"rows": rows, "limit": rec.device.shared, "mma_wait": int4.mma_wait(H200.features)}))
 """
+
+
+def int4_triton() -> tuple[int, int]:
+    import triton
+    return tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +243,22 @@ def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
     # loop body holds no shared-memory store and no ldmatrix (the join path holds 8 of each a
     # thread a step), uses the PTX pairs with the packed scale multiply, keeps no stack and fits
     # the H200's shared memory.
-    rows = frag_compiled["rows"]
-    assert {(r["fmt"], r["bucket"]) for r in rows} == {(f, b) for f in ("gptq", "awq") for b in (16, 64, 128, 256, 1024)}
-    assert len(rows) == 2 * (2 + 3 + 3 + 3 + 2)
+    rows = [r for r in frag_compiled["rows"] if r["tile"]["path"] == "frag"]
+    assert {(r["fmt"], r["bucket"]) for r in rows} == {(f, b) for f in ("gptq", "awq") for b in (16, 32, 64, 128, 256, 1024)}
+    assert len(rows) == 2 * (2 + 2 + 3 + 3 + 3 + 2)
     for r in rows:
         assert r["st_shared"] == 0 and r["ldmatrix"] == 0 and r["wgmma"] > 0, r
         assert r["pairs"] > 0 and r["stack"] == 0 and r["shared"] <= frag_compiled["limit"], (r["tile"], r)
+
+
+def test_int4_register_operand_wgmmas_are_never_overwritten_in_flight(frag_compiled):
+    # The frag and SCALE_W join tiles of the space give their weight operand to wgmma in registers.
+    # In none of their compiled kernels does an instruction write a register that a wgmma still in
+    # flight reads (kernels/wgmma_hazard.py, over the SASS): under Triton < 3.9 because the kernels
+    # retire each step's wgmmas (int4.mma_wait), from 3.9 by Triton's own operand copies.
+    rows = frag_compiled["rows"]
+    assert frag_compiled["mma_wait"] == (int4_triton() < (3, 9))
+    assert any(r["tile"]["path"] == "join" for r in rows)
+    for r in rows:
+        assert r["rs_wgmma"] > 0, r["tile"]
+        assert r["hazards"] == [], (r["tile"], r["hazards"][:3])
