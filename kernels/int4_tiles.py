@@ -215,15 +215,12 @@ def _join_forms(p: Problem, forms: list[tuple]) -> list[dict]:
 # Tiles of the frag path per bucket: (rows of x, weight rows, BLOCK_K, warps, stages). A warpgroup
 # takes 64 weight rows: with fewer warps than BLOCK_N / 16 Triton reaches the MMA's layout through
 # shared memory again, so every tile has at least that many. All compile on sm_90 (Triton 3.6 and
-# 3.9) with no stack and no shared-memory store of the operand. Left out: the forms that gave wrong,
-# run-to-run different outputs on the H200 (Triton 3.6, 27B shapes at 64-1024 rows), with or
-# without zero points and split K alike: 128 x 128 weight rows on 8 warps (BLOCK_K 64 and 128),
-# 256 x 128 on 8 warps, 256 x 64 x 64 on 4 warps and 64 x 256 on 16 warps. The likely cause is
-# Triton's RAW hazard on a wgmma whose left operand is in registers and stays in flight across
-# loop steps (triton-lang/triton#9433): the next step's unpacking may overwrite registers an
-# earlier MMA has yet to read. Triton 3.8 and 3.9 copy the operand before each such wgmma (#9514;
-# seen in their PTX), 3.6 and 3.7 do not, so on those two the kept forms (and the SCALE_W join
-# tiles) are right where the H200's checks ran them, not by construction.
+# 3.9) with no stack and no shared-memory store of the operand. Left out: the forms that give wrong,
+# run-to-run different outputs on the H200 without int4.mma_wait (Triton 3.6, 27B shapes at 64-1024
+# rows), with or without zero points and split K alike: 128 x 128 weight rows on 8 warps (BLOCK_K 64
+# and 128), 256 x 128 on 8 warps, 256 x 64 x 64 on 4 warps and 64 x 256 on 16 warps. Their SASS
+# writes the operand of a wgmma in flight (kernels/wgmma_hazard.py; triton-lang/triton#9433), as
+# every frag form's does under Triton 3.6-3.8 without the wait; with it they are untimed.
 _FRAG = {16: ((16, 64, 128, 4, 4), (16, 128, 128, 8, 4)),
          32: ((32, 64, 128, 4, 4), (32, 128, 128, 8, 4)),
          64: ((64, 64, 128, 4, 3), (64, 64, 128, 4, 4), (64, 128, 128, 8, 4)),
