@@ -2,13 +2,15 @@
 register-operand wgmma still in flight?
 
 A wgmma whose left operand sits in registers (SASS ``HGMMA ... R24, R116, gdesc[...]``) reads
-those registers asynchronously, until a ``WARPGROUP.DEPBAR.LE gsb0, N`` retires it. PTX leaves
-writing them before then undefined; Triton 3.6 and 3.7 pipeline such wgmmas across loop steps
-without the operand copy that 3.8 added (triton-lang/triton#9433, #9514), and ptxas may then give
-the next step's operand the registers a pending wgmma still reads. Whether that happens is a
-property of the SASS, fixed at compile time: this walks it (prologue, the main loop three times,
-epilogue), tracks the wgmma groups in flight, and reports every register write into a pending
-operand or accumulator. A kernel it passes cannot race this way; one it flags can.
+those registers asynchronously, until a ``WARPGROUP.DEPBAR.LE gsb0, N`` retires it; PTX leaves
+writing them before then undefined. Triton keeps such wgmmas in flight across loop steps
+(triton-lang/triton#9433), and in the SASS that Triton 3.6, 3.7 and 3.8 give the int4 frag
+kernel the next step writes registers a pending wgmma still reads (3.8's operand copy, #9514,
+does not prevent it there; 3.9's SASS has no such write). The writes are fixed at compile time:
+this walks the SASS in order (forward branches not taken, each backward branch around a wgmma
+taken twice, so the main loop runs three times), tracks the wgmma groups in flight (each group
+closed by the wgmma that carries ``gsb0``, retired oldest first by ``DEPBAR.LE``), and reports
+every register write into a pending wgmma's operand or accumulator (fp32 accumulators).
 
 Needs the ``cuobjdump`` that Triton's NVIDIA backend ships (no GPU).
 """
@@ -20,6 +22,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+import triton
+
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _HGMMA = re.compile(r"HGMMA\.64x(\d+)x\d+\.\S+\s+R(\d+),\s*(R(\d+)|gdesc\[[^\]]*\])")
 _DEPBAR = re.compile(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)")
@@ -28,8 +32,6 @@ _BRANCH = re.compile(r"^(?:@!?U?P[T\d]\s+)?BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
 
 
 def cuobjdump() -> str:
-    import triton
-
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
@@ -49,7 +51,7 @@ def _width(opcode: str, mods: str) -> int:
     m = set(mods.split("."))
     if "128" in m or "x4" in m:
         return 4
-    if "64" in m or "x2" in m or "WIDE" in m or opcode.startswith(("D", "F2F")) and "F64" in m:
+    if "64" in m or "x2" in m or "WIDE" in m or (opcode.startswith(("D", "F2F")) and "F64" in m):
         return 2
     return 1
 
