@@ -19,10 +19,9 @@ substitution (the UT transform), u = T (beta v), w = T (beta exp(gc) k); across 
     S  = exp(gc_last) S + (exp(gc_last - gc) k)^T v'
 
 Kernels: `_ut_kernel` (one program per (chunk, batch x value head), chunks in parallel: T by a
-blocked triangular solve, w, u and the masked q k^T into fp32 workspaces) and `_scan_kernel` (one
-program per (value block, batch x value head): the chunks in order, the state in registers, four
-products a chunk, exp(gc) q and the decayed keys made from q, k and g as it goes rather than read
-back from fp32 workspaces, which halves the bytes they cost). No
+blocked triangular solve, w, u, and the chunk's state-independent terms exp(gc) q, the decayed
+keys and the masked q k^T, into fp32 workspaces) and `_scan_kernel` (one program per (value block,
+batch x value head): the chunks in order, the state in registers, four products a chunk). No
 atomics; the chunking starts at position 0 of each request and every program reads one request
 only, so a request's bytes do not depend on the batch it shares or its padding. Right padding: with `lengths`, positions
 t >= lengths[b] count as q = k = v = beta = g = 0 (they leave the state unchanged, and their
@@ -117,14 +116,16 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, attn_ptr, S, Hv, GROUP, K, V, SP, scale,
+def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
+               S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
-    w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], attn = q k^T exp(gc_i - gc_j) [j <= i]
-    [SP, BT]."""
+    w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
+    kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
+    gl = gc_last [SP / BT]."""
     pdl.begin(WAIT, RELEASE)
     c = tl.program_id(0)
     bh = tl.program_id(1)
@@ -140,6 +141,7 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, attn
     g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
+    g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
     kb = k * beta[:, None]
     causal = r[:, None] >= r[None, :]
     decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
@@ -148,7 +150,11 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, attn
     ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
     kcols = tl.arange(0, BK)
     tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC))
+    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], q * tl.exp(gc)[:, None])
+    chunk = bh.to(tl.int64) * (SP // BT) + c
+    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], k * tl.exp(g_last - gc)[:, None])
     tl.store(attn_ptr + ws[:, None] * BT + r[None, :], tl.dot(q, tl.trans(k), input_precision=PREC) * decay)
+    tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vm = real[:, None] & (vcols < V)[None, :]
@@ -159,20 +165,17 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, attn
 
 
 @triton.jit
-def _scan_kernel(q_ptr, k_ptr, g_ptr, len_ptr, w_ptr, u_ptr, attn_ptr, o_ptr, S, Hv, GROUP, K, V, SP, scale,
-                 sqb, sqs, sqh, skb, sks, skh, sgb, sgs, sob, sos, soh,
-                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+def _scan_kernel(w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, o_ptr, S, V, SP, sob, sos, soh, Hv,
+                 BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                  WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """The chunks of one (request, value head) in order, for value columns [pid0 * BV, +BV), from
-    _ut_kernel's workspaces and q, k, g: the state [BK, BV] in fp32 registers, v' = u - w S,
-    o = (exp(gc) q) S + attn v' (written in o's dtype), S = exp(gc_last) S + (exp(gc_last - gc) k)^T v',
-    with q, k and gc as _ut_kernel makes them."""
+    _ut_kernel's workspaces: the state [BK, BV] in fp32 registers, v' = u - w S,
+    o = qg S + attn v' (written in o's dtype), S = exp(gl) S + kt v'."""
     pdl.begin(WAIT, RELEASE)
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // Hv
     h = bh % Hv
-    L = tl.minimum(tl.load(len_ptr + b), S)
     r = tl.arange(0, BT)
     kcols = tl.arange(0, BK)
     vcols = vb * BV + tl.arange(0, BV)
@@ -181,20 +184,18 @@ def _scan_kernel(q_ptr, k_ptr, g_ptr, len_ptr, w_ptr, u_ptr, attn_ptr, o_ptr, S,
     for c in range(0, tl.cdiv(S, BT)):
         pos = c * BT + r
         ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
-        g = tl.load(g_ptr + b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h, mask=pos < L, other=0.0).to(tl.float32)
-        gc = tl.cumsum(g, axis=0)
-        g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
+        chunk = bh.to(tl.int64) * (SP // BT) + c
         w = tl.load(w_ptr + ws[:, None] * BK + kcols[None, :])
         u = tl.load(u_ptr + ws[:, None] * V + vcols[None, :], mask=vmask[None, :], other=0.0)
         vn = u - tl.dot(w, state, input_precision=PREC)
-        qg = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale * tl.exp(gc)[:, None]
+        qg = tl.load(qg_ptr + ws[:, None] * BK + kcols[None, :])
         attn = tl.load(attn_ptr + ws[:, None] * BT + r[None, :])
         o = tl.dot(qg, state, input_precision=PREC) + tl.dot(attn, vn, input_precision=PREC)
         om = (pos < S)[:, None] & vmask[None, :]
         tl.store(o_ptr + b.to(tl.int64) * sob + pos.to(tl.int64)[:, None] * sos + h * soh + vcols[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=om)
-        kd = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM) * tl.exp(g_last - gc)[:, None]
-        state = state * tl.exp(g_last) + tl.dot(tl.trans(kd), vn, input_precision=PREC)
+        kt = tl.load(kt_ptr + chunk * BK * BT + kcols[:, None] * BT + r[None, :])
+        state = state * tl.exp(tl.load(gl_ptr + chunk)) + tl.dot(kt, vn, input_precision=PREC)
 
 
 def _check(q, k, v, g, beta):
@@ -228,20 +229,20 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     g = g.float().contiguous()
     beta = beta.contiguous()
     f32 = dict(dtype=torch.float32, device=dev)
-    w, u, attn = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
+    w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
+    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
+    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32), torch.empty(B * Hv, SP // CHUNK, **f32)
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
     _ut_kernel[(SP // CHUNK, B * Hv)](
-        q, k, v, g, beta, lengths, w, u, attn, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
         BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
     _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
-        q, k, g, lengths, w, u, attn, o, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), g.stride(0), g.stride(1),
-        o.stride(0), o.stride(1), o.stride(2),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
+        w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
         **pdl.options(w.device))
     return o
 
