@@ -121,7 +121,8 @@ class Recorder:
                 row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= self.device.shared)
                 if self.device.target.backend == "cuda" and self.device.target.arch == 90:
                     rs, found = wgmma_hazard.check_cubin(k.asm["cubin"])
-                    row.update(rs_wgmma=rs, wgmma_hazards=found[:3], fits=row["fits"] and not found)
+                    row.update(rs_wgmma=rs, wgmma_hazards=len(found), wgmma_hazard_examples=found[:3],
+                               fits=row["fits"] and not found)
             except Exception as e:  # a kernel that does not compile for the device is a finding too
                 row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
             self.compiled[key] = row
@@ -167,7 +168,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                     kernels = [rec.compiled[k] for k in rec.current]
                     row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, error=err,
                                kernels=[dict(kernel=r["kernel"], shared=r["shared"],
-                                             wgmma_hazards=len(r.get("wgmma_hazards", ()))) for r in kernels],
+                                             wgmma_hazards=r.get("wgmma_hazards", 0)) for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
                     rows.append(row)
                     log(row)

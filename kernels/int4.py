@@ -430,7 +430,7 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
     rounded once to x's dtype (the transient dequantization's numerics) and the products chain in
     one fp32 accumulator: with no fp32 step product to scale, Triton keeps the wgmmas in flight
     across steps (sm_90 TTGIR, Triton 3.6 and 3.9: waits keep 7 of a step's 8 products pending, or
-    1 of 2, instead of 0). Either way the joined operand passes through shared memory on sm_90: the
+    1 of 2, instead of 0), except under MMA_WAIT (mma_wait), which retires them each step. Either way the joined operand passes through shared memory on sm_90: the
     unscaled form stores it there for the MMA's operand load (local_alloc, local_load), the scaled one
     reaches the MMA's register layout by a layout conversion that Triton lowers the same way (PTX,
     Triton 3.6 and 3.9: 8 st.shared.v4 and 8 ldmatrix.x4 a thread a step in both, with 9-10
@@ -797,6 +797,7 @@ def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
     byte l; the unpacked operand never passes through shared memory (the join path stores and
     reloads it each step). PAIRS (NVIDIA PTX, scales in x's dtype): byte l spread to bits 0-3 and
     16-19 by one multiply, then _frag_pair_*; else the fp32 twin through the mantissa of 2^23.
+    MMA_WAIT (mma_wait): each step's wgmmas retired before the next step unpacks into registers.
     Words past K8 read as 0 and x past K as 0, as in the join path."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     C16: tl.constexpr = BLOCK_K // 16

@@ -26,8 +26,10 @@ sys.path.insert(0, sys.argv[1])
 from sm90_fit import DEVICES, H200, Recorder
 from triton.runtime.jit import JITFunction
 
+from vsr.kernels.wgmma_hazard import cuobjdump
+
 compile_ = triton.compile
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+BIN = cuobjdump()
 def stack_bytes(cubin):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -234,11 +236,6 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared, "mma_wait": waits, "
 """
 
 
-def int4_triton() -> tuple[int, int]:
-    import triton
-    return tuple(int(p) for p in triton.__version__.split(".")[:2])
-
-
 @pytest.fixture(scope="module")
 def frag_compiled():
     return _run(_FRAG_PROBE, 600)
@@ -264,7 +261,8 @@ def test_int4_register_operand_wgmmas_are_never_overwritten_in_flight(frag_compi
     # flight reads (kernels/wgmma_hazard.py, over the SASS): under Triton < 3.9 because the kernels
     # retire each step's wgmmas (int4.mma_wait), from 3.9 by Triton's own operand copies.
     rows = frag_compiled["rows"]
-    assert frag_compiled["mma_wait"] == (int4_triton() < (3, 9))
+    from vsr.kernels import int4
+    assert frag_compiled["mma_wait"] == (int4._TRITON < (3, 9))
     if frag_compiled["mma_wait"]:   # the check is not vacuous: without the wait it finds them
         assert frag_compiled["unwaited_hazards"], frag_compiled["unwaited_hazards"]
     assert any(r["tile"]["path"] == "join" for r in rows)
