@@ -84,8 +84,10 @@ from common_bench import (SHIPPED_CACHE, code_commit, make_weight, result_path, 
                           scaled_mm_weight_scale, shipped_entry, torch_quant)
 
 from vsr.autotune.tuner import eager_timer  # noqa: E402
+from vsr.kernels import activation  # noqa: E402
 from vsr.kernels import fp8 as fp8_format  # noqa: E402
 from vsr.kernels import pdl  # noqa: E402
+from vsr.runtime import fuse  # noqa: E402
 from vsr.runtime.linear import QLinear  # noqa: E402
 from vsr.runtime.models import build_model, linear_names  # noqa: E402
 from vsr.runtime.models import ops as ops_mod  # noqa: E402
@@ -113,16 +115,23 @@ UNQUANTIZED_MARGIN = 1.25
 # ---- the peers' linear layers ---------------------------------------------------------------
 
 class CublasLinear(torch.nn.Module):
-    """F.linear (cuBLAS on the GPU) on a dense weight: the cublas-bf16 peer's linear layer."""
+    """F.linear (cuBLAS on the GPU) on a dense weight: the cublas-bf16 peer's linear layer. For a
+    QLinear with a SwiGLU epilogue (glu: gate and up rows interleaved), F.linear on the rows put
+    back in gate|up order (a copy held while the peer runs), then the runtime's activation kernel,
+    as the model runs it after a plain product: cuBLAS has no such epilogue."""
 
     format = "dense"
 
-    def __init__(self, w):
+    def __init__(self, q):
         super().__init__()
-        self.w = w
+        self.w, self.glu = q.weight, q.glu
+        if self.glu:
+            order = fuse.pair_order(self.w.N // 2, self.w.weight.device).argsort()
+            self.w = fuse.ROWS["dense"](self.w, order)
 
     def forward(self, x):
-        return F.linear(x, self.w.weight, self.w.bias)
+        y = F.linear(x, self.w.weight, self.w.bias)
+        return activation.silu_mul(y) if self.glu else y
 
 
 class ScaledMMLinear(torch.nn.Module):
@@ -131,8 +140,10 @@ class ScaledMMLinear(torch.nn.Module):
 
     format = "fp8"
 
-    def __init__(self, w):
+    def __init__(self, q):
         super().__init__()
+        assert not q.glu, "fp8 products take no SwiGLU epilogue (runtime/fuse.GLU_FORMATS)"
+        w = q.weight
         self.w, self.sb = w, scaled_mm_weight_scale(w)
 
     def forward(self, x):
@@ -180,7 +191,7 @@ def reference_path(model):
     saved = {"ops": model.ops, "exact": model.exact}
     model.ops, model.exact = ops_mod.REFERENCE, True
     try:
-        with linears_as(model, lambda q: QLinear(q.weight, "reference")):
+        with linears_as(model, lambda q: QLinear(q.weight, "reference", glu=q.glu)):
             yield model
     finally:
         for a, v in saved.items():
@@ -515,7 +526,7 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
                     continue
                 try:
                     if p in PEER_LINEARS:
-                        with linears_as(model, lambda q, p=p: PEER_LINEARS[p](q.weight)):
+                        with linears_as(model, lambda q, p=p: PEER_LINEARS[p](q)):
                             rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, False, unq)
                     elif p == "transformers":
                         rows += provider_rows(p, fmt, routers[p], inputs, ref_n, a, log,

@@ -237,15 +237,20 @@ def _hf_classes(model: str):
 
 def dense_linear_tensors(builder, loader) -> dict[str, torch.Tensor]:
     """Every Linear layer's weight tensor (package name + ".weight") as the vsr model holds it: a
-    fused product's parts as row views of its one weight. Dense (bf16) models only."""
+    fused product's parts as row views of its one weight; a SwiGLU product's (QLinear.glu: gate
+    and up rows interleaved) gate and up rows copied apart, as transformers' own Linear layers hold
+    them. Dense (bf16) models only."""
     out = {}
     for label, mod in builder.linears.items():
         w = mod.weight
         if w.format != "dense":
             raise ValueError(f"{label}: transformers' twin takes dense weights, not {w.format}")
         names = builder.fused.get(label, (label,))
-        sizes = [loader.linear_shape(n)[0] for n in names]
-        for n, view in zip(names, w.weight.split(sizes)):
+        if getattr(mod, "glu", False):
+            parts = (w.weight[0::2].contiguous(), w.weight[1::2].contiguous())
+        else:
+            parts = w.weight.split([loader.linear_shape(n)[0] for n in names])
+        for n, view in zip(names, parts):
             out[n + ".weight"] = view
     return out
 

@@ -10,6 +10,7 @@ counter; no value is ever added atomically.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from types import ModuleType
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_wait
 
 from vsr.kernels.template import Template
@@ -67,6 +69,47 @@ def tile_setup(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.c
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return tl.program_id(1), offs_m, offs_n, (offs_m % M).to(tl.int64), (offs_n % N).to(tl.int64)
 
+# libdevice's exp on a GPU (torch's CUDA kernels call it); Triton's own under the interpreter.
+LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+@triton.jit
+def exp_f32(z, LIBDEVICE: tl.constexpr):
+    """exp of fp32 z: libdevice's (torch's CUDA kernels call it) on a GPU, Triton's under the interpreter."""
+    if LIBDEVICE:
+        return libdevice.exp(z)
+    return tl.exp(z)
+
+@triton.jit
+def silu_f32(z, LIBDEVICE: tl.constexpr):
+    """silu of fp32 z as torch's CUDA kernel: z / (1 + exp(-z)), IEEE division."""
+    return tl.div_rn(z, 1.0 + exp_f32(-z, LIBDEVICE))
+
+@triton.jit
+def sigmoid_f32(z, LIBDEVICE: tl.constexpr):
+    """sigmoid of fp32 z as torch's CUDA kernel: 1 / (1 + exp(-z)), IEEE division."""
+    return tl.div_rn(tl.full(z.shape, 1.0, tl.float32), 1.0 + exp_f32(-z, LIBDEVICE))
+
+@triton.jit
+def silu_mul_f32(gate, up, DTYPE: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """silu(gate) · up in fp32 of gate and up already rounded to DTYPE, silu(gate) rounded to DTYPE
+    before the product: torch's F.silu(gate) * up, activation.silu_mul's exact arithmetic."""
+    return silu_f32(gate, LIBDEVICE).to(DTYPE).to(tl.float32) * up
+
+# Products whose epilogue applies SwiGLU (store_tile's GLU): the weight's gate and up rows
+# interleaved (gate 0, up 0, gate 1, ...), y half as wide as the product.
+def glu_option(glu: bool) -> dict:
+    """The GLU launch argument of a kernel whose store takes it: none for a plain product, so the
+    plain kernels' launches stay as they were."""
+    return {"GLU": True} if glu else {}
+
+def glu_width(N: int, glu: bool) -> int:
+    """Columns of y for a product of N weight rows: N, or N / 2 with GLU (N must be even)."""
+    if not glu:
+        return N
+    if N % 2:
+        raise ValueError(f"a SwiGLU product needs an even number of interleaved weight rows, got {N}")
+    return N // 2
+
 @triton.jit
 def epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
              HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
@@ -89,12 +132,12 @@ def epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
 def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
                    bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr,
-                   HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr, FIXUP: tl.constexpr):
+                   HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr, FIXUP: tl.constexpr, GLU: tl.constexpr = False):
     """One split: the epilogue, then y. Several: the fp32 partial sum to the workspace; with FIXUP the
     tile's last split to finish adds them up here, else splitk_reduce_kernel does."""
     if SPLIT_K == 1:
         store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
     else:
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -102,16 +145,29 @@ def store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, str
         if FIXUP:
             if last_to_finish(cnt_ptr + tl.program_id(0), SPLIT_K):
                 store_tile(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, y_ptr, bias_ptr, rs_ptr,
-                           cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                           cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
 @triton.jit
 def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
+               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
+               GLU: tl.constexpr = False):
+    """y[offs_m, offs_n] = epilogue(acc); with GLU (the weight's gate and up rows interleaved)
+    y[offs_m, n / 2] = silu(gate) · up of each (even n, n + 1) pair, each rounded as stored first."""
     acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if not GLU:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        BM: tl.constexpr = acc.shape[0]
+        BN: tl.constexpr = acc.shape[1]
+        gate, up = tl.split(tl.reshape(acc.to(y_ptr.dtype.element_ty), (BM, BN // 2, 2)))
+        half, _ = tl.split(tl.reshape(offs_n // 2, (BN // 2, 2)))
+        y = silu_mul_f32(gate.to(tl.float32), up.to(tl.float32), y_ptr.dtype.element_ty, LIBDEVICE)
+        mask = (offs_m[:, None] < M) & (half[None, :] < N // 2)
+        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + half[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
 
 @triton.jit
 def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
@@ -144,14 +200,14 @@ def last_to_finish(cnt_ptr, programs):
 def splitk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
                          SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr,
                          HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GLU: tl.constexpr = False):
     """y = epilogue(Σ_s ws[s]) with s in a fixed order: the deterministic split-K reduction."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     idx = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     store_tile(split_sum(ws_ptr, idx, mask, M, N, SPLIT_K), offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr,
-               alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+               alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
 # Host-side integer helpers: from Triton 3.5 on triton.cdiv and triton.next_power_of_2 are constexpr
 # functions whose wrapper costs microseconds per host call.
@@ -200,8 +256,11 @@ def output(x: torch.Tensor, N: int, out: torch.Tensor | None) -> torch.Tensor:
     assert y.shape == (x.shape[0], N) and y.dtype == x.dtype and y.stride(1) == 1, "out must be [M, N] in x's dtype"
     return y
 
-def workspace(split: int, y: torch.Tensor) -> torch.Tensor:
-    return torch.empty((split,) + tuple(y.shape), dtype=torch.float32, device=y.device) if split > 1 else y
+def workspace(split: int, y: torch.Tensor, N: int | None = None) -> torch.Tensor:
+    """The fp32 partial products of `split` K splits, [split, M, N] (N: the product's columns, y's
+    unless a SwiGLU epilogue halves y); y itself (unused) for one split."""
+    shape = (split, y.shape[0], y.shape[1] if N is None else N)
+    return torch.empty(shape, dtype=torch.float32, device=y.device) if split > 1 else y
 
 @dataclass(frozen=True)
 class DeviceFeatures:
@@ -329,14 +388,15 @@ def fixup_counters(fixup: bool, device: torch.device, tiles: int, unused: torch.
     """The counters argument of a product kernel: tile_counters with FIXUP, else `unused` (never read)."""
     return tile_counters(device, tiles) if fixup else unused
 
-def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha):
+def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha, glu: bool = False):
     dummy = ws
     grid = (cdiv(M, 16), cdiv(N, 128))
     splitk_reduce_kernel[grid](
         ws, y, bias if bias is not None else dummy, rs if rs is not None else dummy,
         cs if cs is not None else dummy, alpha if alpha is not None else dummy,
         M, N, y.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
-        HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4)
+        HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4,
+        **glu_option(glu))
 
 def check_tile(t: dict, wide_paths: tuple = ()) -> None:
     """A tile from a cache file is data: refuse one missing a field, and a wide one (BLOCK_N2) unless

@@ -56,21 +56,25 @@ def reference_linear(x: torch.Tensor, w: DenseWeight) -> torch.Tensor:
 WIDE_PATHS = ("tma",)
 
 
-def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given)."""
+def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None, glu: bool = False
+           ) -> torch.Tensor:
+    """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given).
+    `glu`: W's rows are gate and up rows interleaved, and
+    y [M, N / 2] = silu(gate) · up, applied in the product's epilogue."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
     assert w.weight.stride(1) == 1, "W must be K-contiguous"
-    y = common.output(x, w.N, out)
+    y = common.output(x, common.glu_width(w.N, glu), out)
     path = tile.get("path")
     wait = pdl.enabled(x.device)   # within pdl.programmatic_forward: a dependent of the kernel that made x
     if path in gemm.TMA_PATHS:
-        gemm.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w, wait=wait, prefetch=gemm.PDL_PREFETCH_LINES)
+        gemm.launch_tma(x, w.weight, y, tile, bias=w.bias, owner=w, wait=wait, prefetch=gemm.PDL_PREFETCH_LINES,
+                        glu=glu)
     elif path == "gemv":
-        gemm.launch_gemv(x, w.weight, y, tile, bias=w.bias, wait=wait)
+        gemm.launch_gemv(x, w.weight, y, tile, bias=w.bias, wait=wait, glu=glu)
     else:
-        gemm.launch_tiled(x, w.weight, y, tile, bias=w.bias, wait=wait)
+        gemm.launch_tiled(x, w.weight, y, tile, bias=w.bias, wait=wait, glu=glu)
     return y
 
 

@@ -31,7 +31,7 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
                       K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                       F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr,
-                      FIXUP: tl.constexpr):
+                      FIXUP: tl.constexpr, GLU: tl.constexpr = False):
     """y = epilogue(A · Bᵀ) with pointer loads, A [M, K] and B [N, K] K-contiguous in one dtype: the
     "tiled" (SPLIT_K = 1) and "splitk" paths."""
     common.wait_for_producer(WAIT)
@@ -51,7 +51,7 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_hi, other=0.0)
         acc = _dot(a, b, acc, F32)
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP, GLU)
 
 @triton.jit
 def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -74,16 +74,17 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLO
 @triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
-              F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              GLU: tl.constexpr = False):
     acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
     common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
-                      bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                      bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
 @triton.jit
 def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
                    stride_ym, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                    HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, GLU: tl.constexpr = False):
     """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths that
     Triton's power-of-two blocks cannot take), as two products sharing each step's activation tile.
     The width makes a layer's tiles about one wave of the machine, as cuBLAS's 168-, 80- and
@@ -100,28 +101,28 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
         acc2 = _dot(a, b2.T, acc2, F32)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
-                      stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                      stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
     common.store_tile(acc2, offs_m, off_n + BLOCK_N + tl.arange(0, BLOCK_N2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
-                      alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                      alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
 @triton.jit
 def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first, end, M, N, K, stride_ym, NUM_PROGRAMS,
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr):
+               GROUP_M: tl.constexpr, GLU: tl.constexpr = False):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
     order, each whole."""
     for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K)
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
 
 @triton.jit
 def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
                     stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                     HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_N2: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr,
-                    WAIT: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr):
+                    WAIT: tl.constexpr, PREFETCH: tl.constexpr, LINE_COLS: tl.constexpr, GLU: tl.constexpr = False):
     """y = epilogue(A · Bᵀ) with both operands fetched by the tensor-memory accelerator (TMA)
     through host-built descriptors: A [M, K], B [N, K], both K-contiguous. The copy engine
     zero-fills reads past an edge, so the main loop has no masks.
@@ -137,7 +138,8 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
         common.wait_for_producer(WAIT)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), num_tiles, M, N, K,
-                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                   stride_ym, NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                   GLU)
     else:
         pid_m, pid_n = common.swizzle(tl.program_id(0), M, N, BLOCK_M, BLOCK_N + BLOCK_N2, GROUP_M)
         if PREFETCH > 0:
@@ -149,10 +151,10 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
         if BLOCK_N2 > 0:
             _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N,
                            K, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_N2,
-                           BLOCK_K)
+                           BLOCK_K, GLU)
         else:
             _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K)
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
 
 @triton.jit
 def _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -199,7 +201,7 @@ def _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl
 def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym, NUM_PROGRAMS,
                   dp_tiles, iters, units, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                   HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-                  ROWS: tl.constexpr):
+                  ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
     shared the tile, in program order, read from L2 (`.cg`)."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
@@ -222,7 +224,7 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
     offs_m = pid_m * BLOCK_M + rows
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
@@ -235,7 +237,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
                        stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
-                       ROWS: tl.constexpr):
+                       ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) walk the
     tiles that fill whole waves as the persistent kernel does; the num_tiles % NUM_PROGRAMS leftover
     tiles, which would leave most multiprocessors idle for a last partial wave, are cut into their
@@ -249,7 +251,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
-               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GLU)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
@@ -268,25 +270,25 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
                     for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
                         _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym,
                                       NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
-                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS, GLU)
 
 @triton.jit
 def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x row blocks)."""
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
                   M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
-                  BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+                  BLOCK_M, BLOCK_N, GROUP_M, ROWS, GLU)
 
 @triton.jit
 def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
                     K_SPLIT, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                     F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, PREFETCH: tl.constexpr,
-                    LINE_COLS: tl.constexpr, FIXUP: tl.constexpr):
+                    LINE_COLS: tl.constexpr, FIXUP: tl.constexpr, GLU: tl.constexpr = False):
     """Few rows ("tma-swap"): the product taken transposed, acc[BN, BM] = B_tile · A_tileᵀ, both
     fetched by TMA. The weight tile fills the MMA's 64-row side and the few rows of x its narrow
     side (16 or 32 columns) instead of padding x's rows up to 64, and the copy engine streams the
@@ -305,12 +307,12 @@ def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bi
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP)
+                   bias_ptr, rs_ptr, cs_ptr, bias_ptr, SPLIT_K, HAS_BIAS, HAS_RS, HAS_CS, False, FIXUP, GLU)
 
 @triton.jit
 def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
                 HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, EVEN_K: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WAIT: tl.constexpr, GLU: tl.constexpr = False):
     """One row on the CUDA cores: y[n] = epilogue(Σ_k x[k]·w[n, k]), operands widened to fp32 (exact
     products, fp32 sums), W [N, K] K-contiguous in any dtype. At M = 1 it needs no second,
     reducing launch, where a split-K tensor-core tile does."""
@@ -329,11 +331,17 @@ def gemv_kernel(x_ptr, w_ptr, y_ptr, rs_ptr, cs_ptr, bias_ptr, N, K, stride_wn,
         acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
     yv = tl.sum(acc, axis=1)[None, :]
     zero = tl.zeros((1,), dtype=tl.int32)
-    yv = common.epilogue(yv, zero, offs_n, 1, N, bias_ptr, rs_ptr, cs_ptr, bias_ptr, HAS_BIAS, HAS_RS, HAS_CS, False)
-    tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
+    if not GLU:
+        yv = common.epilogue(yv, zero, offs_n, 1, N, bias_ptr, rs_ptr, cs_ptr, bias_ptr, HAS_BIAS, HAS_RS, HAS_CS,
+                             False)
+        tl.store(y_ptr + offs_n[None, :], yv.to(y_ptr.dtype.element_ty), mask=offs_n[None, :] < N)
+    else:
+        common.store_tile(yv, zero, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, bias_ptr, 1, N, 0, HAS_BIAS, HAS_RS,
+                          HAS_CS, False, GLU)
 
-def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
-    """y[1, N] = epilogue(x[1, K] · wᵀ) through gemv_kernel; x contiguous. `wait`: see launch_tma."""
+def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False, glu: bool = False) -> None:
+    """y[1, N] = epilogue(x[1, K] · wᵀ) through gemv_kernel; x contiguous. `wait`: see launch_tma;
+    `glu`: see launch_tma."""
     assert x.shape[0] == 1, f"the gemv path takes one row, got M={x.shape[0]}"
     N, K = w.shape
     bn, bk = tile["BLOCK_N"], tile["BLOCK_K"]
@@ -342,7 +350,7 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
                                 d if bias is None else bias, N, K, w.stride(0),
                                 HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                                 EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, **common.pdl_option(wait),
-                                num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on the
@@ -358,14 +366,15 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     return d
 
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,
-               prefetch: int = 0) -> None:
+               prefetch: int = 0, glu: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tma_gemm_kernel ("tma"), tma_swap_kernel ("tma-swap") or
     tma_streamk_kernel ("tma-sk"). a [M, K] and b [N, K] K-contiguous with 16-byte aligned bases and
     row strides; a misaligned view of `a` is copied once, so the path never depends on where the
     caller's tensor starts. `owner` keeps b's descriptor between calls. `wait` (where
     pdl_supported): launched as a programmatic dependent of the kernel that made `a`.
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
-    weight row asked of the L2 before the wait."""
+    weight row asked of the L2 before the wait. `glu`: b's
+    rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up (common.store_tile)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -383,7 +392,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     d = y
     if tile.get("path") == "tma-swap":
         k_split, split = common.split_plan(K, tile)
-        ws = common.workspace(split, y)
+        ws = common.workspace(split, y, N)
         programs = common.cdiv(M, bm) * common.cdiv(N, bn)
         fixup = common.split_fixup(tile, split)
         tma_swap_kernel[(programs, split)](
@@ -392,9 +401,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             F32=common.f32_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, **common.pdl_option(wait),
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if split > 1 and not fixup:
-            common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+            common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
         return
     tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
     flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
@@ -414,18 +423,20 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, F32=common.f32_precision(a),
-                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
+                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows, **common.glu_option(glu),
                                         **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
-                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, num_warps=4)
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, **common.glu_option(glu),
+                num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
     programs = min(tiles, multiprocessors(a.device)) if persistent else tiles
     b2_desc = weight_descriptor(owner, b, [bn2, bk]) if bn2 else b_desc
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
                                  programs if persistent else 0, F32=common.f32_precision(a), **flags, BLOCK_N2=bn2,
-                                 PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                 PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait),
+                                 **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache
 def multiprocessors(device: torch.device) -> int:
@@ -443,13 +454,13 @@ STREAMK_REDUCE_ROWS = 16
 class _Transient:
     """An owner for a one-call weight (int4's transient dense copy): its descriptor dies with it."""
 
-def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False) -> None:
+def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = False, glu: bool = False) -> None:
     """y = epilogue(a · bᵀ) through tiled_gemm_kernel, split-K with the fixed-order reduction where
-    the tile splits. a [M, K] and b [N, K] K-contiguous, one dtype. `wait`: see launch_tma."""
+    the tile splits. a [M, K] and b [N, K] K-contiguous, one dtype. `wait`, `glu`: see launch_tma."""
     M, K = a.shape
     N = b.shape[0]
     k_split, split = common.split_plan(K, tile)
-    ws = common.workspace(split, y)
+    ws = common.workspace(split, y, N)
     d = y
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     grid = (common.cdiv(M, bm) * common.cdiv(N, bn), split)
@@ -459,10 +470,10 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             F32=common.f32_precision(a), EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), num_warps=tile["num_warps"],
-                            num_stages=tile["num_stages"])
+                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), **common.glu_option(glu),
+                            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1 and not fixup:
-        common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None)
+        common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
 
 
 # 128-byte lines of each weight row a product launched as a programmatic dependent asks of the L2

@@ -169,7 +169,8 @@ def _tile_words(M, N, K8, KW_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym, KW_SPLIT,
                  GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = ""):
+                 SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = "",
+                 GLU: tl.constexpr = False):
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     k_hi = tl.minimum((kw_lo + KW_SPLIT) * 8, K)
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
@@ -199,14 +200,15 @@ def _int4_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr,
         part = gemm._dot(a, b, None, F32)   # fp32 activations (--dtype float32): common.f32_precision
         acc += part * scale[None, :]
     common.store_or_stash(acc, y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP, GLU)
 
 
 @triton.jit
 def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, M, N, K, K8, KG, stride_xm, stride_ym,
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = ""):
+                      SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, FIXUP: tl.constexpr, F32: tl.constexpr = "",
+                      GLU: tl.constexpr = False):
     """Path "swap" (few rows): acc[BN, BM] = W_tile · x_tileᵀ. The weights, unpacked in registers,
     are the MMA's left operand (which wgmma reads from registers) and the few rows of x its narrow
     side (8-64 columns) instead of padding the rows up to the MMA's 64. Otherwise as split-K."""
@@ -237,7 +239,7 @@ def _int4_swap_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
         part = gemm._dot(wt, xt, None, F32)
         acc += part * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP, GLU)
 
 
 @triton.jit
@@ -295,7 +297,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
                         stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, F32: tl.constexpr,
-                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, X_ROW: tl.constexpr):
+                        FIXUP: tl.constexpr, X_SPLIT: tl.constexpr, X_ROW: tl.constexpr, GLU: tl.constexpr = False):
     """Path "slices" (few rows): acc[BN, BM] = Σ_j W_j · x_jᵀ per BLOCK_K step, W_j [BN, BK/8] the
     j-th nibble of each word (k = 8·word + j) as its own MMA operand in registers, x_j the matching
     columns of x. The launcher hands x over with each BLOCK_K block's columns in slice order
@@ -347,7 +349,7 @@ def _int4_slices_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bi
     if X_ROW:   # row m's slice j is in column 8·m + j: row m's result is the sum of its eight, into column m
         acc = _x_row_results(acc, BLOCK_N, BLOCK_M)
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP, GLU)
 
 
 @triton.jit
@@ -418,7 +420,7 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                       KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr,
-                      SCALE_W: tl.constexpr = False, MMA_WAIT: tl.constexpr = False):
+                      SCALE_W: tl.constexpr = False, MMA_WAIT: tl.constexpr = False, GLU: tl.constexpr = False):
     """Path "join" (few rows): the slices path's pair conversion, with the four pairs of each word
     joined back into natural K order and ONE tl.dot of K = BLOCK_K per step over x as stored (no
     slice-order copy). tl.join puts its new axis last: joining pairs (0, 2) and (1, 3), then those
@@ -470,7 +472,7 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
         else:
             acc += tl.dot(w_t.to(xt.dtype), xt) * scale[:, None]
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP, GLU)
 
 
 @triton.jit
@@ -486,7 +488,7 @@ def _nibble_field(words, MASK: tl.constexpr, zu=0):
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, K8, KG, KW_SPLIT,
                       GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, W8: tl.constexpr, SPLIT_K: tl.constexpr):
+                      BLOCK_N: tl.constexpr, W8: tl.constexpr, SPLIT_K: tl.constexpr, GLU: tl.constexpr = False):
     """One row of x: y[n] = Σ_words scale[n, g] · (Σ_j u_j·x_j - zu·Σ_j x_j), in fp32 on the CUDA
     cores. Nibble j of a word sits at bits 4j; nibbles 0-4 are read in place with their x divided
     by 16^j (a power of two: exact), nibbles 5-7 after one shift by 20. The zero point is taken
@@ -531,9 +533,13 @@ def _int4_gemv_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, N, 
             acc += sc * (u - 8.0 * sx[None, :])
     yv = tl.sum(acc, axis=1)
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            yv += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offs_n, yv.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+        if not GLU:
+            if HAS_BIAS:
+                yv += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            tl.store(y_ptr + offs_n, yv.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+        else:
+            common.store_tile(yv[None, :], tl.zeros((1,), dtype=tl.int32), offs_n, y_ptr, bias_ptr, bias_ptr,
+                              bias_ptr, bias_ptr, 1, N, 0, HAS_BIAS, False, False, False, GLU)
     else:
         tl.store(ws_ptr + pid_k.to(tl.int64) * N + offs_n, yv, mask=offs_n < N)
 
@@ -571,9 +577,11 @@ def _int4_dequant_kernel(q_ptr, sc_ptr, zp_ptr, w_ptr, N, K, K8, KG, GROUP: tl.c
 WIDE_PATHS = ("dequant-tma",)
 
 
-def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None = None, glu: bool = False
+           ) -> torch.Tensor:
     """y = x[:, act_perm] · dequant(W)ᵀ + b in x's dtype (bf16/fp16 activations: W4A16; fp32 for an
-    explicit float32 run, multiplied at common.f32_precision's precision)."""
+    explicit float32 run, multiplied at common.f32_precision's precision). `glu`: W's rows are gate
+    and up rows interleaved, and y [M, N / 2] = silu(gate) · up (dense.launch's)."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.packed.device, "int4 W4A16")
     assert w.packed.is_contiguous() and w.scale.is_contiguous(), "packed and scale must be contiguous"
@@ -590,18 +598,18 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         x = x.index_select(1, w.act_perm)
     M, K = x.shape
     N = w.N
-    y = common.output(x, N, out)
+    y = common.output(x, common.glu_width(N, glu), out)
     if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
         return y
     dtile = dense_tile(tile)
     if dtile is not None:
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)
-        return dense.launch(x, dense.DenseWeight(wt, w.bias), dtile, out=y)
+        return dense.launch(x, dense.DenseWeight(wt, w.bias), dtile, out=y, glu=glu)
     zp = w.zero_point if w.zero_point is not None else w.packed
     bias = w.bias if w.bias is not None else y
     k_split, split = common.split_plan(K, tile)
-    ws = common.workspace(split, y)
+    ws = common.workspace(split, y, N)
     bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
     dev = common.device_features(x.device)
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
@@ -618,7 +626,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         _int4_gemv_kernel[(common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, N, w.packed.stride(0), w.scale.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, **common.glu_option(glu), num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
         # (16: an MMA's narrow side, and X_ROW's room for two rows' eight slices)
@@ -630,8 +639,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, F32=common.f32_precision(x),
-            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, num_warps=tile["num_warps"],
-            num_stages=tile["num_stages"])
+            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, **common.glu_option(glu),
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
         # The kernel masks x only at K, not at its split's end: split_plan makes each split whole BLOCK_K steps.
@@ -641,7 +650,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, FIXUP=fixup,
             SCALE_W=bool(tile.get("SCALE_W", 0)), MMA_WAIT=bool(tile.get("SCALE_W", 0)) and mma_wait(dev),
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "frag":
         assert bk >= 16 and bk & (bk - 1) == 0 and x.dtype != torch.float32, \
             "the frag path takes bf16/fp16 x and a power-of-two BLOCK_K >= 16"
@@ -650,7 +659,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=frag_pairs(x.dtype, w.scale.dtype, dev), F16=x.dtype == torch.float16,
-            FIXUP=fixup, MMA_WAIT=mma_wait(dev), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            FIXUP=fixup, MMA_WAIT=mma_wait(dev), **common.glu_option(glu), num_warps=tile["num_warps"],
+            num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -659,9 +669,9 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
             EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), F32=common.f32_precision(x), FIXUP=fixup,
-            num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1 and not fixup:
-        common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None)
+        common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None, glu)
     return y
 
 
@@ -785,7 +795,7 @@ def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
                       stride_ym, KW_SPLIT, GROUP: tl.constexpr, HAS_ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       GROUP_M: tl.constexpr, PAIRS: tl.constexpr, F16: tl.constexpr, FIXUP: tl.constexpr,
-                      MMA_WAIT: tl.constexpr = False):
+                      MMA_WAIT: tl.constexpr = False, GLU: tl.constexpr = False):
     """Path "frag" (from 16 rows): acc[BN, BM] += W_q · x_tileᵀ, one tl.dot of K = BLOCK_K a step, the
     weight tile W_q = (u - zu)·s rounded once to x's dtype (the join path's SCALE_W numerics) built
     where the MMA reads it. The operand is indexed [n, c, h, l, e] with k = 16c + 8h + 2l + e: the
@@ -837,7 +847,7 @@ def _int4_frag_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
             acc = _retire(acc)
         s, zu = s_next, zu_next
     common.store_or_stash(tl.trans(acc), y_ptr, ws_ptr, cnt_ptr, pid_k, offs_m, offs_n, M, N, stride_ym,
-                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP)
+                          bias_ptr, bias_ptr, bias_ptr, bias_ptr, SPLIT_K, HAS_BIAS, False, False, False, FIXUP, GLU)
 
 
 @triton.jit

@@ -29,20 +29,19 @@ result is independent of the others in the batch; no atomics.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from vsr.kernels import common, fp8, pdl
 
 # fp32(1/448): torch on CUDA divides a tensor by a Python number as a product with its reciprocal.
 _RCP_448 = 0.0022321429569274187
 # The interpreter has no libdevice: there the kernels use Triton's exp and erf (read at import, as
-# Triton reads the variable when a kernel is defined). Shared by the pointwise kernels.
-LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
+# Triton reads the variable when a kernel is defined). Shared by the pointwise kernels, with the
+# fp32 exp, silu and sigmoid that the products' SwiGLU epilogue shares too (common.py).
+from vsr.kernels.common import LIBDEVICE, exp_f32, sigmoid_f32, silu_f32  # noqa: E402,F401 (re-exported)
 # Elements of a gated norm program: heads of D columns, about this many in all.
 _GATED_ELEMS = 1024
 
@@ -216,26 +215,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """(y, s) = LayerNorm(x + residual) and the sum (None without a residual); with quant_fp8
     (y, s, xq, xs), y None (not written) with keep_output=False. bias may be None (ModernBERT)."""
     return _launch(x, residual, weight, bias, eps, True, False, exact, quant_fp8, keep_output)
-
-
-@triton.jit
-def exp_f32(z, LIBDEVICE: tl.constexpr):
-    """exp of fp32 z: libdevice's (torch's CUDA kernels call it) on a GPU, Triton's under the interpreter."""
-    if LIBDEVICE:
-        return libdevice.exp(z)
-    return tl.exp(z)
-
-
-@triton.jit
-def silu_f32(z, LIBDEVICE: tl.constexpr):
-    """silu of fp32 z as torch's CUDA kernel: z / (1 + exp(-z)), IEEE division."""
-    return tl.div_rn(z, 1.0 + exp_f32(-z, LIBDEVICE))
-
-
-@triton.jit
-def sigmoid_f32(z, LIBDEVICE: tl.constexpr):
-    """sigmoid of fp32 z as torch's CUDA kernel: 1 / (1 + exp(-z)), IEEE division."""
-    return tl.div_rn(tl.full(z.shape, 1.0, tl.float32), 1.0 + exp_f32(-z, LIBDEVICE))
 
 
 @triton.jit

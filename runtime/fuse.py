@@ -22,6 +22,13 @@ format's concatenation lives in CONCAT (keyed by weight format), one small funct
   scales into the e4m3 block scales would round them again and change the weights.
 
 A part without a bias beside parts with one gets a zero bias (adding +0.0 changes no value).
+
+SwiGLU in the product (GLU_FORMATS, on the Triton path): a gate|up weight whose rows are
+interleaved (gate 0, up 0, gate 1, up 1, ...; `interleave_pairs`) lets the product's epilogue take
+silu(gate) · up of each pair of columns it holds and store [T, I] (kernels/common.store_tile's
+GLU), so the MLP runs no activation kernel and the product writes half the bytes. The templates
+of dense and int4 W4A16 weights take it: their down projection reads the activation as it is.
+fp8 and nvfp4 products keep the activation kernel, which also quantizes its output for theirs.
 """
 from __future__ import annotations
 
@@ -98,6 +105,45 @@ def _nvfp4(parts):
 # weight format -> concatenate(parts) -> fused weight, or None when the parts cannot share one
 # product (the reason is the format's, above).
 CONCAT: dict[str, Callable[[list], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
+
+
+# Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
+GLU_FORMATS = ("dense", "int4")
+
+
+def _dense_rows(w, idx):
+    from vsr.kernels.dense import DenseWeight
+
+    return DenseWeight(w.weight[idx].contiguous(), None if w.bias is None else w.bias[idx].contiguous())
+
+
+def _int4_rows(w, idx):
+    from vsr.kernels.int4 import Int4Weight
+
+    pick = lambda t: None if t is None else t[idx].contiguous()  # noqa: E731
+    return Int4Weight(pick(w.packed), pick(w.scale), w.K, w.group_size, pick(w.zero_point), w.act_perm, pick(w.bias))
+
+
+# weight format -> rows(weight, index) -> the weight of those output rows (per-row tensors only:
+# act_perm permutes K and stays).
+ROWS: dict[str, Callable[[Any, torch.Tensor], Any]] = {"dense": _dense_rows, "int4": _int4_rows}
+
+
+def pair_order(half: int, device=None) -> torch.Tensor:
+    """Row order 0, half, 1, half + 1, ...: a gate|up weight of 2·half rows with each gate row
+    beside its up row."""
+    r = torch.arange(half, device=device)
+    return torch.stack((r, r + half), dim=1).reshape(-1)
+
+
+def interleave_pairs(w: Any) -> Any:
+    """A gate|up weight (gate rows first, then as many up rows) with its rows interleaved
+    (pair_order): the layout whose product applies SwiGLU in its epilogue."""
+    if w.format not in ROWS:
+        raise ValueError(f"no SwiGLU product for {w.format} weights (GLU_FORMATS: {', '.join(GLU_FORMATS)})")
+    if w.N % 2:
+        raise ValueError(f"a gate|up weight needs as many up rows as gate rows, got {w.N} rows")
+    return ROWS[w.format](w, pair_order(w.N // 2))
 
 
 def why_not(parts: list) -> str:

@@ -35,10 +35,19 @@ def _out_of_resources() -> type:
     return OutOfResources
 
 
-class QLinear(torch.nn.Module):
-    """forward(x[..., K]) -> [..., N] in x's dtype."""
+def glu_reference(y: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of a product over interleaved gate and up rows (runtime/fuse.interleave_pairs),
+    [T, 2I] -> [T, I] in y's dtype: torch's F.silu(gate) * up on its even (gate) and odd (up)
+    columns, the numerics of the kernels' GLU epilogue and of activation.silu_mul."""
+    return torch.nn.functional.silu(y[:, 0::2]) * y[:, 1::2]
 
-    def __init__(self, weight: Any, mode: str = "reference", tiles: Any = None, emulate: bool = False):
+
+class QLinear(torch.nn.Module):
+    """forward(x[..., K]) -> [..., N] in x's dtype; with glu [..., N / 2], SwiGLU of the product
+    over its interleaved gate and up rows (glu_reference)."""
+
+    def __init__(self, weight: Any, mode: str = "reference", tiles: Any = None, emulate: bool = False,
+                 glu: bool = False):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"QLinear mode must be one of {MODES}, got {mode!r}")
@@ -48,8 +57,11 @@ class QLinear(torch.nn.Module):
             # No silent default: the caller decides the miss policy through its resolver.
             raise ValueError("QLinear mode 'triton' needs a tile resolver (tiles=...), e.g. "
                              "vsr.autotune.resolver.TileResolver")
+        if glu and weight.N % 2:
+            raise ValueError(f"QLinear glu needs interleaved gate and up rows, an even N, got N={weight.N}")
         self.weight = weight
         self.mode = mode
+        self.glu = glu
         self.tiles = tiles
         # Only with an explicit opt-in may "triton" pick an emulating template (nvfp4_emulated).
         self.emulate = emulate
@@ -84,7 +96,7 @@ class QLinear(torch.nn.Module):
 
     @property
     def out_features(self) -> int:
-        return self.weight.N
+        return self.weight.N // 2 if self.glu else self.weight.N
 
     @property
     def format(self) -> str:
@@ -94,7 +106,8 @@ class QLinear(torch.nn.Module):
         return self.weight.nbytes()
 
     def extra_repr(self) -> str:
-        return f"format={self.weight.format}, N={self.weight.N}, K={self.weight.K}, mode={self.mode}"
+        glu = f", glu={self.glu}" if self.glu else ""
+        return f"format={self.weight.format}, N={self.weight.N}, K={self.weight.K}, mode={self.mode}{glu}"
 
     def _apply(self, fn, recurse=True):
         # The weight is a dataclass of tensors, not parameters: follow Module.to()/.cuda() moves here.
@@ -126,13 +139,15 @@ class QLinear(torch.nn.Module):
         lead = x.shape[:-1]
         x2 = self._rows(x)
         if x2.shape[0] == 0:
-            return x.new_empty(*lead, w.N)
+            return x.new_empty(*lead, self.out_features)
         if self.mode == "reference":
             p = self._prepared
             y = p(x2) if p is not None else formats.get(w.format).reference(x2, w)
+            if self.glu:
+                y = glu_reference(y)
         else:
             y = self._triton(x2)
-        return y.reshape(*lead, w.N)
+        return y.reshape(*lead, self.out_features)
 
     @property
     def takes_fp8_codes(self) -> bool:
@@ -168,6 +183,8 @@ class QLinear(torch.nn.Module):
         plan = self._plan(x2.shape[0], x2.dtype)
         template, tile = plan
         try:
+            if self.glu:
+                return template.launch(x2.contiguous(), self.weight, tile, glu=self.glu)
             return template.launch(x2.contiguous(), self.weight, tile)
         except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
             # Which layer, which tile and what to do, rather than Triton's bare resource count: a

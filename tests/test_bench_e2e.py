@@ -93,12 +93,30 @@ def test_the_peers_swap_in_and_out(bench):
     x = bench.make_inputs(1, 16, 512, "cpu")
     with torch.inference_mode():
         want = model(*x)
-        with bench.linears_as(model, lambda q: bench.ScaledMMLinear(q.weight)):
+        with bench.linears_as(model, bench.ScaledMMLinear):
             kinds = {type(m).__name__ for m in model.modules()}
             assert "ScaledMMLinear" in kinds and "QLinear" not in kinds
             peer = model(*x)
         assert torch.equal(model(*x), want)
     assert (peer - want).abs().max() < 0.05
+
+
+def test_the_cublas_peer_of_a_swiglu_product_is_its_plain_product_then_the_activation(bench):
+    """A QLinear with a SwiGLU epilogue (rows interleaved) becomes F.linear on the rows in gate|up
+    order and the runtime's activation kernel: what the model ran before the fused epilogue."""
+    from vsr.kernels import dense
+    from vsr.runtime import fuse
+    from vsr.runtime.linear import QLinear
+
+    g = torch.Generator().manual_seed(5)
+    w = dense.DenseWeight(torch.randn(24, 64, generator=g), torch.randn(24, generator=g))
+    q = QLinear(fuse.interleave_pairs(w), "reference", glu=True)
+    x = torch.randn(3, 64, generator=g)
+    peer = bench.CublasLinear(q)
+    torch.testing.assert_close(peer(x), torch.nn.functional.silu(x @ w.weight[:12].t() + w.bias[:12])
+                               * (x @ w.weight[12:].t() + w.bias[12:]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(peer(x), q(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(bench.CublasLinear(QLinear(w))(x), torch.nn.functional.linear(x, w.weight, w.bias))
 
 
 def test_the_unquantized_twin_and_its_check(bench):

@@ -16,11 +16,14 @@ class Projection(torch.nn.Module):
     concatenated weight (runtime/fuse.py); else the parts run one by one and are joined (a
     package whose parts cannot share a weight; the load warns)."""
 
-    def __init__(self, linears: list, sizes: list[int], fused: bool):
+    def __init__(self, linears: list, sizes: list[int], fused: bool, activated: str | None = None):
         super().__init__()
         self.parts = torch.nn.ModuleList(linears)
         self.sizes = list(sizes)
         self.fused = fused
+        # The activation its product applies (gate_up's "silu_mul" as QLinear.glu): the output is
+        # act(gate) · up [T, I], not the parts side by side.
+        self.activated = activated
         # Parts that cannot share a weight may still run as one product on the CPU reference path
         # (NVFP4 W4A4 parts with one input global scale: linear.stack_one_input).
         self.stacked = None if fused else stack_one_input(list(linears))
@@ -94,10 +97,13 @@ class Builder:
             w = to_run_dtype(w, self.act_dtype)  # dense only; quantized weights stay as stored
         return w
 
-    def projection(self, label: str, names: list[str]) -> Projection:
+    def projection(self, label: str, names: list[str], activation: str | None = None) -> Projection:
         """The Linear layers `names` (one input, outputs side by side) as one Projection, fused into
         one weight where their format allows (runtime/fuse.py), else kept apart with a warning.
-        Registered in .linears under `label` (e.g. "model.layers.0.self_attn.qkv")."""
+        Registered in .linears under `label` (e.g. "model.layers.0.self_attn.qkv").
+        activation "silu_mul" (gate|up): on the Triton path, a fused weight of fuse.GLU_FORMATS
+        has its rows interleaved and its product applies SwiGLU (QLinear.glu; Projection.activated
+        says so); elsewhere the caller applies it (activated_product)."""
         parts = [self._weight(n) for n in names]
         fused = fuse.fuse(parts)
         if fused is None:
@@ -114,11 +120,17 @@ class Builder:
             return proj
         sizes = fuse.split_sizes(parts)
         del parts   # the CPU copies of the parts: only the fused weight moves to the device
+        glu = activation == "silu_mul" and self.kernels == "triton" and fused.format in fuse.GLU_FORMATS \
+            and len(sizes) == 2 and sizes[0] == sizes[1]
+        if glu:
+            fused = fuse.interleave_pairs(fused)
         fused = fused.to(self.device)
         self.linear_bytes += fused.nbytes()
-        self.linears[label] = self.make_linear(fused)
+        lin = self.linears[label] = self.make_linear(fused)
         self.fused[label] = tuple(names)
-        return Projection([self.linears[label]], sizes, True)
+        if glu:
+            lin.glu = True
+        return Projection([lin], sizes, True, activated="silu_mul" if glu else None)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A plain tensor (embedding, norm, head), in `dtype` if given, else as stored."""
@@ -178,6 +190,14 @@ def activated_product(ops, proj, h, act: str, exact: bool = True):
         _, xq, xs = fn(h, *args, quant_fp8=True, keep_output=False)
         return proj.product_fp8(xq, xs, h.dtype)
     return proj(fn(h, *args))
+
+
+def mlp_down(ops, gate_up, down, h, act: str, exact: bool = True):
+    """down(act(h)), h gate_up's output: as it is where gate_up's product applied act
+    (Projection.activated), else through activated_product."""
+    if getattr(gate_up, "activated", None) == act:
+        return down(h)
+    return activated_product(ops, down, h, act, exact)
 
 
 def labels(config: dict, needs: str) -> list[str]:

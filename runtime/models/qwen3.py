@@ -18,7 +18,7 @@ import torch
 
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models import ops
-from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
+from vsr.runtime.models.common import (Builder, DecoderRouter, labels, mlp_down, normed_product,
                                        request_lengths, rope_cos_sin, rope_inv_freq, rope_theta)
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -68,7 +68,8 @@ class Qwen3Router(DecoderRouter):
             if i % len(_PRODUCTS) == 0:
                 self.layers.append(torch.nn.ModuleDict())
             name = label.rsplit(".", 1)[1]
-            self.layers[-1][name] = b.projection(label, list(parts)) if len(parts) > 1 else b.linear(parts[0])
+            act = "silu_mul" if name == "gate_up_proj" else None
+            self.layers[-1][name] = b.projection(label, list(parts), act) if len(parts) > 1 else b.linear(parts[0])
         for i in range(len(self.layers)):
             P = f"model.layers.{i}."
             self.norms.append({n: b.tensor(P + n + ".weight", self.dtype) for n in
@@ -98,6 +99,6 @@ class Qwen3Router(DecoderRouter):
             d = m["o_proj"](a.reshape(T, nh * dh))
             gu, _, res = normed_product(o, m["gate_up_proj"], d, n["post_attention_layernorm"], self.eps,
                                         residual=res, exact=X, keep_output=False)
-            d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
+            d = mlp_down(o, m["gate_up_proj"], m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, exact=X)[0]
         return h.view(B, S, self.hidden)

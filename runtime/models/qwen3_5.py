@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from vsr.runtime.errors import PackageError
-from vsr.runtime.models.common import (Builder, DecoderRouter, activated_product, labels, normed_product,
+from vsr.runtime.models.common import (Builder, DecoderRouter, labels, mlp_down, normed_product,
                                        request_lengths, rope_cos_sin, rope_inv_freq, rope_theta)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -168,7 +168,8 @@ class Qwen3_5Router(DecoderRouter):
             self.layers.append(torch.nn.ModuleDict())
             for label, parts in prods:
                 name = label.rsplit(".", 1)[1]
-                mod = b.projection(label, list(parts)) if len(parts) > 1 else b.linear(parts[0])
+                act = "silu_mul" if name == "gate_up_proj" else None
+                mod = b.projection(label, list(parts), act) if len(parts) > 1 else b.linear(parts[0])
                 if name in widths and mod.sizes != widths[name]:
                     raise PackageError(f"{', '.join(parts)}: output widths {mod.sizes}, but config.json's heads "
                                        f"give {widths[name]}")
@@ -241,6 +242,6 @@ class Qwen3_5Router(DecoderRouter):
                 d = self._attention(m, p, out, B, S, lengths, cos, sin)
             gu, _, res = normed_product(o, m["gate_up_proj"], d, p["post_attention_layernorm"], self.eps,
                                         residual=res, zero_centered=True, exact=X, keep_output=False)
-            d = activated_product(o, m["down_proj"], gu, "silu_mul", X)
+            d = mlp_down(o, m["gate_up_proj"], m["down_proj"], gu, "silu_mul", X)
         h = o.rms_norm(d, self.final_norm, self.eps, residual=res, zero_centered=True, exact=X)[0]
         return h.view(B, S, self.hidden)

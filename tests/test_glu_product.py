@@ -1,0 +1,218 @@
+"""SwiGLU in the product's epilogue (kernels/common.store_tile's GLU, runtime/fuse.interleave_pairs):
+a gate|up weight with its rows interleaved gives, in one product, the bytes of the plain product
+followed by the activation kernel (activation.silu_mul), on every path of the dense and int4
+templates; QLinear's reference path gives torch's F.silu(gate) * up; the decoder routers run their
+MLP through it on the Triton path and match the reference forward.
+
+Under the Triton interpreter (no GPU) activations are fp16 and fp32 (its bf16 tl.dot is wrong), and
+its tl.dot (numpy's matmul) may sum an output element in another order by its place in the tile,
+so there the two forms agree within a few units in the last place of the largest output; on a GPU,
+byte for byte. Outputs are
+pre-filled with NaN so an unwritten element fails."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from tinypkgs import TEST_TEXTS, tiny_qwen3, tiny_qwen3_5  # noqa: F401
+from vsr.kernels import activation, dense, gemm, int4
+from vsr.runtime import fuse
+from vsr.runtime.linear import QLinear, glu_reference
+from vsr.runtime.loaders import PackageLoader
+from vsr.runtime.models import build_model
+from vsr.runtime.models.common import Builder
+from vsr.runtime.package import open_package
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# The models' dtype, where the kernels really run (the interpreter's bf16 tl.dot is wrong).
+BF16_ON_GPU = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(DEV != "cuda", reason="bf16 runs on the GPU"))
+HALF, K = 40, 256   # 80 interleaved rows: the last 32-row block of a 32-wide tile lies half past N
+TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+DENSE_TILES = {
+    "tiled": dict(TILE, path="tiled"),
+    "splitk": dict(TILE, path="splitk", SPLIT_K=2),
+    "splitk-fixup": dict(TILE, path="splitk", SPLIT_K=3, FIXUP=1),
+    "tma": dict(TILE, path="tma"),
+    "tma-wide": dict(TILE, path="tma", BLOCK_N=32, BLOCK_N2=16),
+    "tma-persistent": dict(TILE, path="tma", PERSISTENT=1),
+    "tma-swap": dict(TILE, path="tma-swap", SPLIT_K=2),
+    "tma-sk": dict(TILE, path="tma-sk"),
+    "tma-sk-fixup": dict(TILE, path="tma-sk", FIXUP=1),
+}
+INT4_TILES = {   # (the forms tests/test_kernels_formats.py runs on the GPU; groups of 128)
+    "splitk": dict(TILE, path="splitk", SPLIT_K=2),
+    "swap": dict(TILE, path="swap"),
+    "slices": dict(TILE, path="slices", BLOCK_K=128),
+    "join": dict(TILE, path="join", BLOCK_K=128),
+    "join-scale-w": dict(TILE, path="join", BLOCK_K=128, SCALE_W=1, SPLIT_K=2, FIXUP=1),
+    "frag": dict(TILE, path="frag", BLOCK_K=128),
+    "dequant-tma": dict(TILE, path="dequant-tma"),
+}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_same(y, want, what):
+    """Byte for byte on a GPU; within 8 units in the last place of max|want| under the interpreter
+    (up to 3 seen in fp32)."""
+    if DEV == "cuda":
+        assert torch.equal(y, want), what
+    else:
+        ulp = torch.finfo(y.dtype).eps
+        torch.testing.assert_close(y, want, rtol=0, atol=8 * ulp * float(want.abs().max()), msg=str(what))
+
+
+def plain_then_activation(launch, x, w, tile):
+    """The two-kernel form: the plain product of the gate|up weight, then activation.silu_mul."""
+    return activation.silu_mul(launch(x, w, tile))
+
+
+def glu(launch, x, w, tile):
+    out = torch.full((x.shape[0], w.N // 2), float("nan"), dtype=x.dtype, device=x.device)
+    y = launch(x, fuse.interleave_pairs(w), tile, out=out, glu=True)
+    assert y.data_ptr() == out.data_ptr() and not torch.isnan(y).any(), "an output was left unwritten"
+    return y
+
+
+def dense_weight(g, dtype, bias):
+    return dense.DenseWeight(torch.randn(2 * HALF, K, generator=g).to(dtype),
+                             torch.randn(2 * HALF, generator=g).to(dtype) if bias else None).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, BF16_ON_GPU])
+@pytest.mark.parametrize("name", sorted(DENSE_TILES))
+def test_dense_glu_product_is_the_product_then_the_activation(name, dtype, monkeypatch):
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)   # stream-K: tiles left over on 3
+    g = gen(len(name))
+    w = dense_weight(g, dtype, bias=name != "tiled")
+    tile = dict(DENSE_TILES[name], BLOCK_K=32 if dtype == torch.float32 else 64)
+    for M in (5, 40):   # one row block; 40: three 16-row blocks, the last part past M
+        x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+        y = glu(dense.launch, x, w, tile)
+        assert_same(y, plain_then_activation(dense.launch, x, w, tile), (name, M))
+        want = glu_reference(dense.reference_linear(x, fuse.interleave_pairs(w)))
+        tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
+        torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("block_n", [4, 8])
+def test_dense_glu_gemv(block_n):
+    g = gen(7)
+    w = dense_weight(g, torch.float16, bias=True)
+    x = torch.randn(1, K, generator=g).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8,
+            "num_warps": 4, "num_stages": 3}
+    assert_same(glu(dense.launch, x, w, tile), plain_then_activation(dense.launch, x, w, tile), block_n)
+
+
+def int4_weight(g, symmetric, act_order, group=128, dtype=torch.float16):
+    u = torch.randint(0, 16, (2 * HALF, K), generator=g, dtype=torch.int32)
+    scale = (torch.rand(2 * HALF, K // group, generator=g) * 0.05 + 1e-3).to(dtype)
+    zp = None if symmetric else torch.randint(0, 16, (2 * HALF, K // group), generator=g, dtype=torch.int32)
+    perm = torch.randperm(K, generator=g) if act_order else None
+    bias = torch.randn(2 * HALF, generator=g).to(dtype)
+    return int4.Int4Weight(int4.pack_int4(u), scale, K, group, zp, perm, bias).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("name", sorted(INT4_TILES))
+@pytest.mark.parametrize("symmetric,act_order", [(True, False), (False, True)])
+def test_int4_glu_product_is_the_product_then_the_activation(name, symmetric, act_order, dtype):
+    g = gen(50 + len(name))
+    w = int4_weight(g, symmetric, act_order, dtype=dtype)
+    x = torch.randn(20, K, generator=g).to(dtype).to(DEV)
+    tile = INT4_TILES[name]
+    y = glu(int4.launch, x, w, tile)
+    assert_same(y, plain_then_activation(int4.launch, x, w, tile), name)
+    want = glu_reference(int4.reference_linear(x, fuse.interleave_pairs(w)))
+    tol = 2e-3 if dtype == torch.float16 else 1.6e-2
+    torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_int4_glu_gemv(split):
+    g = gen(60 + split)
+    w = int4_weight(g, False, False)
+    x = torch.randn(1, K, generator=g).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 64, "SPLIT_K": split, "GROUP_M": 8,
+            "num_warps": 4, "num_stages": 3}
+    assert_same(glu(int4.launch, x, w, tile), plain_then_activation(int4.launch, x, w, tile), split)
+
+
+def test_interleave_pairs_puts_each_gate_row_beside_its_up_row():
+    g = gen(3)
+    w = dense_weight(g, torch.float32, bias=True)
+    inter = fuse.interleave_pairs(w)
+    assert torch.equal(inter.weight[0::2], w.weight[:HALF]) and torch.equal(inter.weight[1::2], w.weight[HALF:])
+    assert torch.equal(inter.bias[0::2], w.bias[:HALF]) and torch.equal(inter.bias[1::2], w.bias[HALF:])
+    q = int4_weight(g, False, True)
+    qi = fuse.interleave_pairs(q)
+    for t in ("packed", "scale", "zero_point", "bias"):
+        a, b = getattr(q, t), getattr(qi, t)
+        assert torch.equal(b[0::2], a[:HALF]) and torch.equal(b[1::2], a[HALF:]), t
+    assert torch.equal(qi.act_perm, q.act_perm)   # a permutation of K: the same for every row
+    with pytest.raises(ValueError, match="as many up rows"):
+        fuse.interleave_pairs(dense.DenseWeight(torch.randn(5, K)))
+
+
+def test_glu_takes_an_even_number_of_rows():
+    with pytest.raises(ValueError, match="even number of interleaved"):
+        dense.launch(torch.randn(2, K).half(), dense.DenseWeight(torch.randn(5, K).half()), DENSE_TILES["tiled"],
+                     glu=True)
+    with pytest.raises(ValueError, match="even N"):
+        QLinear(dense.DenseWeight(torch.randn(5, K)), glu=True)
+
+
+def test_qlinear_glu_reference_and_triton_paths_agree():
+    g = gen(9)
+    w = fuse.interleave_pairs(dense_weight(g, torch.float32, bias=True))
+    x = torch.randn(3, 7, K, generator=g).to(DEV)
+    tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
+    ref, tri = QLinear(w, "reference", glu=True), QLinear(w, "triton", tiles=tiles, glu=True)
+    assert ref.out_features == tri.out_features == HALF
+    want = torch.nn.functional.silu(x @ w.weight[0::2].t() + w.bias[0::2]) * (x @ w.weight[1::2].t() + w.bias[1::2])
+    scale = float(want.abs().max())
+    torch.testing.assert_close(ref(x), want, rtol=0, atol=1e-5 * scale)
+    torch.testing.assert_close(tri(x), ref(x), rtol=0, atol=1e-5 * scale)
+
+
+def _triton_model(path, dtype):
+    """The package's router with Triton QLinears (default tiles) and reference ops, on this device."""
+    pkg = open_package(str(path), device=DEV, allow_unverified=True)
+    tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
+    loader = PackageLoader(pkg.path, pkg.config)
+    try:
+        b = Builder(loader, lambda w: QLinear(w, "triton", tiles=tiles), dtype, DEV, True, kernels="triton")
+        model = build_model(pkg.config, b).eval()
+    finally:
+        loader.close()
+    return model, b
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_5"])
+def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture, request):
+    """Every gate|up product of a Qwen3 or Qwen3.5 router on the Triton path applies SwiGLU itself
+    (its QLinear glu, the Projection activated) and the forward matches the same weights'
+    reference forward (the MLP through the activation op on gate|up side by side)."""
+    from vsr.runtime.models import ops
+
+    path = request.getfixturevalue(fixture)
+    model, b = _triton_model(path, torch.float32)
+    gate_ups = [lab for lab in b.linears if lab.endswith("gate_up_proj")]
+    assert gate_ups and all(b.linears[lab].glu for lab in gate_ups)
+    assert not any(m.glu for lab, m in b.linears.items() if lab not in gate_ups)
+    model.ops = ops.REFERENCE
+    ids = torch.randint(1, int(model.embed.shape[0]), (2, 9), generator=gen(4)).to(DEV)
+    mask = torch.ones_like(ids)
+    lengths = torch.tensor([9, 6], dtype=torch.int32, device=DEV)
+    with torch.no_grad():
+        got = model.encode(ids, mask, lengths)
+        for mod in b.linears.values():   # the same weights on the reference path
+            mod.mode = "reference"
+        want = model.encode(ids, mask, lengths)
+    real = torch.arange(9, device=DEV)[None, :] < lengths[:, None]
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4 * float(want.abs().max()))
