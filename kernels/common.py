@@ -71,6 +71,8 @@ def tile_setup(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.c
 
 # libdevice's exp on a GPU (torch's CUDA kernels call it); Triton's own under the interpreter.
 LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
+# The same, as a constexpr a kernel's helper may read as a global (store_tile's SwiGLU).
+LIBDEVICE_CONST = tl.constexpr(LIBDEVICE)
 
 @triton.jit
 def exp_f32(z, LIBDEVICE: tl.constexpr):
@@ -164,7 +166,7 @@ def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
         BN: tl.constexpr = acc.shape[1]
         gate, up = tl.split(tl.reshape(acc.to(y_ptr.dtype.element_ty), (BM, BN // 2, 2)))
         half, _ = tl.split(tl.reshape(offs_n // 2, (BN // 2, 2)))
-        y = silu_mul_f32(gate.to(tl.float32), up.to(tl.float32), y_ptr.dtype.element_ty, LIBDEVICE)
+        y = silu_mul_f32(gate.to(tl.float32), up.to(tl.float32), y_ptr.dtype.element_ty, LIBDEVICE_CONST)
         mask = (offs_m[:, None] < M) & (half[None, :] < N // 2)
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + half[None, :], y.to(y_ptr.dtype.element_ty),
                  mask=mask)

@@ -269,3 +269,48 @@ def test_int4_register_operand_wgmmas_are_never_overwritten_in_flight(frag_compi
     for r in rows:
         assert r["rs_wgmma"] > 0, r["tile"]
         assert r["hazards"] == [], (r["tile"], r["hazards"][:3])
+
+
+_GLU_PROBE = _PRELUDE + r"""
+# Every path of the dense and int4 templates with the SwiGLU epilogue (GLU), bf16, compiled for
+# the H200: the kernels, their split-K and stream-K reductions and the GEMVs.
+from vsr.kernels import common, dense, gemm, int4
+from vsr.autotune.synth import random_weight
+
+rec = Recorder(H200)
+JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
+common.device_features = lambda device: H200.features
+gemm.multiprocessors = lambda device: 5    # stream-K: tiles left over for the reduction
+T = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+GEMV = dict(T, path="gemv", BLOCK_M=1, BLOCK_N=8)
+DENSE = [dict(T, path="tma"), dict(T, path="tma", BLOCK_N2=16), dict(T, path="tma", PERSISTENT=1),
+         dict(T, path="tma-sk"), dict(T, path="tma-sk", FIXUP=1), dict(T, path="tma-swap", BLOCK_M=16, SPLIT_K=2),
+         dict(T, path="tiled"), dict(T, path="splitk", SPLIT_K=2), dict(T, path="splitk", SPLIT_K=2, FIXUP=1), GEMV]
+INT4 = [dict(T, path="frag", BLOCK_K=128), dict(T, path="join", BLOCK_K=128, SCALE_W=1),
+        dict(T, path="join", BLOCK_K=128, SPLIT_K=2), dict(T, path="slices", BLOCK_M=16, BLOCK_K=128),
+        dict(T, path="swap", BLOCK_M=16), dict(T, path="splitk", BLOCK_M=16, SPLIT_K=2),
+        dict(T, path="dequant-tma"), dict(GEMV, SPLIT_K=2)]
+launches = []
+wd = random_weight("dense", 1024, 512, {}, torch.bfloat16, "cpu", bias=True)
+w4 = random_weight("int4", 1024, 512, {"bits": 4, "group": 128, "symmetric": False, "act_order": False},
+                   torch.bfloat16, "cpu", bias=True)
+for mod, w, tiles in ((dense, wd, DENSE), (int4, w4, INT4)):
+    for tile in tiles:
+        rec.current = []
+        mod.launch(torch.randn(1 if tile["path"] == "gemv" else 200, 512).bfloat16(), w, tile, glu=True)
+        launches.append({"tile": tile, "kernels": [rec.compiled[k] for k in rec.current]})
+print(json.dumps({"launches": launches, "limit": rec.device.shared}))
+"""
+
+
+def test_swiglu_products_compile_for_the_h200():
+    """Every path with the SwiGLU epilogue compiles for sm_90 and fits its shared memory (the
+    interpreter reads globals a compiled kernel may not: this is where such an error shows)."""
+    got = _run(_GLU_PROBE, 600)
+    assert len(got["launches"]) == 18
+    for launch in got["launches"]:
+        assert launch["kernels"], launch["tile"]
+        for k in launch["kernels"]:
+            assert "error" not in k and k["fits"], (launch["tile"], k)
+        glu = [k for k in launch["kernels"] if k["constexprs"].get("GLU") == "True"]
+        assert glu, (launch["tile"], [k["kernel"] for k in launch["kernels"]])
