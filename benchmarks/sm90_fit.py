@@ -12,7 +12,8 @@ device features and multiprocessors, DEVICES), catches every kernel launch, and 
 kernel with the same arguments, constexprs, warps and stages for the device's target through
 Triton's own argument binder, then reads the shared memory the compiled kernel asks for and, for
 sm_90, checks its SASS for a write into the registers of a register-operand wgmma still in flight
-(kernels/wgmma_hazard.py). A launch that would not fit, that Triton's backend refuses, or whose
+(kernels/wgmma_hazard.py). The gate_up shape launches as the runtime runs it: with the SwiGLU
+epilogue in the formats that have one (runtime/fuse.GLU_FORMATS). A launch that would not fit, that Triton's backend refuses, or whose
 kernel has such a write is reported (and the exit status is 1): on the GPU it would raise, or
 could race. Only shared memory and those writes are checked (a launch also needs its threads'
 registers). One constexpr differs from a GPU launch: fp8's activation quantization takes
@@ -47,6 +48,7 @@ from vsr.autotune import shapes as named_shapes  # noqa: E402
 from vsr.autotune.buckets import parse_buckets  # noqa: E402
 from vsr.autotune.device_id import DeviceIdentity  # noqa: E402
 from vsr.kernels import common, gemm, gemm_tiles, registry, wgmma_hazard  # noqa: E402
+from vsr.runtime import fuse  # noqa: E402
 
 @dataclass(frozen=True)
 class Device:
@@ -81,6 +83,8 @@ FORMATS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
            "fp8@fp32": torch.float32, "int4-gptq@fp32": torch.float32, "int4-awq@fp32": torch.float32,
            "nvfp4-emulated@fp32": torch.float32}
 # The 27B-class shapes by name, then the built-in router's (MiniLM) as minilm-<name>.
+# The shapes the runtime runs as gate|up products (the built-in router's MLP is not gated).
+GLU_SHAPES = ("gate_up",)
 SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SHAPES_MINILM}}
 
 
@@ -154,6 +158,8 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
+                # The runtime's gate|up products of these formats apply SwiGLU in their epilogue.
+                glu = sh in GLU_SHAPES and w.format in fuse.GLU_FORMATS
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
                     p = t.problem(w, b, dtype)
@@ -162,11 +168,14 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                     rec.current = []
                     err = None
                     try:
-                        t.launch(x[:b], w, tile)
+                        if glu:
+                            t.launch(x[:b], w, tile, glu=True)
+                        else:
+                            t.launch(x[:b], w, tile)
                     except Exception as e:  # the launcher itself refused: a finding
                         err = f"{type(e).__name__}: {str(e)[-300:]}"
                     kernels = [rec.compiled[k] for k in rec.current]
-                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, error=err,
+                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, glu=glu, error=err,
                                kernels=[dict(kernel=r["kernel"], shared=r["shared"],
                                              wgmma_hazards=r.get("wgmma_hazards", 0)) for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
