@@ -114,12 +114,14 @@ GLU_FORMATS = ("dense", "int4")
 def _dense_rows(w, idx):
     from vsr.kernels.dense import DenseWeight
 
+    idx = idx.to(w.weight.device)
     return DenseWeight(w.weight[idx].contiguous(), None if w.bias is None else w.bias[idx].contiguous())
 
 
 def _int4_rows(w, idx):
     from vsr.kernels.int4 import Int4Weight
 
+    idx = idx.to(w.packed.device)
     pick = lambda t: None if t is None else t[idx].contiguous()  # noqa: E731
     return Int4Weight(pick(w.packed), pick(w.scale), w.K, w.group_size, pick(w.zero_point), w.act_perm, pick(w.bias))
 

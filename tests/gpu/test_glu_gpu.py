@@ -1,0 +1,42 @@
+"""The 27B-class gate|up product with its SwiGLU epilogue (GPU only), on the tiles the runtime runs
+(the shipped cache's tile of each row bucket, the template's default where it has none), bf16,
+dense and int4 GPTQ/AWQ: the same bytes as the plain product of the gate|up weight followed by the
+activation kernel (activation.silu_mul), every output written (NaN-poisoned), at rows inside each
+bucket and at its edge."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vsr.autotune.buckets import bucket_for
+from vsr.kernels import activation, registry
+from vsr.runtime import fuse
+
+pytestmark = pytest.mark.gpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+N, K = 34816, 5120          # gate|up of hidden 5120, MLP 17408
+ROWS = (1, 5, 16, 27, 64, 100, 128, 200, 256, 700, 1024, 2048, 3000)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4-gptq", "int4-awq"])
+def test_swiglu_product_is_the_plain_product_then_the_activation(fmt):
+    from common_bench import make_weight, shipped_tile
+
+    dev = torch.device("cuda")
+    w = make_weight(fmt, N, K, dev, seed=7)
+    wi = fuse.interleave_pairs(w)
+    t = registry.template_for(w, torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for M in ROWS:
+        p = t.problem(w, bucket_for(M), torch.bfloat16)
+        tile = shipped_tile(t, p, dev) or t.default_tile(p)
+        x = torch.randn(M, K, device=dev, generator=g).bfloat16()
+        want = activation.silu_mul(t.launch(x, w, tile))
+        out = torch.full((M, N // 2), float("nan"), dtype=torch.bfloat16, device=dev)
+        got = t.launch(x, wi, tile, out=out, glu=True)
+        assert not torch.isnan(got).any(), (fmt, M, tile)
+        assert torch.equal(got, want), (fmt, M, tile)
