@@ -59,8 +59,8 @@ WIDE_PATHS = ("tma",)
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None, glu: bool = False
            ) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given).
-    `glu`: W's rows are gate and up rows interleaved, and
-    y [M, N / 2] = silu(gate) · up, applied in the product's epilogue."""
+    `glu`: W's rows are gate and up rows interleaved (runtime/fuse.interleave_pairs), and the
+    product's epilogue stores y[M, N / 2] = silu(gate) · up (common.store_tile)."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "dense")
     assert w.weight.dtype == x.dtype, f"dense kernel needs x and W of one dtype, got {x.dtype} and {w.weight.dtype}"
