@@ -216,3 +216,26 @@ def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture,
         want = model.encode(ids, mask, lengths)
     real = torch.arange(9, device=DEV)[None, :] < lengths[:, None]
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("fmt,params,kernels,glu", [
+    ("dense", {}, "triton", True),
+    ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", True),
+    ("fp8", {}, "triton", False),       # its activation kernel also quantizes for the down product
+    ("dense", {}, "reference", False),  # the reference path runs the activation op
+])
+def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fmt, params, kernels, glu):
+    from vsr.autotune import synth
+
+    parts = {n: synth.random_weight(fmt, 24, 64, params, torch.bfloat16, "cpu", seed=i)
+             for i, n in enumerate(("gate", "up"))}
+    loader = types.SimpleNamespace(linear=lambda name: parts[name])
+    tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
+    b = Builder(loader, lambda w: QLinear(w, kernels, tiles=tiles if kernels == "triton" else None),
+                torch.bfloat16, "cpu", False, kernels=kernels)
+    proj = b.projection("mlp.gate_up_proj", ["gate", "up"], "silu_mul")
+    assert proj.fused and b.linears["mlp.gate_up_proj"].glu is glu
+    assert proj.activated == ("silu_mul" if glu else None)
+    assert b.linears["mlp.gate_up_proj"].out_features == (24 if glu else 48)
+    qkv = b.projection("self_attn.qkv_proj", ["gate", "up"])   # no activation asked: never interleaved
+    assert not qkv.parts[0].glu and qkv.activated is None
