@@ -87,7 +87,6 @@ from vsr.autotune.tuner import eager_timer  # noqa: E402
 from vsr.kernels import activation  # noqa: E402
 from vsr.kernels import fp8 as fp8_format  # noqa: E402
 from vsr.kernels import pdl  # noqa: E402
-from vsr.runtime import fuse  # noqa: E402
 from vsr.runtime.linear import QLinear  # noqa: E402
 from vsr.runtime.models import build_model, linear_names  # noqa: E402
 from vsr.runtime.models import ops as ops_mod  # noqa: E402
@@ -126,8 +125,8 @@ class CublasLinear(torch.nn.Module):
         super().__init__()
         self.w, self.glu = q.weight, q.glu
         if self.glu:
-            order = fuse.pair_order(self.w.N // 2, self.w.weight.device).argsort()
-            self.w = fuse.ROWS["dense"](self.w, order)
+            w, b = self.w.weight, self.w.bias
+            self.w = type(self.w)(torch.cat((w[0::2], w[1::2])), None if b is None else torch.cat((b[0::2], b[1::2])))
 
     def forward(self, x):
         y = F.linear(x, self.w.weight, self.w.bias)

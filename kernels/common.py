@@ -99,11 +99,6 @@ def silu_mul_f32(gate, up, DTYPE: tl.constexpr, LIBDEVICE: tl.constexpr):
 
 # Products whose epilogue applies SwiGLU (store_tile's GLU): the weight's gate and up rows
 # interleaved (gate 0, up 0, gate 1, ...), y half as wide as the product.
-def glu_option(glu: bool) -> dict:
-    """The GLU launch argument of a kernel whose store takes it: none for a plain product, so the
-    plain kernels' launches stay as they were."""
-    return {"GLU": True} if glu else {}
-
 def glu_width(N: int, glu: bool) -> int:
     """Columns of y for a product of N weight rows: N, or N / 2 with GLU (N must be even)."""
     if not glu:
@@ -397,8 +392,8 @@ def reduce_splits(ws, y, split, M, N, bias, rs, cs, alpha, glu: bool = False):
         ws, y, bias if bias is not None else dummy, rs if rs is not None else dummy,
         cs if cs is not None else dummy, alpha if alpha is not None else dummy,
         M, N, y.stride(0), SPLIT_K=split, HAS_BIAS=bias is not None, HAS_RS=rs is not None,
-        HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, num_warps=4,
-        **glu_option(glu))
+        HAS_CS=cs is not None, HAS_ALPHA=alpha is not None, BLOCK_M=16, BLOCK_N=128, GLU=glu,
+        num_warps=4)
 
 def check_tile(t: dict, wide_paths: tuple = ()) -> None:
     """A tile from a cache file is data: refuse one missing a field, and a wide one (BLOCK_N2) unless

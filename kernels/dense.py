@@ -59,7 +59,7 @@ WIDE_PATHS = ("tma",)
 def launch(x: torch.Tensor, w: DenseWeight, tile: dict, out: torch.Tensor | None = None, glu: bool = False
            ) -> torch.Tensor:
     """y[M, N] = x[M, K] · Wᵀ + b with the given tile; y in x's dtype (written into `out` if given).
-    `glu`: W's rows are gate and up rows interleaved (runtime/fuse.interleave_pairs), and the
+    `glu`: W's rows are gate and up rows interleaved (runtime/fuse.fuse's interleave), and the
     product's epilogue stores y[M, N / 2] = silu(gate) · up (common.store_tile)."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "dense")

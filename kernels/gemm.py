@@ -350,7 +350,7 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
                                 d if bias is None else bias, N, K, w.stride(0),
                                 HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                                 EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, **common.pdl_option(wait),
-                                **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on the
@@ -401,7 +401,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             M, N, K, y.stride(0), k_split, HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
             F32=common.f32_precision(a), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), WAIT=wait, **line, FIXUP=fixup, **common.pdl_option(wait),
-            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if split > 1 and not fixup:
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
         return
@@ -423,11 +423,11 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, F32=common.f32_precision(a),
-                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows, **common.glu_option(glu),
+                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows, GLU=glu,
                                         **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
-                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, **common.glu_option(glu),
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, GLU=glu,
                 num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
@@ -436,7 +436,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     tma_gemm_kernel[(programs,)](a_desc, b_desc, b2_desc, b, b.stride(0), y, *scales, M, N, K, y.stride(0),
                                  programs if persistent else 0, F32=common.f32_precision(a), **flags, BLOCK_N2=bn2,
                                  PERSISTENT=persistent, WAIT=wait, **line, **common.pdl_option(wait),
-                                 **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+                                 GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
 @functools.cache
 def multiprocessors(device: torch.device) -> int:
@@ -470,7 +470,7 @@ def launch_tiled(a, b, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = 
                             HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                             F32=common.f32_precision(a), EVEN_K=K % bk == 0,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8),
-                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), **common.glu_option(glu),
+                            WAIT=wait, FIXUP=fixup, **common.pdl_option(wait), GLU=glu,
                             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)

@@ -626,7 +626,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         _int4_gemv_kernel[(common.cdiv(N, bn), split)](
             x, w.packed, w.scale, zp, y, ws, bias, N, w.packed.stride(0), w.scale.stride(0), k_split // 8,
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
-            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, **common.glu_option(glu), num_warps=tile["num_warps"],
+            BLOCK_N=bn, W8=bk // 8, SPLIT_K=split, GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "slices":
         assert bk >= 128, f"the slices path needs BLOCK_K >= 128 (16 words: an MMA's depth), got {bk}"
@@ -639,7 +639,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, F32=common.f32_precision(x),
-            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, **common.glu_option(glu),
+            FIXUP=fixup, X_SPLIT=x_split, X_ROW=x_split and 8 * M <= bm, GLU=glu,
             num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "join":
         assert bk >= 16 and x.dtype != torch.float32, "the join path takes bf16/fp16 x and BLOCK_K >= 16"
@@ -650,7 +650,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=pairs, F16=x.dtype == torch.float16, FIXUP=fixup,
             SCALE_W=bool(tile.get("SCALE_W", 0)), MMA_WAIT=bool(tile.get("SCALE_W", 0)) and mma_wait(dev),
-            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     elif path == "frag":
         assert bk >= 16 and bk & (bk - 1) == 0 and x.dtype != torch.float32, \
             "the frag path takes bf16/fp16 x and a power-of-two BLOCK_K >= 16"
@@ -659,7 +659,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=frag_pairs(x.dtype, w.scale.dtype, dev), F16=x.dtype == torch.float16,
-            FIXUP=fixup, MMA_WAIT=mma_wait(dev), **common.glu_option(glu), num_warps=tile["num_warps"],
+            FIXUP=fixup, MMA_WAIT=mma_wait(dev), GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
@@ -669,7 +669,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None,
             EVEN_K=K % bk == 0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             SPLIT_K=split, GROUP_M=tile.get("GROUP_M", 8), F32=common.f32_precision(x), FIXUP=fixup,
-            **common.glu_option(glu), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+            GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
     if split > 1 and not fixup:
         common.reduce_splits(ws, y, split, M, N, w.bias, None, None, None, glu)
     return y

@@ -23,8 +23,8 @@ format's concatenation lives in CONCAT (keyed by weight format), one small funct
 
 A part without a bias beside parts with one gets a zero bias (adding +0.0 changes no value).
 
-SwiGLU in the product (GLU_FORMATS, on the Triton path): a gate|up weight whose rows are
-interleaved (gate 0, up 0, gate 1, up 1, ...; `interleave_pairs`) lets the product's epilogue take
+SwiGLU in the product (GLU_FORMATS, on the Triton path): a gate|up weight fused with its rows
+interleaved (gate 0, up 0, gate 1, up 1, ...; `fuse(..., interleave=True)`) lets the product's epilogue take
 silu(gate) · up of each pair of columns it holds and store [T, I] (kernels/common.store_tile's
 GLU), so the MLP runs no activation kernel and the product writes half the bytes. The templates
 of dense and int4 W4A16 weights take it: their down projection reads the activation as it is.
@@ -40,12 +40,18 @@ import torch
 FUSED_GROUPS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
-def _bias(parts: list) -> torch.Tensor | None:
+def _interleaved(ts: list) -> torch.Tensor:
+    """Row tensors of parts of one height taken a row of each in turn: part 0's row 0, part 1's row
+    0, ..., part 0's row 1, ..."""
+    return torch.stack(ts, dim=1).flatten(0, 1)
+
+
+def _bias(parts: list, rows) -> torch.Tensor | None:
     if all(p.bias is None for p in parts):
         return None
     ref = next(p.bias for p in parts if p.bias is not None)
-    return torch.cat([p.bias if p.bias is not None else torch.zeros(p.N, dtype=ref.dtype, device=ref.device)
-                      for p in parts])
+    return rows([p.bias if p.bias is not None else torch.zeros(p.N, dtype=ref.dtype, device=ref.device)
+                 for p in parts])
 
 
 def _same_k(parts: list) -> None:
@@ -54,22 +60,22 @@ def _same_k(parts: list) -> None:
         raise ValueError(f"fused parts must share K (their input features), got {sorted(Ks)}")
 
 
-def _dense(parts):
+def _dense(parts, rows):
     from vsr.kernels.dense import DenseWeight
 
     dtypes = {p.weight.dtype for p in parts}
     if len(dtypes) != 1:
         raise ValueError(f"dense parts of one fused weight must share a dtype, got {sorted(map(str, dtypes))}")
-    return DenseWeight(torch.cat([p.weight for p in parts]), _bias(parts))
+    return DenseWeight(rows([p.weight for p in parts]), _bias(parts, rows))
 
 
-def _fp8(parts):
+def _fp8(parts, rows):
     from vsr.kernels.fp8 import Fp8Weight
 
-    return Fp8Weight(torch.cat([p.weight for p in parts]), torch.cat([p.weight_scale for p in parts]), _bias(parts))
+    return Fp8Weight(rows([p.weight for p in parts]), rows([p.weight_scale for p in parts]), _bias(parts, rows))
 
 
-def _int4(parts):
+def _int4(parts, rows):
     from vsr.kernels.int4 import Int4Weight
 
     first = parts[0]
@@ -82,12 +88,12 @@ def _int4(parts):
         return None
     if first.act_perm is not None and not all(torch.equal(first.act_perm, q) for q in perms[1:]):
         return None
-    zero = None if first.symmetric else torch.cat([p.zero_point for p in parts])
-    return Int4Weight(torch.cat([p.packed for p in parts]), torch.cat([p.scale for p in parts]), first.K,
-                      first.group_size, zero, first.act_perm, _bias(parts))
+    zero = None if first.symmetric else rows([p.zero_point for p in parts])
+    return Int4Weight(rows([p.packed for p in parts]), rows([p.scale for p in parts]), first.K,
+                      first.group_size, zero, first.act_perm, _bias(parts, rows))
 
 
-def _nvfp4(parts):
+def _nvfp4(parts, rows):
     from vsr.kernels.nvfp4 import Nvfp4Weight
 
     first = parts[0]
@@ -98,54 +104,18 @@ def _nvfp4(parts):
         return None
     if igs[0] is not None and not all(torch.equal(igs[0].reshape(1), g.reshape(1)) for g in igs[1:]):
         return None
-    return Nvfp4Weight(torch.cat([p.packed for p in parts]), torch.cat([p.block_scale for p in parts]),
-                       first.global_scale, first.input_global_scale, _bias(parts))
+    return Nvfp4Weight(rows([p.packed for p in parts]), rows([p.block_scale for p in parts]),
+                       first.global_scale, first.input_global_scale, _bias(parts, rows))
 
 
-# weight format -> concatenate(parts) -> fused weight, or None when the parts cannot share one
-# product (the reason is the format's, above).
-CONCAT: dict[str, Callable[[list], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
+# weight format -> concatenate(parts, rows) -> fused weight, or None when the parts cannot share one
+# product (the reason is the format's, above); rows(tensors) joins the parts' per-row tensors
+# (torch.cat, or _interleaved).
+CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
 
 
 # Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
 GLU_FORMATS = ("dense", "int4")
-
-
-def _dense_rows(w, idx):
-    from vsr.kernels.dense import DenseWeight
-
-    idx = idx.to(w.weight.device)
-    return DenseWeight(w.weight[idx].contiguous(), None if w.bias is None else w.bias[idx].contiguous())
-
-
-def _int4_rows(w, idx):
-    from vsr.kernels.int4 import Int4Weight
-
-    idx = idx.to(w.packed.device)
-    pick = lambda t: None if t is None else t[idx].contiguous()  # noqa: E731
-    return Int4Weight(pick(w.packed), pick(w.scale), w.K, w.group_size, pick(w.zero_point), w.act_perm, pick(w.bias))
-
-
-# weight format -> rows(weight, index) -> the weight of those output rows (per-row tensors only:
-# act_perm permutes K and stays).
-ROWS: dict[str, Callable[[Any, torch.Tensor], Any]] = {"dense": _dense_rows, "int4": _int4_rows}
-
-
-def pair_order(half: int, device=None) -> torch.Tensor:
-    """Row order 0, half, 1, half + 1, ...: a gate|up weight of 2·half rows with each gate row
-    beside its up row."""
-    r = torch.arange(half, device=device)
-    return torch.stack((r, r + half), dim=1).reshape(-1)
-
-
-def interleave_pairs(w: Any) -> Any:
-    """A gate|up weight (gate rows first, then as many up rows) with its rows interleaved
-    (pair_order): the layout whose product applies SwiGLU in its epilogue."""
-    if w.format not in ROWS:
-        raise ValueError(f"no SwiGLU product for {w.format} weights (GLU_FORMATS: {', '.join(GLU_FORMATS)})")
-    if w.N % 2:
-        raise ValueError(f"a gate|up weight needs as many up rows as gate rows, got {w.N} rows")
-    return ROWS[w.format](w, pair_order(w.N // 2))
 
 
 def why_not(parts: list) -> str:
@@ -158,16 +128,20 @@ def why_not(parts: list) -> str:
     return "their formats differ"
 
 
-def fuse(parts: list) -> Any | None:
+def fuse(parts: list, interleave: bool = False) -> Any | None:
     """One weight whose product is the parts' products side by side (in the order given), or None
-    when the parts cannot share a product (different formats, or a format's own reason)."""
+    when the parts cannot share a product (different formats, or a format's own reason). With
+    `interleave` (parts of one height) its rows are the parts' rows taken in turn instead: a
+    gate|up weight whose product applies SwiGLU in its epilogue."""
     if len(parts) < 2:
         raise ValueError("fuse needs at least two parts")
     fmts = {p.format for p in parts}
     if len(fmts) != 1:
         return None
     _same_k(parts)
-    return CONCAT[parts[0].format](list(parts))
+    if interleave and len({p.N for p in parts}) != 1:
+        raise ValueError(f"interleaved parts must have as many rows each, got {[p.N for p in parts]}")
+    return CONCAT[parts[0].format](list(parts), _interleaved if interleave else torch.cat)
 
 
 def split_sizes(parts: list) -> list[int]:

@@ -14,6 +14,7 @@ import torch
 
 from vsr.autotune.buckets import bucket_for
 from vsr.kernels import formats, registry
+from vsr.kernels.common import glu_width
 
 MODES = ("reference", "triton")
 _RUN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,7 +37,7 @@ def _out_of_resources() -> type:
 
 
 def glu_reference(y: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of a product over interleaved gate and up rows (runtime/fuse.interleave_pairs),
+    """SwiGLU of a product over interleaved gate and up rows (runtime/fuse.fuse's interleave),
     [T, 2I] -> [T, I] in y's dtype: torch's F.silu(gate) * up on its even (gate) and odd (up)
     columns, the numerics of the kernels' GLU epilogue and of activation.silu_mul."""
     return torch.nn.functional.silu(y[:, 0::2]) * y[:, 1::2]
@@ -96,7 +97,7 @@ class QLinear(torch.nn.Module):
 
     @property
     def out_features(self) -> int:
-        return self.weight.N // 2 if self.glu else self.weight.N
+        return glu_width(self.weight.N, self.glu)
 
     @property
     def format(self) -> str:

@@ -110,7 +110,8 @@ def test_the_cublas_peer_of_a_swiglu_product_is_its_plain_product_then_the_activ
 
     g = torch.Generator().manual_seed(5)
     w = dense.DenseWeight(torch.randn(24, 64, generator=g), torch.randn(24, generator=g))
-    q = QLinear(fuse.interleave_pairs(w), "reference", glu=True)
+    gate, up = dense.DenseWeight(w.weight[:12], w.bias[:12]), dense.DenseWeight(w.weight[12:], w.bias[12:])
+    q = QLinear(fuse.fuse([gate, up], interleave=True), "reference", glu=True)
     x = torch.randn(3, 64, generator=g)
     peer = bench.CublasLinear(q)
     torch.testing.assert_close(peer(x), torch.nn.functional.silu(x @ w.weight[:12].t() + w.bias[:12])

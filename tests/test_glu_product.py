@@ -1,4 +1,4 @@
-"""SwiGLU in the product's epilogue (kernels/common.store_tile's GLU, runtime/fuse.interleave_pairs):
+"""SwiGLU in the product's epilogue (kernels/common.store_tile's GLU, runtime/fuse.fuse's interleave):
 a gate|up weight with its rows interleaved gives, in one product, the bytes of the plain product
 followed by the activation kernel (activation.silu_mul), on every path of the dense and int4
 templates; QLinear's reference path gives torch's F.silu(gate) * up; the decoder routers run their
@@ -71,9 +71,25 @@ def plain_then_activation(launch, x, w, tile):
     return activation.silu_mul(launch(x, w, tile))
 
 
+def halves(w):
+    """A gate|up weight's gate and up parts (its first and last HALF rows)."""
+    def rows(lo, hi):
+        cut = lambda t: None if t is None else t[lo:hi]  # noqa: E731
+        if w.format == "dense":
+            return dense.DenseWeight(cut(w.weight), cut(w.bias))
+        return int4.Int4Weight(cut(w.packed), cut(w.scale), w.K, w.group_size, cut(w.zero_point), w.act_perm,
+                               cut(w.bias))
+    return [rows(0, HALF), rows(HALF, 2 * HALF)]
+
+
+def interleaved(w):
+    """The gate|up weight fused with its rows interleaved, as the runtime loads it for SwiGLU."""
+    return fuse.fuse(halves(w), interleave=True)
+
+
 def glu(launch, x, w, tile):
     out = torch.full((x.shape[0], w.N // 2), float("nan"), dtype=x.dtype, device=x.device)
-    y = launch(x, fuse.interleave_pairs(w), tile, out=out, glu=True)
+    y = launch(x, interleaved(w), tile, out=out, glu=True)
     assert y.data_ptr() == out.data_ptr() and not torch.isnan(y).any(), "an output was left unwritten"
     return y
 
@@ -94,7 +110,7 @@ def test_dense_glu_product_is_the_product_then_the_activation(name, dtype, monke
         x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
         y = glu(dense.launch, x, w, tile)
         assert_same(y, plain_then_activation(dense.launch, x, w, tile), (name, M))
-        want = glu_reference(dense.reference_linear(x, fuse.interleave_pairs(w)))
+        want = glu_reference(dense.reference_linear(x, interleaved(w)))
         tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
         torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
 
@@ -128,7 +144,7 @@ def test_int4_glu_product_is_the_product_then_the_activation(name, symmetric, ac
     tile = INT4_TILES[name]
     y = glu(int4.launch, x, w, tile)
     assert_same(y, plain_then_activation(int4.launch, x, w, tile), name)
-    want = glu_reference(int4.reference_linear(x, fuse.interleave_pairs(w)))
+    want = glu_reference(int4.reference_linear(x, interleaved(w)))
     tol = 2e-3 if dtype == torch.float16 else 1.6e-2
     torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
 
@@ -143,20 +159,21 @@ def test_int4_glu_gemv(split):
     assert_same(glu(int4.launch, x, w, tile), plain_then_activation(int4.launch, x, w, tile), split)
 
 
-def test_interleave_pairs_puts_each_gate_row_beside_its_up_row():
+def test_interleaved_fuse_puts_each_gate_row_beside_its_up_row():
     g = gen(3)
     w = dense_weight(g, torch.float32, bias=True)
-    inter = fuse.interleave_pairs(w)
+    assert torch.equal(fuse.fuse(halves(w)).weight, w.weight)   # side by side: the gate|up weight itself
+    inter = interleaved(w)
     assert torch.equal(inter.weight[0::2], w.weight[:HALF]) and torch.equal(inter.weight[1::2], w.weight[HALF:])
     assert torch.equal(inter.bias[0::2], w.bias[:HALF]) and torch.equal(inter.bias[1::2], w.bias[HALF:])
     q = int4_weight(g, False, True)
-    qi = fuse.interleave_pairs(q)
+    qi = interleaved(q)
     for t in ("packed", "scale", "zero_point", "bias"):
         a, b = getattr(q, t), getattr(qi, t)
         assert torch.equal(b[0::2], a[:HALF]) and torch.equal(b[1::2], a[HALF:]), t
     assert torch.equal(qi.act_perm, q.act_perm)   # a permutation of K: the same for every row
-    with pytest.raises(ValueError, match="as many up rows"):
-        fuse.interleave_pairs(dense.DenseWeight(torch.randn(5, K)))
+    with pytest.raises(ValueError, match="as many rows each"):
+        fuse.fuse([dense.DenseWeight(torch.randn(5, K)), dense.DenseWeight(torch.randn(4, K))], interleave=True)
 
 
 def test_glu_takes_an_even_number_of_rows():
@@ -169,7 +186,7 @@ def test_glu_takes_an_even_number_of_rows():
 
 def test_qlinear_glu_reference_and_triton_paths_agree():
     g = gen(9)
-    w = fuse.interleave_pairs(dense_weight(g, torch.float32, bias=True))
+    w = interleaved(dense_weight(g, torch.float32, bias=True))
     x = torch.randn(3, 7, K, generator=g).to(DEV)
     tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
     ref, tri = QLinear(w, "reference", glu=True), QLinear(w, "triton", tiles=tiles, glu=True)

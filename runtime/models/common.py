@@ -16,14 +16,11 @@ class Projection(torch.nn.Module):
     concatenated weight (runtime/fuse.py); else the parts run one by one and are joined (a
     package whose parts cannot share a weight; the load warns)."""
 
-    def __init__(self, linears: list, sizes: list[int], fused: bool, activated: str | None = None):
+    def __init__(self, linears: list, sizes: list[int], fused: bool):
         super().__init__()
         self.parts = torch.nn.ModuleList(linears)
         self.sizes = list(sizes)
         self.fused = fused
-        # The activation its product applies (gate_up's "silu_mul" as QLinear.glu): the output is
-        # act(gate) · up [T, I], not the parts side by side.
-        self.activated = activated
         # Parts that cannot share a weight may still run as one product on the CPU reference path
         # (NVFP4 W4A4 parts with one input global scale: linear.stack_one_input).
         self.stacked = None if fused else stack_one_input(list(linears))
@@ -31,6 +28,12 @@ class Projection(torch.nn.Module):
     @property
     def format(self) -> str:
         return self.parts[0].format
+
+    @property
+    def activated(self) -> str | None:
+        """The activation its product applies: "silu_mul" where its one linear has the SwiGLU
+        epilogue (QLinear.glu), whose output is silu(gate) · up [T, I], not the parts side by side."""
+        return "silu_mul" if self.fused and getattr(self.parts[0], "glu", False) else None
 
     @property
     def takes_fp8_codes(self) -> bool:
@@ -101,11 +104,13 @@ class Builder:
         """The Linear layers `names` (one input, outputs side by side) as one Projection, fused into
         one weight where their format allows (runtime/fuse.py), else kept apart with a warning.
         Registered in .linears under `label` (e.g. "model.layers.0.self_attn.qkv").
-        activation "silu_mul" (gate|up): on the Triton path, a fused weight of fuse.GLU_FORMATS
-        has its rows interleaved and its product applies SwiGLU (QLinear.glu; Projection.activated
+        activation "silu_mul" (gate|up): on the Triton path, parts of fuse.GLU_FORMATS are fused
+        with their rows interleaved and the product applies SwiGLU (QLinear.glu; Projection.activated
         says so); elsewhere the caller applies it (activated_product)."""
         parts = [self._weight(n) for n in names]
-        fused = fuse.fuse(parts)
+        glu = activation == "silu_mul" and self.kernels == "triton" and len(parts) == 2 \
+            and parts[0].format in fuse.GLU_FORMATS and parts[0].N == parts[1].N
+        fused = fuse.fuse(parts, interleave=glu)
         if fused is None:
             why = fuse.why_not(parts)
             mods = []
@@ -120,17 +125,13 @@ class Builder:
             return proj
         sizes = fuse.split_sizes(parts)
         del parts   # the CPU copies of the parts: only the fused weight moves to the device
-        glu = activation == "silu_mul" and self.kernels == "triton" and fused.format in fuse.GLU_FORMATS \
-            and len(sizes) == 2 and sizes[0] == sizes[1]
-        if glu:
-            fused = fuse.interleave_pairs(fused)
         fused = fused.to(self.device)
         self.linear_bytes += fused.nbytes()
         lin = self.linears[label] = self.make_linear(fused)
         self.fused[label] = tuple(names)
         if glu:
             lin.glu = True
-        return Projection([lin], sizes, True, activated="silu_mul" if glu else None)
+        return Projection([lin], sizes, True)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A plain tensor (embedding, norm, head), in `dtype` if given, else as stored."""

@@ -27,8 +27,8 @@ def test_swiglu_product_is_the_plain_product_then_the_activation(fmt):
     from common_bench import make_weight, shipped_tile
 
     dev = torch.device("cuda")
-    w = make_weight(fmt, N, K, dev, seed=7)
-    wi = fuse.interleave_pairs(w)
+    parts = [make_weight(fmt, N // 2, K, dev, seed=seed) for seed in (7, 8)]
+    w, wi = fuse.fuse(parts), fuse.fuse(parts, interleave=True)
     t = registry.template_for(w, torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(1)
     for M in ROWS:
