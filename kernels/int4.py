@@ -15,6 +15,9 @@ scale multiplies the fp32 partial product: the same sum as the reference's, in f
 """
 from __future__ import annotations
 
+import functools
+import re
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -684,16 +687,36 @@ def ptx_pairs(dtype: torch.dtype, capability: tuple[int, int]) -> bool:
 
 
 _TRITON = tuple(int(p) for p in triton.__version__.split(".")[:2])
+# The first ptxas release whose SASS of Triton 3.9's frag and SCALE_W join kernels writes no
+# register of a pending wgmma (86 of 86 kernels of the space; 12.9 and 13.0 write them in 62).
+_PTXAS_KEEPS_OPERANDS = (13, 4)
+
+
+@functools.cache
+def ptxas_release(arch: int) -> tuple[int, int] | None:
+    """(major, minor) of the ptxas Triton assembles sm_`arch` with (its own, or the one that
+    TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH names); None where it cannot be asked."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+        m = re.search(r"release (\d+)\.(\d+)", get_ptxas_version(arch))
+    except (ImportError, OSError, subprocess.SubprocessError):
+        return None
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def mma_wait(dev: common.DeviceFeatures) -> bool:
     """Whether the frag and SCALE_W join kernels retire each step's wgmmas before the next step
-    (MMA_WAIT): on Hopper under Triton before 3.9. Their weight operand is a wgmma register operand,
-    which Triton keeps in flight across loop steps (triton-lang/triton#9433; #9514 copies the
-    operand from 3.8): compiled by 3.6, 3.7 and 3.8, the SASS of these kernels writes registers a
-    pending wgmma still reads (kernels/wgmma_hazard.py finds it; 3.9's SASS has none).
-    Reading the accumulator each step makes Triton wait for the step's wgmmas there."""
-    return dev.nvidia and dev.capability is not None and dev.capability[0] == 9 and _TRITON < (3, 9)
+    (MMA_WAIT): on Hopper, unless Triton >= 3.9 assembles with ptxas >= 13.4. Their weight operand
+    is a wgmma register operand, which Triton keeps in flight across loop steps
+    (triton-lang/triton#9433). Only that pair's SASS never writes registers a pending wgmma still
+    reads (kernels/wgmma_hazard.py finds such writes): Triton 3.7 and 3.8's with their own ptxas
+    have them, 3.6's with each ptxas tried (13.4: 28 of the space's 86 kernels), and 3.9's through
+    an older ptxas, which TRITON_PTXAS_BLACKWELL_PATH selects (12.9, 13.0: 62 of 86). Reading the
+    accumulator each step makes Triton wait for the step's wgmmas there."""
+    if not (dev.nvidia and dev.capability is not None and dev.capability[0] == 9):
+        return False
+    release = ptxas_release(10 * dev.capability[0] + dev.capability[1])
+    return not (_TRITON >= (3, 9) and release is not None and release >= _PTXAS_KEEPS_OPERANDS)
 
 
 def frag_pairs(dtype: torch.dtype, scale_dtype: torch.dtype, dev: common.DeviceFeatures) -> bool:

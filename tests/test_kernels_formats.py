@@ -967,6 +967,33 @@ def test_int4_frag_pairs_need_scales_in_x_dtype():
     assert not int4.frag_pairs(torch.float16, torch.float16, DeviceFeatures(False, (9, 4), False, False))
 
 
+@pytest.mark.parametrize("triton_version,ptxas,waits", [
+    ((3, 9), (13, 4), False), ((3, 9), (13, 6), False), ((3, 9), (13, 0), True), ((3, 9), (12, 9), True),
+    ((3, 9), None, True), ((3, 8), (13, 4), True), ((3, 6), (13, 4), True), ((3, 6), (12, 8), True)])
+def test_int4_register_operand_kernels_wait_unless_triton_and_ptxas_keep_the_operand(
+        monkeypatch, triton_version, ptxas, waits):
+    # Only Triton >= 3.9 assembled by ptxas >= 13.4 keeps a pending wgmma's register operand intact
+    # (docs/kernels.md, "int4_w4a16"); a ptxas that cannot be asked counts as an older one.
+    from vsr.kernels.common import DeviceFeatures
+    monkeypatch.setattr(int4, "_TRITON", triton_version)
+    monkeypatch.setattr(int4, "ptxas_release", lambda arch: ptxas)
+    assert int4.mma_wait(DeviceFeatures(nvidia=True, capability=(9, 0), pdl=True, hardware_e4m3=True)) is waits
+    assert not int4.mma_wait(DeviceFeatures(nvidia=True, capability=(10, 0), pdl=True, hardware_e4m3=True))
+    assert not int4.mma_wait(DeviceFeatures(nvidia=False, capability=(9, 4), pdl=False, hardware_e4m3=False))
+
+
+def test_ptxas_release_reads_the_ptxas_triton_uses(monkeypatch):
+    from triton.backends.nvidia import compiler
+    int4.ptxas_release.cache_clear()
+    monkeypatch.setattr(compiler, "get_ptxas_version",
+                        lambda arch: "ptxas: NVIDIA (R) Ptx optimizing assembler\nCuda compilation tools, release 13.4, V13.4.1")
+    assert int4.ptxas_release(90) == (13, 4)
+    int4.ptxas_release.cache_clear()
+    monkeypatch.setattr(compiler, "get_ptxas_version", lambda arch: (_ for _ in ()).throw(FileNotFoundError("ptxas")))
+    assert int4.ptxas_release(90) is None
+    int4.ptxas_release.cache_clear()
+
+
 def _rounded_weight_linear(x, w):
     """x·Wᵀ + b with W = (u - zu)·s rounded once to x's dtype (the transient dequantization's
     numerics, and SCALE_W's), accumulated in fp32."""
