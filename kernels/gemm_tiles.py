@@ -56,6 +56,9 @@ def swap_space(K: int, b_bytes: float, bm: int = 16) -> list[dict]:
             out.append(swap_tile(bk, bn, stages, split=2, bm=bm))
     return out
 
+# Above bucket 128, a product of fewer 128 x 128 output tiles than this also takes split-K candidates.
+NARROW_TILES = 32
+
 # Row buckets from which TMA tiles are also tried in their persistent form (on the H200 it loses
 # at 256 rows, is mixed at 1024 and gains at 4096).
 PERSISTENT_FROM = 1024
@@ -199,6 +202,13 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                     for split in (2, 4):
                         if K // split >= bks[0]:
                             cands.append(tile("splitk", bm, 128, bks[0], split, 4, 4))
+        elif common.cdiv(bucket, 128) * common.cdiv(N, 128) < NARROW_TILES:
+            # A narrow product leaves most multiprocessors idle without split-K: Qwen3.5's 96-row
+            # in_proj_b|a at 1,024 rows makes 8 tiles of 128 x 128 (16 of 64 x 128), each 80 K steps.
+            for bm, warps in ((64, 4), (128, 8)):
+                split = _split_for(bucket, N, K, bm, 128, bks[0], 16, waves=1)
+                if split > 1:
+                    cands.append(tile("splitk", bm, 128, bks[0], split, warps, 4))
     out, seen = [], set()
     for c in cands:
         key = tuple(sorted(c.items()))

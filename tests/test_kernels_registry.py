@@ -11,7 +11,7 @@ import torch
 from vsr.autotune.buckets import ROW_BUCKETS
 from vsr.autotune.shapes import SHAPES_27B, SHAPES_MINILM
 from vsr.kernels import common, dense, fp8, gemm, gemm_tiles, int4, nvfp4, registry
-from vsr.kernels.template import Template, source_hash
+from vsr.kernels.template import Problem, Template, source_hash
 
 KERNELS = Path(registry.__file__).resolve().parent
 
@@ -167,6 +167,21 @@ def test_search_spaces_per_bucket(fmt, name, ab):
             assert any(c["BLOCK_M"] == 64 and c["path"] == "tiled" for c in space)
             if fmt == "dense":
                 assert gemm_tiles.default_gemm_tile(b, w.N, w.K, 4, 4)["BLOCK_M"] == 64
+
+
+@pytest.mark.parametrize("name", ["dense", "fp8_w8a8"])
+def test_narrow_products_above_bucket_128_take_split_k_candidates(name):
+    # Qwen3.5's in_proj_b|a (96 x 5120) at 1,024 rows makes 8 output tiles of 128 x 128: split-K
+    # tiles that give about one program per multiprocessor join its space; the 27B-class qkv does not.
+    t = registry.TEMPLATES[name]
+    for bucket in (256, 1024, 2048):
+        sk = [c for c in t.search_space(Problem(96, 5120, bucket, torch.bfloat16, ())) if c["path"] == "splitk"]
+        assert {(c["BLOCK_M"], c["num_warps"]) for c in sk} == {(64, 4), (128, 8)}, (bucket, sk)
+        for c in sk:
+            programs = common.cdiv(bucket, c["BLOCK_M"]) * c["SPLIT_K"]
+            assert 132 <= programs < 2 * 132 or c["SPLIT_K"] == 16, (bucket, c)
+    assert not any(c["path"] == "splitk" for c in t.search_space(Problem(96, 5120, 8192, torch.bfloat16, ())))
+    assert not any(c["path"] == "splitk" for c in t.search_space(Problem(10240, 5120, 1024, torch.bfloat16, ())))
 
 
 def test_split_plan_covers_k_in_whole_tiles():
