@@ -7,10 +7,11 @@ writing them before then undefined. Triton keeps such wgmmas in flight across lo
 (triton-lang/triton#9433), and in the SASS of the int4 frag kernel the next step may write
 registers a pending wgmma still reads: under Triton 3.7 and 3.8 with their own ptxas, 3.6 with
 each ptxas tried (12.8, 13.0, 13.4), and 3.9 with any but its own (CUDA 13.4) (docs/kernels.md,
-"int4_w4a16"; int4.mma_wait). The writes are fixed at compile time: this walks the SASS in order (forward branches not taken, each backward branch around a wgmma
-taken twice, so the main loop runs three times), tracks the wgmma groups in flight (each group
-closed by the wgmma that carries ``gsb0``, retired oldest first by ``DEPBAR.LE``), and reports
-every register write into a pending wgmma's operand or accumulator (fp32 accumulators).
+"int4_w4a16"; int4.mma_wait). The writes are fixed at compile time: this walks the SASS in order
+(forward branches not taken, each backward branch around a wgmma taken twice, so the main loop
+runs three times), tracks the wgmma groups in flight (each group closed by the wgmma that carries
+``gsb0``, retired oldest first by ``DEPBAR.LE``), and reports every register write into a pending
+wgmma's operand or accumulator (fp32 accumulators).
 
 Needs the ``cuobjdump`` that Triton's NVIDIA backend ships (no GPU).
 """
