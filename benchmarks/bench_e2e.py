@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -113,20 +114,26 @@ UNQUANTIZED_MARGIN = 1.25
 
 # ---- the peers' linear layers ---------------------------------------------------------------
 
+def gate_up_rows(q):
+    """q's weight with the rows of a SwiGLU product (q.glu: gate and up rows interleaved,
+    runtime/fuse.fuse) put back in gate|up order, a copy held while a peer runs; else q's weight."""
+    w = q.weight
+    if not q.glu:
+        return w
+    rows = {f: getattr(w, f) for f in ("weight", "weight_scale", "bias") if getattr(w, f, None) is not None}
+    return dataclasses.replace(w, **{f: torch.cat((t[0::2], t[1::2])) for f, t in rows.items()})
+
+
 class CublasLinear(torch.nn.Module):
     """F.linear (cuBLAS on the GPU) on a dense weight: the cublas-bf16 peer's linear layer. For a
-    QLinear with a SwiGLU epilogue (glu: gate and up rows interleaved), F.linear on the rows put
-    back in gate|up order (a copy held while the peer runs), then the runtime's activation kernel,
-    as the model runs it after a plain product: cuBLAS has no such epilogue."""
+    QLinear with a SwiGLU epilogue, F.linear on its gate|up rows (gate_up_rows), then the runtime's
+    activation kernel, as the model runs it after a plain product: cuBLAS has no such epilogue."""
 
     format = "dense"
 
     def __init__(self, q):
         super().__init__()
-        self.w, self.glu = q.weight, q.glu
-        if self.glu:
-            w, b = self.w.weight, self.w.bias
-            self.w = type(self.w)(torch.cat((w[0::2], w[1::2])), None if b is None else torch.cat((b[0::2], b[1::2])))
+        self.w, self.glu = gate_up_rows(q), q.glu
 
     def forward(self, x):
         y = F.linear(x, self.w.weight, self.w.bias)
@@ -135,22 +142,23 @@ class CublasLinear(torch.nn.Module):
 
 class ScaledMMLinear(torch.nn.Module):
     """torch-op per-token quantization, then _scaled_mm with row-wise scales and fast accumulation
-    (common_bench's FP8 peer), on an fp8 weight: the scaled_mm+quant peer's linear layer."""
+    (common_bench's FP8 peer), on an fp8 weight: the scaled_mm+quant peer's linear layer. For a
+    QLinear with a SwiGLU epilogue, as CublasLinear."""
 
     format = "fp8"
 
     def __init__(self, q):
         super().__init__()
-        assert not q.glu, "fp8 products take no SwiGLU epilogue (runtime/fuse.GLU_FORMATS)"
-        w = q.weight
-        self.w, self.sb = w, scaled_mm_weight_scale(w)
+        self.w, self.glu = gate_up_rows(q), q.glu
+        self.sb = scaled_mm_weight_scale(self.w)
 
     def forward(self, x):
         x2 = x.reshape(-1, x.shape[-1])
         y = scaled_mm(*torch_quant(x2), self.w, self.sb)
         if self.w.bias is not None:
             y = y + self.w.bias
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        return activation.silu_mul(y) if self.glu else y
 
 
 PEER_LINEARS = {"cublas-bf16": CublasLinear, "scaled_mm+quant": ScaledMMLinear}
@@ -162,7 +170,7 @@ class UnquantizedLinear(torch.nn.Module):
 
     def __init__(self, q):
         super().__init__()
-        self.w = q.weight
+        self.w = gate_up_rows(q)   # (no glu: the model applies the activation after it)
 
     def forward(self, x):
         W = UNQUANTIZED_FORMATS[self.w.format](self.w).to(x.dtype)

@@ -221,19 +221,22 @@ def quantize_activation_triton(x: torch.Tensor, plan: ProloguePlan | None = None
 WIDE_PATHS = ("tma",)
 
 
-def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch(x: torch.Tensor, w: Fp8Weight, tile: dict, out: torch.Tensor | None = None, glu: bool = False
+           ) -> torch.Tensor:
     """y = fp8_gemm(quant(x), W) · s_x · s_w + b in x's dtype. The prologue's warps and PDL come from
-    the tile (tile_prologue); PDL applies only where the device has it."""
+    the tile (tile_prologue); PDL applies only where the device has it. `glu`: W's rows are gate and
+    up rows interleaved, y [M, N / 2] = silu(gate) · up (dense.launch)."""
     common.check_tile(tile, WIDE_PATHS)
     x = common.check_activation(x, w.K, w.weight.device, "fp8")
     assert w.weight.dtype == FP8_DTYPE and w.weight.stride(1) == 1, "W must be K-contiguous float8_e4m3fn"
-    y = common.output(x, w.N, out)
+    y = common.output(x, common.glu_width(w.N, glu), out)
     if x.shape[0] == 0:
         return y
     plan, pdl = tile_prologue(tile, w.K)
     pdl = pdl and common.device_features(x.device).pdl
     xq, xs = quantize_activation_triton(x, plan=plan, release=pdl)
-    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=gemm.PDL_PREFETCH_LINES)   # launch_tma prefetches only with wait
+    # (launch_tma prefetches only with wait)
+    launch_product(xq, xs, w, y, tile, wait=pdl, prefetch=gemm.PDL_PREFETCH_LINES, glu=glu)
     return y
 
 
@@ -271,17 +274,18 @@ def tile_prologue(tile: dict, K: int) -> tuple[ProloguePlan, bool]:
 
 
 def launch_product(xq: torch.Tensor, xs: torch.Tensor, w: Fp8Weight, y: torch.Tensor, tile: dict,
-                   wait: bool = False, prefetch: int = 0) -> None:
+                   wait: bool = False, prefetch: int = 0, glu: bool = False) -> None:
     """y = (xq · Wᵀ) · s_x · s_w + b: the product after the activation prologue, on the tile's
-    path; `wait`, `prefetch`: launched as the prologue's programmatic dependent (gemm.launch_tma)."""
+    path; `wait`, `prefetch`: launched as the prologue's programmatic dependent (gemm.launch_tma);
+    `glu`: SwiGLU of interleaved gate and up rows in the epilogue, after the scales (launch)."""
     path = tile.get("path")
     if path in gemm.TMA_PATHS:
         gemm.launch_tma(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, owner=w, wait=wait,
-                          prefetch=prefetch)
+                        prefetch=prefetch, glu=glu)
     elif path == "gemv":
-        gemm.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
+        gemm.launch_gemv(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait, glu=glu)
     else:
-        gemm.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait)
+        gemm.launch_tiled(xq, w.weight, y, tile, bias=w.bias, rs=xs, cs=w.weight_scale, wait=wait, glu=glu)
 
 
 def problem(w: Fp8Weight, M: int, act_dtype: torch.dtype) -> Problem:

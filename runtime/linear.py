@@ -156,18 +156,18 @@ class QLinear(torch.nn.Module):
         return self.mode == "triton" and self.weight.format == "fp8"
 
     def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """y [M, N] in `dtype` from activations already quantized per row (e4m3 codes xq [M, K] and
-        scales xs [M] in `dtype`, as fp8.quantize_activation_triton gives): the fp8 template's
-        product on this call's tile, without its own quantizing prologue."""
+        """y [M, out_features] in `dtype` from activations already quantized per row (e4m3 codes
+        xq [M, K] and scales xs [M] in `dtype`, as fp8.quantize_activation_triton gives): the fp8
+        template's product on this call's tile, without its own quantizing prologue."""
         if not self.takes_fp8_codes:
             raise ValueError(f"product_fp8 needs an fp8 weight on the triton path, not {self.weight.format} "
                              f"on {self.mode}")
         from vsr.kernels import fp8, gemm, pdl
         template, tile = self._plan(xq.shape[0], dtype)
-        y = torch.empty((xq.shape[0], self.weight.N), dtype=dtype, device=xq.device)
+        y = torch.empty((xq.shape[0], self.out_features), dtype=dtype, device=xq.device)
         # within pdl.programmatic_forward: a dependent of the kernel that quantized xq (a norm or an activation)
         fp8.launch_product(xq, xs, self.weight, y, tile, wait=pdl.enabled(xq.device),
-                           prefetch=gemm.PDL_PREFETCH_LINES)
+                           prefetch=gemm.PDL_PREFETCH_LINES, glu=self.glu)
         return y
 
     def _plan(self, rows: int, dtype: torch.dtype):

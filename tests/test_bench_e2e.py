@@ -120,6 +120,26 @@ def test_the_cublas_peer_of_a_swiglu_product_is_its_plain_product_then_the_activ
     assert torch.equal(bench.CublasLinear(QLinear(w))(x), torch.nn.functional.linear(x, w.weight, w.bias))
 
 
+def test_the_fp8_peers_of_a_swiglu_product_take_its_rows_in_gate_up_order(bench):
+    """An fp8 QLinear with a SwiGLU epilogue: the scaled_mm+quant peer is its plain product on the
+    gate|up rows then the activation kernel; the unquantized twin's product is the plain one (the
+    model applies the activation after it, the twin having no epilogue)."""
+    from vsr.autotune import synth
+    from vsr.kernels import activation
+    from vsr.runtime import fuse
+    from vsr.runtime.linear import QLinear
+
+    gate, up = (synth.random_weight("fp8", 12, 64, {}, torch.bfloat16, "cpu", seed=s, bias=True) for s in (1, 2))
+    side, inter = fuse.fuse([gate, up]), fuse.fuse([gate, up], interleave=True)
+    q = QLinear(inter, "reference", glu=True)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6)).bfloat16()
+    plain = bench.ScaledMMLinear(QLinear(side))(x)
+    assert plain.shape == (3, 24)
+    assert torch.equal(bench.ScaledMMLinear(q)(x), activation.silu_mul(plain))
+    assert torch.equal(bench.UnquantizedLinear(q)(x), bench.UnquantizedLinear(QLinear(side))(x))
+    assert not torch.equal(bench.UnquantizedLinear(QLinear(inter))(x), bench.UnquantizedLinear(QLinear(side))(x))
+
+
 def test_the_unquantized_twin_and_its_check(bench):
     """The FP8 model with each weight dequantized (bf16 activations, reference ops) is a model of its
     own, near the quantized one; a row whose hidden states are no further from it than

@@ -1,7 +1,7 @@
 """SwiGLU in the product's epilogue (kernels/common.store_tile's GLU, runtime/fuse.fuse's interleave):
 a gate|up weight with its rows interleaved gives, in one product, the bytes of the plain product
-followed by the activation kernel (activation.silu_mul), on every path of the dense and int4
-templates; QLinear's reference path gives torch's F.silu(gate) * up; the decoder routers run their
+followed by the activation kernel (activation.silu_mul), on every path of the dense, fp8 and int4
+templates (fp8 also from activations it did not quantize itself: QLinear.product_fp8); QLinear's reference path gives torch's F.silu(gate) * up; the decoder routers run their
 MLP through it on the Triton path and match the reference forward.
 
 Under the Triton interpreter (no GPU) activations are fp16 and fp32 (its bf16 tl.dot is wrong), and
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tinypkgs import TEST_TEXTS, tiny_qwen3, tiny_qwen3_5  # noqa: F401
-from vsr.kernels import activation, dense, gemm, int4
+from vsr.kernels import activation, dense, fp8, gemm, int4
 from vsr.runtime import fuse
 from vsr.runtime.linear import QLinear, glu_reference
 from vsr.runtime.loaders import PackageLoader
@@ -77,6 +77,8 @@ def halves(w):
         cut = lambda t: None if t is None else t[lo:hi]  # noqa: E731
         if w.format == "dense":
             return dense.DenseWeight(cut(w.weight), cut(w.bias))
+        if w.format == "fp8":
+            return fp8.Fp8Weight(cut(w.weight), cut(w.weight_scale), cut(w.bias))
         return int4.Int4Weight(cut(w.packed), cut(w.scale), w.K, w.group_size, cut(w.zero_point), w.act_perm,
                                cut(w.bias))
     return [rows(0, HALF), rows(HALF, 2 * HALF)]
@@ -123,6 +125,56 @@ def test_dense_glu_gemv(block_n):
     tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8,
             "num_warps": 4, "num_stages": 3}
     assert_same(glu(dense.launch, x, w, tile), plain_then_activation(dense.launch, x, w, tile), block_n)
+
+
+FP8_TILES = {name: DENSE_TILES[name] for name in ("tiled", "splitk", "splitk-fixup", "tma", "tma-swap", "tma-sk")}
+
+
+def fp8_weight(g, dtype):
+    w = torch.randn(2 * HALF, K, generator=g).to(fp8.FP8_DTYPE)
+    scale = (torch.rand(2 * HALF, generator=g) * 0.02 + 1e-3).to(dtype)
+    return fp8.Fp8Weight(w, scale, torch.randn(2 * HALF, generator=g).to(dtype)).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("name", sorted(FP8_TILES))
+def test_fp8_glu_product_is_the_product_then_the_activation(name, dtype, monkeypatch):
+    # The scales and the bias first, then SwiGLU of each pair (store_tile's order); the product's own
+    # prologue quantizes x, as for the down projection that then reads the activation as it is.
+    monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
+    g = gen(30 + len(name))
+    w = fp8_weight(g, dtype)
+    tile = dict(FP8_TILES[name], BLOCK_K=64)
+    for M in (5, 40):
+        x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+        y = glu(fp8.launch, x, w, tile)
+        assert_same(y, plain_then_activation(fp8.launch, x, w, tile), (name, M))
+        want = glu_reference(fp8.reference_linear(x, interleaved(w)))
+        tol = 2e-3 if dtype == torch.float16 else 1.6e-2
+        torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_fp8_glu_product_of_codes_quantized_elsewhere():
+    # The approximate set's gate|up product of codes a norm quantized (QLinear.product_fp8): the
+    # bytes of fp8.launch's, whose prologue makes the same codes.
+    g = gen(31)
+    w = interleaved(fp8_weight(g, torch.float16))
+    x = torch.randn(20, K, generator=g).half().to(DEV)
+    tiles = types.SimpleNamespace(tile=lambda template, problem: FP8_TILES["tma"])
+    q = QLinear(w, "triton", tiles=tiles, glu=True)
+    xq, xs = fp8.quantize_activation_triton(x)
+    y = q.product_fp8(xq, xs, x.dtype)
+    assert y.shape == (20, HALF)
+    assert_same(y, fp8.launch(x, w, FP8_TILES["tma"], glu=True), "codes")
+
+
+def test_fp8_glu_gemv():
+    g = gen(32)
+    w = fp8_weight(g, torch.float16)
+    x = torch.randn(1, K, generator=g).half().to(DEV)
+    tile = {"path": "gemv", "BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 8,
+            "num_warps": 4, "num_stages": 3}
+    assert_same(glu(fp8.launch, x, w, tile), plain_then_activation(fp8.launch, x, w, tile), "gemv")
 
 
 def int4_weight(g, symmetric, act_order, group=128, dtype=torch.float16):
@@ -238,7 +290,8 @@ def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture,
 @pytest.mark.parametrize("fmt,params,kernels,glu", [
     ("dense", {}, "triton", True),
     ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", True),
-    ("fp8", {}, "triton", False),       # its activation kernel also quantizes for the down product
+    ("fp8", {}, "triton", True),
+    ("nvfp4", {}, "triton", False),     # its activation kernel also quantizes for the down product
     ("dense", {}, "reference", False),  # the reference path runs the activation op
 ])
 def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fmt, params, kernels, glu):

@@ -293,9 +293,9 @@ def test_int4_kernels_wait_under_an_older_ptxas(tmp_path):
 
 
 _GLU_PROBE = _PRELUDE + r"""
-# Every path of the dense and int4 templates with the SwiGLU epilogue (GLU), bf16, compiled for
-# the H200: the kernels, their split-K and stream-K reductions and the GEMVs.
-from vsr.kernels import common, dense, gemm, int4
+# Every path of the dense, fp8 and int4 templates with the SwiGLU epilogue (GLU), bf16, compiled
+# for the H200: the kernels, their split-K and stream-K reductions and the GEMVs.
+from vsr.kernels import common, dense, fp8, gemm, int4
 from vsr.autotune.synth import random_weight
 
 rec = Recorder(H200)
@@ -315,7 +315,9 @@ launches = []
 wd = random_weight("dense", 1024, 512, {}, torch.bfloat16, "cpu", bias=True)
 w4 = random_weight("int4", 1024, 512, {"bits": 4, "group": 128, "symmetric": False, "act_order": False},
                    torch.bfloat16, "cpu", bias=True)
-for mod, w, tiles in ((dense, wd, DENSE), (int4, w4, INT4)):
+w8 = random_weight("fp8", 1024, 512, {}, torch.bfloat16, "cpu", bias=True)
+FP8 = [dict(t, BLOCK_K=128) for t in DENSE]
+for mod, w, tiles in ((dense, wd, DENSE), (int4, w4, INT4), (fp8, w8, FP8)):
     for tile in tiles:
         rec.current = []
         mod.launch(torch.randn(1 if tile["path"] == "gemv" else 200, 512).bfloat16(), w, tile, glu=True)
@@ -328,7 +330,7 @@ def test_swiglu_products_compile_for_the_h200():
     """Every path with the SwiGLU epilogue compiles for sm_90 and fits its shared memory (the
     interpreter reads globals a compiled kernel may not: this is where such an error shows)."""
     got = _run(_GLU_PROBE, 600)
-    assert len(got["launches"]) == 18
+    assert len(got["launches"]) == 28
     for launch in got["launches"]:
         assert launch["kernels"], launch["tile"]
         for k in launch["kernels"]:

@@ -1,6 +1,6 @@
 """The 27B-class gate|up product with its SwiGLU epilogue (GPU only), on the tiles the runtime runs
 (the shipped cache's tile of each row bucket, the template's default where it has none), bf16,
-dense and int4 GPTQ/AWQ: the same bytes as the plain product of the gate|up weight followed by the
+dense, fp8 and int4 GPTQ/AWQ: the same bytes as the plain product of the gate|up weight followed by the
 activation kernel (activation.silu_mul), every output written (NaN-poisoned), at rows inside each
 bucket and at its edge."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ N, K = 34816, 5120          # gate|up of hidden 5120, MLP 17408
 ROWS = (1, 5, 16, 27, 64, 100, 128, 200, 256, 700, 1024, 2048, 3000)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "int4-gptq", "int4-awq"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "int4-gptq", "int4-awq"])
 def test_swiglu_product_is_the_plain_product_then_the_activation(fmt):
     from common_bench import make_weight, shipped_tile
 
