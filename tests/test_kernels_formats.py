@@ -477,8 +477,8 @@ def test_fp8_launch_decisions(monkeypatch):
                     torch.ones(x.shape[0], dtype=x.dtype, device=x.device))
         return real_quantize(x, plan, False)
 
-    def product(xq, xs, w_, y, tile, wait=False, prefetch=0):
-        seen.update(wait=wait, prefetch=prefetch)
+    def product(xq, xs, w_, y, tile, wait=False, prefetch=0, glu=False):
+        seen.update(wait=wait, prefetch=prefetch, glu=glu)
         if xq.shape[0] <= 64:
             real_product(xq, xs, w_, y, tile)
     monkeypatch.setattr(fp8, "quantize_activation_triton", quantize)
@@ -492,7 +492,8 @@ def test_fp8_launch_decisions(monkeypatch):
         y = fp8.launch(x, w, tile)
         if M <= 64:
             assert_close(y, fp8.reference_linear(x, w))
-        assert seen == dict(release=release, wait=release, prefetch=gemm.PDL_PREFETCH_LINES, warps=warps), \
+        assert seen == dict(release=release, wait=release, prefetch=gemm.PDL_PREFETCH_LINES, warps=warps,
+                            glu=False), \
             (M, tile, seen)
     own = fp8.prologue_plan(K).warps   # the plan's own warps (1 at K = 256)
     assert own not in (2, 8, fp8.PROLOGUE_LARGE_WARPS)
