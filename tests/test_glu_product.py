@@ -249,13 +249,15 @@ def test_qlinear_glu_reference_and_triton_paths_agree():
     torch.testing.assert_close(tri(x), ref(x), rtol=0, atol=1e-5 * scale)
 
 
-def _triton_model(path, dtype):
-    """The package's router with Triton QLinears (default tiles) and reference ops, on this device."""
-    pkg = open_package(str(path), device=DEV, allow_unverified=True)
+def _triton_model(path, dtype, exact=True):
+    """The package's router with Triton QLinears (default tiles) and reference ops, on this device
+    (an FP8 package's device check passed as emulated on the CPU, where the interpreter runs them)."""
+    pkg = open_package(str(path), device=DEV, allow_unverified=True, emulate=DEV != "cuda")
     tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
     loader = PackageLoader(pkg.path, pkg.config)
     try:
-        b = Builder(loader, lambda w: QLinear(w, "triton", tiles=tiles), dtype, DEV, True, kernels="triton")
+        b = Builder(loader, lambda w: QLinear(w, "triton", tiles=tiles), dtype, DEV, True, kernels="triton",
+                    exact=exact)
         model = build_model(pkg.config, b).eval()
     finally:
         loader.close()
@@ -285,6 +287,32 @@ def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture,
         want = model.encode(ids, mask, lengths)
     real = torch.arange(9, device=DEV)[None, :] < lengths[:, None]
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact, monkeypatch):
+    """An FP8 router (llm-compressor's FP8_DYNAMIC) on the Triton path, with the Triton ops, gives
+    the same bytes with SwiGLU in its gate|up product (the down projection quantizing the activation
+    in its prologue) as with the activation kernel that quantizes for the down projection: in the
+    exact set and in the approximate one (the norms' codes feeding the products)."""
+    from tinypkgs import compressed
+    from vsr.runtime.models import ops
+
+    path = compressed(tiny_qwen3, "FP8_DYNAMIC")
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float16
+    ids = torch.randint(1, 50, (2, 9), generator=gen(12)).to(DEV)
+    lengths = torch.tensor([9, 6], dtype=torch.int32, device=DEV)
+    outs = []
+    for formats in (fuse.GLU_FORMATS, tuple(f for f in fuse.GLU_FORMATS if f != "fp8")):
+        monkeypatch.setattr(fuse, "GLU_FORMATS", formats)
+        model, b = _triton_model(path, dtype, exact=exact)
+        assert any(m.glu for m in b.linears.values()) == ("fp8" in formats)
+        assert all(m.weight.format == "fp8" for lab, m in b.linears.items() if "mlp" in lab)
+        model.ops = ops.triton_ops()
+        with torch.no_grad():
+            outs.append(model.encode(ids, torch.ones_like(ids), lengths))
+    real = torch.arange(9, device=DEV)[None, :] < lengths[:, None]
+    assert torch.equal(outs[0][real], outs[1][real])
 
 
 @pytest.mark.parametrize("fmt,params,kernels,glu", [
