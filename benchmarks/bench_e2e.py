@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import importlib.util
 import json
@@ -88,6 +87,7 @@ from vsr.autotune.tuner import eager_timer  # noqa: E402
 from vsr.kernels import activation  # noqa: E402
 from vsr.kernels import fp8 as fp8_format  # noqa: E402
 from vsr.kernels import pdl  # noqa: E402
+from vsr.runtime import fuse  # noqa: E402
 from vsr.runtime.linear import QLinear  # noqa: E402
 from vsr.runtime.models import build_model, linear_names  # noqa: E402
 from vsr.runtime.models import ops as ops_mod  # noqa: E402
@@ -115,13 +115,9 @@ UNQUANTIZED_MARGIN = 1.25
 # ---- the peers' linear layers ---------------------------------------------------------------
 
 def gate_up_rows(q):
-    """q's weight with the rows of a SwiGLU product (q.glu: gate and up rows interleaved,
-    runtime/fuse.fuse) put back in gate|up order, a copy held while a peer runs; else q's weight."""
-    w = q.weight
-    if not q.glu:
-        return w
-    rows = {f: getattr(w, f) for f in ("weight", "weight_scale", "bias") if getattr(w, f, None) is not None}
-    return dataclasses.replace(w, **{f: torch.cat((t[0::2], t[1::2])) for f, t in rows.items()})
+    """q's weight with the rows of a SwiGLU product (q.glu: gate and up rows interleaved) put back
+    in gate|up order (fuse.side_by_side), a copy held while a peer runs; else q's weight."""
+    return fuse.side_by_side(q.weight) if q.glu else q.weight
 
 
 class CublasLinear(torch.nn.Module):

@@ -17,7 +17,8 @@ tuner time), its scales multiplied so that the dequantized weight's spread is th
 one, 1/sqrt(K) (activations stay O(1) through 64 layers, as in a trained model).
 
 transformers_twin(): transformers' model of the same config, built on the meta device and given the
-vsr model's own tensors (its linears as views of the fused weights): no second copy of the weights.
+vsr model's own tensors (its linears as views of the fused weights): no second copy of the weights
+but the gate|up ones of a SwiGLU product, whose interleaved rows are copied in gate|up order.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from common_bench import make_weight  # noqa: E402
 from vsr.autotune import shapes as tune_shapes  # noqa: E402
 from vsr.kernels import formats  # noqa: E402
 from vsr.kernels.dense import DenseWeight  # noqa: E402
+from vsr.runtime import fuse  # noqa: E402
 
 QWEN3_LABELS = ["a", "b"]
 QWEN3_5_LABELS = ["a", "b", "c", "d", "e"]
@@ -237,9 +239,8 @@ def _hf_classes(model: str):
 
 def dense_linear_tensors(builder, loader) -> dict[str, torch.Tensor]:
     """Every Linear layer's weight tensor (package name + ".weight") as the vsr model holds it: a
-    fused product's parts as row views of its one weight; a SwiGLU product's (QLinear.glu: gate
-    and up rows interleaved) gate and up rows copied apart, as transformers' own Linear layers hold
-    them. Dense (bf16) models only."""
+    fused product's parts as row views of its one weight (of a copy in gate|up order for a SwiGLU
+    product, whose rows interleave gate and up: fuse.side_by_side). Dense (bf16) models only."""
     out = {}
     for label, mod in builder.linears.items():
         w = mod.weight
@@ -247,10 +248,8 @@ def dense_linear_tensors(builder, loader) -> dict[str, torch.Tensor]:
             raise ValueError(f"{label}: transformers' twin takes dense weights, not {w.format}")
         names = builder.fused.get(label, (label,))
         if getattr(mod, "glu", False):
-            parts = (w.weight[0::2].contiguous(), w.weight[1::2].contiguous())
-        else:
-            parts = w.weight.split([loader.linear_shape(n)[0] for n in names])
-        for n, view in zip(names, parts):
+            w = fuse.side_by_side(w)
+        for n, view in zip(names, w.weight.split([loader.linear_shape(n)[0] for n in names])):
             out[n + ".weight"] = view
     return out
 

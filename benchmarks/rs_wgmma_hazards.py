@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.ptxas:
         env = dict(os.environ)
         if path is not None:
-            env.update(TRITON_PTXAS_PATH=str(Path(path).resolve()), TRITON_PTXAS_BLACKWELL_PATH=str(Path(path).resolve()))
+            ptxas = str(Path(path).resolve())
+            env.update(TRITON_PTXAS_PATH=ptxas, TRITON_PTXAS_BLACKWELL_PATH=ptxas)
         p = subprocess.run([sys.executable, __file__, "--one", "--buckets", a.buckets], env=env,
                            capture_output=True, text=True)
         if p.returncode != 0:

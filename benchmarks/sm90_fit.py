@@ -14,15 +14,16 @@ Triton's own argument binder, then reads the shared memory the compiled kernel a
 sm_90, checks its SASS for a write into the registers of a register-operand wgmma still in flight
 (kernels/wgmma_hazard.py). The gate_up shape launches as the runtime runs it: with the SwiGLU
 epilogue in the formats that have one (runtime/fuse.GLU_FORMATS). A launch that would not fit,
-that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status is 1): on the GPU it would raise, or
-could race. Only shared memory and those writes are checked (a launch also needs its threads'
+that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
+is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked (a launch also needs its threads'
 registers). One constexpr differs from a GPU launch: fp8's activation quantization takes
 RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of).
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
 device's Triton; its default where the cache has none).
 
 On the H200 every default and every shipped launch fits, 1,232 of 1,232 each (126 of them SwiGLU
-gate_up launches), on Triton 3.6 (the H200's), none with such a write (benchmarks/results/sm90-fit-nvidia-h200-2026-12-05*.json). Each launch is compiled from its own
+gate_up launches), on Triton 3.6 (the H200's), none with such a write
+(benchmarks/results/sm90-fit-nvidia-h200-2026-12-05*.json). Each launch is compiled from its own
 arguments because their specialization matters: compiled from a bare signature, a shipped H200
 tile that runs on the device asks for 262,176 bytes and would read as not fitting.
 """

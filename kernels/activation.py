@@ -28,18 +28,18 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import fp8, norm, pdl
+from vsr.kernels import common, fp8, norm, pdl
 
 ELEMENTWISE_BLOCK = 2048
-# libdevice's exp, erf and tanh on a GPU; Triton's own under the interpreter (norm.LIBDEVICE).
-LIBDEVICE = norm.LIBDEVICE
+# libdevice's exp, erf and tanh on a GPU; Triton's own under the interpreter (common.LIBDEVICE).
+LIBDEVICE = common.LIBDEVICE
 
 
 @triton.jit
 def _act(x, MODE: tl.constexpr, TANH: tl.constexpr, LIBDEVICE: tl.constexpr):
     """silu (MODE 0) or gelu (MODE 1, TANH for the tanh form) of fp32 x, in fp32."""
     if MODE == 0:
-        return norm.silu_f32(x, LIBDEVICE)
+        return common.silu_f32(x, LIBDEVICE)
     if TANH:
         z = 0.7978845608028654 * (x + 0.044715 * (x * x * x))   # torch's order: x³ first
         if LIBDEVICE:

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 from vsr.kernels import common, pdl
-from vsr.kernels.norm import LIBDEVICE, sigmoid_f32
+from vsr.kernels.common import LIBDEVICE, sigmoid_f32
 
 HEAD_DIMS = (32, 64, 128, 256)
 

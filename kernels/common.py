@@ -69,7 +69,8 @@ def tile_setup(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.c
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return tl.program_id(1), offs_m, offs_n, (offs_m % M).to(tl.int64), (offs_n % N).to(tl.int64)
 
-# libdevice's exp on a GPU (torch's CUDA kernels call it); Triton's own under the interpreter.
+# libdevice's exp on a GPU (torch's CUDA kernels call it); Triton's own under the interpreter, which has
+# no libdevice (read at import, as Triton reads the variable when a kernel is defined).
 LIBDEVICE = os.environ.get("TRITON_INTERPRET", "0") != "1"
 # The same, as a constexpr a kernel's helper may read as a global (store_tile's SwiGLU).
 LIBDEVICE_CONST = tl.constexpr(LIBDEVICE)

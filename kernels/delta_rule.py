@@ -42,7 +42,7 @@ from vsr.kernels import pdl
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, recurrent_gated_delta_rule_reference)
-from vsr.kernels.norm import LIBDEVICE, exp_f32, sigmoid_f32
+from vsr.kernels.common import LIBDEVICE, exp_f32, sigmoid_f32
 # The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
 # stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
 # columns: 98 KB with one stage, 295 KB with two, more than an H200's 227 KB).

@@ -435,11 +435,12 @@ def _int4_join_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, cnt_ptr, bias
     rounded once to x's dtype (the transient dequantization's numerics) and the products chain in
     one fp32 accumulator: with no fp32 step product to scale, Triton keeps the wgmmas in flight
     across steps (sm_90 TTGIR, Triton 3.6 and 3.9: waits keep 7 of a step's 8 products pending, or
-    1 of 2, instead of 0), except under MMA_WAIT (mma_wait), which retires them each step. Either way the joined operand passes through shared memory on sm_90: the
-    unscaled form stores it there for the MMA's operand load (local_alloc, local_load), the scaled one
-    reaches the MMA's register layout by a layout conversion that Triton lowers the same way (PTX,
-    Triton 3.6 and 3.9: 8 st.shared.v4 and 8 ldmatrix.x4 a thread a step in both, with 9-10
-    barriers a step in the scaled form against 3)."""
+    1 of 2, instead of 0), except under MMA_WAIT (mma_wait), which retires them each step. Either
+    way the joined operand passes through shared memory on sm_90: the unscaled form stores it there
+    for the MMA's operand load (local_alloc, local_load), the scaled one reaches the MMA's register
+    layout by a layout conversion that Triton lowers the same way (PTX, Triton 3.6 and 3.9: 8
+    st.shared.v4 and 8 ldmatrix.x4 a thread a step in both, with 9-10 barriers a step in the
+    scaled form against 3)."""
     pid_k, offs_m, offs_n, rm, rn, kw_lo, kw_hi = _tile_words(M, N, K8, KW_SPLIT, BLOCK_M, BLOCK_N, GROUP_M)
     W8: tl.constexpr = BLOCK_K // 8
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

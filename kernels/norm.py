@@ -35,13 +35,10 @@ import triton
 import triton.language as tl
 
 from vsr.kernels import common, fp8, pdl
+from vsr.kernels.common import LIBDEVICE, silu_f32
 
 # fp32(1/448): torch on CUDA divides a tensor by a Python number as a product with its reciprocal.
 _RCP_448 = 0.0022321429569274187
-# The interpreter has no libdevice: there the kernels use Triton's exp and erf (read at import, as
-# Triton reads the variable when a kernel is defined). Shared by the pointwise kernels, with the
-# fp32 exp, silu and sigmoid that the products' SwiGLU epilogue shares too (common.py).
-from vsr.kernels.common import LIBDEVICE, exp_f32, sigmoid_f32, silu_f32  # noqa: E402,F401 (re-exported)
 # Elements of a gated norm program: heads of D columns, about this many in all.
 _GATED_ELEMS = 1024
 

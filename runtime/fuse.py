@@ -146,6 +146,13 @@ def fuse(parts: list, interleave: bool = False) -> Any | None:
     return CONCAT[parts[0].format](list(parts), _interleaved if interleave else torch.cat)
 
 
+def side_by_side(w: Any) -> Any:
+    """A weight that fuse(..., interleave=True) made from two parts, with its rows put back as
+    fuse(parts) lays them: part 0's rows, then part 1's (a copy). A plain product of it gives the
+    parts' outputs side by side, as the activation kernel takes gate|up."""
+    return CONCAT[w.format]([w], lambda ts: torch.cat((ts[0][0::2], ts[0][1::2])))
+
+
 def split_sizes(parts: list) -> list[int]:
     """The parts' output widths, to slice a fused product's columns (torch.split)."""
     return [p.N for p in parts]

@@ -1,8 +1,9 @@
 """SwiGLU in the product's epilogue (kernels/common.store_tile's GLU, runtime/fuse.fuse's interleave):
 a gate|up weight with its rows interleaved gives, in one product, the bytes of the plain product
 followed by the activation kernel (activation.silu_mul), on every path of the dense, fp8 and int4
-templates (fp8 also from activations it did not quantize itself: QLinear.product_fp8); QLinear's reference path gives torch's F.silu(gate) * up; the decoder routers run their
-MLP through it on the Triton path and match the reference forward.
+templates (fp8 also from activations it did not quantize itself: QLinear.product_fp8); QLinear's
+reference path gives torch's F.silu(gate) * up; the decoder routers run their MLP through it on
+the Triton path and match the reference forward.
 
 Under the Triton interpreter (no GPU) activations are fp16 and fp32 (its bf16 tl.dot is wrong), and
 its tl.dot (numpy's matmul) may sum an output element in another order by its place in the tile,
@@ -224,6 +225,12 @@ def test_interleaved_fuse_puts_each_gate_row_beside_its_up_row():
         a, b = getattr(q, t), getattr(qi, t)
         assert torch.equal(b[0::2], a[:HALF]) and torch.equal(b[1::2], a[HALF:]), t
     assert torch.equal(qi.act_perm, q.act_perm)   # a permutation of K: the same for every row
+    # and back: side_by_side lays the rows out as the plain fuse does (the peers' and twins' copy)
+    for a in (w, q, fp8_weight(g, torch.float16)):
+        back, plain = fuse.side_by_side(interleaved(a)), fuse.fuse(halves(a))
+        for t in ("weight", "weight_scale", "packed", "scale", "zero_point", "bias"):
+            if getattr(plain, t, None) is not None:
+                assert torch.equal(getattr(back, t), getattr(plain, t)), (a.format, t)
     with pytest.raises(ValueError, match="as many rows each"):
         fuse.fuse([dense.DenseWeight(torch.randn(5, K)), dense.DenseWeight(torch.randn(4, K))], interleave=True)
 
