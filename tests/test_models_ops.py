@@ -78,11 +78,15 @@ def test_kernel_twins_give_the_reference_bytes(dtype):
     if dtype == torch.float32:   # the twin's attention runs fp32 whatever q's dtype; the reference's in q's
         qv, kv, vv = q.reshape(B, S, Hq, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
         gate = r(B, S, Hq, 2 * D)[..., D:]
-        for kw in ({"causal": True}, {"causal": False}, {"causal": False, "window": 4}, {"causal": True, "gate": gate}):
-            got = twins.attention(qv, kv, vv, lengths, **kw)
-            want = ops.REFERENCE.attention(qv, kv, vv, lengths, **kw)
+        for opts in ({"causal": True}, {"causal": False}, {"causal": False, "window": 4}, {"causal": True, "gate": gate}):
+            got = twins.attention(qv, kv, vv, lengths, **opts)
+            want = ops.REFERENCE.attention(qv, kv, vv, lengths, **opts)
             for b in range(B):   # the rows past a request's length are padding, free in either
                 torch.testing.assert_close(got[b, :lengths[b]], want[b, :lengths[b]], atol=1e-6, rtol=1e-5)
+        got = twins.norm_rope_attention(qv, kv, vv, lengths, qw, kw, cos, sin, 1e-6, causal=True, gate=gate)
+        want = ops.REFERENCE.norm_rope_attention(qv, kv, vv, lengths, qw, kw, cos, sin, 1e-6, causal=True, gate=gate)
+        for b in range(B):
+            torch.testing.assert_close(got[b, :lengths[b]], want[b, :lengths[b]], atol=1e-6, rtol=1e-5)
 
 
 def test_reference_rms_norm_is_transformers_qwen3_rmsnorm():

@@ -57,6 +57,25 @@ def test_bf16_activations_match_transformers_in_bf16(tiny_qwen3):  # noqa: F811
     assert (ours - ref).abs().max() <= 0.03 * ref.abs().max()
 
 
+def test_the_triton_ops_match_the_reference_under_the_interpreter(tiny_qwen3):  # noqa: F811
+    """The forward with ops.triton_ops() (every kernel under the Triton interpreter, fp32: q's norm
+    and RoPE inside the attention kernel, k's in the rope kernel) gives the reference forward's
+    numbers."""
+    from vsr.runtime.models import ops
+
+    e = load_engine(Pkg(tiny_qwen3))
+    b = e.tokenizer.batch([TEST_TEXTS[2], TEST_TEXTS[0]])
+    lengths = b.lengths.to(torch.int32)
+    out = {}
+    for name, op_set in (("reference", ops.REFERENCE), ("triton", ops.triton_ops())):
+        e.model.ops = op_set
+        with torch.no_grad():
+            out[name] = e.model.encode(b.input_ids, b.attention_mask, lengths)
+    want, got = out["reference"], out["triton"]
+    real = b.attention_mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-4 * float(want.abs().max()), rtol=0)
+
+
 def test_rope_theta_from_either_config_style():
     assert rope_theta({"rope_theta": 5e5}) == 5e5
     assert rope_theta({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == 1e6

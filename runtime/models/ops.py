@@ -21,6 +21,11 @@ modules' wrappers and their `*_reference` twins):
 - attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
                                               q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
                                               window: |i - j| <= window // 2; gate: o · sigmoid(gate)
+- norm_rope_attention(q, k, v, lengths, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None,
+  zero_centered=False, exact=True, causal, scale=None, gate=None) -> o
+                                              attention after qk_norm_rope of q and k, both
+                                              [B, S, H, D] (the Triton set normalises q inside the
+                                              attention kernel)
 - causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
 - chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
 - deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
@@ -161,6 +166,17 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     return a if gate is None else a * torch.sigmoid(gate.contiguous())
 
 
+def norm_rope_attention(q, k, v, lengths, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False,
+                        exact=True, causal, scale=None, gate=None):
+    """qk_norm_rope of q [B, S, Hq, D] and k [B, S, Hkv, D] (cos and sin per token or per position),
+    then attention."""
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qn, kn = qk_norm_rope(q.reshape(B * S, Hq * D), k.reshape(B * S, Hkv * D), q_weight, k_weight, cos, sin, eps,
+                          rotary_dim=rotary_dim, zero_centered=zero_centered, exact=exact)
+    return attention(qn.view(B, S, Hq, D), kn.view(B, S, Hkv, D), v, lengths, causal=causal, scale=scale, gate=gate)
+
+
 causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
 chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
 deltanet_gates = _gdn.deltanet_gates_reference
@@ -175,7 +191,7 @@ def last_token_score(h, lengths, weight):
 
 
 NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
-         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
+         "attention", "norm_rope_attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
@@ -187,7 +203,8 @@ def triton_ops() -> SimpleNamespace:
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
                            qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
-                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
+                           attention=attn.attention, norm_rope_attention=attn.norm_rope_attention,
+                           causal_conv1d_silu=conv1d.causal_conv1d_silu,
                            chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
                            deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
 
@@ -202,6 +219,7 @@ def kernel_twins() -> SimpleNamespace:
                            rope=functools.partial(rp.rope_reference, exact=False),
                            silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
                            gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
+                           norm_rope_attention=attn.norm_rope_attention_reference,
                            causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
                            chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
                            deltanet_gates=_gdn.deltanet_gates_reference,
