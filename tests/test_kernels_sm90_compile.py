@@ -167,7 +167,7 @@ def test_attention_with_q_norm_rope_keeps_every_rounding(compiled):
     assert {(r["D"], r["exact"]) for r in rows} == {(d, e) for d in (128, 256) for e in (True, False)}
     for r in rows:
         assert r["hazards"] == 0 and (r["bf16_fma"] == 0 or not r["exact"]), r
-        assert r["loops"] >= 2 and (r["D"] == 256 or r["loop_spills"] == 0), r
+        assert r["loops"] >= 1 and (r["D"] == 256 or r["loop_spills"] == 0), r
 
 
 def test_delta_rule_fits_the_h200(compiled):
