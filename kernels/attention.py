@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 from vsr.kernels import common, pdl, rope
 from vsr.kernels.common import LIBDEVICE, sigmoid_f32
-from vsr.kernels.rope import QueryRope, query_norm_rope
 
 HEAD_DIMS = (32, 64, 128, 256)
 # From this sequence length the unmasked key blocks run in a loop of their own (SKIP_MASK). A loop
@@ -122,8 +121,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
     q_rows = q_ptr + b * sqb + h * sqh + offs_m.to(tl.int64) * sqs
     q = tl.load(q_rows[:, None] + offs_d[None, :], mask=offs_m[:, None] < length, other=0.0)
     if QROPE:
-        q = query_norm_rope(q, q_rows, offs_d, offs_m < length, (b * S + offs_m) % P, qw_ptr, cos_ptr, sin_ptr,
-                            stride_c, eps, INV_D, D, HALF, ROT, ZERO_CENTERED, EXACT, LIBDEVICE)
+        q = rope.query_norm_rope(q, q_rows, offs_d, offs_m < length, (b * S + offs_m) % P, qw_ptr, cos_ptr, sin_ptr,
+                                 stride_c, eps, INV_D, D, HALF, ROT, ZERO_CENTERED, EXACT, LIBDEVICE)
     k_base = k_ptr + b * skb + g * skh
     v_base = v_ptr + b * svb + g * svh
     lo = 0
@@ -180,7 +179,7 @@ def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, causal: bool,
               window: int | None = None, scale: float | None = None, gate: torch.Tensor | None = None,
-              q_rope: QueryRope | None = None) -> torch.Tensor:
+              q_rope: rope.QueryRope | None = None) -> torch.Tensor:
     """o [B, S, Hq, D] in q's dtype (times sigmoid(gate) when given); lengths int32 [B] on q's device
     (rows >= length: zeros). With q_rope, q is taken before its norm and RoPE, which the kernel
     applies to each query tile (token b · S + s at cos / sin row (b · S + s) % P)."""
@@ -220,8 +219,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), *rope_args,
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
         F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, **rope_flags, SKIP_MASK=S >= SKIP_MASK_FROM,
-        num_warps=warps,
-        num_stages=stages, **pdl.options(q.device))
+        num_warps=warps, num_stages=stages, **pdl.options(q.device))
     return o
 
 
