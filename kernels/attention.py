@@ -223,6 +223,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     return o
 
 
+def query_rope_in_kernel(device: torch.device) -> bool:
+    """Whether norm_rope_attention normalises q inside the attention kernel on `device`: on NVIDIA
+    GPUs and under the interpreter, not on ROCm (no mul_rn in its libdevice)."""
+    return device.type != "cuda" or common.device_features(device).nvidia
+
+
 def norm_rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                         q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         eps: float, *, rotary_dim: int | None = None, zero_centered: bool = False,
@@ -232,8 +238,15 @@ def norm_rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengt
     fused product's output, say): k's norm and RoPE by the rope kernel, q's inside the attention
     kernel as it loads each query tile, so that q's normed copy is never written nor read back
     (8 / 9 of that kernel's bytes at Qwen3's 64 / 8 heads). cos and sin [P, R]: token b · S + s
-    takes row (b · S + s) % P."""
+    takes row (b · S + s) % P. On a ROCm GPU, whose libdevice has no mul_rn for the exact form's
+    rounded products, the rope kernel (compiled without FP fusion) takes q too."""
     B, S, HKV, D = k.shape
+    if not query_rope_in_kernel(q.device):
+        HQ = q.shape[2]
+        qn, kn = rope.qk_norm_rope(q.reshape(B * S, HQ * D), k.reshape(B * S, HKV * D), q_weight, k_weight, cos,
+                                   sin, eps, rotary_dim=rotary_dim, zero_centered=zero_centered, exact=exact)
+        return attention(qn.view(B, S, HQ, D), kn.view(B, S, HKV, D), v, lengths, causal=causal, scale=scale,
+                         gate=gate)
     kn = rope.k_norm_rope(k.reshape(B * S, HKV * D), k_weight, cos, sin, eps, rotary_dim=rotary_dim,
                           zero_centered=zero_centered, exact=exact)
     return attention(q, kn.view(B, S, HKV, D), v, lengths, causal=causal, scale=scale, gate=gate,

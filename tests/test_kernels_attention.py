@@ -158,3 +158,15 @@ def test_norm_rope_attention_matches_the_unfused_kernels(monkeypatch):
     one = attention.norm_rope_attention(q, k, v, lengths, w, w, cos, sin, 1e-6, causal=True)
     torch.testing.assert_close(one.float(), two.float(), rtol=2e-3, atol=2e-3)
     assert torch.equal(rope.k_norm_rope(k.reshape(B * S, -1), w, cos, sin, 1e-6), kn)
+    # where q cannot be normalised in the kernel (ROCm), norm_rope_attention runs the two kernels
+    monkeypatch.setattr(attention, "query_rope_in_kernel", lambda device: False)
+    assert torch.equal(attention.norm_rope_attention(q, k, v, lengths, w, w, cos, sin, 1e-6, causal=True), two)
+
+
+def test_query_rope_in_kernel_on_nvidia_and_the_interpreter_only(monkeypatch):
+    from vsr.kernels import common
+    assert attention.query_rope_in_kernel(torch.device("cpu"))
+    for nvidia in (True, False):
+        feats = common.DeviceFeatures(nvidia=nvidia, capability=(9, 0), pdl=False, hardware_e4m3=False)
+        monkeypatch.setattr(common, "device_features", lambda device, f=feats: f)
+        assert attention.query_rope_in_kernel(torch.device("cuda")) == nvidia
