@@ -227,11 +227,17 @@ def rope_inv_freq(theta: float, dim: int, device) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
 
 
-def rope_cos_sin(S: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [S, dim] in fp32 of positions 0..S-1 (each request's own: right padding)."""
+def rope_cos_sin(S: int, inv_freq: torch.Tensor, dtype: torch.dtype | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [S, dim] in fp32 of positions 0..S-1 (each request's own: right padding), rounded
+    to `dtype` where given: the exact q/k norm with RoPE rounds them to the activation dtype before
+    use (transformers' rotary embedding returns them in it), so the same values in fewer bytes for
+    every attention program that reads them."""
     t = torch.arange(S, device=inv_freq.device, dtype=torch.float32)
     f = torch.outer(t, inv_freq)
     emb = torch.cat((f, f), dim=-1)
+    if dtype is not None:
+        return emb.cos().to(dtype), emb.sin().to(dtype)
     return emb.cos(), emb.sin()
 
 

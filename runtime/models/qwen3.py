@@ -86,7 +86,7 @@ class Qwen3Router(DecoderRouter):
         o, X = self.ops, self.exact
         T = B * S
         x = self.embed[input_ids.reshape(T)].to(self.dtype)
-        cos, sin = (c.repeat(B, 1) for c in rope_cos_sin(S, self.inv_freq))   # [B*S, head_dim]
+        cos, sin = rope_cos_sin(S, self.inv_freq, self.dtype if X else None)   # [S, head_dim]: row t % S
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for m, n in zip(self.layers, self.norms):

@@ -226,9 +226,9 @@ class Qwen3_5Router(DecoderRouter):
         lengths = request_lengths(input_ids, attention_mask, lengths)
         o, X = self.ops, self.exact
         x = self.embed[input_ids.reshape(B * S)].to(self.dtype)
-        # [S, rotary_dim] fp32: the ops cast them to the activation dtype, as transformers' rotary
-        # embedding returns them
-        cos, sin = rope_cos_sin(S, self.inv_freq)
+        # [S, rotary_dim], in the activation dtype for the exact ops (which round them to it, as
+        # transformers' rotary embedding returns them), fp32 for the approximate ones
+        cos, sin = rope_cos_sin(S, self.inv_freq, self.dtype if X else None)
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for t, m, p in zip(self.types, self.layers, self.params):
             first = m["in_proj_qkvz"] if t == "linear_attention" else m["qkv_proj"]
