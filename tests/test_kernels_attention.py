@@ -116,7 +116,7 @@ def _cos_sin(P, R):
 def test_norm_rope_attention(monkeypatch, dtype, D, R, HQ, HKV, zero_centered, gated, exact, per_token):
     """q's norm and RoPE inside the attention kernel (Qwen3; Qwen3.5's partial, zero-centred form with
     its gate) against qk_norm_rope's reference then attention's, q a strided head view; cos and sin per
-    position (P = S) or per token (P = B * S, as Qwen3's model passes them)."""
+    position (P = S) or per token (P = B * S)."""
     _poison(monkeypatch)
     g = torch.Generator().manual_seed(D + HQ + exact)
     B, S = 2, 70
@@ -126,8 +126,10 @@ def test_norm_rope_attention(monkeypatch, dtype, D, R, HQ, HKV, zero_centered, g
     qw = (torch.randn(D, generator=g) * 0.3 + 1).to(dtype).to(DEV)
     kw = (torch.randn(D, generator=g) * 0.3 + 1).to(dtype).to(DEV)
     cos, sin = _cos_sin(S, R or D)
-    if per_token:
+    if per_token:   # and, exact, in q's dtype, as the models pass them (common.rope_cos_sin)
         cos, sin = cos.repeat(B, 1), sin.repeat(B, 1)
+        if exact:
+            cos, sin = cos.to(dtype), sin.to(dtype)
     lengths = torch.tensor([S, 23], dtype=torch.int32, device=DEV)
     kw_ = dict(rotary_dim=R, zero_centered=zero_centered, exact=exact, causal=True, scale=D ** -0.5,
                gate=gate if gated else None)

@@ -69,6 +69,7 @@ for D, R, zc, gated in ((128, None, False, False), (256, 64, True, True)):
             QROPE = {"D": D, "S": S, "exact": exact}
             qkv, lens = torch.randn(2, S, 10, D).bfloat16(), torch.tensor([S, 9], dtype=torch.int32)
             wq, tc = torch.randn(D).bfloat16(), torch.randn(S, R or D)
+            tc = tc.bfloat16() if exact else tc   # as the models pass them (common.rope_cos_sin)
             attention.norm_rope_attention(qkv[:, :, :4], qkv[:, :, 8:9], qkv[:, :, 9:], lens, wq, wq, tc, tc, 1e-6,
                                           rotary_dim=R, zero_centered=zc, exact=exact, causal=True,
                                           gate=qkv[:, :, 4:8] if gated else None)

@@ -158,6 +158,8 @@ def test_norm_rope_attention_27b(B, S, D, HQ, HKV, R, gated, exact):
     inv = 1.0 / (1e6 ** (torch.arange(0, Rd, 2, dtype=torch.float32, device=DEV) / Rd))
     f = torch.outer(torch.arange(S, dtype=torch.float32, device=DEV), inv)
     cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()
+    if exact:   # as the models pass them (common.rope_cos_sin)
+        cos, sin = cos.to(BF16), sin.to(BF16)
     n = torch.tensor([S] + [S - 7 * i for i in range(1, B)], dtype=torch.int32, device=DEV)
     kw = dict(rotary_dim=R, zero_centered=gated, exact=exact, causal=True, gate=gate)
     o = _same_twice(lambda: attention.norm_rope_attention(q, k, v, n, w, w, cos, sin, 1e-6, **kw))
