@@ -52,7 +52,9 @@ def test_kernel_twins_give_the_reference_bytes(dtype):
     pos = torch.arange(S, dtype=torch.float32)[:, None] * torch.arange(D, dtype=torch.float32)[None] / D
     cos, sin = pos.cos().repeat(B, 1), pos.sin().repeat(B, 1)
     qw, kw = r(D), r(D)
-    for a, b in zip(twins.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6), ops.REFERENCE.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)):
+    from vsr.kernels import rope   # (norm_rope_attention's reference half, at every dtype)
+    for a, b in zip(rope.qk_norm_rope_reference(q, k, qw, kw, cos, sin, 1e-6), ops._qk_norm_rope(q, k, qw, kw, cos, sin,
+                                                                                                  1e-6)):
         assert torch.equal(a, b)
     gu = r(T, 2 * 96)
     assert torch.equal(twins.silu_mul(gu), ops.REFERENCE.silu_mul(gu))
