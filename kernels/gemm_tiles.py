@@ -24,7 +24,11 @@ def gemv_tiles(K: int, elem_bytes: float) -> list[dict]:
             out.append(t)
     return out
 
-def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = 132,
+# Multiprocessors the spaces size their grids for (the H200's; a space depends on the shape alone).
+SMS = 132
+
+
+def _split_for(bucket: int, N: int, K: int, bm: int, bn: int, bk: int, max_split: int, sms: int = SMS,
                waves: int = 2) -> int:
     """Split K until the grid holds `waves` programs per multiprocessor (deterministic in the shape).
     Small-M calls are memory-bound: more programs keep more loads in flight."""
@@ -202,6 +206,15 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                     for split in (2, 4):
                         if K // split >= bks[0]:
                             cands.append(tile("splitk", bm, 128, bks[0], split, 4, 4))
+            if bucket == 128 and tma and common.cdiv(N, 128) < SMS:
+                # (The dense and fp8 spaces.) All 128 rows in one tile on 8 warps, K split to fill
+                # about one wave (and half that): each weight byte crosses from L2 once, where the
+                # 64-row tiles read it twice (at 128 rows the 27B-class o and down make 40 output
+                # tiles of 128 columns, 80 programs of 64 x 128).
+                for bk in bks[:2]:
+                    full = _split_for(bucket, N, K, 128, 128, bk, 16, waves=1)
+                    for split in sorted({full, full // 2} - {0, 1}):
+                        cands.append(tile("splitk", 128, 128, bk, split, 8, 4 if bk == 64 else 3))
         elif common.cdiv(bucket, 128) * common.cdiv(N, 128) < NARROW_TILES:
             # A narrow product leaves most multiprocessors idle without split-K: Qwen3.5's 96-row
             # in_proj_b|a at 1,024 rows makes 8 tiles of 128 x 128 (16 of 64 x 128), each 80 K steps.

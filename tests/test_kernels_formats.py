@@ -116,6 +116,25 @@ def test_dense_tiled_path_and_uneven_k():
     assert_close(run(dense.launch, x, w, split), dense.reference_linear(x, w))
 
 
+@pytest.mark.parametrize("fmt", ["dense", "fp8"])
+def test_128_row_split_k_tiles_of_bucket_128(fmt):
+    # The dense and fp8 spaces' split-K tiles over all 128 rows (gemm_tiles.gemm_space, bucket 128),
+    # on a product of few 128-column tiles, each against the reference; 100 rows: a partial row tile.
+    g = gen(5 + (fmt == "fp8"))
+    Nw, Kw = 256, 2048
+    if fmt == "dense":
+        mod, w = dense, dense.DenseWeight(torch.randn(Nw, Kw, generator=g).half(), torch.randn(Nw, generator=g).half())
+    else:
+        mod, w = fp8, fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(Nw, Kw, generator=g) * 40),
+                                    (torch.rand(Nw, generator=g) * 0.01 + 1e-3).half(), torch.randn(Nw, generator=g).half())
+    w = w.to(DEV)
+    x = torch.randn(100, Kw, generator=g).half().to(DEV)
+    tiles = [t for t in mod.search_space(mod.problem(w, 128, torch.float16)) if t["path"] == "splitk" and t["BLOCK_M"] == 128]
+    assert {(t["BLOCK_K"], t["SPLIT_K"]) for t in tiles} == {(64, 8), (64, 16), (128, 4), (128, 8)}, tiles
+    for tile in tiles:
+        assert_close(run(mod.launch, x, w, tile), mod.reference_linear(x, w))
+
+
 TMA = dict(TILED, path="tma")
 
 

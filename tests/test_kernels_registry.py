@@ -236,3 +236,20 @@ def test_fp8_search_spaces_with_fp32_activations_hold_only_tiles_that_fit_their_
             dropped = [t for t in bf16 if t not in fp32]
             assert all(t["path"] in gemm.TMA_PATHS for t in dropped)
             assert bool(dropped) == (b >= 256), (N, K, b, len(dropped))
+
+
+@pytest.mark.parametrize("name", ["dense", "fp8_w8a8"])
+def test_128_row_split_k_tiles_at_bucket_128(name):
+    # At 128 rows a product of fewer 128-column output tiles than multiprocessors (the 27B-class o,
+    # down and qkv; not gate_up) takes split-K tiles over all 128 rows on 8 warps, K split for about
+    # one wave of programs and half that; int4's space (pointer-load paths of its own) does not.
+    t = registry.TEMPLATES[name]
+    for N, K, splits in ((5120, 8192, {2, 4}), (5120, 17408, {2, 4}), (10240, 5120, {2}), (96, 5120, {8, 16})):
+        sk = [c for c in t.search_space(Problem(N, K, 128, torch.bfloat16, ()))
+              if c["path"] == "splitk" and c["BLOCK_M"] == 128]
+        assert {c["SPLIT_K"] for c in sk} == splits and all(c["num_warps"] == 8 for c in sk), (N, K, sk)
+        assert {c["BLOCK_K"] for c in sk} == {64, 128}
+    assert not any(c["path"] == "splitk" and c["BLOCK_M"] == 128
+                   for c in t.search_space(Problem(34816, 5120, 128, torch.bfloat16, ())))
+    assert not any(c["path"] == "splitk" and c["BLOCK_M"] == 128
+                   for c in t.search_space(Problem(5120, 8192, 64, torch.bfloat16, ())))
