@@ -197,9 +197,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         R = D if q_rope.rotary_dim is None else q_rope.rotary_dim
         qc = q_rope.cos
         assert q_rope.weight.shape == (D,) and q_rope.weight.is_contiguous(), f"q_rope.weight must be [{D}], contiguous"
-        assert R % 2 == 0 and 0 < R <= D, f"rotary_dim must be even, in (0, {D}], got {R}"
-        assert qc.dim() == 2 and qc.shape == q_rope.sin.shape and qc.shape[1] == R and qc.stride(1) == 1 \
-            and q_rope.sin.stride() == qc.stride(), f"q_rope's cos and sin must be [P, {R}] alike, unit column stride"
+        rope.check_tables(qc, q_rope.sin, D, R)
         rope_args = (q_rope.weight, qc, q_rope.sin, qc.shape[0], qc.stride(0), q_rope.eps, 1.0 / D)
         rope_flags = dict(QROPE=True, HALF=R // 2, ROT=R, ZERO_CENTERED=q_rope.zero_centered, EXACT=q_rope.exact)
     else:

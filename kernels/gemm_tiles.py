@@ -151,6 +151,18 @@ def pick_group(tile: dict):
         return "tma-sk", "tall"
     return tile.get("path")
 
+def _one_wave_split_tiles(bucket: int, N: int, K: int, forms: list[tuple[int, int, int, int]],
+                          halves: bool = False) -> list[dict]:
+    """"splitk" tiles of 128 weight rows for forms (rows, BLOCK_K, warps, stages), K split for about
+    one wave of programs (and half that with `halves`); none where K takes no split."""
+    out = []
+    for bm, bk, warps, stages in forms:
+        full = _split_for(bucket, N, K, bm, 128, bk, 16, waves=1)
+        for split in sorted({full, full // 2 if halves else full} - {0, 1}):
+            out.append(tile("splitk", bm, 128, bk, split, warps, stages))
+    return out
+
+
 def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, default: dict,
                bk_choices=None, tma: bool = True) -> list[dict]:
     """Candidate tiles for a row bucket, `default` first, pruned by shared memory. Buckets >= 32 take
@@ -207,21 +219,15 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                         if K // split >= bks[0]:
                             cands.append(tile("splitk", bm, 128, bks[0], split, 4, 4))
             if bucket == 128 and tma and common.cdiv(N, 128) < SMS:
-                # (The dense and fp8 spaces.) All 128 rows in one tile on 8 warps, K split to fill
-                # about one wave (and half that): each weight byte crosses from L2 once, where the
-                # 64-row tiles read it twice (at 128 rows the 27B-class o and down make 40 output
-                # tiles of 128 columns, 80 programs of 64 x 128).
-                for bk in bks[:2]:
-                    full = _split_for(bucket, N, K, 128, 128, bk, 16, waves=1)
-                    for split in sorted({full, full // 2} - {0, 1}):
-                        cands.append(tile("splitk", 128, 128, bk, split, 8, 4 if bk == 64 else 3))
+                # (The dense and fp8 spaces.) All 128 rows in one tile on 8 warps: each weight byte
+                # crosses from L2 once, where the 64-row tiles read it twice (at 128 rows the
+                # 27B-class o and down make 40 output tiles of 128 columns, 80 programs of 64 x 128).
+                cands += _one_wave_split_tiles(bucket, N, K, [(128, bk, 8, 4 if bk == 64 else 3) for bk in bks[:2]],
+                                               halves=True)
         elif common.cdiv(bucket, 128) * common.cdiv(N, 128) < NARROW_TILES:
             # A narrow product leaves most multiprocessors idle without split-K: Qwen3.5's 96-row
             # in_proj_b|a at 1,024 rows makes 8 tiles of 128 x 128 (16 of 64 x 128), each 80 K steps.
-            for bm, warps in ((64, 4), (128, 8)):
-                split = _split_for(bucket, N, K, bm, 128, bks[0], 16, waves=1)
-                if split > 1:
-                    cands.append(tile("splitk", bm, 128, bks[0], split, warps, 4))
+            cands += _one_wave_split_tiles(bucket, N, K, [(64, bks[0], 4, 4), (128, bks[0], 8, 4)])
     out, seen = [], set()
     for c in cands:
         key = tuple(sorted(c.items()))

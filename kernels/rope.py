@@ -149,6 +149,13 @@ def _plan(D: int, R: int, HQ: int, HKV: int) -> tuple[int, int, int, int, int, i
     return hb, bh, bp, hb, triton.cdiv(HQ, hb) + triton.cdiv(HKV, hb), 4
 
 
+def check_tables(cos: torch.Tensor, sin: torch.Tensor, D: int, R: int) -> None:
+    """RoPE over R of a head's D columns takes cos and sin [P, R] alike, unit column stride."""
+    assert R % 2 == 0 and 0 < R <= D, f"rotary_dim must be even, in (0, {D}], got {R}"
+    assert cos.dim() == 2 and cos.shape == sin.shape and cos.shape[1] == R and cos.stride(1) == 1 \
+        and sin.stride() == cos.stride(), f"cos and sin must be [P, {R}] alike, unit column stride"
+
+
 def _launch(q, k, q_weight, k_weight, cos, sin, eps, head_dim, rotary_dim, positions, zero_centered, exact, norm):
     """q None: k alone (its programs only)."""
     D = head_dim
@@ -158,9 +165,7 @@ def _launch(q, k, q_weight, k_weight, cos, sin, eps, head_dim, rotary_dim, posit
         "q and k must be [T, H * D] with unit column stride"
     assert q.dtype == k.dtype and q.shape[0] == k.shape[0], "q and k must share their dtype and rows"
     assert q.shape[1] % D == 0 and k.shape[1] % D == 0, f"q and k columns must be whole heads of {D}"
-    assert R % 2 == 0 and 0 < R <= D, f"rotary_dim must be even, in (0, {D}], got {R}"
-    assert cos.shape == sin.shape and cos.shape[1] == R and cos.stride(1) == 1 and sin.stride() == cos.stride(), \
-        f"cos and sin must be [P, {R}] alike, unit column stride"
+    check_tables(cos, sin, D, R)
     T = q.shape[0]
     HQ, HKV = q.shape[1] // D, k.shape[1] // D
     qo = torch.empty((T, HQ * D), dtype=q.dtype, device=q.device)
