@@ -53,8 +53,9 @@ def _dtype(name: str | None):
 
 def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
     """(label, template, weight, problem) for every distinct product shape a package's forward runs:
-    q|k|v and gate|up as the fused weights the runtime loads (runtime/fuse.py; parts that cannot be
-    fused are tuned one by one, as the runtime then runs them)."""
+    q|k|v and gate|up as the fused weights the runtime loads (runtime/fuse.py; where the parts
+    cannot all be fused, the runs of them that can and the rest one by one, as the runtime then
+    runs them: fuse.fuse_runs)."""
     from vsr.autotune.jobs import choose_template, weight_jobs
     from vsr.runtime import fuse
     from vsr.runtime.linear import to_run_dtype
@@ -75,8 +76,8 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
         loader.check_linears(linear_names(config, loader))
         for label, names in products(config, loader):
             parts = [run_dtype(loader.linear(n)) for n in names]
-            fused = fuse.fuse(parts) if len(parts) > 1 else parts[0]
-            todo = [(label, fused)] if fused is not None else list(zip(names, parts))
+            todo = [(label if j - i == len(names) else fuse.run_label(names[i:j]), parts[i] if w is None else w)
+                    for i, j, w in fuse.fuse_runs(parts)]
             for name, w in todo:
                 try:
                     template = choose_template(w, act_dtype, False, f"{target}: {name}")

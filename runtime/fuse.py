@@ -153,6 +153,33 @@ def side_by_side(w: Any) -> Any:
     return CONCAT[w.format]([w], lambda ts: torch.cat((ts[0][0::2], ts[0][1::2])))
 
 
+def fuse_runs(parts: list, interleave: bool = False) -> list[tuple[int, int, Any | None]]:
+    """The parts as consecutive runs, one product each: (start, stop, fused weight) for parts
+    [start, stop) that fuse (the longest such run from each start), (i, i + 1, None) for a part
+    that runs alone. All the parts in one run where they fuse; otherwise each maximal run that
+    does, e.g. in_proj_qkv | in_proj_z | in_proj_b | in_proj_a as qkv|z and b|a where b and a are
+    left dense beside quantized qkv and z."""
+    runs, i = [], 0
+    while i < len(parts):
+        for j in range(len(parts), i + 1, -1):
+            w = fuse(parts[i:j], interleave)
+            if w is not None:
+                runs.append((i, j, w))
+                break
+        else:
+            runs.append((i, i + 1, None))
+            j = i + 1
+        i = j
+    return runs
+
+
+def run_label(names: list[str]) -> str:
+    """The label of a product that runs some of a projection's parts: their names joined by "|"
+    after the module path they share ("model.layers.0.linear_attn.in_proj_qkv|in_proj_z")."""
+    path = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
+    return path + "|".join(n[len(path):] if n.startswith(path) else n for n in names)
+
+
 def split_sizes(parts: list) -> list[int]:
     """The parts' output widths, to slice a fused product's columns (torch.split)."""
     return [p.N for p in parts]

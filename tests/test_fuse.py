@@ -102,3 +102,44 @@ def test_mixed_formats_and_k_are_refused():
 
 def test_concat_covers_every_weight_format():
     assert set(fuse.CONCAT) == set(REFERENCE)
+
+
+def test_fuse_runs_fuses_each_longest_run():
+    """fuse_runs: all parts in one run where they fuse; else the longest run that fuses from each
+    part on, a part that fuses with none of its successors alone. Each fused run's product is its
+    parts' products side by side."""
+    fp = [synth.random_weight("fp8", n, K, {}, torch.float32, "cpu", seed=i) for i, n in enumerate((24, 8))]
+    de = [synth.random_weight("dense", n, K, {"wdtype": "float32"}, torch.float32, "cpu", seed=5 + i)
+          for i, n in enumerate((4, 4, 8))]
+    runs = fuse.fuse_runs(fp + de[:2])
+    assert [(i, j) for i, j, _ in runs] == [(0, 2), (2, 4)] and all(w is not None for *_, w in runs)
+    x = torch.randn(3, K)
+    for i, j, w in runs:
+        assert torch.equal(_product(x, w), torch.cat([_product(x, p) for p in (fp + de)[i:j]], dim=1))
+    assert [(i, j, w is None) for i, j, w in fuse.fuse_runs([de[0], fp[0], de[1], de[2]])] == [
+        (0, 1, True), (1, 2, True), (2, 4, False)]
+    assert [(i, j) for i, j, _ in fuse.fuse_runs(de)] == [(0, 3)]
+    assert fuse.run_label(["m.l.in_proj_b", "m.l.in_proj_a"]) == "m.l.in_proj_b|in_proj_a"
+
+
+def test_projection_splits_only_at_a_product_boundary():
+    """Projection.split(at): the products of parts [0, at) and [at, n) as two Projections (each
+    fused where it is one product of several parts), None where a product spans part `at`."""
+    from vsr.runtime.linear import QLinear
+    from vsr.runtime.models.common import Projection
+
+    ws = [synth.random_weight("dense", n, 16, {"wdtype": "float32"}, torch.float32, "cpu", seed=i)
+          for i, n in enumerate((6, 4, 3, 3))]
+    qkvz, ba = fuse.fuse(ws[:2]), fuse.fuse(ws[2:])
+    proj = Projection([QLinear(qkvz), QLinear(ba)], [6, 4, 3, 3], False, [2, 2])
+    head, tail = proj.split(2)
+    assert head.fused and tail.fused and head.sizes == [6, 4] and tail.sizes == [3, 3]
+    x = torch.randn(5, 16)
+    assert torch.equal(torch.cat([head(x), tail(x)], -1), proj(x))
+    assert proj.split(1) is None and proj.split(3) is None
+    assert Projection([QLinear(fuse.fuse(ws))], [6, 4, 3, 3], True).split(2) is None
+    singles = Projection([QLinear(w) for w in ws], [6, 4, 3, 3], False)
+    head, tail = singles.split(1)
+    assert not head.fused and head.runs == [1] and tail.runs == [1, 1, 1]
+    with pytest.raises(ValueError, match="do not cover"):
+        Projection([QLinear(qkvz), QLinear(ba)], [6, 4, 3, 3], False, [2, 1])

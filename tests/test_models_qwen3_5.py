@@ -85,8 +85,8 @@ def test_bf16_activations_match_transformers_in_bf16(tiny_qwen3_5):  # noqa: F81
 
 
 def test_products_are_what_the_forward_runs(tiny_qwen3_5):  # noqa: F811
-    """models.products (what vsr-tune tunes) names the engine's products: q|k|v, in_proj_qkv|z,
-    in_proj_b|a and gate|up fused, o_proj, out_proj and down_proj alone."""
+    """models.products (what vsr-tune tunes) names the engine's products: q|k|v, in_proj_qkv|z|b|a
+    and gate|up fused, o_proj, out_proj and down_proj alone."""
     from vsr.runtime import models
 
     e = load_engine(Pkg(tiny_qwen3_5))
@@ -94,16 +94,14 @@ def test_products_are_what_the_forward_runs(tiny_qwen3_5):  # noqa: F811
     assert set(prods) == set(e.linears)
     assert {n: p for n, p in prods.items() if len(p) > 1} == e.fused
     L0, L1 = "model.layers.0.", "model.layers.1."
-    assert prods[L0 + "linear_attn.in_proj_qkvz"] == (L0 + "linear_attn.in_proj_qkv", L0 + "linear_attn.in_proj_z")
-    assert prods[L0 + "linear_attn.in_proj_ba"] == (L0 + "linear_attn.in_proj_b", L0 + "linear_attn.in_proj_a")
+    assert prods[L0 + "linear_attn.in_proj"] == tuple(L0 + f"linear_attn.in_proj_{p}" for p in ("qkv", "z", "b", "a"))
     assert prods[L1 + "self_attn.qkv_proj"] == tuple(L1 + f"self_attn.{p}_proj" for p in "qkv")
     assert sorted(n.split(".", 3)[3] for n in prods if n.startswith(L0)) == sorted(
-        ["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj", "mlp.gate_up_proj",
-         "mlp.down_proj"])
-    # Query and gate per head (2 * 4 * 32), then k and v (2 * 32 each); conv channels 2*2*32 + 4*32, z 4*32.
+        ["linear_attn.in_proj", "linear_attn.out_proj", "mlp.gate_up_proj", "mlp.down_proj"])
+    # Query and gate per head (2 * 4 * 32), then k and v (2 * 32 each); conv channels 2*2*32 + 4*32,
+    # z 4*32, b and a 4 each.
     assert e.linears[L1 + "self_attn.qkv_proj"].out_features == 256 + 64 + 64
-    assert e.linears[L0 + "linear_attn.in_proj_qkvz"].out_features == 256 + 128
-    assert e.linears[L0 + "linear_attn.in_proj_ba"].out_features == 8
+    assert e.linears[L0 + "linear_attn.in_proj"].out_features == 256 + 128 + 8
 
 
 def test_the_triton_ops_match_the_reference_under_the_interpreter(tiny_qwen3_5):  # noqa: F811
@@ -128,7 +126,7 @@ def test_the_triton_ops_match_the_reference_under_the_interpreter(tiny_qwen3_5):
 
 def test_head_counts_that_do_not_fit_the_weights_are_refused(tmp_path, tiny_qwen3_5):  # noqa: F811
     path = _copy_with_config(tiny_qwen3_5, tmp_path / "dn", linear_key_head_dim=16)
-    with pytest.raises(PackageError, match=r"in_proj_qkv, .*in_proj_z: output widths \[256, 128\].*\[192, 128\]"):
+    with pytest.raises(PackageError, match=r"in_proj_qkv, .*in_proj_a: output widths \[256, 128, 4, 4\].*\[192, 128, 4, 4\]"):
         load_engine(Pkg(path))
     path = _copy_with_config(tiny_qwen3_5, tmp_path / "kv", num_key_value_heads=1)
     with pytest.raises(PackageError, match=r"q_proj, .*v_proj: output widths \[256, 64, 64\].*\[256, 32, 32\]"):
@@ -213,8 +211,8 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # n
     assert any("in_proj_a" in n for n in runs) and any("self_attn.q_proj" in n for n in runs)
     assert sorted(runs) == sorted(qwen3_5.linear_names(Pkg(path).config, _Keys(path)))   # each Linear once
     # llm-compressor gives one NVFP4 global scale to q/k/v and gate/up only: the DeltaNet's
-    # in_proj_qkv|z and in_proj_b|a keep their own, so they run as separate products there.
-    fused = {"gate_up_proj", "qkv_proj"} | (set() if scheme == "NVFP4" else {"in_proj_qkvz", "in_proj_ba"})
+    # in_proj_qkv, z, b and a keep their own, so they run as separate products there.
+    fused = {"gate_up_proj", "qkv_proj"} | (set() if scheme == "NVFP4" else {"in_proj"})
     assert {n.rsplit(".", 1)[1] for n in e.fused} == fused
     hf = _hf(path, torch.bfloat16 if bf16 else torch.float32)
     b = e.tokenizer.batch(TEXTS)
@@ -235,3 +233,58 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # n
     assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
     if not bf16:
         assert clear.float().mean() >= 0.5   # the top-1 check covers most requests
+
+
+def _with_dense(src, dst, parts):
+    """A copy of the FP8 package src whose Linear layers ending in `parts` are dense again: their
+    e4m3 codes times their scales in bf16, named in the quantization config's ignore list."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    with safe_open(src / "model.safetensors", "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    dense = sorted(k[:-len(".weight")] for k in tensors if k.endswith(tuple(f"{p}.weight" for p in parts)))
+    for n in dense:
+        w = tensors.pop(n + ".weight").float() * tensors.pop(n + ".weight_scale").float()
+        tensors[n + ".weight"] = w.to(torch.bfloat16)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] += dense
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst, dense
+
+
+def test_dense_b_and_a_beside_quantized_qkv_and_z_run_as_two_products(tmp_path, monkeypatch, tiny_qwen3_5):  # noqa: F811
+    """A package that leaves in_proj_b / in_proj_a dense beside FP8 in_proj_qkv / in_proj_z runs
+    qkv|z and b|a as one product each (fuse.fuse_runs), tuned as such, and still agrees with
+    transformers."""
+    from vsr.runtime import models
+
+    path, dense = _with_dense(compressed(tiny_qwen3_5, "FP8_DYNAMIC"), tmp_path / "mixed",
+                              ("in_proj_b", "in_proj_a"))
+    assert len(dense) == 2 * 2   # two DeltaNet layers
+    with pytest.warns(UserWarning, match=r"in_proj_qkv, .*in_proj_a run as 2 products, not one"):
+        e = load_engine(Pkg(path))
+    L0 = "model.layers.0.linear_attn."
+    assert e.fused[L0 + "in_proj_qkv|in_proj_z"] == (L0 + "in_proj_qkv", L0 + "in_proj_z")
+    assert e.fused[L0 + "in_proj_b|in_proj_a"] == (L0 + "in_proj_b", L0 + "in_proj_a")
+    assert e.linears[L0 + "in_proj_qkv|in_proj_z"].weight.format == "fp8"
+    assert e.linears[L0 + "in_proj_b|in_proj_a"].weight.format == "dense"
+    m = e.model.layers[0]
+    assert not m["in_proj"].fused and m["in_proj"].runs == [2, 2]
+    assert m["in_proj_qkvz"].fused and m["in_proj_ba"].fused
+    runs = [p for n in e.linears for p in e.fused.get(n, (n,))]
+    assert sorted(runs) == sorted(qwen3_5.linear_names(Pkg(path).config, _Keys(path)))   # each Linear once
+    # what vsr-tune tunes for it: the same two products (the package opened past the CPU's FP8 refusal)
+    from vsr.cli.tune import package_jobs
+    from vsr.runtime import package
+    monkeypatch.setattr(package, "open_package", lambda p, **kw: Pkg(p))
+    jobs = package_jobs(str(path), "cpu", [16], None)
+    assert {j["label"] for j in jobs if j["label"].startswith(L0 + "in_proj")} == {
+        L0 + "in_proj_qkv|in_proj_z (fp8)", L0 + "in_proj_b|in_proj_a (dense)"}
+    hf = _hf(path)
+    b = e.tokenizer.batch(TEXTS)
+    ours, ref = _ours_logits(e, b), _hf_logits(hf, b)
+    err, scale = float((ours - ref).abs().max()), float(ref.abs().max())
+    assert err <= MODEL_TOL["FP8_DYNAMIC"] * scale, f"logits differ by {err:.3g} (scale {scale:.3g})"

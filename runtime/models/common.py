@@ -13,14 +13,18 @@ from vsr.runtime.linear import stack_one_input, to_run_dtype
 class Projection(torch.nn.Module):
     """Several Linear layers over one input as one product: forward(x [T, K]) -> [T, sum(sizes)],
     the parts' outputs side by side in order (q|k|v, gate|up). `fused`: one QLinear over the
-    concatenated weight (runtime/fuse.py); else the parts run one by one and are joined (a
-    package whose parts cannot share a weight; the load warns)."""
+    concatenated weight (runtime/fuse.py); else `parts` are the products of consecutive runs of
+    them (`runs`: how many Linear layers each product covers; fuse.fuse_runs) and their outputs
+    are joined (a package whose parts cannot all share a weight; the load warns)."""
 
-    def __init__(self, linears: list, sizes: list[int], fused: bool):
+    def __init__(self, linears: list, sizes: list[int], fused: bool, runs: list[int] | None = None):
         super().__init__()
         self.parts = torch.nn.ModuleList(linears)
         self.sizes = list(sizes)
         self.fused = fused
+        self.runs = [len(sizes)] if fused else list(runs or [1] * len(linears))
+        if len(self.runs) != len(linears) or sum(self.runs) != len(sizes):
+            raise ValueError(f"runs {self.runs} do not cover {len(sizes)} parts with {len(linears)} products")
         # Parts that cannot share a weight may still run as one product on the CPU reference path
         # (NVFP4 W4A4 parts with one input global scale: linear.stack_one_input).
         self.stacked = None if fused else stack_one_input(list(linears))
@@ -49,6 +53,17 @@ class Projection(torch.nn.Module):
     def product_fp8(self, xq: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The fused fp8 product of activations already quantized per row (QLinear.product_fp8)."""
         return self.parts[0].product_fp8(xq, xs, dtype)
+
+    def split(self, at: int) -> tuple[Projection, Projection] | None:
+        """The products of parts [0, at) and [at, n) as two Projections, where no product spans
+        part `at` (else None: the caller slices the whole output)."""
+        ends = [sum(self.runs[:i + 1]) for i in range(len(self.runs))]
+        if self.fused or at not in ends[:-1]:
+            return None
+        i = ends.index(at) + 1
+        return tuple(Projection(list(self.parts[a:b]), self.sizes[lo:hi], n == 1 and r > 1, self.runs[a:b])
+                     for a, b, lo, hi in ((0, i, 0, at), (i, len(self.runs), at, len(self.sizes)))
+                     for n, r in [(b - a, self.runs[a])])
 
 
 class Builder:
@@ -102,36 +117,40 @@ class Builder:
 
     def projection(self, label: str, names: list[str], activation: str | None = None) -> Projection:
         """The Linear layers `names` (one input, outputs side by side) as one Projection, fused into
-        one weight where their format allows (runtime/fuse.py), else kept apart with a warning.
-        Registered in .linears under `label` (e.g. "model.layers.0.self_attn.qkv").
+        one weight where their format allows (runtime/fuse.py), registered in .linears under `label`
+        (e.g. "model.layers.0.self_attn.qkv"); else as the runs of them that fuse (fuse.fuse_runs,
+        each under fuse.run_label) and the parts left alone (under their names), with a warning.
         activation "silu_mul" (gate|up): on the Triton path, parts of fuse.GLU_FORMATS are fused
         with their rows interleaved and the product applies SwiGLU (QLinear.glu; Projection.activated
         says so); elsewhere the caller applies it (activated_product)."""
         parts = [self._weight(n) for n in names]
         glu = activation == "silu_mul" and self.kernels == "triton" and len(parts) == 2 \
             and parts[0].format in fuse.GLU_FORMATS and parts[0].N == parts[1].N
-        fused = fuse.fuse(parts, interleave=glu)
-        if fused is None:
-            why = fuse.why_not(parts)
-            mods = []
-            for n, w in zip(names, parts):
-                w = w.to(self.device)
-                self.linear_bytes += w.nbytes()
-                mods.append(self.linears.setdefault(n, self.make_linear(w)))
-            proj = Projection(mods, fuse.split_sizes(parts), False)
-            if proj.stacked is None:   # (stacked: the CPU reference runs them as one product after all)
-                warnings.warn(f"{label}: {', '.join(names)} run as {len(names)} products, not one: {why}",
-                              stacklevel=2)
-            return proj
         sizes = fuse.split_sizes(parts)
+        runs = fuse.fuse_runs(parts, interleave=glu)
+        if len(runs) > 1 or runs[0][2] is None:
+            mods = [self._run(names[i], names[i:j], parts[i]) if w is None else
+                    self._run(fuse.run_label(names[i:j]), names[i:j], w) for i, j, w in runs]
+            proj = Projection(mods, sizes, False, [j - i for i, j, _ in runs])
+            if proj.stacked is None:   # (stacked: the CPU reference runs them as one product after all)
+                warnings.warn(f"{label}: {', '.join(names)} run as {len(runs)} products, not one: "
+                              f"{fuse.why_not(parts)}", stacklevel=2)
+            return proj
         del parts   # the CPU copies of the parts: only the fused weight moves to the device
-        fused = fused.to(self.device)
-        self.linear_bytes += fused.nbytes()
-        lin = self.linears[label] = self.make_linear(fused)
-        self.fused[label] = tuple(names)
+        lin = self._run(label, names, runs[0][2])
         if glu:
             lin.glu = True
         return Projection([lin], sizes, True)
+
+    def _run(self, key: str, names: list[str], w) -> torch.nn.Module:
+        """The QLinear of one product of a projection, registered in .linears under `key` (and in
+        .fused with the parts it runs, where it runs several)."""
+        w = w.to(self.device)
+        self.linear_bytes += w.nbytes()
+        self.linears.setdefault(key, self.make_linear(w))
+        if len(names) > 1:
+            self.fused[key] = tuple(names)
+        return self.linears[key]
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A plain tensor (embedding, norm, head), in `dtype` if given, else as stored."""

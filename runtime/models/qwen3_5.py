@@ -16,10 +16,11 @@ Numerics as transformers' modeling_qwen3_5:
   make transformers' multimodal RoPE the plain one), causal GQA attention, times sigmoid(gate),
   o_proj;
 - the score head (fp32) on the last real token of each right-padded request.
-Products (`products`): q|k|v (q_proj's query and gate included), in_proj_qkv|in_proj_z and
-in_proj_b|in_proj_a of one input each, gate|up, fused at load (runtime/fuse.py); o_proj,
-out_proj and down_proj. Every other operation is one of vsr.runtime.models.ops: Triton kernels on
-the GPU path, their pure-torch references on the CPU. Activations are 2-D [B*S, hidden].
+Products (`products`): q|k|v (q_proj's query and gate included), in_proj_qkv|z|b|a (one input;
+where b and a cannot join qkv and z, e.g. left dense beside quantized ones: qkv|z and b|a), gate|up,
+fused at load (runtime/fuse.py); o_proj, out_proj and down_proj. Every other operation is one of
+vsr.runtime.models.ops: Triton kernels on the GPU path, their pure-torch references on the CPU.
+Activations are 2-D [B*S, hidden].
 Text only: a package with a vision tower (vision_config, or visual tensors) is refused.
 """
 from __future__ import annotations
@@ -34,8 +35,8 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 # The old names transformers' configs remap on load (configuration_utils.remap_legacy_layer_types).
 _LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 # A layer's products: (label, the package's Linear layers it runs, in output order), per mixer.
-_DELTANET = (("linear_attn.in_proj_qkvz", ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z")),
-             ("linear_attn.in_proj_ba", ("linear_attn.in_proj_b", "linear_attn.in_proj_a")),
+_DELTANET = (("linear_attn.in_proj", ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
+                                      "linear_attn.in_proj_a")),
              ("linear_attn.out_proj", ("linear_attn.out_proj",)))
 _ATTENTION = (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
               ("self_attn.o_proj", ("self_attn.o_proj",)))
@@ -161,7 +162,7 @@ class Qwen3_5Router(DecoderRouter):
         self.conv_dim = 2 * self.lk_heads * self.lk_dim + self.lv_heads * self.lv_dim
         vd, nh, nkv, dh = self.lv_heads * self.lv_dim, self.heads, self.kv_heads, self.head_dim
         # The fused products' parts, sliced by the forward: their output widths as config.json's heads say.
-        widths = {"in_proj_qkvz": [self.conv_dim, vd], "in_proj_ba": [self.lv_heads] * 2,
+        widths = {"in_proj": [self.conv_dim, vd, self.lv_heads, self.lv_heads],
                   "qkv_proj": [2 * nh * dh, nkv * dh, nkv * dh]}
         for i, (t, prods) in enumerate(zip(self.types, _layer_products(cfg, b.loader))):
             L = f"{P}layers.{i}."
@@ -174,6 +175,11 @@ class Qwen3_5Router(DecoderRouter):
                     raise PackageError(f"{', '.join(parts)}: output widths {mod.sizes}, but config.json's heads "
                                        f"give {widths[name]}")
                 self.layers[-1][name] = mod
+                # in_proj's qkv | z and b | a as two products where the four parts cannot share one
+                # (and the CPU reference does not stack them into one after all)
+                apart = mod.split(2) if name == "in_proj" and mod.stacked is None else None
+                if apart is not None:
+                    self.layers[-1]["in_proj_qkvz"], self.layers[-1]["in_proj_ba"] = apart
             p = {"input_layernorm": b.tensor(L + "input_layernorm.weight", torch.float32),
                  "post_attention_layernorm": b.tensor(L + "post_attention_layernorm.weight", torch.float32)}
             if t == "linear_attention":
@@ -193,18 +199,24 @@ class Qwen3_5Router(DecoderRouter):
         self.load_score(b)
         self.inv_freq = rope_inv_freq(theta, self.rotary_dim, b.device)
 
-    def _deltanet(self, m, p, qkvz, h, B: int, S: int, lengths):
-        """Gated DeltaNet on the fused in_proj_qkv | in_proj_z output qkvz [T, conv_dim + Hv*V] of h."""
+    def _deltanet(self, m, p, d, res, B: int, S: int, lengths):
+        """A Gated DeltaNet layer's mixer on the residual stream d + res: (its output, d + res).
+        in_proj gives qkv | z | b | a in one product where the four share a weight; else b | a
+        runs apart on the norm's output (in_proj_qkvz and in_proj_ba: Projection.split)."""
         o, X = self.ops, self.exact
-        kd, c = self.lk_heads * self.lk_dim, self.conv_dim
+        kd, c, vd = self.lk_heads * self.lk_dim, self.conv_dim, self.lv_heads * self.lv_dim
+        apart = "in_proj_ba" in m
+        qkvz, h, res = normed_product(o, m["in_proj_qkvz"] if apart else m["in_proj"], d, p["input_layernorm"],
+                                      self.eps, residual=res, zero_centered=True, exact=X, keep_output=apart)
+        ba = m["in_proj_ba"](h) if apart else qkvz[:, c + vd:]
         mixed = o.causal_conv1d_silu(qkvz[:, :c].unflatten(0, (B, S)), p["conv"])
         q = mixed[..., :kd].unflatten(-1, (self.lk_heads, self.lk_dim))
         k = mixed[..., kd:2 * kd].unflatten(-1, (self.lk_heads, self.lk_dim))
         v = mixed[..., 2 * kd:].unflatten(-1, (self.lv_heads, self.lv_dim))
-        g, beta = o.deltanet_gates(m["in_proj_ba"](h), p["neg_a"], p["dt_bias"])
+        g, beta = o.deltanet_gates(ba, p["neg_a"], p["dt_bias"])
         core = o.chunk_gated_delta_rule(q, k, v, g.view(B, S, -1), beta.view(B, S, -1), lengths)
-        y = o.gated_rms_norm(core.reshape(B * S, -1), qkvz[:, c:], p["norm"], self.eps, exact=X)
-        return m["out_proj"](y)
+        y = o.gated_rms_norm(core.reshape(B * S, -1), qkvz[:, c:c + vd], p["norm"], self.eps, exact=X)
+        return m["out_proj"](y), res
 
     def _attention(self, m, p, qkv, B: int, S: int, lengths, cos, sin):
         """Gated attention on the fused q_proj | k_proj | v_proj output qkv [T, 2*Hq*D + 2*Hkv*D]."""
@@ -231,13 +243,12 @@ class Qwen3_5Router(DecoderRouter):
         cos, sin = rope_cos_sin(S, self.inv_freq, self.dtype if X else None)
         d, res = x, None   # the residual stream is d + res, summed by the next norm (res None: d alone)
         for t, m, p in zip(self.types, self.layers, self.params):
-            first = m["in_proj_qkvz"] if t == "linear_attention" else m["qkv_proj"]
-            out, h, res = normed_product(o, first, d, p["input_layernorm"], self.eps, residual=res,
-                                         zero_centered=True, exact=X, keep_output=t == "linear_attention")
             if t == "linear_attention":
-                d = self._deltanet(m, p, out, h, B, S, lengths)
+                d, res = self._deltanet(m, p, d, res, B, S, lengths)
             else:
-                d = self._attention(m, p, out, B, S, lengths, cos, sin)
+                qkv, _, res = normed_product(o, m["qkv_proj"], d, p["input_layernorm"], self.eps, residual=res,
+                                             zero_centered=True, exact=X, keep_output=False)
+                d = self._attention(m, p, qkv, B, S, lengths, cos, sin)
             gu, _, res = normed_product(o, m["gate_up_proj"], d, p["post_attention_layernorm"], self.eps,
                                         residual=res, zero_centered=True, exact=X, keep_output=False)
             d = mlp_down(o, m["gate_up_proj"], m["down_proj"], gu, "silu_mul", X)
