@@ -66,7 +66,7 @@ def test_gates_and_gated_norm_27b_shapes():
     torch.testing.assert_close(got[0], ref[0], atol=0, rtol=2e-6)
     assert (got[1] != ref[1]).float().mean() < 1e-3 and (got[1].float() - ref[1].float()).abs().max() <= 2 ** -8
     o = torch.randn(T, Hv * V, generator=g, device="cuda").to(torch.bfloat16)
-    z = wide[:, 10240:16384]   # in_proj_z's columns of the fused in_proj_qkvz output
+    z = wide[:, 10240:16384]   # in_proj_z's columns of the fused in_proj (qkv | z | b | a) output
     w = (torch.randn(V, generator=g, device="cuda") * 0.05 + 1).to(torch.bfloat16)
     for exact in (True, False):
         y = norm.gated_rms_norm(o, z, w, 1e-6, exact=exact)
