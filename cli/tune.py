@@ -76,7 +76,7 @@ def package_jobs(target: str, device, buckets, act: str | None) -> list[dict]:
         loader.check_linears(linear_names(config, loader))
         for label, names in products(config, loader):
             parts = [run_dtype(loader.linear(n)) for n in names]
-            todo = [(label if j - i == len(names) else fuse.run_label(names[i:j]), parts[i] if w is None else w)
+            todo = [(fuse.run_label(label, names, i, j), parts[i] if w is None else w)
                     for i, j, w in fuse.fuse_runs(parts)]
             for name, w in todo:
                 try:

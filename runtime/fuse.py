@@ -173,11 +173,15 @@ def fuse_runs(parts: list, interleave: bool = False) -> list[tuple[int, int, Any
     return runs
 
 
-def run_label(names: list[str]) -> str:
-    """The label of a product that runs some of a projection's parts: their names joined by "|"
-    after the module path they share ("model.layers.0.linear_attn.in_proj_qkv|in_proj_z")."""
-    path = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
-    return path + "|".join(n[len(path):] if n.startswith(path) else n for n in names)
+def run_label(label: str, names: list[str], start: int, stop: int) -> str:
+    """The label of the product that runs parts [start, stop) of the projection `label` over the
+    Linear layers `names`: `label` for all of them, a part's own name for it alone, else the run's
+    names joined by "|" after the module path they share ("model.layers.0.linear_attn.in_proj_qkv|in_proj_z")."""
+    if stop - start == len(names):
+        return label
+    run = names[start:stop]
+    path = run[0].rsplit(".", 1)[0] + "." if "." in run[0] else ""
+    return path + "|".join(n[len(path):] if n.startswith(path) else n for n in run)
 
 
 def split_sizes(parts: list) -> list[int]:

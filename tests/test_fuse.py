@@ -119,7 +119,10 @@ def test_fuse_runs_fuses_each_longest_run():
     assert [(i, j, w is None) for i, j, w in fuse.fuse_runs([de[0], fp[0], de[1], de[2]])] == [
         (0, 1, True), (1, 2, True), (2, 4, False)]
     assert [(i, j) for i, j, _ in fuse.fuse_runs(de)] == [(0, 3)]
-    assert fuse.run_label(["m.l.in_proj_b", "m.l.in_proj_a"]) == "m.l.in_proj_b|in_proj_a"
+    names = ["m.l.in_proj_qkv", "m.l.in_proj_z", "m.l.in_proj_b", "m.l.in_proj_a"]
+    assert fuse.run_label("m.l.in_proj", names, 2, 4) == "m.l.in_proj_b|in_proj_a"
+    assert fuse.run_label("m.l.in_proj", names, 0, 4) == "m.l.in_proj"
+    assert fuse.run_label("m.l.in_proj", names, 1, 2) == "m.l.in_proj_z"
 
 
 def test_projection_splits_only_at_a_product_boundary():

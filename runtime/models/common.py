@@ -1,6 +1,7 @@
 """What every model needs from a package: linear layers and plain tensors, on a device, in a dtype."""
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import torch
@@ -57,13 +58,16 @@ class Projection(torch.nn.Module):
     def split(self, at: int) -> tuple[Projection, Projection] | None:
         """The products of parts [0, at) and [at, n) as two Projections, where no product spans
         part `at` (else None: the caller slices the whole output)."""
-        ends = [sum(self.runs[:i + 1]) for i in range(len(self.runs))]
+        ends = list(itertools.accumulate(self.runs))
         if self.fused or at not in ends[:-1]:
             return None
         i = ends.index(at) + 1
-        return tuple(Projection(list(self.parts[a:b]), self.sizes[lo:hi], n == 1 and r > 1, self.runs[a:b])
-                     for a, b, lo, hi in ((0, i, 0, at), (i, len(self.runs), at, len(self.sizes)))
-                     for n, r in [(b - a, self.runs[a])])
+
+        def side(a: int, b: int, lo: int, hi: int) -> Projection:   # products a..b, parts lo..hi
+            runs = self.runs[a:b]
+            return Projection(list(self.parts[a:b]), self.sizes[lo:hi], runs == [hi - lo] and hi - lo > 1, runs)
+
+        return side(0, i, 0, at), side(i, len(self.runs), at, len(self.sizes))
 
 
 class Builder:
@@ -128,19 +132,19 @@ class Builder:
             and parts[0].format in fuse.GLU_FORMATS and parts[0].N == parts[1].N
         sizes = fuse.split_sizes(parts)
         runs = fuse.fuse_runs(parts, interleave=glu)
-        if len(runs) > 1 or runs[0][2] is None:
-            mods = [self._run(names[i], names[i:j], parts[i]) if w is None else
-                    self._run(fuse.run_label(names[i:j]), names[i:j], w) for i, j, w in runs]
-            proj = Projection(mods, sizes, False, [j - i for i, j, _ in runs])
-            if proj.stacked is None:   # (stacked: the CPU reference runs them as one product after all)
-                warnings.warn(f"{label}: {', '.join(names)} run as {len(runs)} products, not one: "
-                              f"{fuse.why_not(parts)}", stacklevel=2)
-            return proj
-        del parts   # the CPU copies of the parts: only the fused weight moves to the device
-        lin = self._run(label, names, runs[0][2])
-        if glu:
-            lin.glu = True
-        return Projection([lin], sizes, True)
+        whole = len(runs) == 1 and runs[0][2] is not None
+        why = None if whole else fuse.why_not(parts)
+        spans, weights = [(i, j) for i, j, _ in runs], [parts[i] if w is None else w for i, _, w in runs]
+        del parts, runs   # the CPU copies of fused parts: only the fused weights move to the device
+        mods = [self._run(fuse.run_label(label, names, i, j), names[i:j], w) for (i, j), w in zip(spans, weights)]
+        if whole:
+            if glu:
+                mods[0].glu = True
+            return Projection(mods, sizes, True)
+        proj = Projection(mods, sizes, False, [j - i for i, j in spans])
+        if proj.stacked is None:   # (stacked: the CPU reference runs them as one product after all)
+            warnings.warn(f"{label}: {', '.join(names)} run as {len(spans)} products, not one: {why}", stacklevel=2)
+        return proj
 
     def _run(self, key: str, names: list[str], w) -> torch.nn.Module:
         """The QLinear of one product of a projection, registered in .linears under `key` (and in
