@@ -1,8 +1,10 @@
 """The 27B-class gate|up product with its SwiGLU epilogue (GPU only), on the tiles the runtime runs
 (the shipped cache's tile of each row bucket, the template's default where it has none), bf16,
-dense, fp8 and int4 GPTQ/AWQ: the same bytes as the plain product of the gate|up weight followed by the
-activation kernel (activation.silu_mul), every output written (NaN-poisoned), at rows inside each
-bucket and at its edge."""
+dense, fp8 and int4 GPTQ/AWQ: the same bytes as the plain product of the same interleaved weight
+with its columns put back in gate|up order, followed by the activation kernel (activation.silu_mul),
+every output written (NaN-poisoned), at rows inside each bucket and at its edge. (The plain product
+of the weight in gate|up order is another sum: a stream-K tile plan splits the K steps of other
+columns there. It is checked within bf16's rounding.)"""
 from __future__ import annotations
 
 import sys
@@ -35,8 +37,12 @@ def test_swiglu_product_is_the_plain_product_then_the_activation(fmt):
         p = t.problem(w, bucket_for(M), torch.bfloat16)
         tile = shipped_tile(t, p, dev) or t.default_tile(p)
         x = torch.randn(M, K, device=dev, generator=g).bfloat16()
-        want = activation.silu_mul(t.launch(x, w, tile))
+        y = t.launch(x, wi, tile)
+        want = activation.silu_mul(torch.cat([y[:, 0::2], y[:, 1::2]], 1))
         out = torch.full((M, N // 2), float("nan"), dtype=torch.bfloat16, device=dev)
         got = t.launch(x, wi, tile, out=out, glu=True)
         assert not torch.isnan(got).any(), (fmt, M, tile)
         assert torch.equal(got, want), (fmt, M, tile)
+        plain = activation.silu_mul(t.launch(x, w, tile)).float()
+        torch.testing.assert_close(got.float(), plain, rtol=2 ** -6, atol=2 ** -8 * plain.abs().max().item(),
+                                   msg=lambda m: f"{fmt} at {M} rows on {tile}: {m}")
