@@ -7,8 +7,6 @@ over the keys j allowed for query i: j < lengths[b] (right padding), and j <= i 
 (decoders), |i - j| <= window // 2 when a window is given (ModernBERT's local attention).
 g(h) = h // (Hq / Hkv): grouped-query heads read their key/value head in place.
 Query rows i >= lengths[b] are written as zeros (they carry no token; the reference does the same).
-With `q_rope` (rope.QueryRope) q is given before Qwen3's q_norm and RoPE, which the kernel applies to
-each query tile as it loads it (norm_rope_attention: q and k normed and rotated, k by the rope kernel).
 With `gate` ([B, S, Hq, D], Qwen3.5's gated attention), the output is o · sigmoid(gate) as
 transformers computes it: o rounded to q's dtype, sigmoid(gate) in fp32 rounded to it (libdevice's
 exp, IEEE division, as torch's CUDA sigmoid), their product rounded once more.
@@ -32,7 +30,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from vsr.kernels import common, pdl, rope
+from vsr.kernels import common, pdl
 from vsr.kernels.common import LIBDEVICE, sigmoid_f32
 
 HEAD_DIMS = (32, 64, 128, 256)
@@ -40,7 +38,8 @@ HEAD_DIMS = (32, 64, 128, 256)
 # starts its loads afresh, so a program with few key blocks waits for two loops' first loads where
 # one masked loop would have prefetched the next block: in the H200 records of the 27B-class
 # forward, 16 requests of 128 tokens spend 15% longer in attention with the two loops, one request
-# of 1024 tokens 12% less.
+# of 1024 tokens 12% less; timed alone on an H100 at Qwen3's heads, two loops lose at 128 and 256
+# tokens and win from 512.
 SKIP_MASK_FROM = 257
 
 
@@ -94,12 +93,9 @@ def _key_blocks(q, k_base, v_base, acc, l_i, m_i, n_lo, n_hi, offs_m, offs_d, le
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, qk_scale, HALF_W,
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
-                      qw_ptr, cos_ptr, sin_ptr, P, stride_c, eps, INV_D,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                      QROPE: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                      EXACT: tl.constexpr, SKIP_MASK: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """QROPE: q's per-head RMSNorm and RoPE (rope.query_norm_rope) on the query tile as it loads."""
+                      SKIP_MASK: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
     pdl.begin(WAIT, RELEASE)
     if CAUSAL:   # the longest query blocks (the most keys) first: the last wave's programs are short
         start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
@@ -118,11 +114,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
     if start_m >= length:   # a block of padding queries only
         tl.store(o_ptrs, tl.zeros((BLOCK_M, D), dtype=o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
         return
-    q_rows = q_ptr + b * sqb + h * sqh + offs_m.to(tl.int64) * sqs
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=offs_m[:, None] < length, other=0.0)
-    if QROPE:
-        q = rope.query_norm_rope(q, q_rows, offs_d, offs_m < length, (b * S + offs_m) % P, qw_ptr, cos_ptr, sin_ptr,
-                                 stride_c, eps, INV_D, D, HALF, ROT, ZERO_CENTERED, EXACT, LIBDEVICE)
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :],
+                mask=offs_m[:, None] < length, other=0.0)
     k_base = k_ptr + b * skb + g * skh
     v_base = v_ptr + b * svb + g * svh
     lo = 0
@@ -162,11 +155,12 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
 
 @functools.cache
 def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps, stages), fixed per head dim: BLOCK_N 64 keys a step; BLOCK_M 128
-    queries for long sequences at D <= 128, else 64 (more programs for short prompts, and the
-    registers of a 64 x 256 accumulator at D = 256). fp32 inputs multiplied as tf32x3 (`f32`) stage
-    their TF32 parts in shared memory too: from D = 128 they take fewer stages and keys a step to
-    fit the H200's 227 KB (196,608 bytes at D = 128 and 256, compiled for sm_90)."""
+    """(BLOCK_M, BLOCK_N, warps, stages), fixed per head dim: BLOCK_N 64 keys a step (32 below
+    SKIP_MASK_FROM at D = 128); BLOCK_M 128 queries for long sequences at D <= 128, else 64 (more
+    programs for short prompts, and the registers of a 64 x 256 accumulator at D = 256). fp32 inputs
+    multiplied as tf32x3 (`f32`) stage their TF32 parts in shared memory too: from D = 128 they take
+    fewer stages and keys a step to fit the H200's 227 KB (196,608 bytes at D = 128 and 256,
+    compiled for sm_90)."""
     if D not in HEAD_DIMS:
         raise ValueError(f"attention supports head dims {HEAD_DIMS}, got {D}")
     if f32 == "tf32x3" and D >= 128:
@@ -174,15 +168,18 @@ def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
     block_m = 128 if (S > 256 and D <= 128) else 64
     warps = 8 if (D >= 128 and block_m == 128) or D == 256 else 4
     stages = 2 if D == 256 else 3
-    return block_m, 64, warps, stages
+    # At head size 128 the one masked loop below SKIP_MASK_FROM walks 32 keys a step: 8% less time
+    # at 16 requests of 128 tokens (Qwen3's 64/8 heads, 44.0 against 47.8 us on an H100), 2-5% at
+    # 4-8 of 256, level at one request of 128.
+    block_n = 32 if (D == 128 and S < SKIP_MASK_FROM) else 64
+    return block_m, block_n, warps, stages
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, causal: bool,
-              window: int | None = None, scale: float | None = None, gate: torch.Tensor | None = None,
-              q_rope: rope.QueryRope | None = None) -> torch.Tensor:
+              window: int | None = None, scale: float | None = None, gate: torch.Tensor | None = None
+              ) -> torch.Tensor:
     """o [B, S, Hq, D] in q's dtype (times sigmoid(gate) when given); lengths int32 [B] on q's device
-    (rows >= length: zeros). With q_rope, q is taken before its norm and RoPE, which the kernel
-    applies to each query tile (token b · S + s at cos / sin row (b · S + s) % P)."""
+    (rows >= length: zeros)."""
     B, S, HQ, D = q.shape
     HKV = k.shape[2]
     assert k.shape == (B, S, HKV, D) and v.shape == k.shape, "k and v must be [B, S, Hkv, D] as q's"
@@ -193,16 +190,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     if gate is not None:
         assert gate.shape == q.shape and gate.dtype == q.dtype and gate.stride(3) == 1, \
             "gate must be [B, S, Hq, D] in q's dtype, unit stride along D"
-    if q_rope is not None:
-        R = D if q_rope.rotary_dim is None else q_rope.rotary_dim
-        qc = q_rope.cos
-        assert q_rope.weight.shape == (D,) and q_rope.weight.is_contiguous(), f"q_rope.weight must be [{D}], contiguous"
-        rope.check_tables(qc, q_rope.sin, D, R)
-        rope_args = (q_rope.weight, qc, q_rope.sin, qc.shape[0], qc.stride(0), q_rope.eps, 1.0 / D)
-        rope_flags = dict(QROPE=True, HALF=R // 2, ROT=R, ZERO_CENTERED=q_rope.zero_centered, EXACT=q_rope.exact)
-    else:
-        rope_args = (q, q, q, 1, 0, 0.0, 1.0)
-        rope_flags = dict(QROPE=False, HALF=0, ROT=0, ZERO_CENTERED=False, EXACT=False)
     f32 = common.f32_precision(q)
     block_m, block_n, warps, stages = _config(D, S, f32)
     o = torch.empty((B, S, HQ, D), dtype=q.dtype, device=q.device)
@@ -214,53 +201,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     _attention_kernel[grid](
         q, k, v, o, lengths, g, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2), *rope_args,
+        v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, **rope_flags, SKIP_MASK=S >= SKIP_MASK_FROM,
-        num_warps=warps, num_stages=stages, **pdl.options(q.device))
+        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, num_warps=warps,
+        num_stages=stages, **pdl.options(q.device))
     return o
-
-
-def query_rope_in_kernel(device: torch.device) -> bool:
-    """Whether norm_rope_attention normalises q inside the attention kernel on `device`: on NVIDIA
-    GPUs and under the interpreter, not on ROCm (no mul_rn in its libdevice)."""
-    return device.type != "cuda" or common.device_features(device).nvidia
-
-
-def norm_rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
-                        q_weight: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        eps: float, *, rotary_dim: int | None = None, zero_centered: bool = False,
-                        exact: bool = True, causal: bool, scale: float | None = None,
-                        gate: torch.Tensor | None = None) -> torch.Tensor:
-    """attention after rope.qk_norm_rope on q [B, S, Hq, D] and k [B, S, Hkv, D] (views of one
-    fused product's output, say): k's norm and RoPE by the rope kernel, q's inside the attention
-    kernel as it loads each query tile, so that q's normed copy is never written nor read back
-    (8 / 9 of that kernel's bytes at Qwen3's 64 / 8 heads). cos and sin [P, R]: token b · S + s
-    takes row (b · S + s) % P. On a ROCm GPU, whose libdevice has no mul_rn for the exact form's
-    rounded products, the rope kernel (compiled without FP fusion) takes q too."""
-    B, S, HKV, D = k.shape
-    if not query_rope_in_kernel(q.device):
-        HQ = q.shape[2]
-        qn, kn = rope.qk_norm_rope(q.reshape(B * S, HQ * D), k.reshape(B * S, HKV * D), q_weight, k_weight, cos,
-                                   sin, eps, rotary_dim=rotary_dim, zero_centered=zero_centered, exact=exact)
-        return attention(qn.view(B, S, HQ, D), kn.view(B, S, HKV, D), v, lengths, causal=causal, scale=scale,
-                         gate=gate)
-    kn = rope.k_norm_rope(k.reshape(B * S, HKV * D), k_weight, cos, sin, eps, rotary_dim=rotary_dim,
-                          zero_centered=zero_centered, exact=exact)
-    return attention(q, kn.view(B, S, HKV, D), v, lengths, causal=causal, scale=scale, gate=gate,
-                     q_rope=rope.QueryRope(q_weight, cos, sin, eps, rotary_dim, zero_centered, exact))
-
-
-def norm_rope_attention_reference(q, k, v, lengths, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None,
-                                  zero_centered=False, exact=True, causal, scale=None, gate=None):
-    """rope.qk_norm_rope_reference, then attention_reference."""
-    B, S, HQ, D = q.shape
-    HKV = k.shape[2]
-    qn, kn = rope.qk_norm_rope_reference(q.reshape(B * S, HQ * D), k.reshape(B * S, HKV * D), q_weight, k_weight,
-                                         cos, sin, eps, rotary_dim=rotary_dim, zero_centered=zero_centered,
-                                         exact=exact)
-    return attention_reference(qn.view(B, S, HQ, D), kn.view(B, S, HKV, D), v, lengths, causal=causal, scale=scale,
-                               gate=gate)
 
 
 def attention_mask(lengths: torch.Tensor, S: int, causal: bool, window: int | None) -> torch.Tensor:

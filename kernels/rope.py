@@ -13,9 +13,6 @@ cos and sin are [P, R] (fp32, or the activation dtype): row t of q and k takes r
 when `positions` is given, else row t % P (P = T: one row per token; P = S: right-padded
 requests of S tokens each, T = B · S).
 
-k_norm_rope runs the kernel on k alone; query_norm_rope is its arithmetic on a query tile, for the
-attention kernel to apply to q as it loads it (attention.norm_rope_attention).
-
 Rounding: exact=True follows transformers: the norm as Qwen3RMSNorm (norm.py), cos and sin rounded
 to q's dtype (its rotary embedding casts them), each product and the sum rounded to q's dtype.
 exact=False keeps the normalised head, the products and the sum in fp32 with fp32 cos and sin and
@@ -26,12 +23,10 @@ computed on its own: results never depend on the batch.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from vsr.kernels import pdl
 
@@ -157,10 +152,8 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, D: int, R: int) -> None:
 
 
 def _launch(q, k, q_weight, k_weight, cos, sin, eps, head_dim, rotary_dim, positions, zero_centered, exact, norm):
-    """q None: k alone (its programs only)."""
     D = head_dim
     R = D if rotary_dim is None else rotary_dim
-    q = k[:, :0] if q is None else q
     assert q.dim() == 2 and k.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1, \
         "q and k must be [T, H * D] with unit column stride"
     assert q.dtype == k.dtype and q.shape[0] == k.shape[0], "q and k must share their dtype and rows"
@@ -188,68 +181,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     D = q_weight.shape[0]
     assert k_weight.shape == (D,) and q_weight.is_contiguous() and k_weight.is_contiguous()
     return _launch(q, k, q_weight, k_weight, cos, sin, eps, D, rotary_dim, positions, zero_centered, exact, True)
-
-
-def k_norm_rope(k: torch.Tensor, k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, *,
-                rotary_dim: int | None = None, zero_centered: bool = False, exact: bool = True) -> torch.Tensor:
-    """qk_norm_rope's k half alone, contiguous [T, Hkv · D] (attention applies q's as it loads q:
-    QueryRope)."""
-    D = k_weight.shape[0]
-    assert k_weight.is_contiguous()
-    return _launch(None, k, None, k_weight, cos, sin, eps, D, rotary_dim, None, zero_centered, exact, True)[1]
-
-
-class QueryRope(NamedTuple):
-    """What qk_norm_rope does to q (per-head RMSNorm with `weight`, then RoPE over the first
-    `rotary_dim` columns, cos and sin [P, R] taken at row t % P of token t), for the attention kernel
-    to apply to each query tile as it loads it (query_norm_rope)."""
-    weight: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    eps: float
-    rotary_dim: int | None = None
-    zero_centered: bool = False
-    exact: bool = True
-
-
-@triton.jit
-def _mul(a, b, LIBDEVICE: tl.constexpr):
-    """a · b in fp32 as an explicit mul.rn, which the compiler never contracts into an FMA with the
-    sum after it (the exact forms round each product first)."""
-    if LIBDEVICE:
-        return libdevice.mul_rn(a, b)
-    return a * b
-
-
-@triton.jit
-def query_norm_rope(q, q_rows, offs_d, rmask, pos, w_ptr, cos_ptr, sin_ptr, stride_c, eps, INV_D,
-                    D: tl.constexpr, HALF: tl.constexpr, ROT: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                    EXACT: tl.constexpr, LIBDEVICE: tl.constexpr):
-    """_rope_kernel's arithmetic on a tile q [BM, D] of one head's rows, in q's dtype: q_rows [BM]
-    the rows' pointers (q reloaded at each column's rotation partner), rmask the rows to load, pos
-    [BM] their cos / sin rows. The same roundings in the same order as _rope_kernel; only the sum
-    of squares is reduced in another order."""
-    dtype = q.dtype
-    x = q.to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) * INV_D + eps)[:, None]
-    dmask = offs_d < D
-    y = _normed(x * rstd, w_ptr, offs_d, dmask, dtype, ZERO_CENTERED, EXACT)
-    # column c's partner: c + HALF in the first half of the rotary columns, c - HALF in the second
-    partner = tl.where(offs_d < HALF, offs_d + HALF, tl.where(offs_d < ROT, offs_d - HALF, offs_d))
-    xp = tl.load(q_rows[:, None] + partner[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    yp = _normed(xp * rstd, w_ptr, partner, dmask, dtype, ZERO_CENTERED, EXACT)
-    yp = tl.where((offs_d < HALF)[None, :], -yp, yp)
-    rot = offs_d < ROT
-    trig = pos.to(tl.int64)[:, None] * stride_c + offs_d[None, :]
-    c = tl.load(cos_ptr + trig, mask=rot[None, :], other=0.0)
-    s = tl.load(sin_ptr + trig, mask=rot[None, :], other=0.0)
-    if EXACT:
-        c = c.to(dtype).to(tl.float32)
-        s = s.to(dtype).to(tl.float32)
-        r = _rd(_mul(y, c, LIBDEVICE), dtype) + _rd(_mul(yp, s, LIBDEVICE), dtype)
-    else:
-        r = y * c.to(tl.float32) + yp * s.to(tl.float32)
-    return tl.where(rot[None, :], r, y).to(dtype)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, *,

@@ -47,33 +47,11 @@ def compile_and_keep(src, *a, **k):
     if name in ("_ut_kernel", "_scan_kernel"):
         delta.append({"kernel": name, "dtype": DTYPE, "stack": stack_bytes(kernel.asm["cubin"]),
                       "wgmma": len(re.findall(r"wgmma\.mma_async", kernel.asm["ptx"]))})
-    if name == "_attention_kernel" and QROPE is not None:
-        rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
-        ins = wgmma_hazard.sass(kernel.asm["cubin"])
-        loops = [(int(m.group(1), 16), a) for a, t in ins
-                 for m in [re.search(r"BRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", t)] if m and int(m.group(1), 16) < a]
-        qrope.append(dict(QROPE, hazards=len(hazards), loops=len(loops),
-                          loop_spills=sum(lo <= a <= hi and ("LDL" in t or "STL" in t) for a, t in ins for lo, hi in loops),
-                          bf16_fma=len(re.findall(r"fma\.rn\.bf16", kernel.asm["ptx"]))))
     return kernel
 triton.compile = compile_and_keep
 JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
 
-from vsr.kernels import attention, delta_rule, rope, wgmma_hazard
-# q's norm and RoPE inside the attention kernel (norm_rope_attention), bf16, at Qwen3's and Qwen3.5's
-# heads, short and long prompts (other tiles), exact and approximate.
-qrope, QROPE = [], None
-for D, R, zc, gated in ((128, None, False, False), (256, 64, True, True)):
-    for S in (70, 512):
-        for exact in (True, False):
-            QROPE = {"D": D, "S": S, "exact": exact}
-            qkv, lens = torch.randn(2, S, 10, D).bfloat16(), torch.tensor([S, 9], dtype=torch.int32)
-            wq, tc = torch.randn(D).bfloat16(), torch.randn(S, R or D)
-            tc = tc.bfloat16() if exact else tc   # as the models pass them (common.rope_cos_sin)
-            attention.norm_rope_attention(qkv[:, :, :4], qkv[:, :, 8:9], qkv[:, :, 9:], lens, wq, wq, tc, tc, 1e-6,
-                                          rotary_dim=R, zero_centered=zc, exact=exact, causal=True,
-                                          gate=qkv[:, :, 4:8] if gated else None)
-QROPE = None
+from vsr.kernels import delta_rule, rope
 T, D = 4, 128
 q, k, w = torch.randn(T, 8 * D).bfloat16(), torch.randn(T, 2 * D).bfloat16(), torch.randn(D).bfloat16()
 cos, sin = torch.randn(T, D), torch.randn(T, D)
@@ -135,7 +113,7 @@ with pdl.programmatic_forward():
 pdl_ptx = {n: [("griddepcontrol.wait" in t, "griddepcontrol.launch_dependents" in t) for t in v[start.get(n, 0):]]
            for n, v in ptx.items() if v[start.get(n, 0):]}
 print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.shared, "delta": delta, "f32": f32,
-                  "pdl": pdl_ptx, "qrope": qrope,
+                  "pdl": pdl_ptx,
                   "rope_bf16_fma": sum(len(re.findall(r"fma\.rn\.bf16", p)) for p in ptx["_rope_kernel"])}))
 """
 
@@ -157,18 +135,6 @@ def compiled():
 def test_exact_rope_keeps_every_rounding(compiled):
     assert any(r["kernel"] == "_rope_kernel" for r in compiled["rows"])
     assert compiled["rope_bf16_fma"] == 0
-
-
-def test_attention_with_q_norm_rope_keeps_every_rounding(compiled):
-    # norm_rope_attention's kernel: the exact form's rounded products are explicit mul.rn (never
-    # contracted with the sum into a bf16 FMA); at Qwen3's head size no spill inside the key loops
-    # (the prologue's [BLOCK_M, D] fp32 tiles may spill a few bytes once, on Triton 3.9); q, normalised
-    # in registers, feeds its wgmmas from there, and nothing overwrites it while they run.
-    rows = compiled["qrope"]
-    assert {(r["D"], r["exact"]) for r in rows} == {(d, e) for d in (128, 256) for e in (True, False)}
-    for r in rows:
-        assert r["hazards"] == 0 and (r["bf16_fma"] == 0 or not r["exact"]), r
-        assert r["loops"] >= 1 and (r["D"] == 256 or r["loop_spills"] == 0), r
 
 
 def test_delta_rule_fits_the_h200(compiled):

@@ -58,9 +58,8 @@ def test_bf16_activations_match_transformers_in_bf16(tiny_qwen3):  # noqa: F811
 
 
 def test_the_triton_ops_match_the_reference_under_the_interpreter(tiny_qwen3):  # noqa: F811
-    """The forward with ops.triton_ops() (every kernel under the Triton interpreter, fp32: q's norm
-    and RoPE inside the attention kernel, k's in the rope kernel) gives the reference forward's
-    numbers."""
+    """The forward with ops.triton_ops() (every kernel under the Triton interpreter, fp32) gives the
+    reference forward's numbers."""
     from vsr.runtime.models import ops
 
     e = load_engine(Pkg(tiny_qwen3))

@@ -11,6 +11,8 @@ modules' wrappers and their `*_reference` twins):
 - layer_norm(x, weight, bias, eps, *, residual=None, exact=True) -> (y, s)      bias may be None
 - gated_rms_norm(x, z, weight, eps, *, exact=True) -> y
                                               per head of D = len(weight): norm(x) · w · silu(z)
+- qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False,
+  exact=True) -> (q, k)                       q [T, Hq*D], k [T, Hkv*D]; out contiguous
 - rope(q, k, cos, sin, head_dim) -> (q, k)    RoPE alone, in fp32 with cos/sin as given, one
                                               rounding (ModernBERT's apply_rotary_pos_emb)
 - silu_mul(gate_up) -> y                      [T, 2I] (gate first) -> [T, I]
@@ -19,11 +21,6 @@ modules' wrappers and their `*_reference` twins):
 - attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
                                               q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
                                               window: |i - j| <= window // 2; gate: o · sigmoid(gate)
-- norm_rope_attention(q, k, v, lengths, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None,
-  zero_centered=False, exact=True, causal, scale=None, gate=None) -> o
-                                              attention after the per-head RMSNorm (Qwen3's
-                                              q_norm/k_norm) and RoPE of q and k, both [B, S, H, D]
-                                              (the Triton set normalises q inside the attention kernel)
 - causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
 - chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
 - deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
@@ -97,7 +94,7 @@ def _rows(t, T):
     return t if t.shape[0] == T else t.repeat(T // t.shape[0], 1)
 
 
-def _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False, exact=True):
+def qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False, exact=True):
     """Per-head RMSNorm (Qwen3's q_norm/k_norm) then RoPE, for q [T, Hq*D] and k [T, Hkv*D]."""
     D = q_weight.shape[-1]
     T = q.shape[0]
@@ -164,17 +161,6 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     return a if gate is None else a * torch.sigmoid(gate.contiguous())
 
 
-def norm_rope_attention(q, k, v, lengths, q_weight, k_weight, cos, sin, eps, *, rotary_dim=None, zero_centered=False,
-                        exact=True, causal, scale=None, gate=None):
-    """_qk_norm_rope of q [B, S, Hq, D] and k [B, S, Hkv, D] (cos and sin per token or per position),
-    then attention."""
-    B, S, Hq, D = q.shape
-    Hkv = k.shape[2]
-    qn, kn = _qk_norm_rope(q.reshape(B * S, Hq * D), k.reshape(B * S, Hkv * D), q_weight, k_weight, cos, sin, eps,
-                           rotary_dim=rotary_dim, zero_centered=zero_centered, exact=exact)
-    return attention(qn.view(B, S, Hq, D), kn.view(B, S, Hkv, D), v, lengths, causal=causal, scale=scale, gate=gate)
-
-
 causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
 chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
 deltanet_gates = _gdn.deltanet_gates_reference
@@ -188,8 +174,8 @@ def last_token_score(h, lengths, weight):
     return last.float() @ weight.t()
 
 
-NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "rope", "silu_mul", "gelu", "gelu_mul", "attention",
-         "norm_rope_attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
+NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
+         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
@@ -199,10 +185,9 @@ def triton_ops() -> SimpleNamespace:
     from vsr.kernels import activation, attention as attn, conv1d, delta_rule, head, norm, rope as rp
 
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
-                           rope=functools.partial(rp.rope, exact=False),
+                           qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
-                           attention=attn.attention, norm_rope_attention=attn.norm_rope_attention,
-                           causal_conv1d_silu=conv1d.causal_conv1d_silu,
+                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
                            chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
                            deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
 
@@ -213,11 +198,10 @@ def kernel_twins() -> SimpleNamespace:
     from vsr.kernels import activation, attention as attn, head, norm, rope as rp
 
     return SimpleNamespace(rms_norm=norm.rms_norm_reference, layer_norm=norm.layer_norm_reference,
-                           gated_rms_norm=norm.gated_rms_norm_reference,
+                           gated_rms_norm=norm.gated_rms_norm_reference, qk_norm_rope=rp.qk_norm_rope_reference,
                            rope=functools.partial(rp.rope_reference, exact=False),
                            silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
                            gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
-                           norm_rope_attention=attn.norm_rope_attention_reference,
                            causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
                            chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
                            deltanet_gates=_gdn.deltanet_gates_reference,

@@ -92,9 +92,10 @@ class Qwen3Router(DecoderRouter):
         for m, n in zip(self.layers, self.norms):
             qkv, _, res = normed_product(o, m["qkv_proj"], d, n["input_layernorm"], self.eps, residual=res, exact=X,
                                          keep_output=False)
-            q, k, v = (t.view(B, S, -1, dh) for t in qkv.split(m["qkv_proj"].sizes, dim=1))
-            a = o.norm_rope_attention(q, k, v, lengths, n["self_attn.q_norm"], n["self_attn.k_norm"], cos, sin,
-                                      self.eps, exact=X, causal=True, scale=dh ** -0.5)
+            q, k, v = qkv.split(m["qkv_proj"].sizes, dim=1)
+            q, k = o.qk_norm_rope(q, k, n["self_attn.q_norm"], n["self_attn.k_norm"], cos, sin, self.eps, exact=X)
+            a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nkv, dh), v.view(B, S, nkv, dh), lengths,
+                            causal=True, scale=dh ** -0.5)
             d = m["o_proj"](a.reshape(T, nh * dh))
             gu, _, res = normed_product(o, m["gate_up_proj"], d, n["post_attention_layernorm"], self.eps,
                                         residual=res, exact=X, keep_output=False)

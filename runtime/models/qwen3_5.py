@@ -223,12 +223,14 @@ class Qwen3_5Router(DecoderRouter):
         o, X = self.ops, self.exact
         nh, nkv, dh = self.heads, self.kv_heads, self.head_dim
         T = B * S
-        qg = qkv[:, :2 * nh * dh].unflatten(0, (B, S)).unflatten(-1, (nh, 2 * dh))   # per head [query | gate]
-        k = qkv[:, 2 * nh * dh:(2 * nh + nkv) * dh].unflatten(0, (B, S)).unflatten(-1, (nkv, dh))
+        qg = qkv[:, :2 * nh * dh].unflatten(-1, (nh, 2 * dh))     # per head [query | gate]
+        q = qg[..., :dh].reshape(T, nh * dh)                         # the norm's input, contiguous
+        k = qkv[:, 2 * nh * dh:(2 * nh + nkv) * dh]
         v = qkv[:, (2 * nh + nkv) * dh:].unflatten(0, (B, S)).unflatten(-1, (nkv, dh))
-        a = o.norm_rope_attention(qg[..., :dh], k, v, lengths, p["q_norm"], p["k_norm"], cos, sin, self.eps,
-                                  rotary_dim=self.rotary_dim, zero_centered=True, exact=X, causal=True,
-                                  scale=dh ** -0.5, gate=qg[..., dh:])
+        q, k = o.qk_norm_rope(q, k, p["q_norm"], p["k_norm"], cos, sin, self.eps, rotary_dim=self.rotary_dim,
+                              zero_centered=True, exact=X)
+        a = o.attention(q.view(B, S, nh, dh), k.view(B, S, nkv, dh), v, lengths, causal=True, scale=dh ** -0.5,
+                        gate=qg[..., dh:].unflatten(0, (B, S)))
         return m["o_proj"](a.reshape(T, nh * dh))
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor | None = None

@@ -144,38 +144,6 @@ def test_attention_27b_causal(B, S, lengths):
             lambda: attention.attention_reference(q, k, v, n, causal=True))
 
 
-@pytest.mark.parametrize("B,S,D,HQ,HKV,R,gated", [(1, 1024, 128, 64, 8, None, False), (16, 128, 128, 64, 8, None, False),
-                                                   (1, 1024, 256, 24, 4, 64, True)])
-@pytest.mark.parametrize("exact", [True, False])
-def test_norm_rope_attention_27b(B, S, D, HQ, HKV, R, gated, exact):
-    """q's norm and RoPE inside the attention kernel (Qwen3; Qwen3.5's partial, zero-centred, gated
-    form) against the rope kernel on q and k followed by attention, and against the references."""
-    qkv = _rand(B, S, 2 * HQ + 2 * HKV, D, scale=2, seed=15)
-    q, g, k, v = qkv[:, :, :HQ], qkv[:, :, HQ:2 * HQ], qkv[:, :, 2 * HQ:2 * HQ + HKV], qkv[:, :, 2 * HQ + HKV:]
-    gate = g if gated else None
-    w = _rand(D, scale=0.2, seed=16) + 1
-    Rd = R or D
-    inv = 1.0 / (1e6 ** (torch.arange(0, Rd, 2, dtype=torch.float32, device=DEV) / Rd))
-    f = torch.outer(torch.arange(S, dtype=torch.float32, device=DEV), inv)
-    cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()
-    if exact:   # as the models pass them (common.rope_cos_sin)
-        cos, sin = cos.to(BF16), sin.to(BF16)
-    n = torch.tensor([S] + [S - 7 * i for i in range(1, B)], dtype=torch.int32, device=DEV)
-    kw = dict(rotary_dim=R, zero_centered=gated, exact=exact, causal=True, gate=gate)
-    o = _same_twice(lambda: attention.norm_rope_attention(q, k, v, n, w, w, cos, sin, 1e-6, **kw))
-    ref = attention.norm_rope_attention_reference(q, k, v, n, w, w, cos, sin, 1e-6, **kw)
-    assert (o.float() - ref.float()).abs().max() <= ATTN_TOL * float(ref.abs().max())
-    qn, kn = rope.qk_norm_rope(q.reshape(B * S, -1), k.reshape(B * S, -1), w, w, cos, sin, 1e-6, rotary_dim=R,
-                               zero_centered=gated, exact=exact)
-    two = attention.attention(qn.view(B, S, HQ, D), kn.view(B, S, HKV, D), v, n, causal=True, gate=gate)
-    assert (o.float() - two.float()).abs().max() <= ATTN_TOL * float(two.abs().max())
-    _timing(f"norm_rope_attention B={B} S={S} D={D}", lambda: attention.norm_rope_attention(q, k, v, n, w, w, cos, sin,
-                                                                                            1e-6, **kw),
-            lambda: attention.attention(*(t.view(B, S, -1, D) for t in rope.qk_norm_rope(
-                q.reshape(B * S, -1), k.reshape(B * S, -1), w, w, cos, sin, 1e-6, rotary_dim=R, zero_centered=gated,
-                exact=exact)), v, n, causal=True, gate=gate))
-
-
 @pytest.mark.parametrize("D,HQ,HKV,window", [(32, 12, 12, None), (64, 12, 12, 128), (256, 16, 4, None)])
 def test_attention_encoder_and_head_dims(D, HQ, HKV, window):
     q, k, v, n = _attention_case(8, 512, HQ, HKV, D, [512, 300, 17, 1, 512, 256, 255, 129], 13)
