@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -234,15 +235,21 @@ class CacheTiles:
     common_bench.shipped_entry), else the TileResolver's miss policy. Stale and missed keys are
     recorded (the result's "tiles")."""
 
-    def __init__(self, cache, policy: str, device):
+    def __init__(self, cache, policy: str, device, as_device: str | None = None):
+        from vsr.autotune.device_id import current_device_identity
         from vsr.autotune.resolver import TileResolver
         self.cache, self.device = Path(cache), torch.device(device)
         self.resolver = TileResolver(self.cache, policy, self.device)
         self.stale, self.missed = set(), set()
+        # as_device: the cache's tiles of another device of this one's vendor, capability and
+        # multiprocessors (an H200's on an H100: both sm_90 with 132), where this one has none
+        self.identity = None
+        if as_device:
+            self.identity = dataclasses.replace(current_device_identity(self.device), name=as_device)
 
     def tile(self, template, problem, **kw) -> dict:
         key = self.resolver.key(template, problem)
-        e = shipped_entry(template, problem, self.device, self.cache)
+        e = shipped_entry(template, problem, self.device, self.cache, self.identity)
         if e is not None:
             if e.key != key:
                 self.stale.add(key.short())
@@ -251,7 +258,8 @@ class CacheTiles:
         return self.resolver.tile(template, problem, **kw)
 
     def summary(self) -> dict:
-        return {"cache": str(self.cache), "stale": len(self.stale), "missed": sorted(self.missed)}
+        return {"cache": str(self.cache), "as_device": self.identity and self.identity.name, "stale": len(self.stale),
+                "missed": sorted(self.missed)}
 
 
 def build_vsr(config: dict, loader, device, tiles, kernel_set: str):
@@ -612,6 +620,9 @@ def parse(argv=None):
     ap.add_argument("--kernel-set", choices=("auto", "exact", "approximate"), default="auto")
     ap.add_argument("--cache", type=Path, default=SHIPPED_CACHE, help="the autotune cache of vsr's tiles")
     ap.add_argument("--miss-policy", choices=("default", "error", "tune"), default="default")
+    ap.add_argument("--cache-as-device", default=None, metavar="NAME",
+                    help="run the cache's tiles of the device NAME (e.g. 'NVIDIA H200' on an H100: the same "
+                         "capability and multiprocessors), recorded in the result's tiles")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
@@ -651,7 +662,7 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = False   # the reference path's fp32 products in IEEE fp32
     ceil = measure_ceilings(dev)
     log(f"ceilings {ceil}")
-    tiles = CacheTiles(a.cache, a.miss_policy, dev) if dev.type == "cuda" else None
+    tiles = CacheTiles(a.cache, a.miss_policy, dev, a.cache_as_device) if dev.type == "cuda" else None
     head = {"benchmark": "e2e", "device": device_name(dev), **versions(), "commit": code_commit(),
             "model": a.model, "layers": config["num_hidden_layers"], "hidden": config["hidden_size"],
             "formats": a.formats, "configs": a.configs, "providers": a.providers, "modes": a.modes,
