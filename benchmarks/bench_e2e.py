@@ -115,22 +115,34 @@ UNQUANTIZED_MARGIN = 1.25
 
 # ---- the peers' linear layers ---------------------------------------------------------------
 
-def gate_up_rows(q):
-    """q's weight with the rows of a SwiGLU product (q.glu: gate and up rows interleaved) put back
-    in gate|up order (fuse.side_by_side), a copy held while a peer runs; else q's weight."""
-    return fuse.side_by_side(q.weight) if q.glu else q.weight
+@contextlib.contextmanager
+def gate_up_order(model):
+    """Every SwiGLU QLinear of `model` (gate and up rows interleaved for its epilogue) with its weight's
+    rows in gate|up order, in place, while inside (fuse.side_by_side(..., in_place=True)), and
+    interleaved again after: the peers, the unquantized twin and transformers' twin read them so.
+    No copy of a weight sits beside the model's (the 27B BF16 model and copies of its gate|up
+    weights do not fit an 80 GB card together)."""
+    found = [m for m in model.modules() if isinstance(m, QLinear) and m.glu]
+    for m in found:
+        fuse.side_by_side(m.weight, in_place=True)
+    try:
+        yield model
+    finally:
+        for m in found:
+            fuse.interleave_rows(m.weight)
 
 
 class CublasLinear(torch.nn.Module):
     """F.linear (cuBLAS on the GPU) on a dense weight: the cublas-bf16 peer's linear layer. For a
-    QLinear with a SwiGLU epilogue, F.linear on its gate|up rows (gate_up_rows), then the runtime's
-    activation kernel, as the model runs it after a plain product: cuBLAS has no such epilogue."""
+    QLinear with a SwiGLU epilogue (its rows in gate|up order inside gate_up_order), F.linear, then
+    the runtime's activation kernel, as the model runs it after a plain product: cuBLAS has no such
+    epilogue."""
 
     format = "dense"
 
     def __init__(self, q):
         super().__init__()
-        self.w, self.glu = gate_up_rows(q), q.glu
+        self.w, self.glu = q.weight, q.glu
 
     def forward(self, x):
         y = F.linear(x, self.w.weight, self.w.bias)
@@ -140,13 +152,13 @@ class CublasLinear(torch.nn.Module):
 class ScaledMMLinear(torch.nn.Module):
     """torch-op per-token quantization, then _scaled_mm with row-wise scales and fast accumulation
     (common_bench's FP8 peer), on an fp8 weight: the scaled_mm+quant peer's linear layer. For a
-    QLinear with a SwiGLU epilogue, as CublasLinear."""
+    QLinear with a SwiGLU epilogue, as CublasLinear (inside gate_up_order)."""
 
     format = "fp8"
 
     def __init__(self, q):
         super().__init__()
-        self.w, self.glu = gate_up_rows(q), q.glu
+        self.w, self.glu = q.weight, q.glu
         self.sb = scaled_mm_weight_scale(self.w)
 
     def forward(self, x):
@@ -163,11 +175,11 @@ PEER_LINEARS = {"cublas-bf16": CublasLinear, "scaled_mm+quant": ScaledMMLinear}
 
 class UnquantizedLinear(torch.nn.Module):
     """F.linear on the weight dequantized in x's dtype at each call (UNQUANTIZED_FORMATS): the
-    unquantized twin's linear layer, for the check of the first layers only."""
+    unquantized twin's linear layer, for the check of the first layers only (inside gate_up_order)."""
 
     def __init__(self, q):
         super().__init__()
-        self.w = gate_up_rows(q)   # (no glu: the model applies the activation after it)
+        self.w = q.weight   # (no glu: the model applies the activation after it)
 
     def forward(self, x):
         W = UNQUANTIZED_FORMATS[self.w.format](self.w).to(x.dtype)
@@ -328,7 +340,7 @@ def outputs(model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
 @contextlib.contextmanager
 def unquantized_path(model):
     """`model` with each linear layer's weight dequantized (UnquantizedLinear) on the reference ops."""
-    with reference_path(model), linears_as(model, UnquantizedLinear):
+    with reference_path(model), gate_up_order(model), linears_as(model, UnquantizedLinear):
         yield model
 
 
@@ -508,7 +520,9 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
     provs = providers_for(fmt, a.providers)
     if "transformers" in provs:
         try:
-            hf = e2e_models.transformers_twin(a.model, config, b, loader, {"model.embed_tokens.weight": model.embed})
+            with gate_up_order(model):   # (its gate and up weights: views of those rows)
+                hf = e2e_models.transformers_twin(a.model, config, b, loader,
+                                                  {"model.embed_tokens.weight": model.embed})
             routers["transformers"] = e2e_models.TransformersRouter(hf)
             if a.model == "qwen3_5":
                 hf_note = {"fla": importlib.util.find_spec("fla") is not None,
@@ -537,11 +551,12 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
                     continue
                 try:
                     if p in PEER_LINEARS:
-                        with linears_as(model, lambda q, p=p: PEER_LINEARS[p](q)):
+                        with gate_up_order(model), linears_as(model, lambda q, p=p: PEER_LINEARS[p](q)):
                             rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, False, unq)
                     elif p == "transformers":
-                        rows += provider_rows(p, fmt, routers[p], inputs, ref_n, a, log,
-                                              {**base, **hf_note, "kernel_set": None}, False)
+                        with gate_up_order(model):
+                            rows += provider_rows(p, fmt, routers[p], inputs, ref_n, a, log,
+                                                  {**base, **hf_note, "kernel_set": None}, False)
                     elif p == "vsr-pdl":
                         with pdl.programmatic_forward():
                             rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)

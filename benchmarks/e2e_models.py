@@ -239,16 +239,15 @@ def _hf_classes(model: str):
 
 def dense_linear_tensors(builder, loader) -> dict[str, torch.Tensor]:
     """Every Linear layer's weight tensor (package name + ".weight") as the vsr model holds it: a
-    fused product's parts as row views of its one weight (of a copy in gate|up order for a SwiGLU
-    product, whose rows interleave gate and up: fuse.side_by_side). Dense (bf16) models only."""
+    fused product's parts as row views of its one weight. A SwiGLU product's rows interleave gate
+    and up: called, and its views read, while they are in gate|up order (bench_e2e.gate_up_order).
+    Dense (bf16) models only."""
     out = {}
     for label, mod in builder.linears.items():
         w = mod.weight
         if w.format != "dense":
             raise ValueError(f"{label}: transformers' twin takes dense weights, not {w.format}")
         names = builder.fused.get(label, (label,))
-        if getattr(mod, "glu", False):
-            w = fuse.side_by_side(w)
         for n, view in zip(names, w.weight.split([loader.linear_shape(n)[0] for n in names])):
             out[n + ".weight"] = view
     return out
@@ -256,7 +255,8 @@ def dense_linear_tensors(builder, loader) -> dict[str, torch.Tensor]:
 
 def transformers_twin(model: str, config: dict, builder, loader, shared: dict[str, torch.Tensor]):
     """transformers' sequence classifier of `config` in bf16 with sdpa attention, on the loader's
-    device, its tensors those of the vsr model `builder` built (dense_linear_tensors) and `shared`
+    device, its tensors those of the vsr model `builder` built (dense_linear_tensors: built and run
+    inside bench_e2e.gate_up_order) and `shared`
     (e.g. the embedding), any other made again by the loader (the same seed: the same values).
     Built on the meta device: nothing is allocated twice."""
     cfg_cls, model_cls = _hf_classes(model)

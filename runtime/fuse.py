@@ -146,11 +146,25 @@ def fuse(parts: list, interleave: bool = False) -> Any | None:
     return CONCAT[parts[0].format](list(parts), _interleaved if interleave else torch.cat)
 
 
-def side_by_side(w: Any) -> Any:
+def side_by_side(w: Any, in_place: bool = False) -> Any:
     """A weight that fuse(..., interleave=True) made from two parts, with its rows put back as
     fuse(parts) lays them: part 0's rows, then part 1's (a copy). A plain product of it gives the
-    parts' outputs side by side, as the activation kernel takes gate|up."""
-    return CONCAT[w.format]([w], lambda ts: torch.cat((ts[0][0::2], ts[0][1::2])))
+    parts' outputs side by side, as the activation kernel takes gate|up. `in_place`: w's own row
+    tensors reordered so (one row tensor's copy at a time), w returned; interleave_rows undoes it."""
+    def rows(ts):
+        t = torch.cat((ts[0][0::2], ts[0][1::2]))
+        return ts[0].copy_(t) if in_place else t
+    out = CONCAT[w.format]([w], rows)
+    return w if in_place else out
+
+
+def interleave_rows(w: Any) -> Any:
+    """side_by_side(w, in_place=True) undone: w's row tensors interleaved again, in place; w."""
+    def rows(ts):
+        t, half = ts[0], ts[0].shape[0] // 2
+        return t.copy_(_interleaved([t[:half], t[half:]]))
+    CONCAT[w.format]([w], rows)
+    return w
 
 
 def fuse_runs(parts: list, interleave: bool = False) -> list[tuple[int, int, Any | None]]:

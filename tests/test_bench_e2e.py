@@ -113,11 +113,34 @@ def test_the_cublas_peer_of_a_swiglu_product_is_its_plain_product_then_the_activ
     gate, up = dense.DenseWeight(w.weight[:12], w.bias[:12]), dense.DenseWeight(w.weight[12:], w.bias[12:])
     q = QLinear(fuse.fuse([gate, up], interleave=True), "reference", glu=True)
     x = torch.randn(3, 64, generator=g)
-    peer = bench.CublasLinear(q)
-    torch.testing.assert_close(peer(x), torch.nn.functional.silu(x @ w.weight[:12].t() + w.bias[:12])
-                               * (x @ w.weight[12:].t() + w.bias[12:]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(peer(x), q(x), rtol=1e-5, atol=1e-5)
+    want = q(x)
+    with bench.gate_up_order(q):
+        peer = bench.CublasLinear(q)
+        torch.testing.assert_close(peer(x), torch.nn.functional.silu(x @ w.weight[:12].t() + w.bias[:12])
+                                   * (x @ w.weight[12:].t() + w.bias[12:]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(peer(x), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(q(x), want)
     assert torch.equal(bench.CublasLinear(QLinear(w))(x), torch.nn.functional.linear(x, w.weight, w.bias))
+
+
+def test_gate_up_order_reorders_the_rows_in_place_and_back(bench):
+    """Inside gate_up_order a SwiGLU QLinear's row tensors (weight, scales, bias) are the plain fused
+    weight's, in their own storage; after it, the interleaved bytes again."""
+    from vsr.autotune import synth
+    from vsr.runtime import fuse
+    from vsr.runtime.linear import QLinear
+
+    gate, up = (synth.random_weight("fp8", 12, 64, {}, torch.bfloat16, "cpu", seed=s, bias=True) for s in (3, 4))
+    side, inter = fuse.fuse([gate, up]), fuse.fuse([gate, up], interleave=True)
+    q = QLinear(fuse.fuse([gate, up], interleave=True), "reference", glu=True)
+    fields = [f for f in ("weight", "weight_scale", "bias") if torch.is_tensor(getattr(inter, f, None))]
+    assert len(fields) == 3
+    ptrs = [getattr(q.weight, f).data_ptr() for f in fields]
+    with bench.gate_up_order(q):
+        for f, ptr in zip(fields, ptrs):
+            assert torch.equal(getattr(q.weight, f), getattr(side, f)) and getattr(q.weight, f).data_ptr() == ptr, f
+    for f in fields:
+        assert torch.equal(getattr(q.weight, f), getattr(inter, f)), f
 
 
 def test_the_fp8_peers_of_a_swiglu_product_take_its_rows_in_gate_up_order(bench):
@@ -131,12 +154,13 @@ def test_the_fp8_peers_of_a_swiglu_product_take_its_rows_in_gate_up_order(bench)
 
     gate, up = (synth.random_weight("fp8", 12, 64, {}, torch.bfloat16, "cpu", seed=s, bias=True) for s in (1, 2))
     side, inter = fuse.fuse([gate, up]), fuse.fuse([gate, up], interleave=True)
-    q = QLinear(inter, "reference", glu=True)
+    q = QLinear(fuse.fuse([gate, up], interleave=True), "reference", glu=True)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6)).bfloat16()
     plain = bench.ScaledMMLinear(QLinear(side))(x)
     assert plain.shape == (3, 24)
-    assert torch.equal(bench.ScaledMMLinear(q)(x), activation.silu_mul(plain))
-    assert torch.equal(bench.UnquantizedLinear(q)(x), bench.UnquantizedLinear(QLinear(side))(x))
+    with bench.gate_up_order(q):
+        assert torch.equal(bench.ScaledMMLinear(q)(x), activation.silu_mul(plain))
+        assert torch.equal(bench.UnquantizedLinear(q)(x), bench.UnquantizedLinear(QLinear(side))(x))
     assert not torch.equal(bench.UnquantizedLinear(QLinear(inter))(x), bench.UnquantizedLinear(QLinear(side))(x))
 
 
