@@ -13,7 +13,8 @@ kernel with the same arguments, constexprs, warps and stages for the device's ta
 Triton's own argument binder, then reads the shared memory the compiled kernel asks for and, for
 sm_90, checks its SASS for a write into the registers of a register-operand wgmma still in flight
 (kernels/wgmma_hazard.py). The gate_up shape launches as the runtime runs it: with the SwiGLU
-epilogue in the formats that have one (runtime/fuse.GLU_FORMATS). A launch that would not fit,
+epilogue in the formats that have one (runtime/fuse.GLU_FORMATS) where runtime/fuse.SWIGLU_IN_PRODUCT
+is on. A launch that would not fit,
 that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
 is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked (a launch also needs its threads'
 registers). One constexpr differs from a GPU launch: fp8's activation quantization takes
@@ -160,7 +161,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
                 # The runtime's gate|up products of these formats apply SwiGLU in their epilogue.
-                glu = sh in GLU_SHAPES and w.format in fuse.GLU_FORMATS
+                glu = sh in GLU_SHAPES and fuse.SWIGLU_IN_PRODUCT and w.format in fuse.GLU_FORMATS
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
                     p = t.problem(w, b, dtype)

@@ -23,14 +23,14 @@ format's concatenation lives in CONCAT (keyed by weight format), one small funct
 
 A part without a bias beside parts with one gets a zero bias (adding +0.0 changes no value).
 
-SwiGLU in the product (GLU_FORMATS, on the Triton path): a gate|up weight fused with its rows
-interleaved (gate 0, up 0, gate 1, up 1, ...; `fuse(..., interleave=True)`) lets the product's epilogue take
-silu(gate) · up of each pair of columns it holds and store [T, I] (kernels/common.store_tile's
-GLU), so the MLP runs no activation kernel and the product writes half the bytes. The templates
-of dense, FP8 W8A8 and int4 W4A16 weights take it; an FP8 down projection quantizes the activation
-in its own prologue (5 bytes moved an activation element, against 9 through the activation kernel
-that quantizes: gate and up written, read, the codes written). nvfp4 products keep the activation
-kernel.
+SwiGLU in the product (GLU_FORMATS, on the Triton path, where SWIGLU_IN_PRODUCT, off by default):
+a gate|up weight fused with its rows interleaved (gate 0, up 0, gate 1, up 1, ...;
+`fuse(..., interleave=True)`) lets the product's epilogue take silu(gate) · up of each pair of
+columns it holds and store [T, I] (kernels/common.store_tile's GLU), so the MLP runs no activation
+kernel and the product writes half the bytes. The templates of dense, FP8 W8A8 and int4 W4A16
+weights take it; an FP8 down projection quantizes the activation in its own prologue (5 bytes
+moved an activation element, against 9 through the activation kernel that quantizes: gate and up
+written, read, the codes written). nvfp4 products keep the activation kernel.
 """
 from __future__ import annotations
 
@@ -118,6 +118,13 @@ CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _f
 
 # Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
 GLU_FORMATS = ("dense", "fp8", "int4")
+# Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. Off: in whole 27B
+# forwards on an H100 (benchmarks/results/e2e-nvidia-h100-2026-12-05.json) the products that apply
+# it took 40-110% longer at 1,024 and 2,048 rows than the same tiles without it in the H200 record
+# (FP8's gate|up 35.2 against 16.7 ms a forward at 1x1024), while the other products and the peers
+# ran as fast on both cards (vsr BF16 1.22x and 1.27x the cuBLAS stand-in at 1x1024 and 16x128,
+# against 1.05x); the activation kernel it saves takes 2-4 ms there.
+SWIGLU_IN_PRODUCT = False
 
 
 def why_not(parts: list) -> str:

@@ -8,8 +8,9 @@ the Triton path and match the reference forward.
 Under the Triton interpreter (no GPU) activations are fp16 and fp32 (its bf16 tl.dot is wrong), and
 its tl.dot (numpy's matmul) may sum an output element in another order by its place in the tile,
 so there the two forms agree within a few units in the last place of the largest output; on a GPU,
-byte for byte. Outputs are
-pre-filled with NaN so an unwritten element fails."""
+byte for byte. Outputs are pre-filled with NaN so an unwritten element fails. The Builder gives the
+epilogue only where fuse.SWIGLU_IN_PRODUCT is on (off by default): the tests of models and of the
+Builder turn it on, and one checks the default."""
 from __future__ import annotations
 
 import types
@@ -271,8 +272,13 @@ def _triton_model(path, dtype, exact=True):
     return model, b
 
 
+@pytest.fixture
+def swiglu_in_product(monkeypatch):
+    monkeypatch.setattr(fuse, "SWIGLU_IN_PRODUCT", True)
+
+
 @pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen3_5"])
-def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture, request):
+def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture, request, swiglu_in_product):
     """Every gate|up product of a Qwen3 or Qwen3.5 router on the Triton path applies SwiGLU itself
     (its QLinear glu, the Projection activated) and the forward matches the same weights'
     reference forward (the MLP through the activation op on gate|up side by side)."""
@@ -297,7 +303,7 @@ def test_decoder_mlps_run_swiglu_in_the_product_and_match_the_reference(fixture,
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact, monkeypatch):
+def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact, monkeypatch, swiglu_in_product):
     """An FP8 router (llm-compressor's FP8_DYNAMIC) on the Triton path, with the Triton ops, gives
     the same bytes with SwiGLU in its gate|up product (the down projection quantizing the activation
     in its prologue) as with the activation kernel that quantizes for the down projection: in the
@@ -329,7 +335,8 @@ def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact
     ("nvfp4", {}, "triton", False),     # its activation kernel also quantizes for the down product
     ("dense", {}, "reference", False),  # the reference path runs the activation op
 ])
-def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fmt, params, kernels, glu):
+def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fmt, params, kernels, glu,
+                                                                              swiglu_in_product):
     from vsr.autotune import synth
 
     parts = {n: synth.random_weight(fmt, 24, 64, params, torch.bfloat16, "cpu", seed=i)
@@ -344,3 +351,20 @@ def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fm
     assert b.linears["mlp.gate_up_proj"].out_features == (24 if glu else 48)
     qkv = b.projection("self_attn.qkv_proj", ["gate", "up"])   # no activation asked: never interleaved
     assert not qkv.parts[0].glu and qkv.activated is None
+
+
+def test_the_builder_leaves_swiglu_to_the_activation_kernel_by_default():
+    """fuse.SWIGLU_IN_PRODUCT is off: a dense gate|up on the Triton path is the plain fused product,
+    its rows in gate|up order, and the model applies the activation after it."""
+    from vsr.autotune import synth
+
+    assert fuse.SWIGLU_IN_PRODUCT is False
+    parts = {n: synth.random_weight("dense", 24, 64, {}, torch.bfloat16, "cpu", seed=i)
+             for i, n in enumerate(("gate", "up"))}
+    tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
+    b = Builder(types.SimpleNamespace(linear=lambda name: parts[name]),
+                lambda w: QLinear(w, "triton", tiles=tiles), torch.bfloat16, "cpu", False, kernels="triton")
+    proj = b.projection("mlp.gate_up_proj", ["gate", "up"], "silu_mul")
+    q = b.linears["mlp.gate_up_proj"]
+    assert proj.fused and not q.glu and proj.activated is None and q.out_features == 48
+    assert torch.equal(q.weight.weight, torch.cat([parts["gate"].weight, parts["up"].weight]))

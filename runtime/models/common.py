@@ -124,12 +124,13 @@ class Builder:
         one weight where their format allows (runtime/fuse.py), registered in .linears under `label`
         (e.g. "model.layers.0.self_attn.qkv"); else as the runs of them that fuse (fuse.fuse_runs,
         each under fuse.run_label) and the parts left alone (under their names), with a warning.
-        activation "silu_mul" (gate|up): on the Triton path, parts of fuse.GLU_FORMATS are fused
-        with their rows interleaved and the product applies SwiGLU (QLinear.glu; Projection.activated
-        says so); elsewhere the caller applies it (activated_product)."""
+        activation "silu_mul" (gate|up): on the Triton path with fuse.SWIGLU_IN_PRODUCT, parts of
+        fuse.GLU_FORMATS are fused with their rows interleaved and the product applies SwiGLU
+        (QLinear.glu; Projection.activated says so); elsewhere the caller applies it
+        (activated_product)."""
         parts = [self._weight(n) for n in names]
-        glu = activation == "silu_mul" and self.kernels == "triton" and len(parts) == 2 \
-            and parts[0].format in fuse.GLU_FORMATS and parts[0].N == parts[1].N
+        glu = fuse.SWIGLU_IN_PRODUCT and activation == "silu_mul" and self.kernels == "triton" \
+            and len(parts) == 2 and parts[0].format in fuse.GLU_FORMATS and parts[0].N == parts[1].N
         sizes = fuse.split_sizes(parts)
         runs = fuse.fuse_runs(parts, interleave=glu)
         whole = len(runs) == 1 and runs[0][2] is not None
