@@ -1,0 +1,88 @@
+"""The prefill attention kernel's key loop, timed alone at Qwen3's 27B-class heads (64 query and 8
+key/value heads of 128, bf16, causal), CUDA graphs: each (requests x tokens) case in the form the
+kernel ships (attention._config and SKIP_MASK_FROM) beside its alternatives, each checked against
+attention_reference first:
+
+- one:     one masked loop over 64-key blocks
+- two:     the blocks every query of a program may see in an unmasked loop, then a masked loop
+- one_n32: one masked loop over 32-key blocks (at most 256 tokens)
+
+Writes `attention-<device>-<date>.json`: rows {B, S, shipped: (BLOCK_N, two loops), one_us, two_us,
+one_n32_us, err}; prints a table last.
+
+    python benchmarks/bench_attention.py [--cases 1x128,16x128,...] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common_bench import code_commit, graph_ms, result_path  # noqa: E402
+
+from vsr.kernels import attention as A  # noqa: E402
+
+CASES = "1x128,16x128,4x256,8x256,1x512,2x512,1x1024,1x2048"
+HQ, HKV, D = 64, 8, 128
+_SHIPPED_CONFIG = A._config
+
+
+def forms(S: int) -> dict[str, tuple[int, int]]:
+    """name -> (BLOCK_N, SKIP_MASK_FROM) of each form run at S tokens."""
+    out = {"one": (64, 10 ** 9), "two": (64, 1)}
+    if S <= 256:
+        out["one_n32"] = (32, 10 ** 9)
+    return out
+
+
+def run_case(B: int, S: int, device) -> dict:
+    # (fp16 under the Triton interpreter, whose bf16 tl.dot is wrong: the CPU test)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float16
+    qkv = torch.randn(B, S, HQ + 2 * HKV, D, device=device, dtype=dtype)
+    q, k, v = qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HKV], qkv[:, :, HQ + HKV:]
+    lengths = torch.full((B,), S, dtype=torch.int32, device=device)
+    ref = A.attention_reference(q, k, v, lengths, causal=True).float()
+    shipped_cfg, shipped_from = A._config(D, S), A.SKIP_MASK_FROM
+    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from], "err": {}}
+    try:
+        for name, (block_n, skip_from) in forms(S).items():
+            bm, _, warps, stages = shipped_cfg
+            A._config = lambda D_, S_, f32="", c=(bm, block_n, warps, stages): c
+            A.SKIP_MASK_FROM = skip_from
+            fn = lambda: A.attention(q, k, v, lengths, causal=True)  # noqa: E731
+            row["err"][name] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
+            row[f"{name}_us"] = graph_ms([fn]) * 1e3
+    finally:
+        A._config, A.SKIP_MASK_FROM = _SHIPPED_CONFIG, shipped_from
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=CASES, help="requests x tokens, comma-separated")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention times CUDA graphs: it needs a GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    rows = [run_case(*map(int, c.split("x")), dev) for c in a.cases.split(",")]
+    name = torch.cuda.get_device_name(dev)
+    out = a.out or result_path("attention", name)
+    out.write_text(json.dumps({"benchmark": "attention", "device": name, "torch": torch.__version__,
+                               "commit": code_commit(), "heads": [HQ, HKV, D], "rows": rows}, indent=1))
+    print("| case | shipped | one loop | two loops | one loop, 32 keys |\n|---|---|---|---|---|")
+    for r in rows:
+        n32 = f"{r['one_n32_us']:.1f}" if "one_n32_us" in r else "-"
+        print(f"| {r['B']}x{r['S']} | {r['shipped'][0]} keys, {'two' if r['shipped'][1] else 'one'} "
+              f"| {r['one_us']:.1f} | {r['two_us']:.1f} | {n32} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

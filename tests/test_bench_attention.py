@@ -1,0 +1,31 @@
+"""benchmarks/bench_attention.py's CPU side: every form it times computes attention (against the
+reference, under the interpreter) and the kernel's shipped form is restored after each case."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    import bench_attention
+
+    monkeypatch.setattr(bench_attention, "HQ", 4)
+    monkeypatch.setattr(bench_attention, "HKV", 2)
+    monkeypatch.setattr(bench_attention, "graph_ms", lambda fns: (fns[0](), 1.0)[1])
+    return bench_attention
+
+
+def test_every_form_is_attention_and_the_shipped_form_comes_back(bench):
+    from vsr.kernels import attention as A
+
+    config, skip_from = A._config, A.SKIP_MASK_FROM
+    row = bench.run_case(2, 70, "cpu")
+    assert set(row["err"]) == {"one", "two", "one_n32"} and all(e < 1e-2 for e in row["err"].values()), row
+    assert row["shipped"] == [32, False] and row["one_us"] == row["two_us"] == row["one_n32_us"] == 1e3
+    assert A._config is config and A.SKIP_MASK_FROM == skip_from
+    assert "one_n32" not in bench.forms(512)
