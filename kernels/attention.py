@@ -170,7 +170,7 @@ def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
     stages = 2 if D == 256 else 3
     # At head size 128 the one masked loop below SKIP_MASK_FROM walks 32 keys a step: 8% less time
     # at 16 requests of 128 tokens (Qwen3's 64/8 heads, 44.0 against 47.8 us on an H100), 2-5% at
-    # 4-8 of 256, level at one request of 128 (benchmarks/bench_attention.py).
+    # 4-8 of 256, 0.3 us more at one request of 128 (5.4 against 5.1; benchmarks/bench_attention.py).
     block_n = 32 if (D == 128 and S < SKIP_MASK_FROM) else 64
     return block_m, block_n, warps, stages
 

@@ -119,11 +119,10 @@ CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _f
 # Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
 GLU_FORMATS = ("dense", "fp8", "int4")
 # Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. Off: in whole 27B
-# forwards on an H100 (benchmarks/results/e2e-nvidia-h100-2026-12-05.json) the products that apply
-# it took 40-110% longer at 1,024 and 2,048 rows than the same tiles without it in the H200 record
-# (FP8's gate|up 35.2 against 16.7 ms a forward at 1x1024), while the other products and the peers
-# ran as fast on both cards (vsr BF16 1.22x and 1.27x the cuBLAS stand-in at 1x1024 and 16x128,
-# against 1.05x); the activation kernel it saves takes 2-4 ms there.
+# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-05.json, "swiglu_epilogue_division")
+# the gate|up product that applies it took twice as long at 1,024 and 2,048 rows as the same tile
+# without it (FP8 36.3 against 17.1 ms a forward at 1x1024), far more than the 2.5-6.8 ms of the
+# activation kernel it saves, with or without div.rn's slow-path call in the epilogue.
 SWIGLU_IN_PRODUCT = False
 
 
