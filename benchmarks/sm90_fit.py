@@ -3,7 +3,7 @@ on this Triton, within its shared memory? No GPU needed.
 
     python benchmarks/sm90_fit.py [--device h200|a100|l40s|mi300x] [--formats bf16,...]
                                   [--shapes qkv,...,minilm-down] [--buckets all]
-                                  [--tiles default|shipped] [--out FILE]
+                                  [--tiles default|shipped] [--glu] [--out FILE]
 
 A key the shipped cache does not hold runs its template's default tile, and the shipped cache is
 keyed by device and Triton version: so on any other device or Triton every key starts on its
@@ -16,8 +16,10 @@ sm_90, checks its SASS for a write into the registers of a register-operand wgmm
 epilogue in the formats that have one (runtime/fuse.GLU_FORMATS) where runtime/fuse.SWIGLU_IN_PRODUCT
 is on. A launch that would not fit,
 that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
-is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked (a launch also needs its threads'
-registers). One constexpr differs from a GPU launch: fp8's activation quantization takes
+is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked;
+each NVIDIA kernel's registers and stack a thread (where ptxas puts what it spills) are reported
+with it (`--glu` launches gate_up with the SwiGLU epilogue whatever the runtime does, to read its
+cost there). One constexpr differs from a GPU launch: fp8's activation quantization takes
 RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of).
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
 device's Triton; its default where the cache has none).
@@ -33,7 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +95,17 @@ SHAPE_TABLE = {**SHAPES, **{f"minilm-{n}": (N, K) for n, N, K in named_shapes.SH
 GLU_SHAPES = ("gate_up",)
 
 
+def resource_usage(cubin: bytes) -> tuple[int, int]:
+    """(registers, stack bytes) a thread of a compiled NVIDIA kernel, as the cuobjdump that Triton's
+    backend ships reads them; ptxas puts the registers it spills on the stack."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([wgmma_hazard.cuobjdump(), "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
+
+
 class Recorder:
     """Stands in for JITFunction.__getitem__: compiles each distinct launch for `device`, once."""
 
@@ -125,6 +141,8 @@ class Recorder:
                 k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.device.target,
                                    options=options.__dict__)
                 row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= self.device.shared)
+                if self.device.target.backend == "cuda":
+                    row["registers"], row["stack"] = resource_usage(k.asm["cubin"])
                 if self.device.target.backend == "cuda" and self.device.target.arch == 90:
                     rs, found = wgmma_hazard.check_cubin(k.asm["cubin"])
                     row.update(rs_wgmma=rs, wgmma_hazards=len(found), wgmma_hazard_examples=found[:3],
@@ -135,9 +153,11 @@ class Recorder:
         self.current.append(key)
 
 
-def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False) -> list[dict]:
+def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False, glu: bool = False) -> list[dict]:
     """Each (format, shape, bucket)'s default tile (with `shipped`, the shipped cache's tile where
-    it has one) launched on the CPU as on the recorder's device."""
+    it has one) launched on the CPU as on the recorder's device; with `glu` the gate|up products
+    of fuse.GLU_FORMATS apply SwiGLU in their epilogue, as the runtime's do where
+    fuse.SWIGLU_IN_PRODUCT is on."""
     from triton.runtime.jit import JITFunction
     if shipped and rec.device != H200:
         raise ValueError("the shipped cache holds the H200's tiles: --tiles shipped is for the H200 only")
@@ -161,7 +181,7 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
                 # The runtime's gate|up products of these formats apply SwiGLU in their epilogue.
-                glu = sh in GLU_SHAPES and fuse.SWIGLU_IN_PRODUCT and w.format in fuse.GLU_FORMATS
+                in_product = sh in GLU_SHAPES and (glu or fuse.SWIGLU_IN_PRODUCT) and w.format in fuse.GLU_FORMATS
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
                     p = t.problem(w, b, dtype)
@@ -170,16 +190,18 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False)
                     rec.current = []
                     err = None
                     try:
-                        if glu:
+                        if in_product:
                             t.launch(x[:b], w, tile, glu=True)
                         else:
                             t.launch(x[:b], w, tile)
                     except Exception as e:  # the launcher itself refused: a finding
                         err = f"{type(e).__name__}: {str(e)[-300:]}"
                     kernels = [rec.compiled[k] for k in rec.current]
-                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, glu=glu, error=err,
-                               kernels=[dict(kernel=r["kernel"], shared=r["shared"],
-                                             wgmma_hazards=r.get("wgmma_hazards", 0)) for r in kernels],
+                    row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, glu=in_product,
+                               error=err,
+                               kernels=[dict(kernel=r["kernel"], shared=r["shared"], registers=r.get("registers"),
+                                             stack=r.get("stack"), wgmma_hazards=r.get("wgmma_hazards", 0))
+                                        for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
                     rows.append(row)
                     log(row)
@@ -196,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPE_TABLE), help=f"of {', '.join(SHAPE_TABLE)}")
     ap.add_argument("--buckets", default="all")
     ap.add_argument("--tiles", choices=("default", "shipped"), default="default")
+    ap.add_argument("--glu", action="store_true",
+                    help="launch gate_up with the SwiGLU epilogue (fuse.GLU_FORMATS), whatever the runtime does")
     ap.add_argument("--out", default=None, help="JSON of every launch and every compiled kernel")
     a = ap.parse_args(argv)
     for name, given, known in (("format", a.formats, FORMATS), ("shape", a.shapes, SHAPE_TABLE)):
@@ -213,15 +237,20 @@ def main(argv: list[str] | None = None) -> int:
         if not r["fits"]:
             print(f"DOES NOT FIT: {r['format']} {r['shape']} bucket {r['bucket']} {r['source']} tile {r['tile']}: "
                   f"{r['error'] or [(k['kernel'], k['shared']) for k in r['kernels']]}", flush=True)
-    rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log, a.tiles == "shipped")
+    rows = drive(rec, a.formats.split(","), a.shapes.split(","), parse_buckets(a.buckets), log, a.tiles == "shipped",
+                 a.glu)
     bad = [r for r in rows if not r["fits"]]
     most = max((k for k in rec.compiled.values() if k["shared"] is not None), key=lambda k: k["shared"], default=None)
     print(f"{len(rows) - len(bad)}/{len(rows)} {a.tiles}-tile launches fit the {rec.device.name}'s "
           f"{rec.device.shared} bytes "
           f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
           f"most: {most and (most['kernel'], most['shared'])})")
+    spilled = [k for k in rec.compiled.values() if k.get("stack")]
+    if spilled:
+        print(f"{len(spilled)} kernels keep a stack (spills or calls), up to {max(k['stack'] for k in spilled)} bytes "
+              f"a thread: " + ", ".join(sorted({k['kernel'] for k in spilled})))
     if a.out:
-        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", device=rec.device.name, tiles=a.tiles,
+        Path(a.out).write_text(json.dumps(dict(benchmark="sm90-fit", device=rec.device.name, tiles=a.tiles, glu=a.glu,
                                                commit=code_commit(),
                                                triton=triton.__version__,
                                                torch=torch.__version__, rows=rows,

@@ -23,19 +23,12 @@ _PRELUDE = r"""
 import json, os, re, subprocess, sys, tempfile
 import torch, triton
 sys.path.insert(0, sys.argv[1])
-from sm90_fit import DEVICES, H200, Recorder
+from sm90_fit import DEVICES, H200, Recorder, resource_usage
 from triton.runtime.jit import JITFunction
 
-from vsr.kernels.wgmma_hazard import cuobjdump
-
 compile_ = triton.compile
-BIN = cuobjdump()
 def stack_bytes(cubin):
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([BIN, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"STACK:(\d+)", out).group(1))
+    return resource_usage(cubin)[1]
 """
 
 _PROBE = _PRELUDE + r"""
@@ -337,3 +330,21 @@ def test_swiglu_products_compile_for_the_h200():
             assert "error" not in k and k["fits"], (launch["tile"], k)
         glu = [k for k in launch["kernels"] if k["constexprs"].get("GLU") == "True"]
         assert glu, (launch["tile"], [k["kernel"] for k in launch["kernels"]])
+
+
+def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request(tmp_path):
+    # --glu: gate_up launches with the SwiGLU epilogue though the runtime leaves it off; every
+    # compiled kernel carries the registers and stack bytes cuobjdump reads off its cubin.
+    out = tmp_path / "fit.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16", "--shapes", "gate_up",
+                        "--buckets", "1", "--glu", "--out", str(out)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["glu"] is True
+    (row,) = result["rows"]
+    assert row["glu"] is True and row["kernels"]
+    for k in row["kernels"]:
+        assert isinstance(k["registers"], int) and 0 < k["registers"] <= 255
+        assert isinstance(k["stack"], int) and k["stack"] >= 0
