@@ -180,7 +180,8 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False,
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
-                # The runtime's gate|up products of these formats apply SwiGLU in their epilogue.
+                # gate|up products of these formats apply SwiGLU in their epilogue where the runtime's
+                # do (fuse.SWIGLU_IN_PRODUCT), or as asked (glu).
                 in_product = sh in GLU_SHAPES and (glu or fuse.SWIGLU_IN_PRODUCT) and w.format in fuse.GLU_FORMATS
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
