@@ -20,15 +20,13 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 # Each probe runs in a process of its own (no interpreter), argv[1] the benchmarks directory.
 _PRELUDE = r"""
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, sys
 import torch, triton
 sys.path.insert(0, sys.argv[1])
 from sm90_fit import DEVICES, H200, Recorder, resource_usage
 from triton.runtime.jit import JITFunction
 
 compile_ = triton.compile
-def stack_bytes(cubin):
-    return resource_usage(cubin)[1]
 """
 
 _PROBE = _PRELUDE + r"""
@@ -38,7 +36,7 @@ def compile_and_keep(src, *a, **k):
     name = src.fn.__name__
     ptx.setdefault(name, []).append(kernel.asm["ptx"])
     if name in ("_ut_kernel", "_scan_kernel"):
-        delta.append({"kernel": name, "dtype": DTYPE, "stack": stack_bytes(kernel.asm["cubin"]),
+        delta.append({"kernel": name, "dtype": DTYPE, "stack": resource_usage(kernel.asm["cubin"])[1],
                       "wgmma": len(re.findall(r"wgmma\.mma_async", kernel.asm["ptx"]))})
     return kernel
 triton.compile = compile_and_keep
@@ -111,9 +109,14 @@ print(json.dumps({"rows": list(rec.compiled.values()), "limit": rec.device.share
 """
 
 
+def _compile_env() -> dict:
+    """This process's environment without the interpreter: the kernels must compile."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
 def _run(probe: str, timeout: int) -> dict:
     """The JSON a probe prints last, run without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = _compile_env()
     p = subprocess.run([sys.executable, "-c", probe, str(BENCH)], capture_output=True, text=True, env=env,
                        timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -195,7 +198,7 @@ def compile_and_keep(src, *a, **k):
     if name in ("_int4_frag_kernel", "_int4_join_kernel"):
         body = loop_body(kernel.asm["ptx"])
         rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
-        found[name] = {"stack": stack_bytes(kernel.asm["cubin"]), "shared": int(kernel.metadata.shared),
+        found[name] = {"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
                        "st_shared": body.count("st.shared"), "ldmatrix": body.count("ldmatrix"),
                        "wgmma": body.count("wgmma.mma_async"), "pairs": body.count("mul.rn.bf16x2"),
                        "rs_wgmma": rs, "hazards": hazards}
@@ -273,7 +276,7 @@ def test_int4_kernels_wait_under_an_older_ptxas(tmp_path):
     writes such a register; without the wait they do (benchmarks/rs_wgmma_hazards.py, bucket 128)."""
     from triton import knobs
     out = tmp_path / "hazards.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = _compile_env()
     p = subprocess.run([sys.executable, str(BENCH / "rs_wgmma_hazards.py"), "--ptxas", knobs.nvidia.ptxas.path,
                         "--buckets", "128", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
@@ -336,7 +339,7 @@ def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_o
     # --glu: gate_up launches with the SwiGLU epilogue though the runtime leaves it off; every
     # compiled kernel carries the registers and stack bytes cuobjdump reads off its cubin.
     out = tmp_path / "fit.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = _compile_env()
     p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16", "--shapes", "gate_up",
                         "--buckets", "1", "--glu", "--out", str(out)], capture_output=True, text=True, env=env,
                        timeout=300)
