@@ -25,12 +25,14 @@ SHAPES_27B: tuple[tuple[str, int, int], ...] = (
 SHAPES_MINILM: tuple[tuple[str, int, int], ...] = (
     ("qkv", 1152, 384), ("o", 384, 384), ("up", 1536, 384), ("down", 384, 1536))
 # Qwen3.5-27B's text model (benchmarks/e2e_models.qwen3_5_27b_config) as the runtime fuses it: a
-# Gated DeltaNet layer runs in_proj_qkv|z (2 x 16 key heads + 2 x 48 value heads of 128),
-# in_proj_b|a (2 x 48) and out_proj (48 x 128 in); a gated attention layer q|gate|k|v (2 x 24 + 2 x 4
-# heads of 256) and o (24 x 256 in, out_proj's shape); the MLP is gate_up and down of SHAPES_27B.
+# Gated DeltaNet layer runs in_proj_qkv|z|b|a as one product where the four parts share a format
+# (2 x 16 key heads + 2 x 48 value heads of 128, then 2 x 48), else in_proj_qkv|z and in_proj_b|a
+# apart (packages that leave b and a dense), and out_proj (48 x 128 in); a gated attention layer
+# q|gate|k|v (2 x 24 + 2 x 4 heads of 256) and o (24 x 256 in, out_proj's shape); the MLP is
+# gate_up and down of SHAPES_27B.
 SHAPES_27B_HYBRID: tuple[tuple[str, int, int], ...] = (
-    ("deltanet_in", 16384, 5120), ("deltanet_ba", 96, 5120), ("deltanet_out", 5120, 6144),
-    ("attn_qkv", 14336, 5120))
+    ("deltanet_in", 16480, 5120), ("deltanet_qkvz", 16384, 5120), ("deltanet_ba", 96, 5120),
+    ("deltanet_out", 5120, 6144), ("attn_qkv", 14336, 5120))
 NAMED = {"27b": SHAPES_27B, "27b-hybrid": SHAPES_27B_HYBRID, "minilm": SHAPES_MINILM}
 
 _DT = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
