@@ -6,9 +6,11 @@ attention_reference first:
 - one:     one masked loop over 64-key blocks
 - two:     the blocks every query of a program may see in an unmasked loop, then a masked loop
 - one_n32: one masked loop over 32-key blocks (at most 256 tokens)
+- two_n128: two loops over 128-key blocks (from 512 tokens)
+- <form>_hf: each of these with the programs launched heads first (attention.HEADS_FIRST)
 
-Writes `attention-<device>-<date>.json`: rows {B, S, shipped: (BLOCK_N, two loops), one_us, two_us,
-one_n32_us, err}; prints a table last.
+Writes `attention-<device>-<date>.json`: rows {B, S, shipped: (BLOCK_N, two loops, heads first),
+<form>_us for each form, err}; prints a table last.
 
     python benchmarks/bench_attention.py [--cases 1x128,16x128,...] [--out FILE]
 """
@@ -31,12 +33,14 @@ HQ, HKV, D = 64, 8, 128
 _SHIPPED_CONFIG = A._config
 
 
-def forms(S: int) -> dict[str, tuple[int, int]]:
-    """name -> (BLOCK_N, SKIP_MASK_FROM) of each form run at S tokens."""
+def forms(S: int) -> dict[str, tuple[int, int, bool]]:
+    """name -> (BLOCK_N, SKIP_MASK_FROM, HEADS_FIRST) of each form run at S tokens."""
     out = {"one": (64, 10 ** 9), "two": (64, 1)}
     if S <= 256:
         out["one_n32"] = (32, 10 ** 9)
-    return out
+    if S >= 512:
+        out["two_n128"] = (128, 1)
+    return {**{k: (*v, False) for k, v in out.items()}, **{f"{k}_hf": (*v, True) for k, v in out.items()}}
 
 
 def run_case(B: int, S: int, device) -> dict:
@@ -46,18 +50,18 @@ def run_case(B: int, S: int, device) -> dict:
     q, k, v = qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HKV], qkv[:, :, HQ + HKV:]
     lengths = torch.full((B,), S, dtype=torch.int32, device=device)
     ref = A.attention_reference(q, k, v, lengths, causal=True).float()
-    shipped_cfg, shipped_from = A._config(D, S), A.SKIP_MASK_FROM
-    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from], "err": {}}
+    shipped_cfg, shipped_from, shipped_order = A._config(D, S), A.SKIP_MASK_FROM, A.HEADS_FIRST
+    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, shipped_order], "err": {}}
     try:
-        for name, (block_n, skip_from) in forms(S).items():
+        for name, (block_n, skip_from, heads_first) in forms(S).items():
             bm, _, warps, stages = shipped_cfg
             A._config = lambda D_, S_, f32="", c=(bm, block_n, warps, stages): c
-            A.SKIP_MASK_FROM = skip_from
+            A.SKIP_MASK_FROM, A.HEADS_FIRST = skip_from, heads_first
             fn = lambda: A.attention(q, k, v, lengths, causal=True)  # noqa: E731
             row["err"][name] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
             row[f"{name}_us"] = graph_ms([fn]) * 1e3
     finally:
-        A._config, A.SKIP_MASK_FROM = _SHIPPED_CONFIG, shipped_from
+        A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST = _SHIPPED_CONFIG, shipped_from, shipped_order
     return row
 
 
@@ -76,11 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or result_path("attention", name)
     out.write_text(json.dumps({"benchmark": "attention", "device": name, "torch": torch.__version__,
                                "commit": code_commit(), "heads": [HQ, HKV, D], "rows": rows}, indent=1))
-    print("| case | shipped | one loop | two loops | one loop, 32 keys |\n|---|---|---|---|---|")
+    names = list(dict.fromkeys(n for c in a.cases.split(",") for n in forms(int(c.split("x")[1]))))
+    print("| case | shipped | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
     for r in rows:
-        n32 = f"{r['one_n32_us']:.1f}" if "one_n32_us" in r else "-"
-        print(f"| {r['B']}x{r['S']} | {r['shipped'][0]} keys, {'two' if r['shipped'][1] else 'one'} "
-              f"| {r['one_us']:.1f} | {r['two_us']:.1f} | {n32} |")
+        cells = [f"{r[n + '_us']:.1f}" if n + "_us" in r else "-" for n in names]
+        print(f"| {r['B']}x{r['S']} | {r['shipped'][0]} keys, {'two' if r['shipped'][1] else 'one'} loops"
+              f"{', heads first' if r['shipped'][2] else ''} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -41,6 +41,8 @@ HEAD_DIMS = (32, 64, 128, 256)
 # of 1024 tokens 12% less; timed alone on an H100 at Qwen3's heads, two loops lose at 128 and 256
 # tokens and win from 512.
 SKIP_MASK_FROM = 257
+# The launch order of the programs (_attention_kernel's HEADS_FIRST).
+HEADS_FIRST = False
 
 
 @triton.jit
@@ -95,13 +97,23 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                      SKIP_MASK: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+                      SKIP_MASK: tl.constexpr, HEADS_FIRST: tl.constexpr, WAIT: tl.constexpr,
+                      RELEASE: tl.constexpr):
     pdl.begin(WAIT, RELEASE)
-    if CAUSAL:   # the longest query blocks (the most keys) first: the last wave's programs are short
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    # The grid is (query blocks, requests x heads), or with HEADS_FIRST (requests x heads, query
+    # blocks): the programs launched together are then one query block of every head (in key/value
+    # head groups, sharing their keys in L2), and causal, the longest blocks of all heads first.
+    if HEADS_FIRST:
+        qb = tl.program_id(1)
+        n_qb = tl.num_programs(1)
+        bh = tl.program_id(0)
     else:
-        start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
+        qb = tl.program_id(0)
+        n_qb = tl.num_programs(0)
+        bh = tl.program_id(1)
+    if CAUSAL:   # the longest query blocks (the most keys) first: the last wave's programs are short
+        qb = n_qb - 1 - qb
+    start_m = qb * BLOCK_M
     b = (bh // HQ).to(tl.int64)
     h = bh % HQ
     g = (h // GROUP).to(tl.int64)
@@ -196,14 +208,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     if B == 0 or S == 0:
         return o
     sc = D ** -0.5 if scale is None else scale
-    grid = (triton.cdiv(S, block_m), B * HQ)
+    grid = (B * HQ, triton.cdiv(S, block_m)) if HEADS_FIRST else (triton.cdiv(S, block_m), B * HQ)
     g = q if gate is None else gate
     _attention_kernel[grid](
         q, k, v, o, lengths, g, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, num_warps=warps,
+        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, HEADS_FIRST=HEADS_FIRST,
+        num_warps=warps,
         num_stages=stages, **pdl.options(q.device))
     return o
 

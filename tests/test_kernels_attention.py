@@ -38,17 +38,23 @@ def test_attention_gqa_and_padding(monkeypatch, dtype, HQ, HKV, causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_with_and_without_the_unmasked_loop(monkeypatch, causal):
     """Long sequences run the key blocks every query of a block may see in a loop without the mask
-    (SKIP_MASK), short ones one masked loop: both forms against the reference, on the same inputs."""
+    (SKIP_MASK), short ones one masked loop; the programs launch query blocks first or heads first
+    (HEADS_FIRST): every form against the reference, on the same inputs, and the launch order never
+    changes a byte."""
     _poison(monkeypatch)
     g = torch.Generator().manual_seed(31)
     S = 200   # four key blocks: whole blocks before the diagonal and past the shorter length
     q, k, v = _qkv(2, S, 4, 2, 32, torch.float16, g)
     lengths = torch.tensor([S, 150], dtype=torch.int32, device=DEV)
-    outs = []
+    outs = {}
     for skip_from in (1, S + 1):
-        monkeypatch.setattr(attention, "SKIP_MASK_FROM", skip_from)
-        outs.append(_check(q, k, v, lengths, causal=causal))
-    torch.testing.assert_close(outs[0].float(), outs[1].float(), rtol=1e-3, atol=1e-3)
+        for heads_first in (False, True):
+            monkeypatch.setattr(attention, "SKIP_MASK_FROM", skip_from)
+            monkeypatch.setattr(attention, "HEADS_FIRST", heads_first)
+            outs[skip_from, heads_first] = _check(q, k, v, lengths, causal=causal)
+    torch.testing.assert_close(outs[1, False].float(), outs[S + 1, False].float(), rtol=1e-3, atol=1e-3)
+    for skip_from in (1, S + 1):
+        assert torch.equal(outs[skip_from, False], outs[skip_from, True])
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
