@@ -6,6 +6,7 @@ attention_reference first:
 - one:     one masked loop over 64-key blocks
 - two:     the blocks every query of a program may see in an unmasked loop, then a masked loop
 - one_n32: one masked loop over 32-key blocks (at most 256 tokens)
+- one_m128: one masked loop over 32-key blocks, 128 queries a program on 8 warps (at most 256 tokens)
 - two_n128: two loops over 128-key blocks (from 512 tokens)
 - <form>_hf: each of these with the programs launched heads first (attention.HEADS_FIRST)
 
@@ -33,14 +34,18 @@ HQ, HKV, D = 64, 8, 128
 _SHIPPED_CONFIG = A._config
 
 
-def forms(S: int) -> dict[str, tuple[int, int, bool]]:
-    """name -> (BLOCK_N, SKIP_MASK_FROM, HEADS_FIRST) of each form run at S tokens."""
-    out = {"one": (64, 10 ** 9), "two": (64, 1)}
+def forms(S: int) -> dict[str, dict]:
+    """name -> what each form run at S tokens changes of the shipped one: block_n, and block_m with
+    warps (_config), skip_from (SKIP_MASK_FROM), heads_first (HEADS_FIRST)."""
+    one, two = {"skip_from": 10 ** 9}, {"skip_from": 1}
+    out = {"one": dict(one, block_n=64), "two": dict(two, block_n=64)}
     if S <= 256:
-        out["one_n32"] = (32, 10 ** 9)
+        out["one_n32"] = dict(one, block_n=32)
+        out["one_m128"] = dict(one, block_n=32, block_m=128, warps=8)
     if S >= 512:
-        out["two_n128"] = (128, 1)
-    return {**{k: (*v, False) for k, v in out.items()}, **{f"{k}_hf": (*v, True) for k, v in out.items()}}
+        out["two_n128"] = dict(two, block_n=128)
+    return {**{k: dict(v, heads_first=False) for k, v in out.items()},
+            **{f"{k}_hf": dict(v, heads_first=True) for k, v in out.items()}}
 
 
 def run_case(B: int, S: int, device) -> dict:
@@ -53,10 +58,11 @@ def run_case(B: int, S: int, device) -> dict:
     shipped_cfg, shipped_from, shipped_order = A._config(D, S), A.SKIP_MASK_FROM, A.HEADS_FIRST
     row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, shipped_order], "err": {}}
     try:
-        for name, (block_n, skip_from, heads_first) in forms(S).items():
+        for name, f in forms(S).items():
             bm, _, warps, stages = shipped_cfg
-            A._config = lambda D_, S_, f32="", c=(bm, block_n, warps, stages): c
-            A.SKIP_MASK_FROM, A.HEADS_FIRST = skip_from, heads_first
+            c = (f.get("block_m", bm), f["block_n"], f.get("warps", warps), stages)
+            A._config = lambda D_, S_, f32="", c=c: c
+            A.SKIP_MASK_FROM, A.HEADS_FIRST = f["skip_from"], f["heads_first"]
             fn = lambda: A.attention(q, k, v, lengths, causal=True)  # noqa: E731
             row["err"][name] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
             row[f"{name}_us"] = graph_ms([fn]) * 1e3
