@@ -8,7 +8,7 @@ attention_reference first:
 - one_n32: one masked loop over 32-key blocks (at most 256 tokens)
 - one_m128: one masked loop over 32-key blocks, 128 queries a program on 8 warps (at most 256 tokens)
 - two_n128: two loops over 128-key blocks (from 512 tokens)
-- <form>_hf: each of these with the programs launched heads first (attention.HEADS_FIRST)
+- <form>_hf: each of these with the programs launched heads first (HEADS_FIRST_FROM)
 
 Writes `attention-<device>-<date>.json`: rows {B, S, shipped: (BLOCK_N, two loops, heads first),
 <form>_us for each form, err}; prints a table last.
@@ -36,7 +36,7 @@ _SHIPPED_CONFIG = A._config
 
 def forms(S: int) -> dict[str, dict]:
     """name -> what each form run at S tokens changes of the shipped one: block_n, and block_m with
-    warps (_config), skip_from (SKIP_MASK_FROM), heads_first (HEADS_FIRST)."""
+    warps (_config), skip_from (SKIP_MASK_FROM), heads_first (HEADS_FIRST_FROM)."""
     one, two = {"skip_from": 10 ** 9}, {"skip_from": 1}
     out = {"one": dict(one, block_n=64), "two": dict(two, block_n=64)}
     if S <= 256:
@@ -55,19 +55,19 @@ def run_case(B: int, S: int, device) -> dict:
     q, k, v = qkv[:, :, :HQ], qkv[:, :, HQ:HQ + HKV], qkv[:, :, HQ + HKV:]
     lengths = torch.full((B,), S, dtype=torch.int32, device=device)
     ref = A.attention_reference(q, k, v, lengths, causal=True).float()
-    shipped_cfg, shipped_from, shipped_order = A._config(D, S), A.SKIP_MASK_FROM, A.HEADS_FIRST
-    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, shipped_order], "err": {}}
+    shipped_cfg, shipped_from, shipped_hf = A._config(D, S), A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM
+    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, S >= shipped_hf], "err": {}}
     try:
         for name, f in forms(S).items():
             bm, _, warps, stages = shipped_cfg
             c = (f.get("block_m", bm), f["block_n"], f.get("warps", warps), stages)
             A._config = lambda D_, S_, f32="", c=c: c
-            A.SKIP_MASK_FROM, A.HEADS_FIRST = f["skip_from"], f["heads_first"]
+            A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM = f["skip_from"], 1 if f["heads_first"] else 10 ** 9
             fn = lambda: A.attention(q, k, v, lengths, causal=True)  # noqa: E731
             row["err"][name] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
             row[f"{name}_us"] = graph_ms([fn]) * 1e3
     finally:
-        A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST = _SHIPPED_CONFIG, shipped_from, shipped_order
+        A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM = _SHIPPED_CONFIG, shipped_from, shipped_hf
     return row
 
 

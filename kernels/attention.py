@@ -41,8 +41,11 @@ HEAD_DIMS = (32, 64, 128, 256)
 # of 1024 tokens 12% less; timed alone on an H100 at Qwen3's heads, two loops lose at 128 and 256
 # tokens and win from 512.
 SKIP_MASK_FROM = 257
-# The launch order of the programs (_attention_kernel's HEADS_FIRST).
-HEADS_FIRST = False
+# From this sequence length the programs launch heads first (_attention_kernel's HEADS_FIRST): timed
+# alone on an H100 at Qwen3's heads, 5-13% less time at 4-8 requests of 256 tokens, 12% at one of
+# 1,024, 10% at 2,048, 3% more at 16 of 128; the 27B-class forward at one request of 1,024 tokens
+# 1.8% less (benchmarks/results/attention-nvidia-h100-2026-12-06.json).
+HEADS_FIRST_FROM = 256
 
 
 @triton.jit
@@ -208,14 +211,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
     if B == 0 or S == 0:
         return o
     sc = D ** -0.5 if scale is None else scale
-    grid = (B * HQ, triton.cdiv(S, block_m)) if HEADS_FIRST else (triton.cdiv(S, block_m), B * HQ)
+    heads_first = S >= HEADS_FIRST_FROM
+    grid = (B * HQ, triton.cdiv(S, block_m)) if heads_first else (triton.cdiv(S, block_m), B * HQ)
     g = q if gate is None else gate
     _attention_kernel[grid](
         q, k, v, o, lengths, g, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, HEADS_FIRST=HEADS_FIRST,
+        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, HEADS_FIRST=heads_first,
         num_warps=warps,
         num_stages=stages, **pdl.options(q.device))
     return o

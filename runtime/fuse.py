@@ -119,7 +119,7 @@ CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _f
 # Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
 GLU_FORMATS = ("dense", "fp8", "int4")
 # Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. Off: in whole 27B
-# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-05.json, "swiglu_epilogue_division")
+# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_epilogue_division")
 # the gate|up product that applies it took twice as long at 1,024 and 2,048 rows as the same tile
 # without it (FP8 36.3 against 17.1 ms a forward at 1x1024), far more than the 2.5-6.8 ms of the
 # activation kernel it saves, with or without div.rn's slow-path call in the epilogue.

@@ -39,7 +39,7 @@ def test_attention_gqa_and_padding(monkeypatch, dtype, HQ, HKV, causal):
 def test_attention_with_and_without_the_unmasked_loop(monkeypatch, causal):
     """Long sequences run the key blocks every query of a block may see in a loop without the mask
     (SKIP_MASK), short ones one masked loop; the programs launch query blocks first or heads first
-    (HEADS_FIRST): every form against the reference, on the same inputs, and the launch order never
+    (HEADS_FIRST_FROM): every form against the reference, on the same inputs, and the launch order never
     changes a byte."""
     _poison(monkeypatch)
     g = torch.Generator().manual_seed(31)
@@ -50,7 +50,7 @@ def test_attention_with_and_without_the_unmasked_loop(monkeypatch, causal):
     for skip_from in (1, S + 1):
         for heads_first in (False, True):
             monkeypatch.setattr(attention, "SKIP_MASK_FROM", skip_from)
-            monkeypatch.setattr(attention, "HEADS_FIRST", heads_first)
+            monkeypatch.setattr(attention, "HEADS_FIRST_FROM", 1 if heads_first else S + 1)
             outs[skip_from, heads_first] = _check(q, k, v, lengths, causal=causal)
     torch.testing.assert_close(outs[1, False].float(), outs[S + 1, False].float(), rtol=1e-3, atol=1e-3)
     for skip_from in (1, S + 1):
