@@ -43,8 +43,8 @@ HEAD_DIMS = (32, 64, 128, 256)
 SKIP_MASK_FROM = 257
 # From this sequence length the programs launch heads first (_attention_kernel's HEADS_FIRST): timed
 # alone on an H100 at Qwen3's heads, 5-13% less time at 4-8 requests of 256 tokens, 12% at one of
-# 1,024, 10% at 2,048, 3% more at 16 of 128; the 27B-class forward at one request of 1,024 tokens
-# 1.8% less (benchmarks/results/attention-nvidia-h100-2026-12-06.json).
+# 1,024, 10% at 2,048, 3% more at 16 of 128 (benchmarks/results/attention-nvidia-h100-2026-12-06.json);
+# the 27B-class forward at one request of 1,024 tokens 1.8% less (ab-nvidia-h100-2026-12-06.json).
 HEADS_FIRST_FROM = 256
 
 
@@ -219,9 +219,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
-        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM, HEADS_FIRST=heads_first,
-        num_warps=warps,
-        num_stages=stages, **pdl.options(q.device))
+        F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM,
+        HEADS_FIRST=heads_first, num_warps=warps, num_stages=stages, **pdl.options(q.device))
     return o
 
 

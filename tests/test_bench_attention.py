@@ -30,4 +30,5 @@ def test_every_form_is_attention_and_the_shipped_form_comes_back(bench):
     assert all(e < 1e-2 for e in row["err"].values()), row
     assert row["shipped"] == [32, False, False] and all(row[n + "_us"] == 1e3 for n in row["err"])
     assert A._config is config and A.SKIP_MASK_FROM == skip_from and A.HEADS_FIRST_FROM == hf_from
-    assert "one_n32" not in bench.forms(512) and bench.forms(512)["two_n128_hf"] == {"skip_from": 1, "block_n": 128, "heads_first": True}
+    assert "one_n32" not in bench.forms(512)
+    assert bench.forms(512)["two_n128_hf"] == {"skip_from": 1, "block_n": 128, "heads_first": True}
