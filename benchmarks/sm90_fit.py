@@ -106,6 +106,15 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
 
 
+def _source(fn):
+    """The compiler's source class for fn: Gluon's for a Gluon kernel (its layouts are explicit)."""
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:
+        return ASTSource
+    return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+
+
 class Recorder:
     """Stands in for JITFunction.__getitem__: compiles each distinct launch for `device`, once."""
 
@@ -138,7 +147,7 @@ class Recorder:
             row = {"kernel": fn.__name__, "warps": options.num_warps, "stages": options.num_stages,
                    "constexprs": {fn.params[k[0]].name: repr(v) for k, v in constexprs.items() if len(k) == 1}}
             try:
-                k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=self.device.target,
+                k = triton.compile(_source(fn)(fn, signature, constexprs, attrs), target=self.device.target,
                                    options=options.__dict__)
                 row.update(shared=int(k.metadata.shared), fits=int(k.metadata.shared) <= self.device.shared)
                 if self.device.target.backend == "cuda":

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vsr.kernels import common, gemm
+from vsr.kernels import common, gemm, int4_wgmma
 from vsr.kernels.int4_tiles import default_tile, pick_group, search_space
 from vsr.kernels.template import Problem
 
@@ -610,20 +610,18 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         from vsr.kernels import dense
         wt = dequantize_transient(w, x.dtype)
         return dense.launch(x, dense.DenseWeight(wt, w.bias), dtile, out=y, glu=glu)
-    zp = w.zero_point if w.zero_point is not None else w.packed
-    bias = w.bias if w.bias is not None else y
+    zp, bias = (w.zero_point if w.zero_point is not None else w.packed), (w.bias if w.bias is not None else y)
     k_split, split = common.split_plan(K, tile)
     ws = common.workspace(split, y, N)
     bm, bn = tile["BLOCK_M"], tile["BLOCK_N"]
     dev = common.device_features(x.device)
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
     fixup = common.split_fixup(tile, split)
-    if fixup and path == "gemv":   # it stashes its partial rows itself, for the reduction kernel
-        raise ValueError(f"the int4 gemv path has no in-kernel fixup (FIXUP): {tile}")
+    if fixup and path in ("gemv", "wgmma"):   # they stash their partial rows, for the reduction kernel
+        raise ValueError(f"the int4 {path} path has no in-kernel fixup (FIXUP): {tile}")
     cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn), ws)
     if path == "gemv":
-        assert M == 1, f"the gemv path takes one row, got M={M}"
-        assert bk & (bk - 1) == 0, f"the gemv path steps in a power-of-two number of words, got BLOCK_K={bk}"
+        assert M == 1 and bk & (bk - 1) == 0, f"the gemv path takes one row in power-of-two word steps: {M=} {bk=}"
         # The GEMV steps in whole words: x beyond K (a partial last word) must read as zero.
         if K % 8:
             x = torch.nn.functional.pad(x, (0, 8 - K % 8))
@@ -665,6 +663,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             GROUP_M=tile.get("GROUP_M", 8), PAIRS=frag_pairs(x.dtype, w.scale.dtype, dev), F16=x.dtype == torch.float16,
             FIXUP=fixup, MMA_WAIT=mma_wait(dev), GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
+    elif path == "wgmma":
+        _launch_wgmma(x, w, tile, y, ws, k_split, split, glu, dev)
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -881,6 +881,23 @@ def _retire(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
+def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, k_split: int, split: int, glu: bool,
+                  dev: common.DeviceFeatures) -> None:
+    """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision with 16-byte rows (its
+    tiles are copied 16 bytes at a time), BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue."""
+    if not (dev.nvidia and dev.capability == (9, 0)):
+        raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
+    if glu:
+        raise ValueError(f"the int4 wgmma path has no SwiGLU epilogue: {tile}")
+    bk = tile["BLOCK_K"]
+    assert bk in (64, 128) and w.group_size % bk == 0 and x.dtype in (torch.bfloat16, torch.float16), \
+        f"the wgmma path takes bf16/fp16 x and BLOCK_K 64 or 128 dividing the group: {tile}"
+    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format) if (w.K * x.element_size()) % 16 == 0 else \
+            torch.nn.functional.pad(x, (0, 8 - w.K % 8))[:, :w.K]
+    int4_wgmma.launch(x, w, y, ws, tile, k_split, split)
+
+
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,
                     default_tile=default_tile, launch=launch, reference=reference_linear, problem=problem,
-                    pick_group=pick_group, deps=(_dense_module(),))
+                    pick_group=pick_group, deps=(_dense_module(), int4_wgmma))

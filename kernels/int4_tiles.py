@@ -251,6 +251,34 @@ def _frag_tiles(p: Problem) -> list[dict]:
     return out
 
 
+# The wgmma path's forms (int4_wgmma.py: both MMA operands in shared memory, one MMA in flight while
+# the next step unpacks) by bucket, as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the
+# MMA's narrow side, up to 256; 128 or 256 weight rows on one or two warpgroups.
+_WGMMA = {16: ((16, 128, 64, 4, 4), (16, 256, 64, 8, 4)),
+          32: ((32, 128, 64, 4, 4), (32, 256, 64, 8, 4)),
+          64: ((64, 128, 64, 4, 4), (64, 256, 64, 8, 4)),
+          128: ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)),
+          256: ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3)),
+          512: ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4))}
+
+
+def _wgmma_tiles(p: Problem) -> list[dict]:
+    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) from bucket 16
+    for half-precision x whose rows are whole 16-byte copies, where BLOCK_K divides the group;
+    K split for about two waves of programs."""
+    group = p.param("group", 128)
+    if p.bucket < 16 or p.act_dtype == torch.float32 or p.K % 8:
+        return []
+    out = []
+    for bm, bn, bk, warps, stages in _WGMMA[min(p.bucket, 512)]:
+        if group % bk:
+            continue
+        bm = min(bm, p.bucket)
+        split = gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16, waves=2)
+        out.append(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages))
+    return out
+
+
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:
     """Candidates of the transposed ("swap") product for buckets 2..128, the likeliest first (rows as
     narrow as the bucket, 128 weight rows, the split that fills the machine): a short sweep's
@@ -291,10 +319,11 @@ def search_space(p: Problem) -> list[dict]:
         b = _dense_bytes(p)
         dequant = _dequant_paths()
         rest = [dict(t, path=dequant[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in dequant] + mma[:4] + _interleave(_frag_tiles(p), _join_tiles(p))
+                if t["path"] in dequant] + _wgmma_tiles(p) + mma[:4] + _interleave(_frag_tiles(p), _join_tiles(p))
     else:
-        rest = _interleave(_interleave(_interleave(_frag_tiles(p), slices), _join_tiles(p)),
-                           _interleave(_swap_tiles(p, bks), mma))
+        rest = _interleave(_wgmma_tiles(p), _interleave(_interleave(_interleave(_frag_tiles(p), slices),
+                                                                    _join_tiles(p)),
+                                                        _interleave(_swap_tiles(p, bks), mma)))
     out, seen = [d], {tuple(sorted(d.items()))}
     for t in rest:
         key = tuple(sorted(t.items()))

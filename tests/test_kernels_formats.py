@@ -973,6 +973,28 @@ def test_int4_frag_path_refuses_fp32_activations_and_odd_block_k():
         int4.launch(torch.randn(2, K).half().to(DEV), w, dict(SLICES, path="frag", BLOCK_K=8))
 
 
+def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
+    # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
+    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
+    # the in-kernel fixup and fp32 x. (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
+    w = int4_weight(gen(127), 128, True, False, bias=False)
+    x = torch.randn(32, K).half().to(DEV)
+    tile = dict(SLICES, path="wgmma", BLOCK_M=32, BLOCK_N=128, BLOCK_K=64, SPLIT_K=2)
+    for dev in (common.device_features(x.device), common.DeviceFeatures(True, (8, 0), True, False),
+                common.DeviceFeatures(True, (10, 0), True, True)):
+        monkeypatch.setattr(common, "device_features", lambda d, dev=dev: dev)
+        with pytest.raises(ValueError, match=r"Hopper \(sm_90\) only"):
+            int4.launch(x, w, tile)
+    monkeypatch.setattr(common, "device_features", lambda d: common.DeviceFeatures(True, (9, 0), True, True))
+    even = int4.Int4Weight(w.packed[:36], w.scale[:36], w.K, w.group_size)   # gate and up rows in pairs
+    with pytest.raises(ValueError, match="no SwiGLU epilogue"):
+        int4.launch(x, even, tile, glu=True)
+    with pytest.raises(ValueError, match="no in-kernel fixup"):
+        int4.launch(x, w, dict(tile, FIXUP=1))
+    with pytest.raises(AssertionError, match="bf16/fp16 x"):
+        int4.launch(x.float(), w, tile)
+
+
 def test_int4_frag_pairs_need_scales_in_x_dtype():
     # The packed multiply takes both operands in x's dtype: bf16 scales under fp16 x (or fp32
     # scales) take the fp32 twin, as do devices without the pairs.
@@ -1560,6 +1582,7 @@ def test_launches_never_call_the_tile_spaces(monkeypatch):
              (int4, int4.launch, int4_weight(g, 128, False, True, True), None),
              (nvfp4, nvfp4.launch_emulated, nvfp4_weight(g, True, True, torch.float16), None)]
     runs = []
+    hopper = DEV == "cuda" and torch.cuda.get_device_capability() == (9, 0)
     for mod, launch, w, tol in cases:
         problem = nvfp4.problem if mod is nvfp4 else mod.problem
         space_of = nvfp4.search_space if mod is nvfp4 else mod.search_space
@@ -1567,6 +1590,8 @@ def test_launches_never_call_the_tile_spaces(monkeypatch):
             seen = set()
             for t in space_of(problem(w, bucket_for(M), torch.float16)):
                 form = (t["path"], bool(t.get("BLOCK_N2")), bool(t.get("PERSISTENT")))
+                if t["path"] == "wgmma" and not hopper:   # Hopper's only (the GPU test runs it there)
+                    continue
                 if form not in seen:
                     seen.add(form)
                     runs.append((mod, launch, w, tol, M, t))

@@ -351,3 +351,53 @@ def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_o
     for k in row["kernels"]:
         assert isinstance(k["registers"], int) and 0 < k["registers"] <= 255
         assert isinstance(k["stack"], int) and k["stack"] >= 0
+
+
+_WGMMA_PROBE = _PRELUDE + r"""
+from vsr.kernels import common, int4, wgmma_hazard
+from vsr.autotune.synth import random_weight
+
+rec, rows, found = Recorder(H200), [], {}
+def compile_and_keep(src, *a, **k):
+    kernel = compile_(src, *a, **k)
+    if src.fn.__name__ == "int4_wgmma_kernel":
+        ptx = kernel.asm["ptx"]
+        rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
+        found["k"] = {"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
+                      "wgmma": ptx.count("wgmma.mma_async"), "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
+                      "cp_async": ptx.count("cp.async."), "rs_wgmma": rs, "hazards": len(hazards)}
+    return kernel
+triton.compile = compile_and_keep
+JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
+common.device_features = lambda device: H200.features
+t = int4.TEMPLATE
+kernels = {}
+for sym in (True, False):
+    w = random_weight("int4", 34816, 5120, {"bits": 4, "group": 128, "symmetric": sym, "act_order": False},
+                      torch.bfloat16, "cpu")
+    for bucket in (16, 32, 64, 128, 256, 1024):
+        x = torch.randn(bucket, 5120).bfloat16()
+        for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]:
+            t.launch(x, w, tile)
+            key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k)
+            if key not in kernels:
+                kernels[key] = dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
+                                                           if k in ("registers", "error")})
+            rows.append(dict(kernels[key], tile=tile, sym=sym, bucket=bucket))
+print(json.dumps({"rows": rows, "limit": rec.device.shared}))
+"""
+
+
+def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory():
+    # Every wgmma tile of the space at buckets 16-1024 (27B-class gate_up, GPTQ and AWQ, bf16 x)
+    # compiles for sm_90 without spilling and fits the H200's shared memory; its MMAs read both
+    # operands from shared memory (no register operand a later step could overwrite: no write the
+    # hazard check finds), one MMA stays in flight across a step (a wait for 1), and the ring is
+    # filled by cp.async.
+    got = _run(_WGMMA_PROBE, 600)
+    rows = got["rows"]
+    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (16, 32, 64, 128, 256, 1024)}
+    for r in rows:
+        assert "error" not in r and r["stack"] == 0 and r["shared"] <= got["limit"], r
+        assert r["wgmma"] > 0 and r["rs_wgmma"] == 0 and r["hazards"] == 0, r
+        assert r["wait1"] > 0 and r["cp_async"] > 0, r

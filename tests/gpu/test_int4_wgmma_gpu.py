@@ -1,0 +1,68 @@
+"""GPU (Hopper): int4's wgmma path (kernels/int4_wgmma.py, through int4.launch) against the
+rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up to the order of the
+sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
+both half-precision dtypes; the same bytes on a second call; and every wgmma tile of the search
+space at the 27B-class shapes against the format's reference."""
+import pytest
+import torch
+
+from vsr.autotune.synth import random_weight
+from vsr.kernels import int4
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="the wgmma path runs on Hopper (sm_90) only")]
+
+
+def _weight(N, K, sym, dtype, group=128, bias=False, seed=0):
+    w = random_weight("int4", N, K, {"bits": 4, "group": group, "symmetric": sym, "act_order": False}, dtype, "cuda",
+                      seed)
+    if bias:
+        g = torch.Generator(device="cuda").manual_seed(seed + 1)
+        w.bias = (torch.randn(N, generator=g, device="cuda") * 0.1).to(dtype)
+    return w
+
+
+def _rounded_reference(x, w):
+    y = x.float() @ int4.dequantize(w).to(x.dtype).float().t()
+    return y + w.bias.float() if w.bias is not None else y
+
+
+def _tile(bm, bn, bk, split, warps, stages):
+    return dict(path="wgmma", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=8, num_warps=warps,
+                num_stages=stages)
+
+
+@pytest.mark.parametrize("M,N,K,sym,dtype,bias,tile", [
+    (128, 1024, 2048, True, torch.bfloat16, False, _tile(128, 128, 64, 1, 8, 4)),
+    (37, 1000, 2048, False, torch.bfloat16, True, _tile(64, 128, 64, 4, 4, 4)),       # partial rows / columns
+    (300, 777, 1000, True, torch.float16, True, _tile(256, 128, 64, 1, 8, 3)),        # K tail inside a step
+    (129, 2304, 5120, False, torch.float16, False, _tile(128, 256, 64, 3, 8, 3)),      # split with a short last
+    (16, 512, 4096, True, torch.bfloat16, True, _tile(16, 256, 128, 2, 8, 3)),
+])
+def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, tile):
+    w = _weight(N, K, sym, dtype, bias=bias)
+    x = torch.randn(M, K, device="cuda").to(dtype)
+    y = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    int4.launch(x, w, tile, out=y)
+    ref = _rounded_reference(x, w)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()))
+    assert torch.equal(y, int4.launch(x, w, tile))
+
+
+def test_every_wgmma_tile_of_the_space_at_27b_shapes():
+    t = int4.TEMPLATE
+    for (N, K) in ((10240, 5120), (5120, 17408)):
+        for sym in (True, False):
+            w = _weight(N, K, sym, torch.bfloat16)
+            for bucket in (16, 64, 128, 256, 1024):
+                x = torch.randn(bucket - 3, K, device="cuda").bfloat16()
+                ref = _rounded_reference(x, w)
+                tiles = [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]
+                assert tiles, bucket
+                for tile in tiles:
+                    y = t.launch(x, w, tile)
+                    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()),
+                                               msg=lambda m, tile=tile: f"{tile}: {m}")
+                    assert torch.equal(y, t.launch(x, w, tile)), tile
