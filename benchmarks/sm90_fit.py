@@ -47,6 +47,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common_bench import SHAPES, SHIPPED_CACHE, code_commit, make_weight, shipped_tile  # noqa: E402
@@ -108,10 +109,6 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
 
 def _source(fn):
     """The compiler's source class for fn: Gluon's for a Gluon kernel (its layouts are explicit)."""
-    try:
-        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
-    except ImportError:
-        return ASTSource
     return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
 
 

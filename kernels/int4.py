@@ -664,7 +664,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             FIXUP=fixup, MMA_WAIT=mma_wait(dev), GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "wgmma":
-        _launch_wgmma(x, w, tile, y, ws, k_split, split, glu, dev)
+        _launch_wgmma(x, w, tile, y, ws, zp, bias, k_split, split, glu, dev)
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -881,10 +881,11 @@ def _retire(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
-def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, k_split: int, split: int, glu: bool,
+def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, split: int, glu: bool,
                   dev: common.DeviceFeatures) -> None:
-    """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision with 16-byte rows (its
-    tiles are copied 16 bytes at a time), BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue."""
+    """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision with rows of whole
+    16-byte copies (a misaligned view is copied once), BLOCK_K 64 or 128 dividing the group; no
+    SwiGLU epilogue."""
     if not (dev.nvidia and dev.capability == (9, 0)):
         raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
     if glu:
@@ -892,10 +893,11 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, k_split: int, split: int,
     bk = tile["BLOCK_K"]
     assert bk in (64, 128) and w.group_size % bk == 0 and x.dtype in (torch.bfloat16, torch.float16), \
         f"the wgmma path takes bf16/fp16 x and BLOCK_K 64 or 128 dividing the group: {tile}"
+    if not gemm.tma_aligned(w.K, x.element_size()):
+        raise ValueError(f"the int4 wgmma path copies x in 16 bytes, which K={w.K} does not allow: {tile}")
     if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format) if (w.K * x.element_size()) % 16 == 0 else \
-            torch.nn.functional.pad(x, (0, 8 - w.K % 8))[:, :w.K]
-    int4_wgmma.launch(x, w, y, ws, tile, k_split, split)
+        x = x.clone(memory_format=torch.contiguous_format)
+    int4_wgmma.launch(x, w, zp, bias, y, ws, tile, k_split, split)
 
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,

@@ -138,17 +138,16 @@ def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
                  mask=mask)
 
 
-def launch(x, w, y, ws, tile: dict, k_split: int, split: int) -> None:
-    """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ through int4_wgmma_kernel; x
-    [M, K] bf16/fp16 with 16-byte aligned rows (cp.async copies 16 bytes), w an int4.Int4Weight
-    whose BLOCK_K divides its group. The caller adds the splits (common.reduce_splits)."""
+def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
+    """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
+    int4_wgmma_kernel; x [M, K] bf16/fp16 with 16-byte aligned rows (cp.async copies 16 bytes), w an
+    int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any placeholder where
+    it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
-    zp = w.zero_point if w.zero_point is not None else w.packed
-    bias = w.bias if w.bias is not None else y
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
-        x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.shape[1], w.scale.shape[1], x.stride(0),
+        x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0),
         y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
         HAS_BIAS=w.bias is not None and split == 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
         STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"])
