@@ -33,17 +33,20 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 
 @gluon.jit
-def _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw0, offs_w, offs_k, K, K8, stride_xm, stage):
-    """Step kw0's packed words [BN, W8] and x's tile [BM, BK] into ring slot `stage` (zeros past K)."""
+def _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw0, offs_w, offs_k, K8, stride_x8, stage):
+    """Step kw0's packed words [BN, W8] and x's tile [BM, BK] into ring slot `stage` (zeros past K).
+    x's row stride and K arrive as multiples of 8 (K8 * 8, stride_x8 * 8) so the compiler sees the
+    16-byte alignment cp.async needs whatever their values."""
     w_cols = kw0 + offs_w
     _async_load(q_ring.index(stage), q_ptr + rn[:, None] * K8 + w_cols[None, :], mask=w_cols[None, :] < K8)
     k_cols = kw0 * 8 + offs_k
-    _async_load(x_ring.index(stage), x_ptr + rm[:, None] * stride_xm + k_cols[None, :], mask=k_cols[None, :] < K)
+    _async_load(x_ring.index(stage), x_ptr + rm[:, None] * (stride_x8 * 8) + k_cols[None, :],
+                mask=k_cols[None, :] < K8 * 8)
     async_copy.commit_group()
 
 
 @gluon.jit
-def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K, K8, KG, stride_xm,
+def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_x8,
                       stride_ym, KW_SPLIT, GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                       SPLIT_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
@@ -91,20 +94,29 @@ def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
 
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + j * W8, offs_w, offs_k, K, K8, stride_xm, j)
+            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + j * W8, offs_w, offs_k, K8, stride_x8, j)
         else:
             async_copy.commit_group()
 
+    # A step's scales (and zero points) are loaded one step ahead: a load's latency in the step
+    # that uses it would stand between the copy's wait and the unpacking.
+    s_nxt = gl.load(sc_ptr + rn * KG + (kw_lo * 8) // GROUP)
+    if HAS_ZP:
+        z_nxt = gl.load(zp_ptr + rn * KG + (kw_lo * 8) // GROUP)
+    else:
+        z_nxt = s_nxt
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
     for i in range(steps):
         stage = i % STAGES
-        kw0 = kw_lo + i * W8
-        g = (kw0 * 8) // GROUP
-        s = gl.load(sc_ptr + rn * KG + g).to(gl.float32)
+        s = s_nxt.to(gl.float32)
         if HAS_ZP:
-            zf = gl.load(zp_ptr + rn * KG + g).to(gl.float32)
+            zf = z_nxt.to(gl.float32)
         else:
             zf = gl.full([BLOCK_N], 8.0, gl.float32, rows1)
+        g_nxt = gl.minimum(((kw_lo + (i + 1) * W8) * 8) // GROUP, KG - 1)
+        s_nxt = gl.load(sc_ptr + rn * KG + g_nxt)
+        if HAS_ZP:
+            z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
         async_copy.wait_group(STAGES - 2)
         _barrier()
         words = q_ring.index(stage).load(words2)
@@ -119,7 +131,7 @@ def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, 
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         nxt = i + STAGES - 1
         if nxt < steps:
-            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + nxt * W8, offs_w, offs_k, K, K8, stride_xm,
+            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + nxt * W8, offs_w, offs_k, K8, stride_x8,
                        nxt % STAGES)
         else:
             async_copy.commit_group()
@@ -147,7 +159,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
-        x, w.packed, w.scale, zp, y, ws, bias, M, N, K, w.packed.stride(0), w.scale.stride(0), x.stride(0),
+        x, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), x.stride(0) // 8,
         y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
         HAS_BIAS=w.bias is not None and split == 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
         STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"])

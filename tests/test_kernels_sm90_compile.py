@@ -384,6 +384,15 @@ for sym in (True, False):
                 kernels[key] = dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
                                                            if k in ("registers", "error")})
             rows.append(dict(kernels[key], tile=tile, sym=sym, bucket=bucket))
+# A K whose rows are 16-byte aligned but not a multiple of 16 elements (fp16, K = 1000): the copies
+# must still compile as 16-byte cp.async.
+w = random_weight("int4", 777, 1000, {"bits": 4, "group": 128, "symmetric": True, "act_order": False},
+                  torch.float16, "cpu")
+tile = dict(path="wgmma", BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3)
+t.launch(torch.randn(300, 1000).half(), w, tile)
+key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k)
+rows.append(dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items() if k in ("registers", "error")},
+                 tile=tile, sym=True, bucket="K=1000"))
 print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 """
 
@@ -393,10 +402,11 @@ def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memo
     # compiles for sm_90 without spilling and fits the H200's shared memory; its MMAs read both
     # operands from shared memory (no register operand a later step could overwrite: no write the
     # hazard check finds), one MMA stays in flight across a step (a wait for 1), and the ring is
-    # filled by cp.async.
+    # filled by cp.async; also at a K of 16-byte rows that is not a multiple of 16 elements.
     got = _run(_WGMMA_PROBE, 600)
     rows = got["rows"]
-    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (16, 32, 64, 128, 256, 1024)}
+    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (16, 32, 64, 128, 256, 1024)} | {
+        (True, "K=1000")}
     for r in rows:
         assert "error" not in r and r["stack"] == 0 and r["shared"] <= got["limit"], r
         assert r["wgmma"] > 0 and r["rs_wgmma"] == 0 and r["hazards"] == 0, r
