@@ -883,9 +883,9 @@ def _retire(acc):
 
 def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, split: int, glu: bool,
                   dev: common.DeviceFeatures) -> None:
-    """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision with rows of whole
-    16-byte copies (a misaligned view is copied once), BLOCK_K 64 or 128 dividing the group; no
-    SwiGLU epilogue."""
+    """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision, x's and the packed
+    words' rows whole 16-byte TMA rows (K % 32 == 0; a misaligned view of x is copied once),
+    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue."""
     if not (dev.nvidia and dev.capability == (9, 0)):
         raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
     if glu:
@@ -893,8 +893,9 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
     bk = tile["BLOCK_K"]
     assert bk in (64, 128) and w.group_size % bk == 0 and x.dtype in (torch.bfloat16, torch.float16), \
         f"the wgmma path takes bf16/fp16 x and BLOCK_K 64 or 128 dividing the group: {tile}"
-    if not gemm.tma_aligned(w.K, x.element_size()):
-        raise ValueError(f"the int4 wgmma path copies x in 16 bytes, which K={w.K} does not allow: {tile}")
+    if not gemm.tma_aligned(w.K, x.element_size(), 0.5):
+        raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
+                         f"K={w.K} does not allow: {tile}")
     if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     int4_wgmma.launch(x, w, zp, bias, y, ws, tile, k_split, split)

@@ -251,32 +251,33 @@ def _frag_tiles(p: Problem) -> list[dict]:
     return out
 
 
-# The wgmma path's forms (int4_wgmma.py: both MMA operands in shared memory, one MMA in flight while
-# the next step unpacks) by bucket, as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the
-# MMA's narrow side, up to 256; 128 or 256 weight rows on one or two warpgroups.
-_WGMMA = {16: ((16, 128, 64, 4, 4), (16, 256, 64, 8, 4)),
-          32: ((32, 128, 64, 4, 4), (32, 256, 64, 8, 4)),
-          64: ((64, 128, 64, 4, 4), (64, 256, 64, 8, 4)),
-          128: ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3)),
-          256: ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3)),
-          512: ((256, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 128, 64, 8, 4))}
+# The wgmma path's forms (int4_wgmma.py: warp-specialised, one program a multiprocessor) as
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the MMA's narrow side, 128 weight rows on
+# one MMA warpgroup. From bucket 128: below it frag's tiles were faster on every 27B-class shape (an
+# H100, benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws").
+_WGMMA = (128, 128, 64, 4, 4)
+
+
+def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
+    """K splits (1-8, at least 4 steps a split) for one program a multiprocessor: the fewest whose
+    programs fill 85% of their last wave (a partial last wave idles the rest; every split adds a
+    pass over fp32 partials), and up to two others of at most 4 that fill 75% of it."""
+    def fill(s):
+        return programs * s / sms / -(-programs * s // sms)
+    splits = [s for s in range(1, 9) if K // s >= 4 * bk] or [1]
+    first = next((s for s in splits if fill(s) >= 0.85), max(splits, key=fill))
+    return sorted([first] + [s for s in splits if s <= 4 and s != first and fill(s) >= 0.75][:2])
 
 
 def _wgmma_tiles(p: Problem) -> list[dict]:
-    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) from bucket 16
-    for half-precision x whose rows are whole 16-byte copies, where BLOCK_K divides the group;
-    K split for about two waves of programs."""
-    group = p.param("group", 128)
-    if p.bucket < 16 or p.act_dtype == torch.float32 or p.K % 8:
+    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) from bucket 128
+    for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed words."""
+    bm, bn, bk, warps, stages = _WGMMA
+    if p.bucket < 128 or p.act_dtype == torch.float32 or p.K % 32 or p.param("group", 128) % bk:
         return []
-    out = []
-    for bm, bn, bk, warps, stages in _WGMMA[min(p.bucket, 512)]:
-        if group % bk:
-            continue
-        bm = min(bm, p.bucket)
-        split = gemm_tiles._split_for(p.bucket, p.N, p.K, bm, bn, bk, 16, waves=2)
-        out.append(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages))
-    return out
+    programs = common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm)
+    return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages) for split in
+            _whole_wave_splits(programs, p.K, bk)]
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

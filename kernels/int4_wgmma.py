@@ -1,165 +1,273 @@
-"""int4 W4A16 on Hopper's asynchronous tensor-core MMA, written in Gluon: path "wgmma".
+"""int4 W4A16 on Hopper's asynchronous tensor-core MMA, warp-specialised, in Gluon: path "wgmma".
 
 acc[BN, BM] = Σ_k W_q[n, k] · x[m, k], W_q = ((u - zu) · s) rounded once to x's dtype (the
-frag and SCALE_W join numerics: int4._int4_dequant_kernel's fp32 product, one cast). Each K step:
+frag and SCALE_W join numerics: int4._int4_dequant_kernel's fp32 product, one cast).
 
-1. the packed words and x's tile of step i + STAGES - 1 are copied into a STAGES-deep ring of
-   shared memory (cp.async), so global latency hides behind STAGES - 1 steps;
-2. step i's words are read into registers, unpacked into W_q, and stored into one of two shared
-   buffers (the one step i - 2's MMA read; it has retired);
-3. the warpgroup MMA of W_q (shared) by x's tile (shared, transposed view) is issued
-   asynchronously, and the program waits only for step i - 1's, so step i + 1's unpacking runs
-   while step i's MMA does.
+Three partitions of each program run side by side, handing tiles over in shared memory guarded by
+mbarriers (Triton's Gluon tutorial 08, warp specialisation; the form of Machete and Marlin):
 
-Both MMA operands are in shared memory: nothing a pending MMA reads lives in a register that the
-next step's unpacking could overwrite (the hazard kernels/wgmma_hazard.py finds in the frag
-kernel's register operand, docs/kernels.md). The programs are (weight-row block, x-row block) x
-K splits; several splits leave fp32 partials for common.reduce_splits.
+- the loader (one warp) copies each K step's x tile [BM, BK] and packed words [BN, BK / 8] into a
+  STAGES-deep ring by TMA (zeros past M, N and K);
+- the unpackers (a warpgroup) read a step's words, unpack them (the scales and zero points
+  loaded one step ahead) and store W_q into one of two shared buffers;
+- the MMA warpgroup(s) multiply W_q (shared) by x's tile (shared, transposed view) with one MMA
+  kept in flight, releasing a step's ring slot and W_q buffer once the MMA that read them retired.
+
+So unpacking, copying and the MMAs overlap inside a program instead of alternating. Neither MMA
+operand is in registers (the hazard kernels/wgmma_hazard.py finds in the frag kernel's register
+operand cannot arise). The programs are (weight-row block, x-row block) x K splits; several splits
+leave fp32 partials for common.reduce_splits.
 
 Hopper (sm_90) only; Gluon is Triton's explicit-layout dialect, so its layouts are named here.
 """
 from __future__ import annotations
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, \
+    warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# Names that moved: the CTA-wide barrier (thread_barrier before Triton 3.9, barrier from it) and the
-# cp.async copy into shared memory (async_copy_global_to_shared before 3.9, async_load from it).
-_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# The TMA load is async_copy_global_to_shared before Triton 3.9 and async_load from it (an alias:
+# Triton 3.6's dependency hash resolves every attribute named in the source, a pruned branch's too).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-
-@gluon.jit
-def _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw0, offs_w, offs_k, K8, stride_x8, stage):
-    """Step kw0's packed words [BN, W8] and x's tile [BM, BK] into ring slot `stage` (zeros past K).
-    x's row stride and K arrive as multiples of 8 (K8 * 8, stride_x8 * 8) so the compiler sees the
-    16-byte alignment cp.async needs whatever their values."""
-    w_cols = kw0 + offs_w
-    _async_load(q_ring.index(stage), q_ptr + rn[:, None] * K8 + w_cols[None, :], mask=w_cols[None, :] < K8)
-    k_cols = kw0 * 8 + offs_k
-    _async_load(x_ring.index(stage), x_ptr + rm[:, None] * (stride_x8 * 8) + k_cols[None, :],
-                mask=k_cols[None, :] < K8 * 8)
-    async_copy.commit_group()
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# Warps of the unpacking partition (eight were no faster on an H100), and the registers a thread of
+# each worker partition keeps.
+UNPACK_WARPS = 4
+_LOADER_REGS = 24
+_UNPACK_REGS = 160
 
 
 @gluon.jit
-def int4_wgmma_kernel(x_ptr, q_ptr, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_x8,
-                      stride_ym, KW_SPLIT, GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                      SPLIT_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+def _load_partition(x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n,
+                    off_m, kw_lo, steps, N, KG, GROUP):
+    """Step i's x tile and words into ring slot i % STAGES once both readers released its last use."""
+    STAGES: gl.constexpr = x_s.type.shape[0]
+    W8: gl.constexpr = q_desc.block_type.shape[1]
+    for i in range(steps):
+        slot = i % STAGES
+        mbarrier.wait(in_empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(in_ready.index(slot), x_desc.block_type.nbytes + q_desc.block_type.nbytes)
+        kw = kw_lo + i * W8
+        _tma_load(x_desc, [off_m, kw * 8], in_ready.index(slot), x_s.index(slot))
+        _tma_load(q_desc, [off_n, kw], in_ready.index(slot), q_s.index(slot))
+
+
+@gluon.jit
+def _unpack_symmetric(x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n,
+                      off_m, kw_lo, steps, N, KG, GROUP):
+    _unpack_steps(q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n, kw_lo, steps,
+                  N, KG, GROUP, False)
+
+
+@gluon.jit
+def _unpack_zero_points(x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n,
+                        off_m, kw_lo, steps, N, KG, GROUP):
+    _unpack_steps(q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n, kw_lo, steps,
+                  N, KG, GROUP, True)
+
+
+@gluon.jit
+def _pair_bf16(t, zz, ss):
+    """(u_lo - zu)·s and (u_hi - zu)·s, each rounded once to bf16, of t holding u_lo in bits 0-3 and
+    u_hi in bits 16-19: 128 + u in both bf16 mantissas (LOP3), one exact packed subtraction of zz
+    (128 + zu), one packed multiply by ss (the scale in both halves), which rounds the exact product
+    once (int4._frag_pair_bf16's conversion). NVIDIA PTX."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
+        "mul.rn.bf16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
+        dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _pair_f16(t, zz, ss):
+    """_pair_bf16 for fp16 (1024 + u in the f16x2 mantissas)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+        "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
+        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _unpack_steps(q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n, kw_lo, steps,
+                  N, KG, GROUP, HAS_ZP: gl.constexpr):
+    """The unpacking partition (its two entries above: a worker partition's arguments are not
+    constants): step i's words -> W_q in buffer i % 2, (u - zu)·s rounded once to x's dtype. With
+    scales in x's dtype, by packed pairs (_pair_bf16 / _pair_f16: byte l of a word holds k = 2l and
+    2l + 1, spread to bits 0-3 and 16-19 by one multiply); else in fp32, (u - zu) exactly through
+    the mantissa of 2^23, times the fp32 scale, then one cast."""
+    STAGES: gl.constexpr = x_s.type.shape[0]
+    BN: gl.constexpr = q_desc.block_type.shape[0]
+    W8: gl.constexpr = q_desc.block_type.shape[1]
     NW: gl.constexpr = gl.num_warps()
-    W8: gl.constexpr = BLOCK_K // 8
-    # Words: [BN, W8, 8] with a thread's 8 nibbles (one word, 8 consecutive k) in its registers, so
-    # the unpacked tile reaches shared memory as 16-byte rows.
-    unpack3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [32 // W8, W8, 1], [NW, 1, 1], [2, 1, 0])
+    PAIRS: gl.constexpr = sc_ptr.dtype.element_ty == w_s.dtype
+    F16: gl.constexpr = w_s.dtype == gl.float16
+    # Words: [BN, W8, 4 bytes] (pairs) or [BN, W8, 8 nibbles] with a thread's word in its
+    # registers, so W_q reaches shared memory as 16-byte rows.
+    unpack3: gl.constexpr = gl.BlockedLayout([1, 1, 4 if PAIRS else 8], [32 // W8, W8, 1], [NW, 1, 1], [2, 1, 0])
     words2: gl.constexpr = gl.SliceLayout(2, unpack3)
     rows1: gl.constexpr = gl.SliceLayout(1, words2)
-    # x's tile [BM, BK]: 8 consecutive columns (16 bytes) a thread.
-    xload: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [NW, 1], [1, 0])
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                    instr_shape=[16, BLOCK_M, 16])
-    dt: gl.constexpr = x_ptr.dtype.element_ty
-    w_sh: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dt)
-    x_sh: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dt)
-    q_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-
-    # Tile order: GROUP_M blocks of x's rows per weight-row block sweep (common.swizzle's).
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gm = gl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % gm
-    pid_n = (pid % width) // gm
-    kw_lo = pid_k * KW_SPLIT
-    kw_hi = gl.minimum(kw_lo + KW_SPLIT, K8)
-    steps = gl.cdiv(kw_hi - kw_lo, W8)
-
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows1)
-    rn = gl.minimum(offs_n, N - 1).to(gl.int64)              # rows past N read row N - 1; never stored
-    offs_w = gl.arange(0, W8, layout=gl.SliceLayout(0, words2))
-    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, xload))
-    rm = gl.minimum(offs_m, M - 1).to(gl.int64)
-    offs_k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, xload))
-    shifts = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, unpack3))) * 4
-
-    q_ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, W8], q_sh)
-    x_ring = gl.allocate_shared_memory(dt, [STAGES, BLOCK_M, BLOCK_K], x_sh)
-    w_buf = gl.allocate_shared_memory(dt, [2, BLOCK_N, BLOCK_K], w_sh)
-
-    for j in gl.static_range(STAGES - 1):
-        if j < steps:
-            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + j * W8, offs_w, offs_k, K8, stride_x8, j)
-        else:
-            async_copy.commit_group()
-
-    # A step's scales (and zero points) are loaded one step ahead: a load's latency in the step
-    # that uses it would stand between the copy's wait and the unpacking.
+    rn = gl.minimum(off_n + gl.arange(0, BN, layout=rows1), N - 1).to(gl.int64)   # rows past N: never stored
+    sub = gl.arange(0, 4 if PAIRS else 8, layout=gl.SliceLayout(0, gl.SliceLayout(0, unpack3)))
+    shifts = gl.expand_dims(gl.expand_dims(sub * (8 if PAIRS else 4), 0), 0).to(gl.uint32)
     s_nxt = gl.load(sc_ptr + rn * KG + (kw_lo * 8) // GROUP)
     if HAS_ZP:
         z_nxt = gl.load(zp_ptr + rn * KG + (kw_lo * 8) // GROUP)
     else:
-        z_nxt = s_nxt
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_l)
+        z_nxt = gl.full([BN], 8, gl.int32, rows1)
     for i in range(steps):
-        stage = i % STAGES
-        s = s_nxt.to(gl.float32)
-        if HAS_ZP:
-            zf = z_nxt.to(gl.float32)
-        else:
-            zf = gl.full([BLOCK_N], 8.0, gl.float32, rows1)
+        slot = i % STAGES
+        j = i % 2
+        s_cur = s_nxt
+        z_cur = z_nxt
         g_nxt = gl.minimum(((kw_lo + (i + 1) * W8) * 8) // GROUP, KG - 1)
         s_nxt = gl.load(sc_ptr + rn * KG + g_nxt)
         if HAS_ZP:
             z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
-        async_copy.wait_group(STAGES - 2)
-        _barrier()
-        words = q_ring.index(stage).load(words2)
-        u = (gl.expand_dims(words, 2) >> gl.expand_dims(gl.expand_dims(shifts, 0), 0)) & 0xF
-        # (u - zu) exactly, through the mantissa of 2^23, then one rounding of its product by s.
-        uf = (u | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0
-        wq = ((uf - gl.expand_dims(gl.expand_dims(zf, 1), 2)) * gl.expand_dims(gl.expand_dims(s, 1), 2)).to(dt)
-        w_buf.index(i % 2).store(gl.reshape(wq, [BLOCK_N, BLOCK_K]))
-        fence_async_shared()
-        _barrier()
-        acc = warpgroup_mma(w_buf.index(i % 2), x_ring.index(stage).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        nxt = i + STAGES - 1
-        if nxt < steps:
-            _copy_step(q_ring, x_ring, q_ptr, x_ptr, rn, rm, kw_lo + nxt * W8, offs_w, offs_k, K8, stride_x8,
-                       nxt % STAGES)
+        mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
+        words = q_s.index(slot).load(words2)
+        fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
+        mbarrier.arrive(in_empty.index(slot))
+        w32 = gl.expand_dims(words.to(gl.uint32, bitcast=True), 2)
+        if PAIRS:
+            t = (((w32 >> shifts) & 0xFF) * 0x1001).to(gl.int32, bitcast=True)
+            zz = gl.expand_dims(gl.expand_dims((0x64006400 if F16 else 0x43004300) + z_cur * 0x10001, 1), 2)
+            ss = gl.expand_dims(gl.expand_dims((s_cur.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001,
+                                               1), 2)
+            if F16:
+                lo, hi = _pair_f16(t, zz, ss)
+            else:
+                lo, hi = _pair_bf16(t, zz, ss)
+            wq = gl.join(lo, hi)
         else:
-            async_copy.commit_group()
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    async_copy.wait_group(0)
+            u = ((w32 >> shifts) & 0xF).to(gl.int32, bitcast=True)
+            uf = (u | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0
+            zf = gl.expand_dims(gl.expand_dims(z_cur.to(gl.float32), 1), 2)
+            sf = gl.expand_dims(gl.expand_dims(s_cur.to(gl.float32), 1), 2)
+            wq = ((uf - zf) * sf).to(w_s.dtype)
+        mbarrier.wait(w_empty.index(j), ((i // 2) & 1) ^ 1)
+        w_s.index(j).store(gl.reshape(wq, [BN, W8 * 8]))
+        fence_async_shared()   # the store is ordered before the MMA's read (the async proxy)
+        mbarrier.arrive(w_ready.index(j))
 
-    out_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    out_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_l))
+
+@gluon.jit
+def _mma_partition(x_s, w_s, in_ready, in_empty, w_ready, w_empty, steps, y_ptr, ws_ptr, bias_ptr, M, N,
+                   stride_ym, off_m, off_n, pid_k, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+                   LAYOUT: gl.constexpr):
+    """acc += W_q(i) · x(i)ᵀ with one MMA in flight; once step i - 1's MMA retired, its ring slot
+    and W_q buffer are released. Then y (one split) or the split's fp32 partials."""
+    STAGES: gl.constexpr = x_s.type.shape[0]
+    BM: gl.constexpr = x_s.type.shape[1]
+    BN: gl.constexpr = w_s.type.shape[1]
+    acc = gl.zeros([BN, BM], gl.float32, LAYOUT)
+    for i in range(steps):
+        slot = i % STAGES
+        j = i % 2
+        mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
+        mbarrier.wait(w_ready.index(j), (i // 2) & 1)
+        acc = warpgroup_mma(w_s.index(j), x_s.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        mbarrier.arrive(in_empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+        mbarrier.arrive(w_empty.index((i + 1) % 2), pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, LAYOUT))
+    out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, LAYOUT))
     mask = (out_n[:, None] < N) & (out_m[None, :] < M)
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += gl.expand_dims(gl.load(bias_ptr + out_n, mask=out_n < N, other=0.0).to(gl.float32), 1)
-        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(dt), mask=mask)
+        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=mask)
     else:
         gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
                  mask=mask)
 
 
+@gluon.jit
+def int4_wgmma_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
+                      GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+                      STAGES: gl.constexpr, GROUP_M: gl.constexpr, UNPACK_WARPS: gl.constexpr,
+                      LOADER_REGS: gl.constexpr, UNPACK_REGS: gl.constexpr):
+    BM: gl.constexpr = x_desc.block_type.shape[0]
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    BN: gl.constexpr = q_desc.block_type.shape[0]
+    W8: gl.constexpr = q_desc.block_type.shape[1]
+    NW: gl.constexpr = gl.num_warps()
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+
+    # Tile order: GROUP_M blocks of x's rows per weight-row block sweep (common.swizzle's).
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % width) % gm) * BM
+    off_n = ((pid % width) // gm) * BN
+    kw_lo = pid_k * KW_SPLIT
+    steps = gl.cdiv(gl.minimum(kw_lo + KW_SPLIT, K8) - kw_lo, W8)
+
+    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+    q_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, W8], q_desc.layout)
+    w_s = gl.allocate_shared_memory(x_desc.dtype, [2, BN, BK],
+                                    gl.NVMMASharedLayout.get_default_for([BN, BK], x_desc.dtype))
+    in_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    in_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    w_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(in_ready.index(s), count=1)
+        mbarrier.init(in_empty.index(s), count=2)   # released by the unpackers (words) and the MMA (x)
+    for j in gl.static_range(2):
+        mbarrier.init(w_ready.index(j), count=1)
+        mbarrier.init(w_empty.index(j), count=1)
+    fence_async_shared()
+
+    worker_args = (x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_ready, w_empty, off_n, off_m,
+                   kw_lo, steps, N, KG, GROUP)
+    # Two calls rather than a chosen function: Gluon takes a partition's function only as written.
+    if HAS_ZP:
+        gl.warp_specialize([(_mma_partition, (x_s, w_s, in_ready, in_empty, w_ready, w_empty, steps, y_ptr, ws_ptr,
+                                              bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K,
+                                              acc_l)),
+                            (_load_partition, worker_args), (_unpack_zero_points, worker_args)],
+                           [1, UNPACK_WARPS], [LOADER_REGS, UNPACK_REGS])
+    else:
+        gl.warp_specialize([(_mma_partition, (x_s, w_s, in_ready, in_empty, w_ready, w_empty, steps, y_ptr, ws_ptr,
+                                              bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K,
+                                              acc_l)),
+                            (_load_partition, worker_args), (_unpack_symmetric, worker_args)],
+                           [1, UNPACK_WARPS], [LOADER_REGS, UNPACK_REGS])
+
+
+def max_registers(mma_warps: int, unpack_warps: int) -> int:
+    """Registers a thread at launch: the register file (64K) shared by the MMA warps, the unpacking
+    warps and the loader's warpgroup (register budgets are a warpgroup's), a multiple of 8."""
+    return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4))) // 8 * 8
+
+
 def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
-    int4_wgmma_kernel; x [M, K] bf16/fp16 with 16-byte aligned rows (cp.async copies 16 bytes), w an
-    int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any placeholder where
-    it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
+    int4_wgmma_kernel; x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
+    (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
+    placeholder where it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
+    dt = _GL_DTYPES[x.dtype]
+    x_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
+    q_desc = TensorDescriptor.from_tensor(w.packed, [bn, bk // 8],
+                                          gl.NVMMASharedLayout.get_default_for([bn, bk // 8], gl.int32))
+    nw = tile["num_warps"]
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
-        x, w.packed, w.scale, zp, y, ws, bias, M, N, w.packed.stride(0), w.scale.stride(0), x.stride(0) // 8,
-        y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
-        HAS_BIAS=w.bias is not None and split == 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
-        STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), num_warps=tile["num_warps"])
+        x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
+        k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None and split == 1,
+        SPLIT_K=split, STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), UNPACK_WARPS=UNPACK_WARPS,
+        LOADER_REGS=_LOADER_REGS, UNPACK_REGS=_UNPACK_REGS, num_warps=nw, maxnreg=max_registers(nw, UNPACK_WARPS))

@@ -993,9 +993,10 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
         int4.launch(x, w, dict(tile, FIXUP=1))
     with pytest.raises(AssertionError, match="bf16/fp16 x"):
         int4.launch(x.float(), w, tile)
-    odd = int4_weight(gen(128), 128, True, False, bias=False, Kx=K - 4)   # rows of 504 bytes
-    with pytest.raises(ValueError, match="copies x in 16 bytes"):
-        int4.launch(torch.randn(32, K - 4).half().to(DEV), odd, tile)
+    for k in (K - 4, K - 8):   # x rows of 504 bytes; x rows of 496 bytes, packed rows of 124
+        odd = int4_weight(gen(128), 128, True, False, bias=False, Kx=k)
+        with pytest.raises(ValueError, match="by TMA"):
+            int4.launch(torch.randn(32, k).half().to(DEV), odd, tile)
 
 
 def test_int4_frag_pairs_need_scales_in_x_dtype():
