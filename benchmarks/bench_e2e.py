@@ -46,7 +46,7 @@ the copy bandwidth, the products' FLOPs / the format's matrix rate: fp8's _scale
 fp8, bf16's for every other format), ceilings measured in the same run (bench_gemm.ceilings). vsr
 rows split each forward's device time (torch.profiler, a graph replay where the profiler sees its
 kernels, else an eager forward) into products_ms (the kernels of the product templates: kernels/
-gemm, dense, fp8, int4, nvfp4, common) and rest_ms (every other kernel).
+gemm, dense, fp8, int4, int4_wgmma, nvfp4, common) and rest_ms (every other kernel).
 
 Rows: BENCHMARKS.md's e2e keys, and requests, tokens, layers, kernel_set, check_layers, check
 {hidden_rel_err, prob_err[, graph_same_bytes]}, graph_error where a capture failed; vsr rows
@@ -386,11 +386,12 @@ def warm_then_time(fn, reps: int, warm_s: float) -> float:
 
 
 def product_kernel_names() -> set[str]:
-    """The kernels of the product templates (the @triton.jit kernels of kernels/ gemm, dense, fp8,
-    int4, nvfp4 and common, each named *kernel): the launches a QLinear makes."""
+    """The kernels of the product templates (the @triton.jit and @gluon.jit kernels of kernels/
+    gemm, dense, fp8, int4, int4_wgmma, nvfp4 and common, each named *kernel): the launches a
+    QLinear makes."""
     from triton.runtime.jit import KernelInterface   # (a JITFunction; under the interpreter, its stand-in)
-    from vsr.kernels import common, dense, fp8, gemm, int4, nvfp4
-    return {n for m in (common, dense, fp8, gemm, int4, nvfp4) for n, f in vars(m).items()
+    from vsr.kernels import common, dense, fp8, gemm, int4, int4_wgmma, nvfp4
+    return {n for m in (common, dense, fp8, gemm, int4, int4_wgmma, nvfp4) for n, f in vars(m).items()
             if isinstance(f, KernelInterface) and n.endswith("kernel")}
 
 

@@ -268,7 +268,8 @@ def test_targets_py_reads_e2e_parts(bench_script, tmp_path, capsys):
 
 def test_kernel_split_sums_the_product_templates_kernels(bench):
     names = bench.product_kernel_names()
-    assert {"tma_gemm_kernel", "_int4_slices_kernel", "_act_quant_kernel"} <= names and "_norm_kernel" not in names
+    assert {"tma_gemm_kernel", "_int4_slices_kernel", "int4_wgmma_kernel", "_act_quant_kernel"} <= names
+    assert "_norm_kernel" not in names
     s = bench.split_kernels([("tma_gemm_kernel", 300.0), ("_norm_kernel", 50.0), ("tma_gemm_kernel", 200.0),
                              ("Memcpy DtoD", 10.0)], names)
     assert s["products_ms"] == pytest.approx(0.5) and s["rest_ms"] == pytest.approx(0.06)
