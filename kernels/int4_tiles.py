@@ -253,8 +253,9 @@ def _frag_tiles(p: Problem) -> list[dict]:
 
 # The wgmma path's forms (int4_wgmma.py: warp-specialised, one program a multiprocessor) as
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the MMA's narrow side, 128 weight rows on
-# one MMA warpgroup. From bucket 128: below it frag's tiles were faster on every 27B-class shape (an
-# H100, benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws").
+# one MMA warpgroup. Buckets 128 and 256 only: below, frag's tiles were faster on every 27B-class
+# shape, above, the dequantizing paths (by 1.3-1.5x at 1,024 and 2,048 rows: one MMA warpgroup a
+# multiprocessor; an H100, benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws").
 _WGMMA = (128, 128, 64, 4, 4)
 
 
@@ -270,10 +271,11 @@ def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS
 
 
 def _wgmma_tiles(p: Problem) -> list[dict]:
-    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) from bucket 128
-    for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed words."""
+    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at buckets 128
+    and 256 for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed
+    words."""
     bm, bn, bk, warps, stages = _WGMMA
-    if p.bucket < 128 or p.act_dtype == torch.float32 or p.K % 32 or p.param("group", 128) % bk:
+    if p.bucket not in (128, 256) or p.act_dtype == torch.float32 or p.K % 32 or p.param("group", 128) % bk:
         return []
     programs = common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm)
     return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages) for split in

@@ -377,7 +377,7 @@ kernels = {}
 for sym in (True, False):
     w = random_weight("int4", 34816, 5120, {"bits": 4, "group": 128, "symmetric": sym, "act_order": False},
                       torch.bfloat16, "cpu")
-    for bucket in (128, 256, 1024):
+    for bucket in (128, 256):
         x = torch.randn(bucket, 5120).bfloat16()
         for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]:
             t.launch(x, w, tile)
@@ -400,7 +400,7 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 
 
 def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory():
-    # Every wgmma tile of the space at buckets 128-1024 (27B-class gate_up, GPTQ and AWQ, bf16 x)
+    # Every wgmma tile of the space (buckets 128 and 256; 27B-class gate_up, GPTQ and AWQ, bf16 x)
     # compiles for sm_90 without spilling and fits the H200's shared memory; its MMAs read both
     # operands from shared memory (no register operand a later step could overwrite: no write the
     # hazard check finds), one MMA stays in flight across a step (a wait for 1), the ring is filled
@@ -408,7 +408,7 @@ def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memo
     # convert by packed pairs, fp32 scales (fp16 x, a K that ends inside a step) in fp32.
     got = _run(_WGMMA_PROBE, 600)
     rows = got["rows"]
-    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (128, 256, 1024)} | {
+    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (128, 256)} | {
         (False, "fp32 scales")}
     for r in rows:
         assert "error" not in r and r["stack"] == 0 and r["shared"] <= got["limit"], r
