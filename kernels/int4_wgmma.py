@@ -253,6 +253,17 @@ def max_registers(mma_warps: int, unpack_warps: int) -> int:
     return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4))) // 8 * 8
 
 
+def _words_descriptor(w, block: list[int]) -> TensorDescriptor:
+    """The TMA descriptor of w's packed words for `block`, built once per (tensor, block) and kept
+    on the weight: a descriptor costs host time on every build (gemm.weight_descriptor's reason)."""
+    cache = w.__dict__.setdefault("_wgmma_descriptors", {})
+    t = w.packed
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
+    if key not in cache:
+        cache[key] = TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
+    return cache[key]
+
+
 def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
     int4_wgmma_kernel; x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
@@ -263,8 +274,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     dt = _GL_DTYPES[x.dtype]
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
-    q_desc = TensorDescriptor.from_tensor(w.packed, [bn, bk // 8],
-                                          gl.NVMMASharedLayout.get_default_for([bn, bk // 8], gl.int32))
+    q_desc = _words_descriptor(w, [bn, bk // 8])
     nw = tile["num_warps"]
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),

@@ -973,6 +973,18 @@ def test_int4_frag_path_refuses_fp32_activations_and_odd_block_k():
         int4.launch(torch.randn(2, K).half().to(DEV), w, dict(SLICES, path="frag", BLOCK_K=8))
 
 
+def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
+    # The packed words' TMA descriptor is kept on the weight (host time per call otherwise), per
+    # block shape, and rebuilt for a weight whose words moved.
+    from vsr.kernels import int4_wgmma
+    w = int4_weight(gen(129), 128, True, False, bias=False)
+    d = int4_wgmma._words_descriptor(w, [128, 8])
+    assert int4_wgmma._words_descriptor(w, [128, 8]) is d and d.block_shape == [128, 8]
+    assert int4_wgmma._words_descriptor(w, [128, 16]) is not d
+    w.packed = w.packed.clone()
+    assert int4_wgmma._words_descriptor(w, [128, 8]) is not d
+
+
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
     # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
