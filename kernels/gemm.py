@@ -383,8 +383,7 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     if M == 0:   # nothing to compute, and a TMA descriptor of an empty x would be refused
         return
     line = dict(PREFETCH=prefetch if wait else 0, LINE_COLS=max(1, 128 // b.element_size()))
-    if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
-        a = a.clone(memory_format=torch.contiguous_format)
+    a = tma_rows(a)
     bm, bn, bk, bn2 = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile.get("BLOCK_N2", 0)
     owner = owner if owner is not None else _Transient()
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
@@ -484,3 +483,12 @@ PDL_PREFETCH_LINES = 4
 def tma_aligned(K: int, *elem_bytes: float) -> bool:
     """A TMA descriptor needs 16-byte row strides: K·(element size) % 16 == 0 for every operand."""
     return all((K * b) % 16 == 0 for b in elem_bytes)
+
+
+def tma_rows(a: torch.Tensor) -> torch.Tensor:
+    """a, or a contiguous copy of it where its base, row stride or column stride does not suit a TMA
+    descriptor (16-byte aligned base and rows, unit column stride), so a path never depends on where
+    the caller's tensor starts."""
+    if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
+        return a.clone(memory_format=torch.contiguous_format)
+    return a

@@ -896,9 +896,7 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
     if not gemm.tma_aligned(w.K, x.element_size(), 0.5):
         raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
                          f"K={w.K} does not allow: {tile}")
-    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)
-    int4_wgmma.launch(x, w, zp, bias, y, ws, tile, k_split, split)
+    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split)
 
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,

@@ -988,7 +988,8 @@ def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
     # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
-    # the in-kernel fixup and fp32 x. (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
+    # the in-kernel fixup, fp32 x and a K whose x or packed rows are not whole 16-byte TMA rows.
+    # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
     x = torch.randn(32, K).half().to(DEV)
     tile = dict(SLICES, path="wgmma", BLOCK_M=32, BLOCK_N=128, BLOCK_K=64, SPLIT_K=2)
