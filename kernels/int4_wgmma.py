@@ -35,8 +35,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-# Warps of the unpacking partition (eight were no faster on an H100), and the registers a thread of
-# each worker partition keeps.
+# Warps of the unpacking partition (eight were within 4% of four on every 27B-class key at 16-256
+# rows on an H100: benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws"), and the
+# registers a thread of each worker partition keeps.
 UNPACK_WARPS = 4
 _LOADER_REGS = 24
 _UNPACK_REGS = 160
