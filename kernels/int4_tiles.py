@@ -251,12 +251,15 @@ def _frag_tiles(p: Problem) -> list[dict]:
     return out
 
 
-# The wgmma path's forms (int4_wgmma.py: warp-specialised, one program a multiprocessor) as
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the MMA's narrow side, 128 weight rows on
-# one MMA warpgroup. Buckets 128 and 256 only: below, frag's tiles were faster on every 27B-class
-# shape, above, the dequantizing paths (by 1.3-1.5x at 1,024 and 2,048 rows: one MMA warpgroup a
-# multiprocessor; an H100, benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws").
-_WGMMA = (128, 128, 64, 4, 4)
+# The wgmma path's forms (int4_wgmma.py: warp-specialised, one program a multiprocessor) by bucket,
+# as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the MMA's narrow side, one MMA
+# warpgroup. 128 weight rows x 128 x rows at 128 and 256 rows; 64 weight rows x 256 x rows (m64n256
+# MMAs, half the unpacking an MMA of the first) from 256 rows, where it was 1.3-1.8x the shipped
+# tiles on the four 27B-class shapes (an H100, benchmarks/results/ab-nvidia-h100-2026-12-06.json,
+# "int4_wgmma_ws_256"). Below 128 rows frag's tiles were faster on every 27B-class shape; from 1,024
+# the dequantizing paths, by 1.0-1.4x, also against two MMA warpgroups of 128 x 256 (the same record).
+_WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64, 4, 4)),
+          512: ((256, 64, 64, 4, 4),)}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
@@ -271,15 +274,14 @@ def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS
 
 
 def _wgmma_tiles(p: Problem) -> list[dict]:
-    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at buckets 128
-    and 256 for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed
+    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's
+    buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed
     words."""
-    bm, bn, bk, warps, stages = _WGMMA
-    if p.bucket not in (128, 256) or p.act_dtype == torch.float32 or p.K % 32 or p.param("group", 128) % bk:
+    if p.act_dtype == torch.float32 or p.K % 32:
         return []
-    programs = common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm)
-    return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages) for split in
-            _whole_wave_splits(programs, p.K, bk)]
+    return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages)
+            for bm, bn, bk, warps, stages in _WGMMA.get(p.bucket, ()) if p.param("group", 128) % bk == 0
+            for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk)]
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -39,6 +39,7 @@ def _tile(bm, bn, bk, split, warps, stages):
     (300, 777, 1056, True, torch.float16, True, _tile(128, 128, 64, 1, 4, 3)),        # K tail inside a step
     (129, 2304, 5120, False, torch.float16, False, _tile(128, 128, 64, 3, 4, 4)),      # split with a short last
     (16, 512, 4096, True, torch.bfloat16, True, _tile(16, 128, 64, 2, 4, 5)),
+    (300, 1000, 2048, False, torch.bfloat16, True, _tile(256, 64, 64, 2, 4, 4)),     # m64n256 MMAs, partial
 ])
 def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, tile):
     w = _weight(N, K, sym, dtype, bias=bias)
@@ -67,7 +68,7 @@ def test_every_wgmma_tile_of_the_space_at_27b_shapes():
     for (N, K) in ((10240, 5120), (5120, 17408)):
         for sym in (True, False):
             w = _weight(N, K, sym, torch.bfloat16)
-            for bucket in (128, 256):
+            for bucket in (128, 256, 512):
                 x = torch.randn(bucket - 3, K, device="cuda").bfloat16()
                 ref = _rounded_reference(x, w)
                 tiles = [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]
