@@ -471,3 +471,16 @@ class KernelTemplate(Template):
     def modules(self) -> tuple[ModuleType, ...]:
         from vsr.kernels import gemm   # (it imports this module: not at its top)
         return tuple(dict.fromkeys((self.module, sys.modules[__name__], gemm) + tuple(self.deps)))
+
+
+# The int4 pair conversion (NVIDIA PTX): t holds u_lo in bits 0-3 and u_hi in bits 16-19; LOP3 puts
+# 128 + u (bf16) or 1024 + u (fp16) in both halves' mantissas, one exact packed subtraction of zz
+# (that bias + zu) and one packed multiply by ss (the scale in both halves) round (u - zu)·s once,
+# as int4._int4_dequant_kernel's fp32 product and cast do. The text of int4's frag kernel (Triton)
+# and of int4_wgmma's unpackers (Gluon, which cannot call a Triton function).
+INT4_PAIR_PTX_BF16 = tl.constexpr(
+    "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
+    "mul.rn.bf16x2 t, t, $4; mov.b32 {$0, $1}, t; }")
+INT4_PAIR_PTX_F16 = tl.constexpr(
+    "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
+    "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }")

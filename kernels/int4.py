@@ -786,20 +786,20 @@ def _frag_pair_bf16(t, zz, ss):
     """(u_lo - zu)·s and (u_hi - zu)·s, each rounded once to bf16, of t holding u_lo in bits 0-3 and
     u_hi in bits 16-19: _nibble_pair_bf16's LOP3 and exact subtraction, then one packed multiply by
     ss (the row's bf16 scale in both halves), which rounds the exact product once, as
-    _int4_dequant_kernel's fp32 product and cast do. NVIDIA PTX, sm_90."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
-        "mul.rn.bf16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
-        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+    _int4_dequant_kernel's fp32 product and cast do. NVIDIA PTX, sm_90: common.INT4_PAIR_PTX_BF16,
+    whose text int4_wgmma's unpackers run too."""
+    return tl.inline_asm_elementwise(common.INT4_PAIR_PTX_BF16, "=h,=h,r,r,r", [t, zz, ss],
+                                     dtype=(tl.bfloat16, tl.bfloat16),
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
 def _frag_pair_f16(t, zz, ss):
-    """_frag_pair_bf16 for fp16 activations and scales (1024 + u in the f16x2 mantissas)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
-        "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
-        dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+    """_frag_pair_bf16 for fp16 activations and scales (1024 + u in the f16x2 mantissas):
+    common.INT4_PAIR_PTX_F16."""
+    return tl.inline_asm_elementwise(common.INT4_PAIR_PTX_F16, "=h,=h,r,r,r", [t, zz, ss],
+                                     dtype=(tl.float16, tl.float16),
+                                     is_pure=True, pack=1)
 
 
 @triton.jit

@@ -30,6 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from vsr.kernels import common
+
 # The TMA load is async_copy_global_to_shared before Triton 3.9 and async_load from it (an alias:
 # Triton 3.6's dependency hash resolves every attribute named in the source, a pruned branch's too).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -75,22 +77,16 @@ def _unpack_zero_points(x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready,
 @gluon.jit
 def _pair_bf16(t, zz, ss):
     """(u_lo - zu)·s and (u_hi - zu)·s, each rounded once to bf16, of t holding u_lo in bits 0-3 and
-    u_hi in bits 16-19: 128 + u in both bf16 mantissas (LOP3), one exact packed subtraction of zz
-    (128 + zu), one packed multiply by ss (the scale in both halves), which rounds the exact product
-    once (int4._frag_pair_bf16's conversion). NVIDIA PTX."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; sub.rn.bf16x2 t, t, $3; "
-        "mul.rn.bf16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
-        dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+    u_hi in bits 16-19: common.INT4_PAIR_PTX_BF16, int4._frag_pair_bf16's conversion. NVIDIA PTX."""
+    return gl.inline_asm_elementwise(common.INT4_PAIR_PTX_BF16, "=h,=h,r,r,r", [t, zz, ss],
+                                     dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
 
 
 @gluon.jit
 def _pair_f16(t, zz, ss):
-    """_pair_bf16 for fp16 (1024 + u in the f16x2 mantissas)."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; sub.rn.f16x2 t, t, $3; "
-        "mul.rn.f16x2 t, t, $4; mov.b32 {$0, $1}, t; }", "=h,=h,r,r,r", [t, zz, ss],
-        dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
+    """_pair_bf16 for fp16 (1024 + u in the f16x2 mantissas): common.INT4_PAIR_PTX_F16."""
+    return gl.inline_asm_elementwise(common.INT4_PAIR_PTX_F16, "=h,=h,r,r,r", [t, zz, ss],
+                                     dtype=(gl.float16, gl.float16), is_pure=True, pack=1)
 
 
 @gluon.jit
