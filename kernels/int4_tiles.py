@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vsr.kernels import common, gemm_tiles
+from vsr.kernels import common, gemm, gemm_tiles
 from vsr.kernels.template import Problem
 
 
@@ -275,9 +275,9 @@ def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS
 
 def _wgmma_tiles(p: Problem) -> list[dict]:
     """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's
-    buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows of the packed
-    words."""
-    if p.act_dtype == torch.float32 or p.K % 32:
+    buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows of x and the
+    packed words (the launcher's gemm.tma_aligned)."""
+    if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
     return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages)
             for bm, bn, bk, warps, stages in _WGMMA.get(p.bucket, ()) if p.param("group", 128) % bk == 0
