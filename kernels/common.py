@@ -168,6 +168,22 @@ def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
                  mask=mask)
 
 @triton.jit
+def store_glu_tile(gate, up, offs_m, offs_h, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                   HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """store_tile's GLU from the two halves held apart: gate and up (fp32) the products of weight
+    rows 2h and 2h + 1 for h in offs_h (the interleaved weight's gate and up rows), each through
+    the epilogue of its own row and rounded as stored, then y[offs_m, h] = silu(gate) · up. The
+    same arithmetic as store_tile's GLU without splitting one accumulator's columns in registers."""
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    gate = epilogue(gate, offs_m, 2 * offs_h, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                    HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    up = epilogue(up, offs_m, 2 * offs_h + 1, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    y = silu_mul_f32(gate.to(dt).to(tl.float32), up.to(dt).to(tl.float32), dt, LIBDEVICE_CONST)
+    mask = (offs_m[:, None] < M) & (offs_h[None, :] < N // 2)
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_h[None, :], y.to(dt), mask=mask)
+
+@triton.jit
 def split_sum(ws_ptr, idx, mask, M, N, SPLIT_K: tl.constexpr):
     """Σ_s ws[s, idx] for s = 0, 1, ..., SPLIT_K-1 in that order, read from L2 (`.cg`): the one sum
     both forms of the reduction take, so they give the same bytes."""

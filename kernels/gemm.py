@@ -72,13 +72,41 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLO
     return acc
 
 @triton.jit
+def _tma_k_loop_glu(a_desc, g_desc, off_m, off_h, k_lo, k_hi, K, F32: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_tma_k_loop's sums over the gate rows and over the up rows of BLOCK_H interleaved pairs from
+    pair off_h, kept apart: g_desc is the weight seen as [N / 2, 2K] (pair h's gate row in columns
+    [0, K), its up row in [K, 2K)), so a step fetches the gate and the up tile by two plain copies
+    and multiplies each by its activation tile. A tile past K reads the next row's columns, which
+    meet the activation tile's zero fill: with finite weights the sums are the plain product's."""
+    acc_g = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        g = g_desc.load([off_h, k0])
+        u = g_desc.load([off_h, K + k0])
+        acc_g = _dot(a, g.T, acc_g, F32)
+        acc_u = _dot(a, u.T, acc_u, F32)
+    return acc_g, acc_u
+
+@triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
               F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GLU: tl.constexpr = False):
-    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
-    common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), y_ptr,
-                      bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
+    """One output tile, whole. GLU: b_desc is the interleaved weight's [N / 2, 2K] view (_tma_k_loop_glu)."""
+    if GLU:
+        acc_g, acc_u = _tma_k_loop_glu(a_desc, b_desc, pid_m * BLOCK_M, pid_n * (BLOCK_N // 2), 0, K, K, F32,
+                                       BLOCK_M, BLOCK_N // 2, BLOCK_K)
+        common.store_glu_tile(acc_g, acc_u, pid_m * BLOCK_M + tl.arange(0, BLOCK_M),
+                              pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
+                              alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    else:
+        acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K,
+                          False)
+        common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N),
+                          y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS,
+                          HAS_ALPHA)
 
 @triton.jit
 def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
@@ -88,20 +116,39 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
     """One output tile BLOCK_N + BLOCK_N2 weight rows wide (160 = 128 + 32, 80 = 64 + 16: widths that
     Triton's power-of-two blocks cannot take), as two products sharing each step's activation tile.
     The width makes a layer's tiles about one wave of the machine, as cuBLAS's 168-, 80- and
-    176-wide tiles at M = 256 do, where power-of-two tiles make 2.4 or 1.2 waves."""
+    176-wide tiles at M = 256 do, where power-of-two tiles make 2.4 or 1.2 waves.
+    GLU: b_desc is the interleaved weight's [N / 2, 2K] view and the BLOCK_N part's gate and up
+    rows are summed apart (_tma_k_loop_glu); the BLOCK_N2 part, too narrow to halve for an MMA,
+    splits its columns in store_tile."""
     off_m = pid_m * BLOCK_M
     off_n = pid_n * (BLOCK_N + BLOCK_N2)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GLU:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = a_desc.load([off_m, k0])
-        b = b_desc.load([off_n, k0])
+        if GLU:
+            g = b_desc.load([off_n // 2, k0])
+            u = b_desc.load([off_n // 2, K + k0])
+        else:
+            b = b_desc.load([off_n, k0])
         b2 = b2_desc.load([off_n + BLOCK_N, k0])
-        acc = _dot(a, b.T, acc, F32)
+        if GLU:
+            acc_g = _dot(a, g.T, acc_g, F32)
+            acc_u = _dot(a, u.T, acc_u, F32)
+        else:
+            acc = _dot(a, b.T, acc, F32)
         acc2 = _dot(a, b2.T, acc2, F32)
     offs_m = off_m + tl.arange(0, BLOCK_M)
-    common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N,
-                      stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
+    if GLU:
+        common.store_glu_tile(acc_g, acc_u, offs_m, off_n // 2 + tl.arange(0, BLOCK_N // 2), y_ptr, bias_ptr, rs_ptr,
+                              cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    else:
+        common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
+                          N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     common.store_tile(acc2, offs_m, off_n + BLOCK_N + tl.arange(0, BLOCK_N2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
                       alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
 
@@ -132,7 +179,9 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
     does not depend on NUM_PROGRAMS.
     PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait.
     BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide, b2_desc the
-    weight's descriptor of BLOCK_N2-row blocks."""
+    weight's descriptor of BLOCK_N2-row blocks.
+    GLU (interleaved gate and up rows): b_desc is the weight's [N / 2, 2K] view of BLOCK_N / 2-row
+    blocks, and each tile's gate and up rows are summed apart (_tma_k_loop_glu)."""
     tl.static_assert(not (PERSISTENT and BLOCK_N2 > 0), "wide tiles (BLOCK_N2) are one tile per program")
     if PERSISTENT:
         common.wait_for_producer(WAIT)
@@ -203,28 +252,50 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
                   HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
                   ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
-    shared the tile, in program order, read from L2 (`.cg`)."""
+    shared the tile, in program order, read from L2 (`.cg`). GLU: each part holds the gate sums
+    [BLOCK_M, BLOCK_N / 2], then the up sums (tma_streamk_kernel), added up apart."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = r0 + tl.arange(0, ROWS)
-    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    if GLU:
+        offs = rows[:, None] * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
+    else:
+        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
-    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    if GLU:
+        gate = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
+                            ROWS, BLOCK_N // 2)
+        up = _streamk_sum(ws_ptr, s, offs + BLOCK_M * (BLOCK_N // 2), live, first, last, units, iters,
+                          NUM_PROGRAMS, BLOCK_M * BLOCK_N, ROWS, BLOCK_N // 2)
+        offs_m = pid_m * BLOCK_M + rows
+        common.store_glu_tile(gate, up, offs_m, pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), y_ptr,
+                              bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS,
+                              HAS_ALPHA)
+    else:
+        acc = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
+                           ROWS, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + rows
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                          HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+
+@triton.jit
+def _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr,
+                 ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Σ over programs first .. last of their parts of stream-K tile s at offs [ROWS, COLS]."""
+    acc = tl.zeros((ROWS, COLS), dtype=tl.float32)
     # Four sharers' parts are loaded before any is added, so their L2 round trips overlap; they are
     # still added in program order (a part of a program whose run misses the tile loads as 0).
     for p in range(first, last + 1, 4):
-        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
         acc += part0
         acc += part1
         acc += part2
         acc += part3
-    offs_m = pid_m * BLOCK_M + rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, GLU)
+    return acc
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
@@ -246,7 +317,9 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     FIXUP by the tile's last program to finish, ROWS rows at a time, else by streamk_reduce_kernel.
     The output depends on (M, N, K, tile, NUM_PROGRAMS) only, FIXUP or not.
     (At M = 1024 on o and down, 128x256 tiles make 160 tiles: one wave of 132 and 28 left over,
-    which a plain grid runs as a second wave on 28 multiprocessors.)"""
+    which a plain grid runs as a second wave on 28 multiprocessors.)
+    GLU: b_desc is the interleaved weight's [N / 2, 2K] view; a tile's gate and up sums are kept
+    apart (_tma_k_loop_glu), so its part is the gate sums then the up sums."""
     common.wait_for_producer(WAIT)
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -255,16 +328,27 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    if GLU:
+        offs = rows * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
+    else:
+        offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
         lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:
             pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                              (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
-            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
-                     mask=rows < M - pid_m * BLOCK_M)
+            if GLU:
+                part = ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N)
+                acc_g, acc_u = _tma_k_loop_glu(a_desc, b_desc, pid_m * BLOCK_M, pid_n * (BLOCK_N // 2),
+                                               (lo - s * iters) * BLOCK_K, (hi - s * iters) * BLOCK_K, K, F32,
+                                               BLOCK_M, BLOCK_N // 2, BLOCK_K)
+                tl.store(part + offs, acc_g, mask=rows < M - pid_m * BLOCK_M)
+                tl.store(part + BLOCK_M * (BLOCK_N // 2) + offs, acc_u, mask=rows < M - pid_m * BLOCK_M)
+            else:
+                acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
+                                  (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
+                tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                         mask=rows < M - pid_m * BLOCK_M)
             if FIXUP:
                 if common.last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
                     for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
@@ -374,7 +458,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     pdl_supported): launched as a programmatic dependent of the kernel that made `a`.
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     weight row asked of the L2 before the wait. `glu`: b's
-    rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up (common.store_tile)."""
+    rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up: "tma" and "tma-sk"
+    sum each tile's gate and up rows apart, reading b as [N / 2, 2K] (common.store_glu_tile);
+    "tma-swap" splits its accumulator's columns (common.store_tile)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -405,6 +491,11 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
         return
     tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
+    if glu:
+        # The gate and up halves of a tile are MMAs of their own: 16 columns at least each.
+        if bn % 32:
+            raise ValueError(f"a SwiGLU product's TMA tile needs BLOCK_N % 32 == 0: {tile}")
+        b_desc = weight_descriptor(owner, b.view(N // 2, 2 * K), [bn // 2, bk])
     flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
