@@ -158,11 +158,19 @@ def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first
                F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, GLU: tl.constexpr = False):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
-    order, each whole."""
-    for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
-        pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
+    order, each whole. The walk and the K loop are flattened into one pipelined loop, but with
+    GLU: there ptxas serializes the two accumulators' MMAs (C7515: accumulator registers defined
+    between the MMAs of a pipeline stage)."""
+    if GLU:
+        for t in tl.range(first, end, NUM_PROGRAMS):
+            pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
+    else:
+        for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
 
 @triton.jit
 def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
