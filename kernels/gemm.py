@@ -258,30 +258,52 @@ def _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT: tl
 def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym, NUM_PROGRAMS,
                   dp_tiles, iters, units, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                   HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-                  ROWS: tl.constexpr):
+                  ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
-    shared the tile, in program order, read from L2 (`.cg`)."""
+    shared the tile, in program order, read from L2 (`.cg`). GLU: each part holds the gate sums
+    [BLOCK_M, BLOCK_N / 2], then the up sums (tma_streamk_kernel), added up apart."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = r0 + tl.arange(0, ROWS)
-    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    if GLU:
+        offs = rows[:, None] * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
+    else:
+        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
-    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    if GLU:
+        gate = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
+                            ROWS, BLOCK_N // 2)
+        up = _streamk_sum(ws_ptr, s, offs + BLOCK_M * (BLOCK_N // 2), live, first, last, units, iters,
+                          NUM_PROGRAMS, BLOCK_M * BLOCK_N, ROWS, BLOCK_N // 2)
+        offs_m = pid_m * BLOCK_M + rows
+        common.store_glu_tile(gate, up, offs_m, pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), y_ptr,
+                              bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS,
+                              HAS_ALPHA)
+    else:
+        acc = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
+                           ROWS, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + rows
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                          HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+
+@triton.jit
+def _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr,
+                 ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Σ over programs first .. last of their parts of stream-K tile s at offs [ROWS, COLS]."""
+    acc = tl.zeros((ROWS, COLS), dtype=tl.float32)
     # Four sharers' parts are loaded before any is added, so their L2 round trips overlap; they are
     # still added in program order (a part of a program whose run misses the tile loads as 0).
     for p in range(first, last + 1, 4):
-        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
-        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
         acc += part0
         acc += part1
         acc += part2
         acc += part3
-    offs_m = pid_m * BLOCK_M + rows
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    return acc
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
@@ -294,7 +316,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
                        stride_ym, NUM_PROGRAMS, HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                        HAS_ALPHA: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WAIT: tl.constexpr, FIXUP: tl.constexpr,
-                       ROWS: tl.constexpr):
+                       ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """The TMA tile, stream-K ("tma-sk"): NUM_PROGRAMS programs (one per multiprocessor) walk the
     tiles that fill whole waves as the persistent kernel does; the num_tiles % NUM_PROGRAMS leftover
     tiles, which would leave most multiprocessors idle for a last partial wave, are cut into their
@@ -303,42 +325,55 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     FIXUP by the tile's last program to finish, ROWS rows at a time, else by streamk_reduce_kernel.
     The output depends on (M, N, K, tile, NUM_PROGRAMS) only, FIXUP or not.
     (At M = 1024 on o and down, 128x256 tiles make 160 tiles: one wave of 132 and 28 left over,
-    which a plain grid runs as a second wave on 28 multiprocessors.)"""
+    which a plain grid runs as a second wave on 28 multiprocessors.)
+    GLU: b_desc is the interleaved weight's [N / 2, 2K] view; a tile's gate and up sums are kept
+    apart (_tma_k_loop_glu), so its part is the gate sums then the up sums."""
     common.wait_for_producer(WAIT)
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid, dp_tiles, M, N, K, stride_ym,
-               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+               NUM_PROGRAMS, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, GLU)
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    if GLU:
+        offs = rows * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
+    else:
+        offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
         lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:
             pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                              (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
-            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
-                     mask=rows < M - pid_m * BLOCK_M)
+            if GLU:
+                part = ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N)
+                acc_g, acc_u = _tma_k_loop_glu(a_desc, b_desc, pid_m * BLOCK_M, pid_n * (BLOCK_N // 2),
+                                               (lo - s * iters) * BLOCK_K, (hi - s * iters) * BLOCK_K, K, F32,
+                                               BLOCK_M, BLOCK_N // 2, BLOCK_K)
+                tl.store(part + offs, acc_g, mask=rows < M - pid_m * BLOCK_M)
+                tl.store(part + BLOCK_M * (BLOCK_N // 2) + offs, acc_u, mask=rows < M - pid_m * BLOCK_M)
+            else:
+                acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
+                                  (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
+                tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                         mask=rows < M - pid_m * BLOCK_M)
             if FIXUP:
                 if common.last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
                     for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
                         _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, N, stride_ym,
                                       NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
-                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+                                      BLOCK_M, BLOCK_N, GROUP_M, ROWS, GLU)
 
 @triton.jit
 def streamk_reduce_kernel(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K, stride_ym, NUM_PROGRAMS,
                           HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr,
                           HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr):
+                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """y for the stream-K tiles of tma_streamk_kernel without FIXUP (grid: leftover tiles x row blocks)."""
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
     _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, tl.program_id(0), tl.program_id(1) * ROWS,
                   M, N, stride_ym, NUM_PROGRAMS, dp_tiles, iters, units, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA,
-                  BLOCK_M, BLOCK_N, GROUP_M, ROWS)
+                  BLOCK_M, BLOCK_N, GROUP_M, ROWS, GLU)
 
 @triton.jit
 def tma_swap_kernel(a_desc, b_desc, b_ptr, stride_bn, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs_ptr, M, N, K, stride_ym,
@@ -431,9 +466,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     pdl_supported): launched as a programmatic dependent of the kernel that made `a`.
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     weight row asked of the L2 before the wait. `glu`: b's
-    rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up: "tma" sums each
-    tile's gate and up rows apart, reading b as [N / 2, 2K] (common.store_glu_tile); "tma-swap"
-    splits its accumulator's columns (common.store_tile); "tma-sk" applies it after its product."""
+    rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up: "tma" and "tma-sk"
+    sum each tile's gate and up rows apart, reading b as [N / 2, 2K] (common.store_glu_tile);
+    "tma-swap" splits its accumulator's columns (common.store_tile)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -463,16 +498,6 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         if split > 1 and not fixup:
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
         return
-    if glu and tile.get("path") == "tma-sk":
-        # Stream-K applies SwiGLU after its plain product, by the split-K reduction kernel over that
-        # one "split" of rounded products (the bytes of the epilogue's): on an H100 the 27B gate|up
-        # with the SwiGLU tile took 1.07x (bf16) and 1.03x (fp8) the plain product and the
-        # activation kernel at 1,024 rows, where its walk of whole tiles cannot be flattened with
-        # the K loop (_tma_tiles) to overlap one tile's epilogue with the next tile's loads.
-        full = torch.empty((M, N), dtype=y.dtype, device=y.device)
-        launch_tma(a, b, full, tile, bias, rs, cs, alpha, owner, wait, prefetch)
-        common.reduce_splits(full, y, 1, M, N, None, None, None, None, glu)
-        return
     tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
     if glu:
         # The gate and up halves of a tile are MMAs of their own: 16 columns at least each.
@@ -496,11 +521,11 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         rows = min(bm, STREAMK_REDUCE_ROWS)
         tma_streamk_kernel[(programs,)](a_desc, b_desc, y, ws, common.fixup_counters(fixup, y.device, sk_tiles, ws),
                                         *scales, M, N, K, y.stride(0), programs, F32=common.f32_precision(a),
-                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows,
+                                        **flags, WAIT=wait, FIXUP=fixup, ROWS=rows, GLU=glu,
                                         **common.pdl_option(wait), num_warps=tile["num_warps"], num_stages=tile["num_stages"])
         if units and not fixup:
             streamk_reduce_kernel[(sk_tiles, common.cdiv(min(M, bm), rows))](
-                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows,
+                ws, y, *scales, M, N, K, y.stride(0), programs, **flags, ROWS=rows, GLU=glu,
                 num_warps=4)
         return
     persistent = bool(tile.get("PERSISTENT", 0))
