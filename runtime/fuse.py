@@ -119,10 +119,11 @@ CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _f
 # Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
 GLU_FORMATS = ("dense", "fp8", "int4")
 # Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. Off: in whole 27B
-# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_epilogue_division")
-# the gate|up product that applies it took twice as long at 1,024 and 2,048 rows as the same tile
-# without it (FP8 36.3 against 17.1 ms a forward at 1x1024), far more than the 2.5-6.8 ms of the
-# activation kernel it saves, with or without div.rn's slow-path call in the epilogue.
+# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_two_accumulators")
+# it gains 1.7% at 1x128 in BF16 and 1.2% at 16x128 in FP8, and loses elsewhere: BF16 +6.9% at
+# 16x128, FP8 +1.7% at 1x1024, int4 GPTQ +8.5% at 1x128 (its frag tiles split the accumulator's
+# columns), level at BF16 1x1024. The stream-K SwiGLU tile, whose epilogue cannot overlap the next
+# tile's loads, takes 1.07x the plain product and the activation kernel at 1,024 rows in BF16.
 SWIGLU_IN_PRODUCT = False
 
 
