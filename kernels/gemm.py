@@ -55,16 +55,22 @@ def tiled_gemm_kernel(a_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr, cs
 
 @triton.jit
 def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, GLU: tl.constexpr = False):
     """Σ over k in [k_lo, k_hi) of the TMA-fetched tiles' products in fp32: A·Bᵀ [BM, BN], or with
-    SWAP B·Aᵀ [BN, BM]."""
+    SWAP B·Aᵀ [BN, BM]. GLU: b_desc is the interleaved gate|up weight seen as [2, N / 2, K] (gate
+    rows, then up rows), and each step's copy [2, BN / 2, BK] takes the gate rows of pairs
+    off_n / 2 ... then their up rows, so acc's first BN / 2 columns are gates, the rest ups
+    (_store_glu_blocks)."""
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         a = a_desc.load([off_m, k0])
-        b = b_desc.load([off_n, k0])
+        if GLU:
+            b = b_desc.load([0, off_n // 2, k0]).reshape(BLOCK_N, BLOCK_K)
+        else:
+            b = b_desc.load([off_n, k0])
         if SWAP:
             acc = _dot(b, a.T, acc, F32)
         else:
@@ -72,41 +78,32 @@ def _tma_k_loop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, F32: tl.constexpr, BLO
     return acc
 
 @triton.jit
-def _tma_k_loop_glu(a_desc, g_desc, off_m, off_h, k_lo, k_hi, K, F32: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_tma_k_loop's sums over the gate rows and over the up rows of BLOCK_H interleaved pairs from
-    pair off_h, kept apart: g_desc is the weight seen as [N / 2, 2K] (pair h's gate row in columns
-    [0, K), its up row in [K, 2K)), so a step fetches the gate and the up tile by two plain copies
-    and multiplies each by its activation tile. A tile past K reads the next row's columns, which
-    meet the activation tile's zero fill: with finite weights the sums are the plain product's."""
-    acc_g = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        a = a_desc.load([off_m, k0])
-        g = g_desc.load([off_h, k0])
-        u = g_desc.load([off_h, K + k0])
-        acc_g = _dot(a, g.T, acc_g, F32)
-        acc_u = _dot(a, u.T, acc_u, F32)
-    return acc_g, acc_u
-
-@triton.jit
 def _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
               HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
               F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               GLU: tl.constexpr = False):
-    """One output tile, whole. GLU: b_desc is the interleaved weight's [N / 2, 2K] view (_tma_k_loop_glu)."""
+    acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False,
+                      GLU)
     if GLU:
-        acc_g, acc_u = _tma_k_loop_glu(a_desc, b_desc, pid_m * BLOCK_M, pid_n * (BLOCK_N // 2), 0, K, K, F32,
-                                       BLOCK_M, BLOCK_N // 2, BLOCK_K)
-        common.store_glu_tile(acc_g, acc_u, pid_m * BLOCK_M + tl.arange(0, BLOCK_M),
-                              pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
-                              alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+        _store_glu_blocks(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N, y_ptr, bias_ptr, rs_ptr,
+                          cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
     else:
-        acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, K, F32, BLOCK_M, BLOCK_N, BLOCK_K,
-                          False)
         common.store_tile(acc, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N),
                           y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS,
                           HAS_ALPHA)
+
+@triton.jit
+def _store_glu_blocks(acc, offs_m, off_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                      HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
+    """store_tile's GLU for a tile of weight rows off_n ... summed as _tma_k_loop's GLU fetches them:
+    acc's first half of columns the gates of pairs off_n / 2 ..., its second half their ups. The
+    halves are taken apart by a reshape, which moves no data: in the MMA's layout a thread holds
+    column c and column c + BN / 2 alike."""
+    BM: tl.constexpr = acc.shape[0]
+    BN: tl.constexpr = acc.shape[1]
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BM, 2, BN // 2)), (0, 2, 1)))
+    common.store_glu_tile(gate, up, offs_m, off_n // 2 + tl.arange(0, BN // 2), y_ptr, bias_ptr, rs_ptr, cs_ptr,
+                          alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K,
@@ -117,35 +114,25 @@ def _tma_wide_tile(a_desc, b_desc, b2_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alp
     Triton's power-of-two blocks cannot take), as two products sharing each step's activation tile.
     The width makes a layer's tiles about one wave of the machine, as cuBLAS's 168-, 80- and
     176-wide tiles at M = 256 do, where power-of-two tiles make 2.4 or 1.2 waves.
-    GLU: b_desc is the interleaved weight's [N / 2, 2K] view and the BLOCK_N part's gate and up
-    rows are summed apart (_tma_k_loop_glu); the BLOCK_N2 part, too narrow to halve for an MMA,
-    splits its columns in store_tile."""
+    GLU: the BLOCK_N part is fetched as _tma_k_loop's GLU fetches (b_desc the [2, N / 2, K] view);
+    the BLOCK_N2 part, from the plain weight, splits its columns into pairs (store_tile)."""
     off_m = pid_m * BLOCK_M
     off_n = pid_n * (BLOCK_N + BLOCK_N2)
-    if GLU:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N2), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         a = a_desc.load([off_m, k0])
         if GLU:
-            g = b_desc.load([off_n // 2, k0])
-            u = b_desc.load([off_n // 2, K + k0])
+            b = b_desc.load([0, off_n // 2, k0]).reshape(BLOCK_N, BLOCK_K)
         else:
             b = b_desc.load([off_n, k0])
         b2 = b2_desc.load([off_n + BLOCK_N, k0])
-        if GLU:
-            acc_g = _dot(a, g.T, acc_g, F32)
-            acc_u = _dot(a, u.T, acc_u, F32)
-        else:
-            acc = _dot(a, b.T, acc, F32)
+        acc = _dot(a, b.T, acc, F32)
         acc2 = _dot(a, b2.T, acc2, F32)
     offs_m = off_m + tl.arange(0, BLOCK_M)
     if GLU:
-        common.store_glu_tile(acc_g, acc_u, offs_m, off_n // 2 + tl.arange(0, BLOCK_N // 2), y_ptr, bias_ptr, rs_ptr,
-                              cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+        _store_glu_blocks(acc, offs_m, off_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS,
+                          HAS_RS, HAS_CS, HAS_ALPHA)
     else:
         common.store_tile(acc, offs_m, off_n + tl.arange(0, BLOCK_N), y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M,
                           N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
@@ -158,19 +145,11 @@ def _tma_tiles(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, first
                F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, GLU: tl.constexpr = False):
     """The persistent walk: output tiles first, first + NUM_PROGRAMS, ... below `end`, in the swizzled
-    order, each whole. The walk and the K loop are flattened into one pipelined loop, but with
-    GLU: there ptxas serializes the two accumulators' MMAs (C7515: accumulator registers defined
-    between the MMAs of a pipeline stage)."""
-    if GLU:
-        for t in tl.range(first, end, NUM_PROGRAMS):
-            pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
-    else:
-        for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
-            pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
-                      HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
+    order, each whole."""
+    for t in tl.range(first, end, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = common.swizzle(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        _tma_tile(a_desc, b_desc, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, pid_m, pid_n, M, N, K, stride_ym,
+                  HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA, F32, BLOCK_M, BLOCK_N, BLOCK_K, GLU)
 
 @triton.jit
 def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, K,
@@ -188,8 +167,7 @@ def tma_gemm_kernel(a_desc, b_desc, b2_desc, b_ptr, stride_bn, y_ptr, bias_ptr, 
     PREFETCH (with WAIT, one tile per program): prefetch_weight_rows before the wait.
     BLOCK_N2 > 0 (one tile per program): tiles BLOCK_N + BLOCK_N2 weight rows wide, b2_desc the
     weight's descriptor of BLOCK_N2-row blocks.
-    GLU (interleaved gate and up rows): b_desc is the weight's [N / 2, 2K] view of BLOCK_N / 2-row
-    blocks, and each tile's gate and up rows are summed apart (_tma_k_loop_glu)."""
+    GLU (interleaved gate and up rows): b_desc is the weight's [2, N / 2, K] view (_tma_k_loop)."""
     tl.static_assert(not (PERSISTENT and BLOCK_N2 > 0), "wide tiles (BLOCK_N2) are one tile per program")
     if PERSISTENT:
         common.wait_for_producer(WAIT)
@@ -260,50 +238,32 @@ def _streamk_rows(ws_ptr, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, s, r0, M, 
                   HAS_ALPHA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
                   ROWS: tl.constexpr, GLU: tl.constexpr = False):
     """Rows r0 .. r0 + ROWS of stream-K tile s into y: epilogue(Σ partials) over the programs that
-    shared the tile, in program order, read from L2 (`.cg`). GLU: each part holds the gate sums
-    [BLOCK_M, BLOCK_N / 2], then the up sums (tma_streamk_kernel), added up apart."""
+    shared the tile, in program order, read from L2 (`.cg`)."""
     first, last = _streamk_tile_programs(s, units, iters, NUM_PROGRAMS)
     pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = r0 + tl.arange(0, ROWS)
-    if GLU:
-        offs = rows[:, None] * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
-    else:
-        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     live = rows[:, None] < M - pid_m * BLOCK_M   # the rows the product stashed
-    if GLU:
-        gate = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
-                            ROWS, BLOCK_N // 2)
-        up = _streamk_sum(ws_ptr, s, offs + BLOCK_M * (BLOCK_N // 2), live, first, last, units, iters,
-                          NUM_PROGRAMS, BLOCK_M * BLOCK_N, ROWS, BLOCK_N // 2)
-        offs_m = pid_m * BLOCK_M + rows
-        common.store_glu_tile(gate, up, offs_m, pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), y_ptr,
-                              bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym, HAS_BIAS, HAS_RS, HAS_CS,
-                              HAS_ALPHA)
-    else:
-        acc = _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N,
-                           ROWS, BLOCK_N)
-        offs_m = pid_m * BLOCK_M + rows
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
-                          HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
-
-@triton.jit
-def _streamk_sum(ws_ptr, s, offs, live, first, last, units, iters, NUM_PROGRAMS, SLOT: tl.constexpr,
-                 ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Σ over programs first .. last of their parts of stream-K tile s at offs [ROWS, COLS]."""
-    acc = tl.zeros((ROWS, COLS), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     # Four sharers' parts are loaded before any is added, so their L2 round trips overlap; they are
     # still added in program order (a part of a program whose run misses the tile loads as 0).
     for p in range(first, last + 1, 4):
-        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
-        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
-        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
-        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, SLOT)
+        part0 = _streamk_part(ws_ptr, p, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part1 = _streamk_part(ws_ptr, p + 1, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part2 = _streamk_part(ws_ptr, p + 2, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
+        part3 = _streamk_part(ws_ptr, p + 3, s, offs, live, units, iters, NUM_PROGRAMS, BLOCK_M * BLOCK_N)
         acc += part0
         acc += part1
         acc += part2
         acc += part3
-    return acc
+    offs_m = pid_m * BLOCK_M + rows
+    if GLU:   # the product's parts hold _tma_k_loop's GLU columns
+        _store_glu_blocks(acc, offs_m, pid_n * BLOCK_N, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                          HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        common.store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                          HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def _streamk_sharers(s, units, iters, NUM_PROGRAMS):
@@ -325,9 +285,7 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     FIXUP by the tile's last program to finish, ROWS rows at a time, else by streamk_reduce_kernel.
     The output depends on (M, N, K, tile, NUM_PROGRAMS) only, FIXUP or not.
     (At M = 1024 on o and down, 128x256 tiles make 160 tiles: one wave of 132 and 28 left over,
-    which a plain grid runs as a second wave on 28 multiprocessors.)
-    GLU: b_desc is the interleaved weight's [N / 2, 2K] view; a tile's gate and up sums are kept
-    apart (_tma_k_loop_glu), so its part is the gate sums then the up sums."""
+    which a plain grid runs as a second wave on 28 multiprocessors.)"""
     common.wait_for_producer(WAIT)
     pid = tl.program_id(0)
     dp_tiles, iters, units = _streamk_plan(M, N, K, NUM_PROGRAMS, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -336,27 +294,16 @@ def tma_streamk_kernel(a_desc, b_desc, y_ptr, ws_ptr, cnt_ptr, bias_ptr, rs_ptr,
     u_lo, u_hi = _streamk_run(pid, units, NUM_PROGRAMS)
     slot = _streamk_slot(pid, u_lo)
     rows = tl.arange(0, BLOCK_M)[:, None]
-    if GLU:
-        offs = rows * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)[None, :]
-    else:
-        offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    offs = rows * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     for j in range(2):
         s = u_lo // iters + j
         lo, hi = _streamk_overlap(u_lo, u_hi, s, iters)
         if lo < hi:
             pid_m, pid_n = common.swizzle(dp_tiles + s, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            if GLU:
-                part = ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N)
-                acc_g, acc_u = _tma_k_loop_glu(a_desc, b_desc, pid_m * BLOCK_M, pid_n * (BLOCK_N // 2),
-                                               (lo - s * iters) * BLOCK_K, (hi - s * iters) * BLOCK_K, K, F32,
-                                               BLOCK_M, BLOCK_N // 2, BLOCK_K)
-                tl.store(part + offs, acc_g, mask=rows < M - pid_m * BLOCK_M)
-                tl.store(part + BLOCK_M * (BLOCK_N // 2) + offs, acc_u, mask=rows < M - pid_m * BLOCK_M)
-            else:
-                acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
-                                  (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False)
-                tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
-                         mask=rows < M - pid_m * BLOCK_M)
+            acc = _tma_k_loop(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (lo - s * iters) * BLOCK_K,
+                              (hi - s * iters) * BLOCK_K, F32, BLOCK_M, BLOCK_N, BLOCK_K, False, GLU)
+            tl.store(ws_ptr + (slot * 2 + j).to(tl.int64) * (BLOCK_M * BLOCK_N) + offs, acc,
+                     mask=rows < M - pid_m * BLOCK_M)
             if FIXUP:
                 if common.last_to_finish(cnt_ptr + s, _streamk_sharers(s, units, iters, NUM_PROGRAMS)):
                     for r0 in range(0, tl.minimum(BLOCK_M, M - pid_m * BLOCK_M), ROWS):
@@ -452,8 +399,8 @@ def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
     key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
     d = cache.get(key)
     if d is None:
-        assert t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0, \
-            "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
+        assert t.stride(-1) == 1 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1]) \
+            and t.data_ptr() % 16 == 0, "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
         d = cache[key] = TensorDescriptor.from_tensor(t, list(block))
     return d
 
@@ -467,8 +414,8 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     `prefetch` (with `wait`; "tma-swap" and one-tile-per-program "tma"): 128-byte lines of each
     weight row asked of the L2 before the wait. `glu`: b's
     rows are gate and up rows interleaved, and y [M, N / 2] takes silu(gate) · up: "tma" and "tma-sk"
-    sum each tile's gate and up rows apart, reading b as [N / 2, 2K] (common.store_glu_tile);
-    "tma-swap" splits its accumulator's columns (common.store_tile)."""
+    read b as [2, N / 2, K] (_tma_k_loop's GLU), "tma-swap" splits its columns into pairs
+    (common.store_tile)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     M, K = a.shape
     N = b.shape[0]
@@ -500,10 +447,9 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
         return
     tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
     if glu:
-        # The gate and up halves of a tile are MMAs of their own: 16 columns at least each.
-        if bn % 32:
-            raise ValueError(f"a SwiGLU product's TMA tile needs BLOCK_N % 32 == 0: {tile}")
-        b_desc = weight_descriptor(owner, b.view(N // 2, 2 * K), [bn // 2, bk])
+        if bn % 2:
+            raise ValueError(f"a SwiGLU product's TMA tile needs an even BLOCK_N: {tile}")
+        b_desc = weight_descriptor(owner, b.view(N // 2, 2, K).permute(1, 0, 2), [2, bn // 2, bk])
     flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,
