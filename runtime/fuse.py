@@ -23,14 +23,14 @@ format's concatenation lives in CONCAT (keyed by weight format), one small funct
 
 A part without a bias beside parts with one gets a zero bias (adding +0.0 changes no value).
 
-SwiGLU in the product (GLU_FORMATS, on the Triton path, where SWIGLU_IN_PRODUCT, off by default):
+SwiGLU in the product (GLU_FORMATS, on the Triton path, where SWIGLU_IN_PRODUCT, on by default):
 a gate|up weight fused with its rows interleaved (gate 0, up 0, gate 1, up 1, ...;
 `fuse(..., interleave=True)`) lets the product's epilogue take silu(gate) · up of each pair of
 columns it holds and store [T, I] (kernels/common.store_tile's GLU), so the MLP runs no activation
 kernel and the product writes half the bytes. The templates of dense, FP8 W8A8 and int4 W4A16
-weights take it; an FP8 down projection quantizes the activation in its own prologue (5 bytes
-moved an activation element, against 9 through the activation kernel that quantizes: gate and up
-written, read, the codes written). nvfp4 products keep the activation kernel.
+weights take it, and the Builder gives it to dense and FP8 ones; an FP8 down projection then
+quantizes its input in its own launch (fp8.launch). int4 and nvfp4 products keep
+the activation kernel.
 """
 from __future__ import annotations
 
@@ -116,15 +116,17 @@ def _nvfp4(parts, rows):
 CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
 
 
-# Weight formats whose templates apply SwiGLU in the product's epilogue (launch's `glu`).
-GLU_FORMATS = ("dense", "fp8", "int4")
-# Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. Off: in whole 27B
-# forwards on an H100 (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_two_accumulators")
-# it gains 1.7% at 1x128 in BF16 and 1.2% at 16x128 in FP8, and loses elsewhere: BF16 +6.9% at
-# 16x128, FP8 +1.7% at 1x1024, int4 GPTQ +8.5% at 1x128 (its frag tiles split the accumulator's
-# columns), level at BF16 1x1024. The stream-K SwiGLU tile, whose epilogue cannot overlap the next
-# tile's loads, takes 1.07x the plain product and the activation kernel at 1,024 rows in BF16.
-SWIGLU_IN_PRODUCT = False
+# Weight formats whose gate|up products the Builder gives the SwiGLU epilogue (launch's `glu`, which
+# int4's template also takes). int4 is not one: its frag tiles, which the shipped cache runs at
+# 16-256 rows, split one accumulator's columns into pairs, and its product with SwiGLU took 1.17x,
+# 1.25x and 1.16x the plain product and the activation kernel at 64, 128 and 256 rows on an H100
+# (a 1x128 forward 9% slower). Dense and FP8 products with it took 0.73-0.99x that at 1-2,048 rows.
+GLU_FORMATS = ("dense", "fp8")
+# Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. On: whole 27B-class
+# forwards on an H100 with the H200 tiles (benchmarks/results/ab-nvidia-h100-2026-12-06.json,
+# "swiglu_in_product") take 1.9-2.7% less in BF16 at 1x128, 1x1024 and 16x128 and 1.0-1.7% less
+# in FP8 at 1x1024 and 16x128 (level at 1x128), with the activation kernel gone.
+SWIGLU_IN_PRODUCT = True
 
 
 def why_not(parts: list) -> str:

@@ -9,8 +9,8 @@ Under the Triton interpreter (no GPU) activations are fp16 and fp32 (its bf16 tl
 its tl.dot (numpy's matmul) may sum an output element in another order by its place in the tile,
 so there the two forms agree within a few units in the last place of the largest output; on a GPU,
 byte for byte. Outputs are pre-filled with NaN so an unwritten element fails. The Builder gives the
-epilogue only where fuse.SWIGLU_IN_PRODUCT is on (off by default): the tests of models and of the
-Builder turn it on, and one checks the default."""
+epilogue where fuse.SWIGLU_IN_PRODUCT is on (the default, for fuse.GLU_FORMATS): the tests of
+models and of the Builder turn it on as well, and one checks the default."""
 from __future__ import annotations
 
 import types
@@ -367,7 +367,7 @@ def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact
 
 @pytest.mark.parametrize("fmt,params,kernels,glu", [
     ("dense", {}, "triton", True),
-    ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", True),
+    ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", False),  # (fuse.GLU_FORMATS)
     ("fp8", {}, "triton", True),
     ("nvfp4", {}, "triton", False),     # its activation kernel also quantizes for the down product
     ("dense", {}, "reference", False),  # the reference path runs the activation op
@@ -390,18 +390,27 @@ def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fm
     assert not qkv.parts[0].glu and qkv.activated is None
 
 
-def test_the_builder_leaves_swiglu_to_the_activation_kernel_by_default():
-    """fuse.SWIGLU_IN_PRODUCT is off: a dense gate|up on the Triton path is the plain fused product,
-    its rows in gate|up order, and the model applies the activation after it."""
+def test_the_builder_gives_dense_and_fp8_gate_up_products_swiglu_by_default_and_int4_not():
+    """fuse.SWIGLU_IN_PRODUCT is on: a dense or FP8 gate|up on the Triton path is fused with its rows
+    interleaved and its product applies SwiGLU; an int4 one is the plain fused product, its rows in
+    gate|up order, and the model applies the activation after it."""
     from vsr.autotune import synth
 
-    assert fuse.SWIGLU_IN_PRODUCT is False
-    parts = {n: synth.random_weight("dense", 24, 64, {}, torch.bfloat16, "cpu", seed=i)
-             for i, n in enumerate(("gate", "up"))}
-    tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
-    b = Builder(types.SimpleNamespace(linear=lambda name: parts[name]),
-                lambda w: QLinear(w, "triton", tiles=tiles), torch.bfloat16, "cpu", False, kernels="triton")
-    proj = b.projection("mlp.gate_up_proj", ["gate", "up"], "silu_mul")
-    q = b.linears["mlp.gate_up_proj"]
-    assert proj.fused and not q.glu and proj.activated is None and q.out_features == 48
-    assert torch.equal(q.weight.weight, torch.cat([parts["gate"].weight, parts["up"].weight]))
+    assert fuse.SWIGLU_IN_PRODUCT is True and fuse.GLU_FORMATS == ("dense", "fp8")
+    int4_spec = {"bits": 4, "group": 32, "symmetric": True, "act_order": False}
+    for fmt, spec, glu in (("dense", {}, True), ("fp8", {}, True), ("int4", int4_spec, False)):
+        parts = {n: synth.random_weight(fmt, 24, 64, spec, torch.bfloat16, "cpu", seed=i)
+                 for i, n in enumerate(("gate", "up"))}
+        tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
+        b = Builder(types.SimpleNamespace(linear=lambda name: parts[name]),
+                    lambda w: QLinear(w, "triton", tiles=tiles), torch.bfloat16, "cpu", False, kernels="triton")
+        proj = b.projection("mlp.gate_up_proj", ["gate", "up"], "silu_mul")
+        q = b.linears["mlp.gate_up_proj"]
+        assert proj.fused and q.glu is glu, fmt
+        assert proj.activated == ("silu_mul" if glu else None) and q.out_features == (24 if glu else 48), fmt
+        rows = (lambda t: torch.stack([t[:24], t[24:]], 1).flatten(0, 1)) if glu else (lambda t: t)
+        want = torch.cat([getattr(parts["gate"], "packed" if fmt == "int4" else "weight"),
+                          getattr(parts["up"], "packed" if fmt == "int4" else "weight")])
+        got = q.weight.packed if fmt == "int4" else q.weight.weight
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                           rows(want).view(torch.uint8) if want.dtype == torch.float8_e4m3fn else rows(want)), fmt
