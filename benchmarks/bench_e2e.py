@@ -14,6 +14,8 @@ rule: the approximate set for a quantized one; --kernel-set exact forces the exa
   vsr              that model;
   vsr-pdl          that model within kernels.pdl.programmatic_forward: its kernels launched as
                    programmatic dependents (sm_90+; run only when asked for);
+  vsr-act          that model with its gate|up products plain and SwiGLU by the activation kernel
+                   after them, as where runtime/fuse.SWIGLU_IN_PRODUCT is off (run when asked for);
   cublas-bf16      the same model object, its linear layers swapped for F.linear on the same bf16
                    weights (bf16 rows only);
   scaled_mm+quant  the same, linears swapped for torch's per-token quantization + _scaled_mm on
@@ -130,6 +132,23 @@ def gate_up_order(model):
     finally:
         for m in found:
             fuse.interleave_rows(m.weight)
+
+
+@contextlib.contextmanager
+def swiglu_by_activation_kernel(model):
+    """The vsr-act provider: every SwiGLU QLinear of `model` a plain product of its weight in gate|up
+    order (gate_up_order) while inside, so the model runs the activation kernel after it (and, in
+    the FP8 approximate set, hands it the norm's codes and the down product the activation's), as
+    the runtime does where fuse.SWIGLU_IN_PRODUCT is off; its tiles are the same."""
+    with gate_up_order(model):
+        found = [m for m in model.modules() if isinstance(m, QLinear) and m.glu]
+        for m in found:
+            m.glu = False
+        try:
+            yield model
+        finally:
+            for m in found:
+                m.glu = True
 
 
 class CublasLinear(torch.nn.Module):
@@ -441,7 +460,7 @@ def device_split(eager_fn, graph_fn) -> dict:
 # ---- one format ---------------------------------------------------------------------------
 
 def providers_for(fmt: str, providers) -> list[str]:
-    return [p for p in providers if p in ("vsr", "vsr-pdl") or PEER_FORMAT.get(p) == fmt]
+    return [p for p in providers if p in ("vsr", "vsr-pdl", "vsr-act") or PEER_FORMAT.get(p) == fmt]
 
 
 def provider_rows(name: str, fmt: str, router, inputs, ref_n, a, log, base: dict, split: bool,
@@ -516,7 +535,7 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
     model, b, kernel_set = build_vsr(config, loader, dev, tiles, a.kernel_set)
     wbytes, macs = linear_totals(b)
     log(f"{fmt}: built in {time.time() - t0:.1f} s, linear weights {wbytes / 1e9:.2f} GB, kernel set {kernel_set}")
-    routers = {"vsr": model, "vsr-pdl": model}
+    routers = {"vsr": model, "vsr-pdl": model, "vsr-act": model}
     hf_note = {}
     provs = providers_for(fmt, a.providers)
     if "transformers" in provs:
@@ -560,6 +579,9 @@ def format_rows(fmt: str, a, config: dict, ceil: dict, tiles, log, extra_errors:
                                                   {**base, **hf_note, "kernel_set": None}, False)
                     elif p == "vsr-pdl":
                         with pdl.programmatic_forward():
+                            rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)
+                    elif p == "vsr-act":
+                        with swiglu_by_activation_kernel(model):
                             rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)
                     else:
                         rows += provider_rows(p, fmt, model, inputs, ref_n, a, log, base, True, unq)

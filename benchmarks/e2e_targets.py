@@ -25,9 +25,10 @@ import json
 # The points an e2e result holds: configuration name -> (requests, tokens each), formats, providers.
 CONFIGS = {"1x128": (1, 128), "16x128": (16, 128), "1x1024": (1, 1024)}
 FORMATS = ("bf16", "fp8", "int4-gptq", "int4-awq", "nvfp4")
-PROVIDERS = ("vsr", "vsr-pdl", "cublas-bf16", "scaled_mm+quant", "transformers")
-# vsr-pdl (vsr's forward within kernels.pdl.programmatic_forward) runs when asked for.
-DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p != "vsr-pdl")
+PROVIDERS = ("vsr", "vsr-pdl", "vsr-act", "cublas-bf16", "scaled_mm+quant", "transformers")
+# vsr-pdl (vsr's forward within kernels.pdl.programmatic_forward) and vsr-act (its SwiGLU by the
+# activation kernel) run when asked for.
+DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p not in ("vsr-pdl", "vsr-act"))
 INT4 = ("int4-gptq", "int4-awq")
 
 

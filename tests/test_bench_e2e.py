@@ -123,6 +123,29 @@ def test_the_cublas_peer_of_a_swiglu_product_is_its_plain_product_then_the_activ
     assert torch.equal(bench.CublasLinear(QLinear(w))(x), torch.nn.functional.linear(x, w.weight, w.bias))
 
 
+def test_vsr_act_runs_a_swiglu_product_plain_and_restores_it(bench):
+    """The vsr-act provider's model: a SwiGLU QLinear inside is a plain product of its rows in
+    gate|up order (the Projection no longer activated, so the model applies the activation kernel);
+    after it, the SwiGLU product again, the same bytes."""
+    from vsr.kernels import dense
+    from vsr.runtime import fuse
+    from vsr.runtime.linear import QLinear
+    from vsr.runtime.models.common import Projection
+
+    g = torch.Generator().manual_seed(6)
+    w = dense.DenseWeight(torch.randn(24, 64, generator=g), torch.randn(24, generator=g))
+    gate, up = dense.DenseWeight(w.weight[:12], w.bias[:12]), dense.DenseWeight(w.weight[12:], w.bias[12:])
+    q = QLinear(fuse.fuse([gate, up], interleave=True), "reference", glu=True)
+    proj = Projection([q], [12, 12], True)
+    x = torch.randn(3, 64, generator=g)
+    want = proj(x)
+    assert proj.activated == "silu_mul" and want.shape == (3, 12)
+    with bench.swiglu_by_activation_kernel(proj):
+        assert proj.activated is None and not q.glu
+        torch.testing.assert_close(proj(x), torch.nn.functional.linear(x, w.weight, w.bias), rtol=1e-5, atol=1e-5)
+    assert q.glu and proj.activated == "silu_mul" and torch.equal(proj(x), want)
+
+
 def test_gate_up_order_reorders_the_rows_in_place_and_back(bench):
     """Inside gate_up_order a SwiGLU QLinear's row tensors (weight, scales, bias) are the plain fused
     weight's, in their own storage; after it, the interleaved bytes again."""
