@@ -18,7 +18,9 @@ is on. A launch that would not fit,
 that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
 is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked;
 each NVIDIA kernel's registers and stack a thread (where ptxas puts what it spills) are reported
-with it (`--glu` launches gate_up with the SwiGLU epilogue whatever the runtime does, to read its
+with it, and for sm_90 ptxas's note where it serializes the kernel's wgmma instructions (its
+C7510-C7520 notes: every MMA then waits for the one before, whatever the pipeline asked;
+"wgmma_serialized") (`--glu` launches gate_up with the SwiGLU epilogue whatever the runtime does, to read its
 cost there). One constexpr differs from a GPU launch: fp8's activation quantization takes
 RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of).
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
@@ -107,6 +109,24 @@ def resource_usage(cubin: bytes) -> tuple[int, int]:
     return int(re.search(r"REG:(\d+)", out).group(1)), int(re.search(r"STACK:(\d+)", out).group(1))
 
 
+def ptxas() -> str:
+    """The ptxas Triton's NVIDIA backend compiles sm_90 with (its bundled one or ptxas-blackwell)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+    return get_ptxas(90).path
+
+
+def wgmma_serialized(ptx: str) -> str | None:
+    """ptxas's note where it serializes a kernel's wgmma instructions, or None: `ptxas -v` of the
+    kernel's PTX for sm_90a, by the ptxas Triton compiles it with."""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "kernel.ptx")
+        Path(src).write_text(ptx)
+        out = subprocess.run([ptxas(), "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "kernel.cubin")],
+                             capture_output=True, text=True, check=True)
+    m = re.search(r"\(C75\d\d\)[^\n]*wgmma\.mma_async instructions are serialized[^\n]*", out.stdout + out.stderr)
+    return m.group(0) if m else None
+
+
 def _source(fn):
     """The compiler's source class for fn: Gluon's for a Gluon kernel (its layouts are explicit)."""
     return GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
@@ -152,7 +172,7 @@ class Recorder:
                 if self.device.target.backend == "cuda" and self.device.target.arch == 90:
                     rs, found = wgmma_hazard.check_cubin(k.asm["cubin"])
                     row.update(rs_wgmma=rs, wgmma_hazards=len(found), wgmma_hazard_examples=found[:3],
-                               fits=row["fits"] and not found)
+                               fits=row["fits"] and not found, wgmma_serialized=wgmma_serialized(k.asm["ptx"]))
             except Exception as e:  # a kernel that does not compile for the device is a finding too
                 row.update(shared=None, fits=False, error=f"{type(e).__name__}: {str(e)[-300:]}")
             self.compiled[key] = row
@@ -207,7 +227,8 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False,
                     row = dict(format=fmt, shape=sh, N=N, K=K, bucket=b, tile=tile, source=source, glu=in_product,
                                error=err,
                                kernels=[dict(kernel=r["kernel"], shared=r["shared"], registers=r.get("registers"),
-                                             stack=r.get("stack"), wgmma_hazards=r.get("wgmma_hazards", 0))
+                                             stack=r.get("stack"), wgmma_hazards=r.get("wgmma_hazards", 0),
+                                             wgmma_serialized=r.get("wgmma_serialized"))
                                         for r in kernels],
                                fits=err is None and bool(kernels) and all(r["fits"] for r in kernels))
                     rows.append(row)
@@ -252,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{rec.device.shared} bytes "
           f"on Triton {triton.__version__} ({len(rec.compiled)} distinct kernels compiled, {time.time() - t0:.0f} s; "
           f"most: {most and (most['kernel'], most['shared'])})")
+    serialized = [k for k in rec.compiled.values() if k.get("wgmma_serialized")]
+    if serialized:
+        print(f"{len(serialized)} kernels have their wgmma instructions serialized by ptxas: "
+              + ", ".join(sorted({k['kernel'] for k in serialized})))
     spilled = [k for k in rec.compiled.values() if k.get("stack")]
     if spilled:
         print(f"{len(spilled)} kernels keep a stack (spills or calls), up to {max(k['stack'] for k in spilled)} bytes "

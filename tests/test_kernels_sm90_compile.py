@@ -335,9 +335,28 @@ def test_swiglu_products_compile_for_the_h200():
         assert glu, (launch["tile"], [k["kernel"] for k in launch["kernels"]])
 
 
+def test_swiglu_gate_up_products_keep_their_wgmma_pipelined(tmp_path):
+    # The 27B gate|up on the shipped tiles with the SwiGLU epilogue (the runtime's dense and FP8
+    # forms: one tile a program at 128 rows, stream-K at 1,024, FP8 persistent at 2,048): ptxas
+    # serializes none of their wgmma instructions. With two accumulators in a walk of tiles
+    # flattened into the K loop it did (C7515), and the product took 1.4x as long on an H100.
+    out = tmp_path / "fit.json"
+    p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16,fp8", "--shapes", "gate_up",
+                        "--buckets", "128,1024,2048", "--tiles", "shipped", "--glu", "--out", str(out)],
+                       capture_output=True, text=True, env=_compile_env(), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 6 and all(r["glu"] for r in rows)
+    tma = [k for r in rows for k in r["kernels"] if k["kernel"] in ("tma_gemm_kernel", "tma_streamk_kernel")]
+    assert len(tma) == 6
+    for r in rows:
+        for k in r["kernels"]:
+            assert k["wgmma_serialized"] is None, (r["format"], r["bucket"], k)
+
+
 def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request(tmp_path):
-    # --glu: gate_up launches with the SwiGLU epilogue though the runtime leaves it off; every
-    # compiled kernel carries the registers and stack bytes cuobjdump reads off its cubin.
+    # --glu: gate_up launches with the SwiGLU epilogue whatever the runtime does; every compiled
+    # kernel carries the registers and stack bytes cuobjdump reads off its cubin.
     out = tmp_path / "fit.json"
     env = _compile_env()
     p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16", "--shapes", "gate_up",
