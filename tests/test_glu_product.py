@@ -121,8 +121,8 @@ def test_dense_glu_product_is_the_product_then_the_activation(name, dtype, monke
 
 @pytest.mark.parametrize("name", ["tma", "tma-wide", "tma-sk"])
 def test_dense_glu_tma_product_with_k_past_its_last_step(name, monkeypatch):
-    # The TMA paths read the interleaved weight as [N / 2, 2K]: with K = 200 and 64 columns a step,
-    # the last step's gate tile runs into the up row's first columns, which meet x's zero fill.
+    # The TMA paths read the interleaved weight as [2, N / 2, K] by 3-D copies: with K = 200 and 64
+    # columns a step, the last step's copy runs past K, which it fills with zeros as a 2-D one does.
     monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     g = gen(60 + len(name))
     k = 200
