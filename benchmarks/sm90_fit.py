@@ -26,9 +26,10 @@ RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of)
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
 device's Triton; its default where the cache has none).
 
-On the H200 every default and every shipped launch fits, 1,232 of 1,232 each (126 of them SwiGLU
-gate_up launches), on Triton 3.6 (the H200's), none with such a write
-(benchmarks/results/sm90-fit-nvidia-h200-2026-12-05*.json). Each launch is compiled from its own
+On the H200 every default and every shipped launch fits, 1,232 of 1,232 each (the gate_up
+launches of dense and FP8 weights with SwiGLU), on Triton 3.6 (the H200's), none with such a write;
+ptxas serializes the wgmmas of one kernel, the shipped pointer-load tile of fp8@fp32 on minilm-down
+at 2,048 and 4,096 rows (benchmarks/results/sm90-fit-nvidia-h200-2026-12-06*.json). Each launch is compiled from its own
 arguments because their specialization matters: compiled from a bare signature, a shipped H200
 tile that runs on the device asks for 262,176 bytes and would read as not fitting.
 """
