@@ -18,10 +18,10 @@ is on. A launch that would not fit,
 that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
 is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked;
 each NVIDIA kernel's registers and stack a thread (where ptxas puts what it spills) are reported
-with it, and for sm_90 ptxas's note where it serializes the kernel's wgmma instructions (its
-C7510-C7520 notes: every MMA then waits for the one before, whatever the pipeline asked;
-"wgmma_serialized") (`--glu` launches gate_up with the SwiGLU epilogue whatever the runtime does, to read its
-cost there). One constexpr differs from a GPU launch: fp8's activation quantization takes
+with it, and for sm_90 ptxas's note where it serializes the kernel's wgmma instructions
+("wgmma_serialized", its C75xx notes: every MMA then waits for the one before, whatever the
+pipeline asked). `--glu` launches gate_up with the SwiGLU epilogue whatever the runtime does, to
+read its cost there. One constexpr differs from a GPU launch: fp8's activation quantization takes
 RECIPROCAL from x.is_cuda, False here (a kernel of no shared memory to speak of).
 `--tiles shipped` (H200 only) launches the shipped cache's tile of each key instead (tuned on the
 device's Triton; its default where the cache has none).
@@ -29,9 +29,10 @@ device's Triton; its default where the cache has none).
 On the H200 every default and every shipped launch fits, 1,232 of 1,232 each (the gate_up
 launches of dense and FP8 weights with SwiGLU), on Triton 3.6 (the H200's), none with such a write;
 ptxas serializes the wgmmas of one kernel, the shipped pointer-load tile of fp8@fp32 on minilm-down
-at 2,048 and 4,096 rows (benchmarks/results/sm90-fit-nvidia-h200-2026-12-06*.json). Each launch is compiled from its own
-arguments because their specialization matters: compiled from a bare signature, a shipped H200
-tile that runs on the device asks for 262,176 bytes and would read as not fitting.
+at 2,048 and 4,096 rows (benchmarks/results/sm90-fit-nvidia-h200-2026-12-06*.json). Each launch
+is compiled from its own arguments because their specialization matters: compiled from a bare
+signature, a shipped H200 tile that runs on the device asks for 262,176 bytes and would read as
+not fitting.
 """
 from __future__ import annotations
 

@@ -391,17 +391,19 @@ def launch_gemv(x, w, y, tile: dict, bias=None, rs=None, cs=None, wait: bool = F
                                 EVEN_K=K % bk == 0, BLOCK_N=bn, BLOCK_K=bk, WAIT=wait, **common.pdl_option(wait),
                                 GLU=glu, num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 
-def weight_descriptor(owner, t: torch.Tensor, block: list[int]):
-    """The TMA descriptor of a weight operand, built once per (weight object, block) and kept on the
-    object: a descriptor costs host time on every build."""
+def weight_descriptor(owner, t: torch.Tensor, block: list[int], build=None):
+    """The TMA descriptor of a weight operand, built once per (weight object, tensor, block, builder)
+    and kept on the object: a descriptor costs host time on every build. `build(t, block)` makes it
+    for a kernel that takes another kind (a Gluon kernel's, with its shared layout); Triton's
+    TensorDescriptor.from_tensor by default."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     cache = owner.__dict__.setdefault("_tma_descriptors", {})
-    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block), build)
     d = cache.get(key)
     if d is None:
         assert t.stride(-1) == 1 and all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1]) \
             and t.data_ptr() % 16 == 0, "the weight operand of a TMA tile must be K-contiguous and 16-byte aligned"
-        d = cache[key] = TensorDescriptor.from_tensor(t, list(block))
+        d = cache[key] = (build or TensorDescriptor.from_tensor)(t, list(block))
     return d
 
 def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, owner=None, wait: bool = False,

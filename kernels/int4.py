@@ -597,13 +597,6 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
         assert w.group_size % bk == 0, f"BLOCK_K={bk} must divide the group size {w.group_size}"
     assert w.group_size % 8 == 0, f"int4 group size {w.group_size} must be a multiple of 8"
     assert bk % 8 == 0, "BLOCK_K must be a multiple of 8 (one packed word)"
-    if glu and path == "wgmma":
-        # The Gluon kernel has no SwiGLU epilogue: its plain product, then the split-K reduction
-        # kernel over that one "split" of rounded products applies it (the bytes of silu_mul's).
-        full = launch(x, w, tile)
-        y = common.output(x, common.glu_width(w.N, glu), out)
-        common.reduce_splits(full, y, 1, x.shape[0], w.N, None, None, None, None, glu)
-        return y
     if w.act_perm is not None:
         # Legacy act-order: the weight was permuted once at load; x follows per call.
         x = x.index_select(1, w.act_perm)
@@ -671,7 +664,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             FIXUP=fixup, MMA_WAIT=mma_wait(dev), GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "wgmma":
-        _launch_wgmma(x, w, tile, y, ws, zp, bias, k_split, split, dev)
+        _launch_wgmma(x, w, tile, y, ws, zp, bias, k_split, split, glu, dev)
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -888,13 +881,16 @@ def _retire(acc):
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
 
 
-def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, split: int,
+def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, split: int, glu: bool,
                   dev: common.DeviceFeatures) -> None:
     """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision, x's and the packed
     words' rows whole 16-byte TMA rows (K % 32 == 0; a misaligned view of x is copied once),
-    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (launch applies it after)."""
+    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (the runtime gives int4 products none:
+    runtime/fuse.GLU_FORMATS)."""
     if not (dev.nvidia and dev.capability == (9, 0)):
         raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
+    if glu:
+        raise ValueError(f"the int4 wgmma path has no SwiGLU epilogue: {tile}")
     bk = tile["BLOCK_K"]
     assert bk in (64, 128) and w.group_size % bk == 0 and x.dtype in (torch.bfloat16, torch.float16), \
         f"the wgmma path takes bf16/fp16 x and BLOCK_K 64 or 128 dividing the group: {tile}"

@@ -256,8 +256,9 @@ def _frag_tiles(p: Problem) -> list[dict]:
 # warpgroup. 128 weight rows x 128 x rows at 128 and 256 rows; 64 weight rows x 256 x rows (m64n256
 # MMAs, half the unpacking an MMA of the first) at 256 and 512 rows, where it was 1.3-1.8x and
 # 1.0-1.3x the shipped tiles on the four 27B-class shapes (an H100,
-# benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws_256"). Below 128 rows frag's tiles were faster on every 27B-class shape; from 1,024
-# the dequantizing paths, by 1.0-1.4x, also against two MMA warpgroups of 128 x 256 (the same record).
+# benchmarks/results/ab-nvidia-h100-2026-12-06.json, "int4_wgmma_ws_256"). Below 128 rows frag's
+# tiles were faster on every 27B-class shape; from 1,024 the dequantizing paths, by 1.0-1.4x, also
+# against two MMA warpgroups of 128 x 256 (the same record).
 _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64, 4, 4)),
           512: ((256, 64, 64, 4, 4),)}
 

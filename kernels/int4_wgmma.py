@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
     warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from vsr.kernels import common
+from vsr.kernels import common, gemm
 
 # The TMA load is async_copy_global_to_shared before Triton 3.9 and async_load from it (an alias:
 # Triton 3.6's dependency hash resolves every attribute named in the source, a pruned branch's too).
@@ -250,15 +250,10 @@ def max_registers(mma_warps: int, unpack_warps: int) -> int:
     return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4))) // 8 * 8
 
 
-def _words_descriptor(w, block: list[int]) -> TensorDescriptor:
-    """The TMA descriptor of w's packed words for `block`, built once per (tensor, block) and kept
-    on the weight: a descriptor costs host time on every build (gemm.weight_descriptor's reason)."""
-    cache = w.__dict__.setdefault("_wgmma_descriptors", {})
-    t = w.packed
-    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), tuple(block))
-    if key not in cache:
-        cache[key] = TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
-    return cache[key]
+def words_descriptor(t, block: list[int]) -> TensorDescriptor:
+    """A Gluon TMA descriptor of packed int4 words (gemm.weight_descriptor's `build`, which keeps it
+    on the weight)."""
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
 
 
 def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
@@ -271,7 +266,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
     dt = _GL_DTYPES[x.dtype]
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
-    q_desc = _words_descriptor(w, [bn, bk // 8])
+    q_desc = gemm.weight_descriptor(w, w.packed, [bn, bk // 8], words_descriptor)
     nw = tile["num_warps"]
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),

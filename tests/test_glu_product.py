@@ -126,7 +126,8 @@ def test_dense_glu_tma_product_with_k_past_its_last_step(name, monkeypatch):
     monkeypatch.setattr(gemm, "multiprocessors", lambda device: 3)
     g = gen(60 + len(name))
     k = 200
-    w = dense.DenseWeight(torch.randn(2 * HALF, k, generator=g).half(), torch.randn(2 * HALF, generator=g).half()).to(DEV)
+    w = dense.DenseWeight(torch.randn(2 * HALF, k, generator=g).half(),
+                          torch.randn(2 * HALF, generator=g).half()).to(DEV)
     x = torch.randn(40, k, generator=g).half().to(DEV)
     tile = DENSE_TILES[name]
     y = glu(dense.launch, x, w, tile)
@@ -215,29 +216,6 @@ def test_int4_glu_product_is_the_product_then_the_activation(name, symmetric, ac
     want = glu_reference(int4.reference_linear(x, interleaved(w)))
     tol = 2e-3 if dtype == torch.float16 else 1.6e-2
     torch.testing.assert_close(y, want, rtol=tol, atol=tol * float(want.abs().max()))
-
-
-def test_int4_wgmma_glu_is_the_reduction_kernel_over_its_plain_product(monkeypatch):
-    # The Gluon wgmma kernel (Hopper only; its numerics: tests/gpu/test_int4_wgmma_gpu.py) has no
-    # SwiGLU epilogue: launch runs it plain, then the split-K reduction kernel applies SwiGLU to its
-    # rounded products. Here the kernel's part is the reference product, on a pretend Hopper.
-    from vsr.kernels import common
-    g = gen(70)
-    w = interleaved(int4_weight(g, False, False))   # (x reaches the kernel already in act order)
-    x = torch.randn(20, K, generator=g).half().to(DEV)
-    monkeypatch.setattr(common, "device_features", lambda d: common.DeviceFeatures(True, (9, 0), True, True))
-    ran = []
-
-    def plain(x_, w_, tile_, y, *rest):
-        ran.append(tile_["path"])
-        y.copy_(int4.reference_linear(x_, w_))
-    monkeypatch.setattr(int4, "_launch_wgmma", plain)
-    tile = dict(TILE, path="wgmma", BLOCK_M=64, BLOCK_N=128)
-    out = torch.full((20, HALF), float("nan"), dtype=x.dtype, device=DEV)
-    y = int4.launch(x, w, tile, out=out, glu=True)
-    assert ran == ["wgmma"] and y.data_ptr() == out.data_ptr()
-    full = int4.reference_linear(x, w)
-    assert torch.equal(y, glu_reference(full))
 
 
 @pytest.mark.parametrize("split", [1, 2])

@@ -978,17 +978,19 @@ def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
     # block shape, and rebuilt for a weight whose words moved.
     from vsr.kernels import int4_wgmma
     w = int4_weight(gen(129), 128, True, False, bias=False)
-    d = int4_wgmma._words_descriptor(w, [128, 8])
-    assert int4_wgmma._words_descriptor(w, [128, 8]) is d and d.block_shape == [128, 8]
-    assert int4_wgmma._words_descriptor(w, [128, 16]) is not d
+    words = lambda block: gemm.weight_descriptor(w, w.packed, block, int4_wgmma.words_descriptor)  # noqa: E731
+    d = words([128, 8])
+    assert words([128, 8]) is d and d.block_shape == [128, 8]
+    assert words([128, 16]) is not d
+    assert gemm.weight_descriptor(w, w.packed, [128, 8]) is not d   # Triton's kind: another descriptor
     w.packed = w.packed.clone()
-    assert int4_wgmma._words_descriptor(w, [128, 8]) is not d
+    assert words([128, 8]) is not d
 
 
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
-    # Blackwell) the launch says so before any kernel; on Hopper it refuses the in-kernel fixup,
-    # fp32 x and a K whose x or packed rows are not whole 16-byte TMA rows.
+    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
+    # the in-kernel fixup, fp32 x and a K whose x or packed rows are not whole 16-byte TMA rows.
     # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
     x = torch.randn(32, K).half().to(DEV)
@@ -999,6 +1001,9 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
         with pytest.raises(ValueError, match=r"Hopper \(sm_90\) only"):
             int4.launch(x, w, tile)
     monkeypatch.setattr(common, "device_features", lambda d: common.DeviceFeatures(True, (9, 0), True, True))
+    even = int4.Int4Weight(w.packed[:36], w.scale[:36], w.K, w.group_size)   # gate and up rows in pairs
+    with pytest.raises(ValueError, match="no SwiGLU epilogue"):
+        int4.launch(x, even, tile, glu=True)
     with pytest.raises(ValueError, match="no in-kernel fixup"):
         int4.launch(x, w, dict(tile, FIXUP=1))
     with pytest.raises(AssertionError, match="bf16/fp16 x"):
