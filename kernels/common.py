@@ -150,30 +150,28 @@ def store_tile(acc, offs_m, offs_n, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, 
                HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr,
                GLU: tl.constexpr = False):
     """y[offs_m, offs_n] = epilogue(acc); with GLU (the weight's gate and up rows interleaved)
-    y[offs_m, n / 2] = silu(gate) · up of each (even n, n + 1) pair, each rounded as stored first."""
-    acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
-                   HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
+    y[offs_m, n / 2] = silu(gate) · up of each (even n, n + 1) pair (store_glu_tile on the pairs'
+    columns, split apart in registers)."""
     if not GLU:
+        acc = epilogue(acc, offs_m, offs_n, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
+                       HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :],
                  acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         BM: tl.constexpr = acc.shape[0]
         BN: tl.constexpr = acc.shape[1]
-        gate, up = tl.split(tl.reshape(acc.to(y_ptr.dtype.element_ty), (BM, BN // 2, 2)))
+        gate, up = tl.split(tl.reshape(acc, (BM, BN // 2, 2)))
         half, _ = tl.split(tl.reshape(offs_n // 2, (BN // 2, 2)))
-        y = silu_mul_f32(gate.to(tl.float32), up.to(tl.float32), y_ptr.dtype.element_ty, LIBDEVICE_CONST)
-        mask = (offs_m[:, None] < M) & (half[None, :] < N // 2)
-        tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + half[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+        store_glu_tile(gate, up, offs_m, half, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
+                       HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
 
 @triton.jit
 def store_glu_tile(gate, up, offs_m, offs_h, y_ptr, bias_ptr, rs_ptr, cs_ptr, alpha_ptr, M, N, stride_ym,
                    HAS_BIAS: tl.constexpr, HAS_RS: tl.constexpr, HAS_CS: tl.constexpr, HAS_ALPHA: tl.constexpr):
     """store_tile's GLU from the two halves held apart: gate and up (fp32) the products of weight
     rows 2h and 2h + 1 for h in offs_h (the interleaved weight's gate and up rows), each through
-    the epilogue of its own row and rounded as stored, then y[offs_m, h] = silu(gate) · up. The
-    same arithmetic as store_tile's GLU without splitting one accumulator's columns in registers."""
+    the epilogue of its own row and rounded as stored, then y[offs_m, h] = silu(gate) · up."""
     dt: tl.constexpr = y_ptr.dtype.element_ty
     gate = epilogue(gate, offs_m, 2 * offs_h, M, N, bias_ptr, rs_ptr, cs_ptr, alpha_ptr,
                     HAS_BIAS, HAS_RS, HAS_CS, HAS_ALPHA)
