@@ -199,15 +199,15 @@ def test_wide_tiles_only_where_the_kernel_has_them():
     # int4's wide tiles are its transient dense product's ("dequant-tma"): a "tma" one is refused.
     with pytest.raises(ValueError, match="BLOCK_N2"):
         int4.launch(x, int4_weight(g, 128, True, False, False, torch.float16), dict(TMA, BLOCK_N2=16))
-    # The dense and fp8 spaces offer them at buckets 128-1024 only and int4's at 256-1024 (its
+    # The dense and fp8 spaces offer them at buckets 128-2048 only and int4's at 256-2048 (its
     # transient dense copy's), as one-tile-per-program TMA tiles.
     spaces = {"dense": (dense, w), "fp8": (fp8, fp8_weight(g, torch.bfloat16, False)),
               "int4": (int4, int4_weight(g, 128, True, False, False, torch.bfloat16))}
     for name, (mod, wt) in spaces.items():
         for bucket in (64, 128, 256, 512, 1024, 2048):
             wide = [t for t in mod.search_space(mod.problem(wt, bucket, torch.bfloat16)) if t.get("BLOCK_N2")]
-            assert bool(wide) == (bucket in ((256, 512, 1024) if name == "int4" else (128, 256, 512, 1024))), \
-                (name, bucket)
+            offered = (256, 512, 1024, 2048) if name == "int4" else (128, 256, 512, 1024, 2048)
+            assert bool(wide) == (bucket in offered), (name, bucket)
             assert all(t["path"] in ("tma", "dequant-tma") and not t.get("PERSISTENT") for t in wide)
 
 
