@@ -86,6 +86,7 @@ from e2e_targets import (CONFIGS, DEFAULT_PROVIDERS, FORMATS, PROVIDERS, evaluat
 from common_bench import (SHIPPED_CACHE, code_commit, make_weight, result_path, scaled_mm,  # noqa: E402
                           scaled_mm_weight_scale, shipped_entry, torch_quant)
 
+from vsr.autotune.keys import make_key  # noqa: E402
 from vsr.autotune.tuner import eager_timer  # noqa: E402
 from vsr.kernels import activation  # noqa: E402
 from vsr.kernels import fp8 as fp8_format  # noqa: E402
@@ -282,7 +283,9 @@ class CacheTiles:
         key = self.resolver.key(template, problem)
         e = shipped_entry(template, problem, self.device, self.cache, self.identity)
         if e is not None:
-            if e.key != key:
+            # stale: the entry was tuned for other kernels (its key against the key of the device
+            # whose tiles are read: as_device's, whose name differs from this one's)
+            if e.key != (make_key(template, problem, self.identity) if self.identity else key):
                 self.stale.add(key.short())
             return dict(e.tile)
         self.missed.add(key.short())

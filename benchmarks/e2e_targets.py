@@ -183,9 +183,12 @@ def e2e_point(r: dict) -> tuple:
 
 def merge(results: list[dict]) -> dict:
     """Several e2e results of one commit as one (targets.join_results: a ValueError where the commits
-    differ or two time the same point)."""
+    differ or two time the same point; the formats, configs, providers, modes, not_run and errors of
+    every part), the tiles' stale count summed and their missed keys every part's."""
     from targets import join_results
     joined = join_results(results, point=e2e_point)
-    for key in ("not_run", "errors"):   # every part's
-        joined[key] = [x for r in results for x in r.get(key, [])]
+    if any("tiles" in r for r in results):
+        parts = [r.get("tiles") or {} for r in results]
+        joined["tiles"] = dict(parts[0], stale=sum(t.get("stale", 0) for t in parts),
+                               missed=sorted({k for t in parts for k in t.get("missed", [])}))
     return joined

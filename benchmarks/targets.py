@@ -129,7 +129,10 @@ def gemm_point(r: dict) -> tuple:
 def join_results(results: list[dict], point=gemm_point) -> dict:
     """One result of several results of the same commit (their rows together; bench_gemm.py's by
     default, another benchmark's with its `point(row)`); a ValueError where the commits differ or
-    two results time the same point, which would leave the point's figure to whichever came first."""
+    two results time the same point, which would leave the point's figure to whichever came first.
+    The top level's lists (formats, providers, errors, ...) are every part's, in order of first
+    appearance; wall_s is their sum and partial holds if any part's does; any other field (the
+    ceilings, the device) is the first part's."""
     commits = {r.get("commit") for r in results}
     if len(commits) != 1:
         raise ValueError(f"the results measure different commits ({', '.join(sorted(map(str, commits)))})")
@@ -140,7 +143,16 @@ def join_results(results: list[dict], point=gemm_point) -> dict:
             if seen.setdefault(p, i) != i:
                 raise ValueError(f"results {seen[p]} and {i} both time {p[:-1]}")
             rows.append(r)
-    return {**results[0], "rows": rows}
+    joined = {**results[0], "rows": rows}
+    for key in dict.fromkeys(k for r in results for k in r):
+        if key != "rows" and any(isinstance(r.get(key), list) for r in results):
+            items = {json.dumps(x, sort_keys=True): x for r in results for x in r.get(key, [])}
+            joined[key] = list(items.values())
+    if any("wall_s" in r for r in results):
+        joined["wall_s"] = round(sum(r.get("wall_s") or 0.0 for r in results), 1)
+    if any("partial" in r for r in results):
+        joined["partial"] = any(r.get("partial", False) for r in results)
+    return joined
 
 
 def report(targets: list[dict]) -> str:

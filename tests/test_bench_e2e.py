@@ -273,6 +273,15 @@ def test_parts_of_one_commit_merge_and_others_are_refused(bench_script):
     a = {"commit": "c", "rows": [row("bf16", "vsr", "1x128", 12.0)]}
     b = {"commit": "c", "rows": [row("fp8", "vsr", "1x128", 6.0)]}
     assert len(et.merge([a, b])["rows"]) == 2
+    # what describes the run is both parts', not the first's alone
+    a.update(formats=["bf16"], providers=["vsr", "cublas-bf16"], configs=["1x128"], modes=["graph"], wall_s=10.0,
+             partial=False, not_run=[], tiles={"cache": "x", "stale": 2, "missed": []})
+    b.update(formats=["fp8"], providers=["vsr", "scaled_mm+quant"], configs=["1x128"], modes=["graph"], wall_s=5.5,
+             partial=True, not_run=[{"format": "nvfp4"}], tiles={"cache": "x", "stale": 1, "missed": ["k3"]})
+    m = et.merge([a, b])
+    assert m["formats"] == ["bf16", "fp8"] and m["providers"] == ["vsr", "cublas-bf16", "scaled_mm+quant"]
+    assert m["configs"] == ["1x128"] and m["wall_s"] == 15.5 and m["partial"] is True
+    assert m["not_run"] == [{"format": "nvfp4"}] and m["tiles"] == {"cache": "x", "stale": 3, "missed": ["k3"]}
     with pytest.raises(ValueError, match="both time"):
         et.merge([a, a])
     with pytest.raises(ValueError, match="different commits"):
@@ -331,3 +340,29 @@ def test_vsr_pdl_is_vsr_within_programmatic_forward(bench, tmp_path):
     assert set(rows) == {"vsr", "vsr-pdl"} and all(r["checked"] for r in rows.values())
     assert rows["vsr-pdl"]["check"] == rows["vsr"]["check"]
     assert "vsr-pdl" not in bench.parse([]).providers
+
+
+def test_tiles_read_as_another_device_are_stale_only_for_other_kernels(bench_script, tmp_path):
+    # --cache-as-device reads another device's entries: an entry of this kernel source is current
+    # (its key names the other device, as every such key does), one tuned for other kernels is stale.
+    import dataclasses
+    from vsr.autotune.device_id import current_device_identity
+    from vsr.autotune.keys import make_key
+    from vsr.autotune.store import Entry, JsonStore
+    from vsr.kernels import dense
+    be = bench_script("bench_e2e")
+    other = dataclasses.replace(current_device_identity(torch.device("cpu")), name="Other Device")
+    tile = dense.TEMPLATE.default_tile(dense.TEMPLATE.problem(dense.DenseWeight(torch.zeros(64, 32)), 16,
+                                                              torch.float32))
+    problems = [dense.TEMPLATE.problem(dense.DenseWeight(torch.zeros(n, 32)), 16, torch.float32) for n in (64, 128)]
+    path = tmp_path / "cache.json"
+    store = JsonStore(path)
+    current = make_key(dense.TEMPLATE, problems[0], other)
+    older = dataclasses.replace(make_key(dense.TEMPLATE, problems[1], other), source_hash="0" * 16)
+    for key in (current, older):
+        store.put(Entry(key=key, tile=dict(tile), ms=1.0))
+    store.close()
+    tiles = be.CacheTiles(path, "default", "cpu", as_device="Other Device")
+    assert tiles.tile(dense.TEMPLATE, problems[0]) == tile and tiles.summary()["stale"] == 0
+    assert tiles.tile(dense.TEMPLATE, problems[1]) == tile and tiles.summary()["stale"] == 1
+    assert tiles.summary()["missed"] == []

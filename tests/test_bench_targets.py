@@ -89,6 +89,17 @@ def test_results_of_one_commit_on_different_shapes_are_read_as_one(targets):
     assert t["points"] == 2 and [(m["shape"], m["ratio"]) for m in t["misses"]] == [("qkv", 2.5)]
 
 
+def test_joined_results_keep_every_parts_errors_and_time(targets):
+    a = dict(result([row("bf16", "cublas-bf16", 1, 30.0)]), errors=[], peers=["cublas-bf16"], wall_s=100.0,
+             partial=False, ceilings={"copy_TBps": 4.2})
+    b = dict(result([row("int4-gptq", "vsr", 1, 12.0)]), errors=[{"format": "int4-gptq", "error": "x"}],
+             peers=["cublas-bf16", "tinygemm"], wall_s=50.0, partial=True, ceilings={"copy_TBps": 4.1})
+    j = targets.join_results([a, b])
+    assert j["errors"] == [{"format": "int4-gptq", "error": "x"}] and j["peers"] == ["cublas-bf16", "tinygemm"]
+    assert j["wall_s"] == 150.0 and j["partial"] is True and j["ceilings"] == {"copy_TBps": 4.2}
+    assert len(j["rows"]) == 2
+
+
 def test_results_that_overlap_or_differ_in_commit_are_refused(targets):
     a = result([row("bf16", "cublas-bf16", 1, 30.0)])
     with pytest.raises(ValueError, match="both time"):
