@@ -430,7 +430,11 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
     bm, bn, bk, bn2 = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile.get("BLOCK_N2", 0)
     owner = owner if owner is not None else _Transient()
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
-    b_desc = weight_descriptor(owner, b, [bn, bk])
+    glu_view = glu and tile.get("path") != "tma-swap"   # the [2, N / 2, K] view _tma_k_loop's GLU reads
+    if glu_view and bn % 2:
+        raise ValueError(f"a SwiGLU product's TMA tile needs an even BLOCK_N: {tile}")
+    b_desc = weight_descriptor(owner, b.view(N // 2, 2, K).permute(1, 0, 2), [2, bn // 2, bk]) if glu_view \
+        else weight_descriptor(owner, b, [bn, bk])
     d = y
     if tile.get("path") == "tma-swap":
         k_split, split = common.split_plan(K, tile)
@@ -448,10 +452,6 @@ def launch_tma(a, b, y, tile: dict, bias=None, rs=None, cs=None, alpha=None, own
             common.reduce_splits(ws, y, split, M, N, bias, rs, cs, None, glu)
         return
     tiles = common.cdiv(M, bm) * common.cdiv(N, bn + bn2)   # (bn2 is 0 but for a wide "tma" tile)
-    if glu:
-        if bn % 2:
-            raise ValueError(f"a SwiGLU product's TMA tile needs an even BLOCK_N: {tile}")
-        b_desc = weight_descriptor(owner, b.view(N // 2, 2, K).permute(1, 0, 2), [2, bn // 2, bk])
     flags = dict(HAS_BIAS=bias is not None, HAS_RS=rs is not None, HAS_CS=cs is not None,
                  HAS_ALPHA=alpha is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=tile.get("GROUP_M", 8))
     scales = (d if bias is None else bias, d if rs is None else rs, d if cs is None else cs,

@@ -789,8 +789,7 @@ def _frag_pair_bf16(t, zz, ss):
     _int4_dequant_kernel's fp32 product and cast do. NVIDIA PTX, sm_90: common.INT4_PAIR_PTX_BF16,
     whose text int4_wgmma's unpackers run too."""
     return tl.inline_asm_elementwise(common.INT4_PAIR_PTX_BF16, "=h,=h,r,r,r", [t, zz, ss],
-                                     dtype=(tl.bfloat16, tl.bfloat16),
-                                     is_pure=True, pack=1)
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
 
 
 @triton.jit
@@ -798,8 +797,7 @@ def _frag_pair_f16(t, zz, ss):
     """_frag_pair_bf16 for fp16 activations and scales (1024 + u in the f16x2 mantissas):
     common.INT4_PAIR_PTX_F16."""
     return tl.inline_asm_elementwise(common.INT4_PAIR_PTX_F16, "=h,=h,r,r,r", [t, zz, ss],
-                                     dtype=(tl.float16, tl.float16),
-                                     is_pure=True, pack=1)
+                                     dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
 
 
 @triton.jit

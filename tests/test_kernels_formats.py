@@ -226,6 +226,10 @@ def test_weight_descriptor_is_built_once_per_weight_and_tile():
     w2 = dense.DenseWeight(w.weight.clone())                       # a new weight object: nothing shared
     assert_close(run(dense.launch, x, w2, tile), dense.reference_linear(x, w2))
     assert len(w2._tma_descriptors) == 1
+    # a SwiGLU product reads the [2, N / 2, K] view alone: one descriptor, not the plain one too
+    w3 = dense.DenseWeight(w.weight[: N // 2 * 2].clone())
+    dense.launch(x, w3, tile, glu=True)
+    assert [k[1] for k in w3._tma_descriptors] == [(2, N // 2, K)]
 
 
 SWAP = dict(TMA, path="tma-swap", BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
