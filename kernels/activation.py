@@ -1,6 +1,9 @@
 """The MLP activations as Triton kernels, with pure-torch references of the same signature:
 
-    silu_mul(gate_up)  = silu(gate) · up     gate_up [T, 2I]: gate columns first, then up (SwiGLU)
+    silu_mul(gate_up)  = silu(gate) · up     gate_up [T, 2I]: gate columns first, then up (SwiGLU);
+                                             interleaved=True: gate j in column 2j, up j in 2j + 1
+                                             (the output of a gate|up weight fused for SwiGLU in
+                                             the product, runtime/fuse.fuse's interleave)
     gelu(x)            = x · Φ(x)            approximate='none' (erf) or 'tanh'
     gelu_mul(x)        = gelu(x[:, :I]) · x[:, I:]                    (GeGLU, ModernBERT's MLP)
 
@@ -58,11 +61,18 @@ def _act(x, MODE: tl.constexpr, TANH: tl.constexpr, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _block(x_ptr, stride_x, row, offs, mask, I, GATED: tl.constexpr, MODE: tl.constexpr, TANH: tl.constexpr,
-           EXACT: tl.constexpr, LIBDEVICE: tl.constexpr):
-    a = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+           EXACT: tl.constexpr, LIBDEVICE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    if INTERLEAVED:   # (gated) each gate and up pair is adjacent: one load of the pairs, split in registers
+        pair = tl.load(x_ptr + row * stride_x + 2 * offs[:, None] + tl.arange(0, 2)[None, :], mask=mask[:, None],
+                       other=0.0)
+        a, u = tl.split(pair)
+    else:
+        a = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     y = _act(a.to(tl.float32), MODE, TANH, LIBDEVICE)
     if GATED:
-        u = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
+        if not INTERLEAVED:
+            u = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0)
+        u = u.to(tl.float32)
         if EXACT:
             y = y.to(a.dtype).to(tl.float32)
         y = y * u
@@ -73,20 +83,20 @@ def _block(x_ptr, stride_x, row, offs, mask, I, GATED: tl.constexpr, MODE: tl.co
 def _activation_kernel(x_ptr, y_ptr, q_ptr, qs_ptr, I, stride_x, EPS_Q, BLOCK_A: tl.constexpr,
                        BLOCK_B: tl.constexpr, GATED: tl.constexpr, MODE: tl.constexpr, TANH: tl.constexpr,
                        EXACT: tl.constexpr, QUANT: tl.constexpr, STORE_Y: tl.constexpr, LIBDEVICE: tl.constexpr,
-                       RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
+                       INTERLEAVED: tl.constexpr, RECIPROCAL: tl.constexpr, HW_CVT: tl.constexpr, BF16_RCP: tl.constexpr,
                        WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Row program_id(0), columns from program_id(1) · BLOCK_A (QUANT: the whole row, one program)."""
     pdl.begin(WAIT, RELEASE)
     row = tl.program_id(0).to(tl.int64)
     offs_a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     ma = offs_a < I
-    ya = _block(x_ptr, stride_x, row, offs_a, ma, I, GATED, MODE, TANH, EXACT, LIBDEVICE)
+    ya = _block(x_ptr, stride_x, row, offs_a, ma, I, GATED, MODE, TANH, EXACT, LIBDEVICE, INTERLEAVED)
     if STORE_Y:
         tl.store(y_ptr + row * I + offs_a, ya, mask=ma)
     if BLOCK_B > 0:
         offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
         mb = offs_b < I
-        yb = _block(x_ptr, stride_x, row, offs_b, mb, I, GATED, MODE, TANH, EXACT, LIBDEVICE)
+        yb = _block(x_ptr, stride_x, row, offs_b, mb, I, GATED, MODE, TANH, EXACT, LIBDEVICE, INTERLEAVED)
         if STORE_Y:
             tl.store(y_ptr + row * I + offs_b, yb, mask=mb)
     else:
@@ -107,7 +117,7 @@ def _plan(I: int, quant: bool) -> tuple[int, int, int, int]:
     return block, 0, max(1, min(8, block // 256)), triton.cdiv(I, block)
 
 
-def _launch(x, gated, mode, tanh, exact, quant_fp8, keep_output=True):
+def _launch(x, gated, mode, tanh, exact, quant_fp8, keep_output=True, interleaved=False):
     assert x.dim() == 2 and x.stride(1) == 1, "the input must be [T, C] with unit column stride"
     norm.check_keep_output(keep_output, quant_fp8)
     T, C = x.shape
@@ -126,7 +136,7 @@ def _launch(x, gated, mode, tanh, exact, quant_fp8, keep_output=True):
         _activation_kernel[(T, cols)](
             x, yp, (xq if hw else xq.view(torch.uint8)) if quant_fp8 else yp, xs if quant_fp8 else yp, I, x.stride(0),
             eps_q, BLOCK_A=a, BLOCK_B=b, GATED=gated, MODE=mode, TANH=tanh, EXACT=exact, QUANT=quant_fp8,
-            STORE_Y=keep_output,
+            STORE_Y=keep_output, INTERLEAVED=interleaved,
             LIBDEVICE=LIBDEVICE, RECIPROCAL=rcp, HW_CVT=hw, BF16_RCP=bf16_rcp, num_warps=warps, **pdl.options(x.device))
     return (y, xq, xs) if quant_fp8 else y
 
@@ -137,9 +147,11 @@ def _tanh(approximate: str) -> bool:
     return approximate == "tanh"
 
 
-def silu_mul(gate_up: torch.Tensor, *, exact: bool = True, quant_fp8: bool = False, keep_output: bool = True):
-    """silu(gate) · up of [T, 2I] (gate first) -> [T, I]; with quant_fp8 (y, xq, xs)."""
-    return _launch(gate_up, True, 0, False, exact, quant_fp8, keep_output)
+def silu_mul(gate_up: torch.Tensor, *, exact: bool = True, quant_fp8: bool = False, keep_output: bool = True,
+             interleaved: bool = False):
+    """silu(gate) · up of [T, 2I] (gate first; interleaved: gate and up columns alternate) -> [T, I];
+    with quant_fp8 (y, xq, xs)."""
+    return _launch(gate_up, True, 0, False, exact, quant_fp8, keep_output, interleaved)
 
 
 def gelu(x: torch.Tensor, approximate: str = "none", *, quant_fp8: bool = False, keep_output: bool = True):
@@ -159,15 +171,15 @@ def _with_codes(y, quant_fp8, keep_output):
     return out if quant_fp8 else y
 
 
-def _gated_reference(x, act, exact, quant_fp8, keep_output):
-    a, u = x.chunk(2, dim=-1)
+def _gated_reference(x, act, exact, quant_fp8, keep_output, interleaved=False):
+    a, u = (x[..., 0::2], x[..., 1::2]) if interleaved else x.chunk(2, dim=-1)
     y = act(a) * u if exact else (act(a.float()) * u.float()).to(x.dtype)
     return _with_codes(y, quant_fp8, keep_output)
 
 
-def silu_mul_reference(gate_up, *, exact=True, quant_fp8=False, keep_output=True):
+def silu_mul_reference(gate_up, *, exact=True, quant_fp8=False, keep_output=True, interleaved=False):
     """transformers' Qwen3MLP activation: F.silu(gate) * up."""
-    return _gated_reference(gate_up, torch.nn.functional.silu, exact, quant_fp8, keep_output)
+    return _gated_reference(gate_up, torch.nn.functional.silu, exact, quant_fp8, keep_output, interleaved)
 
 
 def gelu_reference(x, approximate="none", *, quant_fp8=False, keep_output=True):

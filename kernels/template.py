@@ -30,6 +30,11 @@ def path_group(tile) -> Any:
     return tile.get("path") if isinstance(tile, dict) else None
 
 
+def glu_on_every_tile(tile) -> bool:
+    """Template.glu_in_epilogue of a template whose every tile takes SwiGLU in its epilogue."""
+    return True
+
+
 @dataclass(frozen=True)
 class Problem:
     """What a tile is chosen for: one linear layer's shape and format, one row bucket."""
@@ -62,6 +67,10 @@ class Template:
     # .candidates shares the pick out among groups): its path unless the template says otherwise,
     # e.g. a kernel form that few tiles of the path stand for.
     pick_group: Callable[[Tile], Any] = path_group
+    # glu_in_epilogue(tile) -> whether the runtime has this tile apply SwiGLU in its epilogue
+    # (launch's glu) to a product over interleaved gate|up rows; where not, it runs the plain
+    # product and then the activation kernel over the interleaved columns (the same bytes).
+    glu_in_epilogue: Callable[[Tile], bool] = glu_on_every_tile
 
     @property
     def modules(self) -> tuple[ModuleType, ...]:

@@ -28,9 +28,10 @@ a gate|up weight fused with its rows interleaved (gate 0, up 0, gate 1, up 1, ..
 `fuse(..., interleave=True)`) lets the product's epilogue take silu(gate) · up of each pair of
 columns it holds and store [T, I] (kernels/common.store_glu_tile), so the MLP runs no activation
 kernel and the product writes half the bytes. The templates of dense, FP8 W8A8 and int4 W4A16
-weights take it, and the Builder gives it to dense and FP8 ones; an FP8 down projection then
-quantizes its input in its own launch (fp8.launch). int4 and nvfp4 products keep
-the activation kernel.
+weights take it, and the Builder gives it to all three; an FP8 down projection then quantizes its
+input in its own launch (fp8.launch). int4 tiles that unpack in the kernel (the few-row paths)
+leave it to the activation kernel over the interleaved columns (Template.glu_in_epilogue), with
+the same bytes. nvfp4 products keep the activation kernel.
 """
 from __future__ import annotations
 
@@ -116,13 +117,13 @@ def _nvfp4(parts, rows):
 CONCAT: dict[str, Callable[[list, Callable], Any]] = {"dense": _dense, "fp8": _fp8, "int4": _int4, "nvfp4": _nvfp4}
 
 
-# Weight formats whose gate|up products the Builder gives the SwiGLU epilogue (launch's `glu`, which
-# int4's template also takes). int4 is not one: its frag tiles, which the shipped cache runs at
-# 16-256 rows, split one accumulator's columns into pairs, and its product with SwiGLU took 1.17x,
-# 1.25x and 1.16x the plain product and the activation kernel at 64, 128 and 256 rows on an H100
-# (a 1x128 forward 9% slower). BF16 products with it took 0.96-0.99x that at 1-2,048 rows, FP8
-# ones 0.95-1.02x counting the quantization the down product then runs.
-GLU_FORMATS = ("dense", "fp8")
+# Weight formats whose gate|up products the Builder gives the SwiGLU epilogue (launch's `glu`).
+# BF16 products with it took 0.96-0.99x the plain product and the activation kernel at 1-2,048 rows
+# on an H100, FP8 ones 0.95-1.02x counting the quantization the down product then runs. int4 takes
+# it on its large-M tiles only (int4.glu_in_epilogue): its frag tiles, which the shipped cache runs
+# at 16-256 rows, split one accumulator's columns into pairs and took 1.17x, 1.25x and 1.16x at
+# 64, 128 and 256 rows.
+GLU_FORMATS = ("dense", "fp8", "int4")
 # Whether the Builder gives the gate|up products of GLU_FORMATS that epilogue. On: whole 27B-class
 # forwards on an H100 with the H200 tiles (benchmarks/results/ab-nvidia-h100-2026-12-06.json,
 # "swiglu_in_product") take 1.9-2.7% less in BF16 at 1x128, 1x1024 and 16x128 and 1.0-1.7% less

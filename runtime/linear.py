@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from vsr.autotune.buckets import bucket_for
-from vsr.kernels import formats, registry
+from vsr.kernels import activation, formats, registry
 from vsr.kernels.common import glu_width
 
 MODES = ("reference", "triton")
@@ -45,7 +45,8 @@ def glu_reference(y: torch.Tensor) -> torch.Tensor:
 
 class QLinear(torch.nn.Module):
     """forward(x[..., K]) -> [..., N] in x's dtype; with glu [..., N / 2], SwiGLU of the product
-    over its interleaved gate and up rows (glu_reference)."""
+    over its interleaved gate and up rows (glu_reference): on the Triton path in the product's
+    epilogue where the tile takes it (Template.glu_in_epilogue), else by the activation kernel."""
 
     def __init__(self, weight: Any, mode: str = "reference", tiles: Any = None, emulate: bool = False,
                  glu: bool = False):
@@ -184,9 +185,12 @@ class QLinear(torch.nn.Module):
         plan = self._plan(x2.shape[0], x2.dtype)
         template, tile = plan
         try:
-            if self.glu:
-                return template.launch(x2.contiguous(), self.weight, tile, glu=self.glu)
-            return template.launch(x2.contiguous(), self.weight, tile)
+            if not self.glu:
+                return template.launch(x2.contiguous(), self.weight, tile)
+            if template.glu_in_epilogue(tile):
+                return template.launch(x2.contiguous(), self.weight, tile, glu=True)
+            # the plain product over the interleaved rows, then SwiGLU as the epilogue computes it
+            return activation.silu_mul(template.launch(x2.contiguous(), self.weight, tile), interleaved=True)
         except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
             # Which layer, which tile and what to do, rather than Triton's bare resource count: a
             # tile the autotune cache lacks is the template's default, which on some devices does

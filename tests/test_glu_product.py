@@ -228,6 +228,35 @@ def test_int4_glu_gemv(split):
     assert_same(glu(int4.launch, x, w, tile), plain_then_activation(int4.launch, x, w, tile), split)
 
 
+def test_int4_takes_swiglu_in_the_product_on_its_large_m_tiles_only():
+    assert int4.TEMPLATE.glu_in_epilogue is int4.glu_in_epilogue
+    for path in ("dequant", "dequant-tma", "dequant-sk"):
+        assert int4.glu_in_epilogue(dict(TILE, path=path)), path
+    for path in ("gemv", "splitk", "swap", "slices", "join", "frag", "wgmma"):
+        assert not int4.glu_in_epilogue(dict(TILE, path=path)), path
+    assert dense.TEMPLATE.glu_in_epilogue(dict(TILE, path="tiled")) and fp8.TEMPLATE.glu_in_epilogue(TILE)
+
+
+@pytest.mark.parametrize("name", ["frag", "join", "dequant-tma"])
+def test_int4_qlinear_with_swiglu_gives_the_same_bytes_on_either_route(name, monkeypatch):
+    """An int4 QLinear over interleaved gate|up rows (glu) runs SwiGLU in the product on a large-M
+    tile and, on a tile that unpacks in the kernel, the plain product then the activation kernel
+    over the interleaved columns: either way the bytes of the plain product of the gate|up weight
+    (rows side by side) followed by the activation kernel."""
+    calls = []
+    silu_mul = activation.silu_mul
+    monkeypatch.setattr(activation, "silu_mul", lambda y, **kw: calls.append(kw) or silu_mul(y, **kw))
+    g = gen(80 + len(name))
+    w = int4_weight(g, False, False)
+    x = torch.randn(20, K, generator=g).half().to(DEV)
+    tile = INT4_TILES[name]
+    q = QLinear(interleaved(w), "triton", tiles=types.SimpleNamespace(tile=lambda template, problem: tile), glu=True)
+    y = q(x)
+    assert calls == ([] if int4.glu_in_epilogue(tile) else [{"interleaved": True}]), name
+    calls.clear()
+    assert_same(y, plain_then_activation(int4.launch, x, w, tile), name)
+
+
 def test_interleaved_fuse_puts_each_gate_row_beside_its_up_row():
     g = gen(3)
     w = dense_weight(g, torch.float32, bias=True)
@@ -345,7 +374,7 @@ def test_an_fp8_forward_is_the_same_with_swiglu_in_the_product(tiny_qwen3, exact
 
 @pytest.mark.parametrize("fmt,params,kernels,glu", [
     ("dense", {}, "triton", True),
-    ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", False),  # (fuse.GLU_FORMATS)
+    ("int4", {"bits": 4, "group": 32, "symmetric": False, "act_order": False}, "triton", True),
     ("fp8", {}, "triton", True),
     ("nvfp4", {}, "triton", False),     # its activation kernel also quantizes for the down product
     ("dense", {}, "reference", False),  # the reference path runs the activation op
@@ -368,15 +397,15 @@ def test_builder_gives_swiglu_products_only_to_glu_formats_on_the_triton_path(fm
     assert not qkv.parts[0].glu and qkv.activated is None
 
 
-def test_the_builder_gives_dense_and_fp8_gate_up_products_swiglu_by_default_and_int4_not():
-    """fuse.SWIGLU_IN_PRODUCT is on: a dense or FP8 gate|up on the Triton path is fused with its rows
-    interleaved and its product applies SwiGLU; an int4 one is the plain fused product, its rows in
-    gate|up order, and the model applies the activation after it."""
+def test_the_builder_gives_dense_fp8_and_int4_gate_up_products_swiglu_by_default():
+    """fuse.SWIGLU_IN_PRODUCT is on: a dense, FP8 or int4 gate|up on the Triton path is fused with its
+    rows interleaved and its QLinear applies SwiGLU (Projection.activated); an nvfp4 one is the plain
+    fused product, its rows in gate|up order, and the model applies the activation after it."""
     from vsr.autotune import synth
 
-    assert fuse.SWIGLU_IN_PRODUCT is True and fuse.GLU_FORMATS == ("dense", "fp8")
+    assert fuse.SWIGLU_IN_PRODUCT is True and fuse.GLU_FORMATS == ("dense", "fp8", "int4")
     int4_spec = {"bits": 4, "group": 32, "symmetric": True, "act_order": False}
-    for fmt, spec, glu in (("dense", {}, True), ("fp8", {}, True), ("int4", int4_spec, False)):
+    for fmt, spec, glu in (("dense", {}, True), ("fp8", {}, True), ("int4", int4_spec, True), ("nvfp4", {}, False)):
         parts = {n: synth.random_weight(fmt, 24, 64, spec, torch.bfloat16, "cpu", seed=i)
                  for i, n in enumerate(("gate", "up"))}
         tiles = types.SimpleNamespace(tile=lambda template, problem: template.default_tile(problem))
@@ -387,8 +416,8 @@ def test_the_builder_gives_dense_and_fp8_gate_up_products_swiglu_by_default_and_
         assert proj.fused and q.glu is glu, fmt
         assert proj.activated == ("silu_mul" if glu else None) and q.out_features == (24 if glu else 48), fmt
         rows = (lambda t: torch.stack([t[:24], t[24:]], 1).flatten(0, 1)) if glu else (lambda t: t)
-        want = torch.cat([getattr(parts["gate"], "packed" if fmt == "int4" else "weight"),
-                          getattr(parts["up"], "packed" if fmt == "int4" else "weight")])
-        got = q.weight.packed if fmt == "int4" else q.weight.weight
+        field = "packed" if fmt in ("int4", "nvfp4") else "weight"
+        want = torch.cat([getattr(parts["gate"], field), getattr(parts["up"], field)])
+        got = getattr(q.weight, field)
         assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
                            rows(want).view(torch.uint8) if want.dtype == torch.float8_e4m3fn else rows(want)), fmt

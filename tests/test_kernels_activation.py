@@ -25,6 +25,24 @@ def test_activation(monkeypatch, dtype, name, kw, exact, C):
     _ulp_close(y, yr, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("C", [192, 4200, 34816 // 16])
+def test_silu_mul_of_interleaved_columns(monkeypatch, dtype, exact, C):
+    """interleaved=True (gate j in column 2j, up j in 2j + 1): the bytes of the gate-first form of
+    the same columns, and its reference's; with the fp8 codes too."""
+    _poison(monkeypatch)
+    g = torch.Generator().manual_seed(C + exact)
+    x = (_strided(3, C, dtype, g) * 3).to(DEV)
+    y = activation.silu_mul(x, exact=exact, interleaved=True)
+    gate_first = torch.cat([x[:, 0::2], x[:, 1::2]], dim=1).contiguous()
+    assert torch.equal(y, activation.silu_mul(gate_first, exact=exact))
+    _ulp_close(y, activation.silu_mul_reference(x, exact=exact, interleaved=True), dtype)
+    yq, xq, xs = activation.silu_mul(x, exact=exact, interleaved=True, quant_fp8=True)
+    _, wq, ws = activation.silu_mul(gate_first, exact=exact, quant_fp8=True)
+    assert torch.equal(yq, y) and torch.equal(xq.view(torch.uint8), wq.view(torch.uint8)) and torch.equal(xs, ws)
+
+
 def test_exact_and_approximate_differ():
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(32, 256, generator=g) * 3).to(torch.float16).to(DEV)
