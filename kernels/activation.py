@@ -60,12 +60,13 @@ def _act(x, MODE: tl.constexpr, TANH: tl.constexpr, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _block(x_ptr, stride_x, row, offs, mask, I, GATED: tl.constexpr, MODE: tl.constexpr, TANH: tl.constexpr,
-           EXACT: tl.constexpr, LIBDEVICE: tl.constexpr, INTERLEAVED: tl.constexpr):
-    if INTERLEAVED:   # (gated) each gate and up pair is adjacent: one load of the pairs, split in registers
-        pair = tl.load(x_ptr + row * stride_x + 2 * offs[:, None] + tl.arange(0, 2)[None, :], mask=mask[:, None],
-                       other=0.0)
-        a, u = tl.split(pair)
+def _block(x_ptr, stride_x, row, start, offs, mask, I, BLOCK: tl.constexpr, GATED: tl.constexpr, MODE: tl.constexpr,
+           TANH: tl.constexpr, EXACT: tl.constexpr, LIBDEVICE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The output columns offs = start + [0, BLOCK) of one row."""
+    if INTERLEAVED:   # (gated) the pairs' 2 · BLOCK adjacent columns in one load, split in registers
+        c = 2 * start + tl.arange(0, 2 * BLOCK)
+        pairs = tl.load(x_ptr + row * stride_x + c, mask=c < 2 * I, other=0.0)
+        a, u = tl.split(tl.reshape(pairs, (BLOCK, 2)))
     else:
         a = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     y = _act(a.to(tl.float32), MODE, TANH, LIBDEVICE)
@@ -90,13 +91,15 @@ def _activation_kernel(x_ptr, y_ptr, q_ptr, qs_ptr, I, stride_x, EPS_Q, BLOCK_A:
     row = tl.program_id(0).to(tl.int64)
     offs_a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     ma = offs_a < I
-    ya = _block(x_ptr, stride_x, row, offs_a, ma, I, GATED, MODE, TANH, EXACT, LIBDEVICE, INTERLEAVED)
+    ya = _block(x_ptr, stride_x, row, tl.program_id(1) * BLOCK_A, offs_a, ma, I, BLOCK_A, GATED, MODE, TANH, EXACT,
+                LIBDEVICE, INTERLEAVED)
     if STORE_Y:
         tl.store(y_ptr + row * I + offs_a, ya, mask=ma)
     if BLOCK_B > 0:
         offs_b = BLOCK_A + tl.arange(0, BLOCK_B)
         mb = offs_b < I
-        yb = _block(x_ptr, stride_x, row, offs_b, mb, I, GATED, MODE, TANH, EXACT, LIBDEVICE, INTERLEAVED)
+        yb = _block(x_ptr, stride_x, row, BLOCK_A, offs_b, mb, I, BLOCK_B, GATED, MODE, TANH, EXACT, LIBDEVICE,
+                    INTERLEAVED)
         if STORE_Y:
             tl.store(y_ptr + row * I + offs_b, yb, mask=mb)
     else:
