@@ -87,7 +87,10 @@ def test_codes_alone_leave_the_output_unwritten(monkeypatch, name):
     y, xq2, xs2 = getattr(activation, name)(x, quant_fp8=True, keep_output=False)
     assert torch.equal(x, x0), "nothing is written in place of the output"
     assert y is None and torch.equal(xq.view(torch.uint8), xq2.view(torch.uint8)) and torch.equal(xs, xs2)
+    # (the reference twin against itself: on a GPU torch's gelu and the kernel's may round an
+    # element one unit apart, and its code with it; test_activation holds them within that)
+    _, qk, sk = getattr(activation, name + "_reference")(x, quant_fp8=True)
     yr, qr, sr = getattr(activation, name + "_reference")(x, quant_fp8=True, keep_output=False)
-    assert yr is None and torch.equal(qr.view(torch.uint8).cpu(), xq2.view(torch.uint8).cpu()) and torch.equal(sr.cpu(), xs2.cpu())
+    assert yr is None and torch.equal(qr.view(torch.uint8), qk.view(torch.uint8)) and torch.equal(sr, sk)
     with pytest.raises(ValueError, match="keep_output"):
         getattr(activation, name)(x, keep_output=False)
