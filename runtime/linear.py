@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from vsr.autotune.buckets import bucket_for
-from vsr.kernels import activation, formats, registry
+from vsr.kernels import formats, registry
 from vsr.kernels.common import glu_width
 
 MODES = ("reference", "triton")
@@ -190,6 +190,7 @@ class QLinear(torch.nn.Module):
             if template.glu_in_epilogue(tile):
                 return template.launch(x2.contiguous(), self.weight, tile, glu=True)
             # the plain product over the interleaved rows, then SwiGLU as the epilogue computes it
+            from vsr.kernels import activation
             return activation.silu_mul(template.launch(x2.contiguous(), self.weight, tile), interleaved=True)
         except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
             # Which layer, which tile and what to do, rather than Triton's bare resource count: a
