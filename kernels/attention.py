@@ -46,6 +46,12 @@ SKIP_MASK_FROM = 257
 # 1,024, 10% at 2,048, 3% more at 16 of 128 (benchmarks/results/attention-nvidia-h100-2026-12-06.json);
 # the 27B-class forward at one request of 1,024 tokens 1.8% less (ab-nvidia-h100-2026-12-06.json).
 HEADS_FIRST_FROM = 256
+# From this sequence length the programs take 128 queries at head size 128 (8 warps), below it 64
+# (4 warps). Timed alone on an H100 at Qwen3's heads (causal, bf16, 64 keys a step, 3 stages), 64
+# queries took 0.92x the time of 128 at one request of 512 tokens, 0.86x at two, 0.95x at 1,024,
+# 0.98x at 2,048 and 1.02x at 4,096 (benchmarks/results/ab-nvidia-h100-2026-12-06.json,
+# "attention_block_m").
+BLOCK_M_128_FROM = 4096
 
 
 @triton.jit
@@ -171,8 +177,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
 @functools.cache
 def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, warps, stages), fixed per head dim: BLOCK_N 64 keys a step (32 below
-    SKIP_MASK_FROM at D = 128); BLOCK_M 128 queries for long sequences at D <= 128, else 64 (more
-    programs for short prompts, and the registers of a 64 x 256 accumulator at D = 256). fp32 inputs
+    SKIP_MASK_FROM at D = 128); BLOCK_M 128 queries for long sequences at D < 128 and beyond
+    BLOCK_M_128_FROM tokens at D = 128, else 64 (more programs for short prompts, and the registers
+    of a 64 x 256 accumulator at D = 256). fp32 inputs
     multiplied as tf32x3 (`f32`) stage their TF32 parts in shared memory too: from D = 128 they take
     fewer stages and keys a step to fit the H200's 227 KB (196,608 bytes at D = 128 and 256,
     compiled for sm_90)."""
@@ -180,7 +187,7 @@ def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
         raise ValueError(f"attention supports head dims {HEAD_DIMS}, got {D}")
     if f32 == "tf32x3" and D >= 128:
         return (64, 64, 4, 2) if D == 128 else (64, 32, 8, 1)
-    block_m = 128 if (S > 256 and D <= 128) else 64
+    block_m = 128 if (S > 256 and D < 128) or (S >= BLOCK_M_128_FROM and D == 128) else 64
     warps = 8 if (D >= 128 and block_m == 128) or D == 256 else 4
     stages = 2 if D == 256 else 3
     # At head size 128 the one masked loop below SKIP_MASK_FROM walks 32 keys a step: 8% less time

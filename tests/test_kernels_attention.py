@@ -66,6 +66,15 @@ def test_attention_head_dims(monkeypatch, D, causal):
     _check(q, k, v, torch.tensor([20, 13], dtype=torch.int32, device=DEV), causal=causal, scale=0.1)
 
 
+def test_attention_query_block_by_length():
+    """128 queries a program (8 warps) at head size 128 from BLOCK_M_128_FROM tokens, 64 (4 warps)
+    below; at head size 64 from 257 tokens; never at 256."""
+    assert attention._config(128, 1024)[:3] == (64, 64, 4) and attention._config(128, 2048)[0] == 64
+    assert attention._config(128, attention.BLOCK_M_128_FROM)[:3] == (128, 64, 8)
+    assert attention._config(64, 1024)[0] == 128 and attention._config(64, 256)[0] == 64
+    assert attention._config(256, 8192)[0] == 64
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_short_prompts_at_head_size_128(monkeypatch, causal):
     """Below SKIP_MASK_FROM, head size 128 walks 32 keys a step: several key blocks a query block,
