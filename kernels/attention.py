@@ -48,7 +48,7 @@ SKIP_MASK_FROM = 257
 HEADS_FIRST_FROM = 256
 # From this sequence length the programs take 128 queries at head size 128 (8 warps), below it 64
 # (4 warps). Timed alone on an H100 at Qwen3's heads (causal, bf16, 64 keys a step, 3 stages), 64
-# queries took 0.92x the time of 128 at one request of 512 tokens, 0.86x at two, 0.95x at 1,024,
+# queries took 0.92x the time of 128 at one request of 512 tokens, 0.90x at two, 0.95x at 1,024,
 # 0.98x at 2,048 and 1.02x at 4,096 (benchmarks/results/ab-nvidia-h100-2026-12-06.json,
 # "attention_block_m").
 BLOCK_M_128_FROM = 4096
