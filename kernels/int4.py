@@ -770,7 +770,8 @@ def glu_in_epilogue(tile: dict) -> bool:
     """The TEMPLATE's glu_in_epilogue: SwiGLU in the product on the large-M paths' tiles, whose dense
     TMA product reads the interleaved copy's gate and up rows as one operand; the paths that unpack
     in the kernel split one accumulator's columns into pairs instead, which took 1.17x, 1.25x and
-    1.16x the plain product and the activation kernel at 64, 128 and 256 rows on an H100."""
+    1.16x the plain product and the activation kernel at 64, 128 and 256 rows on an H100
+    (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_in_product")."""
     return dense_tile(tile) is not None
 
 
@@ -891,8 +892,8 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
                   dev: common.DeviceFeatures) -> None:
     """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision, x's and the packed
     words' rows whole 16-byte TMA rows (K % 32 == 0; a misaligned view of x is copied once),
-    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (the runtime gives int4 products none:
-    runtime/fuse.GLU_FORMATS)."""
+    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (glu_in_epilogue keeps the runtime's
+    SwiGLU products off it)."""
     if not (dev.nvidia and dev.capability == (9, 0)):
         raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
     if glu:

@@ -8,6 +8,7 @@ resolver for the tile of this call's row bucket.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -72,9 +73,11 @@ class QLinear(torch.nn.Module):
         # resolved once per bucket, not per call, since resolving (template choice, cache key,
         # lookup) is host work that every layer of an eager forward would repeat. Setting any of
         # _PLAN_INPUTS (a .to() move included) empties it (__setattr__).
-        self._plans: dict[tuple[int, torch.dtype], tuple[Any, Any]] = {}
+        # A plan is (template, tile, after): `after`, where not None, applies SwiGLU to the plain
+        # product of a glu QLinear whose tile does not take it in its epilogue.
+        self._plans: dict[tuple[int, torch.dtype], tuple[Any, Any, Any]] = {}
 
-    _PLAN_INPUTS = frozenset({"weight", "tiles", "emulate"})
+    _PLAN_INPUTS = frozenset({"weight", "tiles", "emulate", "glu"})
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._PLAN_INPUTS:
@@ -164,7 +167,7 @@ class QLinear(torch.nn.Module):
             raise ValueError(f"product_fp8 needs an fp8 weight on the triton path, not {self.weight.format} "
                              f"on {self.mode}")
         from vsr.kernels import fp8, gemm, pdl
-        template, tile = self._plan(xq.shape[0], dtype)
+        template, tile, _ = self._plan(xq.shape[0], dtype)
         y = torch.empty((xq.shape[0], self.out_features), dtype=dtype, device=xq.device)
         # within pdl.programmatic_forward: a dependent of the kernel that quantized xq (a norm or an activation)
         fp8.launch_product(xq, xs, self.weight, y, tile, wait=pdl.enabled(xq.device),
@@ -177,21 +180,23 @@ class QLinear(torch.nn.Module):
         if plan is None:
             template = registry.template_for(self.weight, dtype, emulate=self.emulate)
             tile = self.tiles.tile(template, template.problem(self.weight, key[0], dtype))
-            plan = self._plans[key] = (template, tile)
+            after = None
+            if self.glu and not template.glu_in_epilogue(tile):
+                # the plain product over the interleaved rows, then SwiGLU as the epilogue computes it
+                from vsr.kernels import activation
+                after = functools.partial(activation.silu_mul, interleaved=True)
+            plan = self._plans[key] = (template, tile, after)
         return plan
 
     def _triton(self, x2: torch.Tensor) -> torch.Tensor:
         key = (bucket_for(x2.shape[0]), x2.dtype)
-        plan = self._plan(x2.shape[0], x2.dtype)
-        template, tile = plan
+        template, tile, after = self._plan(x2.shape[0], x2.dtype)
         try:
-            if not self.glu:
-                return template.launch(x2.contiguous(), self.weight, tile)
-            if template.glu_in_epilogue(tile):
+            if after is not None:
+                return after(template.launch(x2.contiguous(), self.weight, tile))
+            if self.glu:
                 return template.launch(x2.contiguous(), self.weight, tile, glu=True)
-            # the plain product over the interleaved rows, then SwiGLU as the epilogue computes it
-            from vsr.kernels import activation
-            return activation.silu_mul(template.launch(x2.contiguous(), self.weight, tile), interleaved=True)
+            return template.launch(x2.contiguous(), self.weight, tile)
         except _out_of_resources() as e:   # (an except clause's class is looked up only on an exception)
             # Which layer, which tile and what to do, rather than Triton's bare resource count: a
             # tile the autotune cache lacks is the template's default, which on some devices does

@@ -92,5 +92,10 @@ def test_codes_alone_leave_the_output_unwritten(monkeypatch, name):
     _, qk, sk = getattr(activation, name + "_reference")(x, quant_fp8=True)
     yr, qr, sr = getattr(activation, name + "_reference")(x, quant_fp8=True, keep_output=False)
     assert yr is None and torch.equal(qr.view(torch.uint8), qk.view(torch.uint8)) and torch.equal(sr, sk)
+    # kernel against reference: each dequantized code within one e4m3 step (an eighth of its binade,
+    # or the smallest subnormal step times the scale near zero)
+    got = xq2.float().cpu() * xs2.float().cpu()[:, None]
+    want = qr.float().cpu() * sr.float().cpu()[:, None]
+    torch.testing.assert_close(got, want, rtol=0.13, atol=2.0 ** -9 * float(sr.float().max()))
     with pytest.raises(ValueError, match="keep_output"):
         getattr(activation, name)(x, keep_output=False)
