@@ -1,8 +1,9 @@
 """GPU (Hopper): int4's wgmma path (kernels/int4_wgmma.py, through int4.launch) against the
 rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up to the order of the
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
-both half-precision dtypes; the same bytes on a second call; and every wgmma tile of the search
-space at the 27B-class shapes against the format's reference."""
+both half-precision dtypes; the same bytes on a second call; a SwiGLU QLinear on a wgmma tile (the
+plain product, then the activation kernel); and every wgmma tile of the search space at the
+27B-class shapes against the format's reference."""
 import pytest
 import torch
 
@@ -61,6 +62,23 @@ def test_wgmma_path_with_fp32_scales_unpacks_in_fp32(sym):
     y = int4.launch(x, w, tile)
     w.scale = w.scale.float()
     assert torch.equal(int4.launch(x, w, tile), y)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_swiglu_qlinear_on_a_wgmma_tile_is_the_product_then_the_activation(split):
+    # The Gluon kernel has no SwiGLU epilogue (int4.glu_in_epilogue): a glu QLinear on its tile runs
+    # the plain product over the interleaved rows, then silu_mul over the interleaved columns, the
+    # bytes of silu_mul over the product's columns put in gate|up order.
+    import types
+    from vsr.kernels import activation
+    from vsr.runtime.linear import QLinear
+    w = _weight(1024, 2048, False, torch.bfloat16, bias=True, seed=5)   # rows read as interleaved pairs
+    x = torch.randn(200, 2048, device="cuda").bfloat16()
+    tile = _tile(128, 128, 64, split, 4, 4)
+    assert not int4.glu_in_epilogue(tile)
+    y = int4.launch(x, w, tile)
+    got = QLinear(w, "triton", tiles=types.SimpleNamespace(tile=lambda template, problem: tile), glu=True)(x)
+    assert torch.equal(got, activation.silu_mul(torch.cat([y[:, 0::2], y[:, 1::2]], 1)))
 
 
 def test_every_wgmma_tile_of_the_space_at_27b_shapes():
