@@ -6,12 +6,9 @@ attention_reference first:
 - one:     one masked loop over 64-key blocks
 - two:     the blocks every query of a program may see in an unmasked loop, then a masked loop
 - one_n32: one masked loop over 32-key blocks (at most 256 tokens)
-- one_m128: one masked loop, 128 query rows a program on 8 warps (32-key blocks up to 256 tokens)
-- two_m128: two loops, 128 query rows a program on 8 warps (from 512 tokens)
+- one_m128: one masked loop over 32-key blocks, 128 queries a program on 8 warps (at most 256 tokens)
 - two_n128: two loops over 128-key blocks (from 512 tokens)
 - <form>_hf: each of these with the programs launched heads first (HEADS_FIRST_FROM)
-- p_<form>: each with the 8 query heads of a key/value head packed into one program's rows
-  (attention.PACK_HEADS), one head a program otherwise
 
 Writes `attention-<device>-<date>.json`: rows {B, S, shipped: (BLOCK_N, two loops, heads first),
 <form>_us for each form, err}; prints a table last.
@@ -44,14 +41,11 @@ def forms(S: int) -> dict[str, dict]:
     out = {"one": dict(one, block_n=64), "two": dict(two, block_n=64)}
     if S <= 256:
         out["one_n32"] = dict(one, block_n=32)
+        out["one_m128"] = dict(one, block_n=32, block_m=128, warps=8)
     if S >= 512:
         out["two_n128"] = dict(two, block_n=128)
-    out["one_m128"] = dict(one, block_n=32 if S <= 256 else 64, block_m=128, warps=8)
-    if S >= 512:
-        out["two_m128"] = dict(two, block_n=64, block_m=128, warps=8)
-    out = {**{k: dict(v, heads_first=False) for k, v in out.items()},
-           **{f"{k}_hf": dict(v, heads_first=True) for k, v in out.items()}}
-    return {**{k: dict(v, pack=False) for k, v in out.items()}, **{f"p_{k}": dict(v, pack=True) for k, v in out.items()}}
+    return {**{k: dict(v, heads_first=False) for k, v in out.items()},
+            **{f"{k}_hf": dict(v, heads_first=True) for k, v in out.items()}}
 
 
 def run_case(B: int, S: int, device) -> dict:
@@ -62,22 +56,18 @@ def run_case(B: int, S: int, device) -> dict:
     lengths = torch.full((B,), S, dtype=torch.int32, device=device)
     ref = A.attention_reference(q, k, v, lengths, causal=True).float()
     shipped_cfg, shipped_from, shipped_hf = A._config(D, S), A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM
-    shipped_pack = A.PACK_HEADS
-    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, S >= shipped_hf, shipped_cfg[0],
-                                       shipped_pack], "err": {}}
+    row = {"B": B, "S": S, "shipped": [shipped_cfg[1], S >= shipped_from, S >= shipped_hf], "err": {}}
     try:
         for name, f in forms(S).items():
             bm, _, warps, stages = shipped_cfg
             c = (f.get("block_m", bm), f["block_n"], f.get("warps", warps), stages)
             A._config = lambda D_, S_, f32="", c=c: c
             A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM = f["skip_from"], 1 if f["heads_first"] else 10 ** 9
-            A.PACK_HEADS = f["pack"]
             fn = lambda: A.attention(q, k, v, lengths, causal=True)  # noqa: E731
             row["err"][name] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
             row[f"{name}_us"] = graph_ms([fn]) * 1e3
     finally:
         A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM = _SHIPPED_CONFIG, shipped_from, shipped_hf
-        A.PACK_HEADS = shipped_pack
     return row
 
 

@@ -52,8 +52,6 @@ HEADS_FIRST_FROM = 256
 # 0.98x at 2,048 and 1.02x at 4,096 (benchmarks/results/ab-nvidia-h100-2026-12-06.json,
 # "attention_block_m").
 BLOCK_M_128_FROM = 4096
-# Grouped-query heads packed into one program's rows (_attention_kernel's PACK).
-PACK_HEADS = False
 
 
 @triton.jit
@@ -108,8 +106,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs, sgh,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                       WINDOW: tl.constexpr, F32: tl.constexpr, GATE: tl.constexpr, LIBDEVICE: tl.constexpr,
-                      SKIP_MASK: tl.constexpr, HEADS_FIRST: tl.constexpr, PACK: tl.constexpr,
-                      WAIT: tl.constexpr, RELEASE: tl.constexpr):
+                      SKIP_MASK: tl.constexpr, HEADS_FIRST: tl.constexpr, WAIT: tl.constexpr,
+                      RELEASE: tl.constexpr):
     pdl.begin(WAIT, RELEASE)
     # The grid is (query blocks, requests x heads), or with HEADS_FIRST (requests x heads, query
     # blocks): the programs launched together are then one query block of every head (in key/value
@@ -124,49 +122,30 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
         bh = tl.program_id(1)
     if CAUSAL:   # the longest query blocks (the most keys) first: the last wave's programs are short
         qb = n_qb - 1 - qb
-    # A program's BLOCK_M rows are SPAN queries of one head, or with PACK > 1 (grouped-query heads
-    # packed) SPAN = BLOCK_M / PACK queries of every query head of one key/value head, row r the
-    # query start + r // PACK of head slot r % PACK (slots >= GROUP are padding when GROUP is not a
-    # power of two): each key/value block loaded then serves the whole group.
-    SPAN: tl.constexpr = BLOCK_M // PACK
-    start_m = qb * SPAN
-    r = tl.arange(0, BLOCK_M)
-    if PACK == 1:
-        b = (bh // HQ).to(tl.int64)
-        heads = bh % HQ
-        g = (heads // GROUP).to(tl.int64)
-        heads = heads.to(tl.int64)
-        offs_m = start_m + r
-    else:
-        n_groups = HQ // GROUP
-        b = (bh // n_groups).to(tl.int64)
-        g = (bh % n_groups).to(tl.int64)
-        offs_m = start_m + r // PACK
-        heads = g * GROUP + r % PACK
+    start_m = qb * BLOCK_M
+    b = (bh // HQ).to(tl.int64)
+    h = bh % HQ
+    g = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
     length = tl.load(len_ptr + b)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
-    q_mask = offs_m[:, None] < length
-    o_mask = offs_m[:, None] < S
-    if PACK > 1:
-        slot_ok = (r % PACK < GROUP)[:, None]
-        q_mask &= slot_ok
-        o_mask &= slot_ok
-    o_rows = o_ptr + ((b * S + offs_m.to(tl.int64)) * HQ + heads) * D
+    o_rows = o_ptr + ((b * S + offs_m.to(tl.int64)) * HQ + h) * D
     o_ptrs = o_rows[:, None] + offs_d[None, :]
     if start_m >= length:   # a block of padding queries only
-        tl.store(o_ptrs, tl.zeros((BLOCK_M, D), dtype=o_ptr.dtype.element_ty), mask=o_mask)
+        tl.store(o_ptrs, tl.zeros((BLOCK_M, D), dtype=o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
         return
-    q_rows = q_ptr + b * sqb + heads * sqh + offs_m.to(tl.int64) * sqs
-    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :],
+                mask=offs_m[:, None] < length, other=0.0)
     k_base = k_ptr + b * skb + g * skh
     v_base = v_ptr + b * svb + g * svh
     lo = 0
     hi = length
     if CAUSAL:
-        hi = tl.minimum(hi, start_m + SPAN)
+        hi = tl.minimum(hi, start_m + BLOCK_M)
     if WINDOW:
         lo = tl.maximum(start_m - HALF_W, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(hi, start_m + SPAN + HALF_W)
+        hi = tl.minimum(hi, start_m + BLOCK_M + HALF_W)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
@@ -188,11 +167,11 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, g_ptr, S, HQ, GROUP, 
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o = tl.where(valid[:, None], o, 0.0)
     if GATE:
-        g_rows = g_ptr + b * sgb + heads * sgh + offs_m.to(tl.int64) * sgs
-        gate = tl.load(g_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        gate = tl.load(g_ptr + b * sgb + h * sgh + offs_m[:, None].to(tl.int64) * sgs + offs_d[None, :],
+                       mask=valid[:, None], other=0.0).to(tl.float32)
         sig = sigmoid_f32(gate, LIBDEVICE)
         o = o.to(o_ptr.dtype.element_ty).to(tl.float32) * sig.to(o_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < S)
 
 
 @functools.cache
@@ -218,15 +197,6 @@ def _config(D: int, S: int, f32: str = "") -> tuple[int, int, int, int]:
     return block_m, block_n, warps, stages
 
 
-def _pack(group: int, block_m: int) -> int:
-    """Rows a program gives each query position (PACK): the group's query heads rounded up to a power
-    of two when PACK_HEADS and the heads are grouped (1: one head a program)."""
-    if not PACK_HEADS or group == 1:
-        return 1
-    pack = triton.next_power_of_2(group)
-    return pack if pack <= block_m else 1
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, *, causal: bool,
               window: int | None = None, scale: float | None = None, gate: torch.Tensor | None = None
               ) -> torch.Tensor:
@@ -249,10 +219,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         return o
     sc = D ** -0.5 if scale is None else scale
     heads_first = S >= HEADS_FIRST_FROM
-    pack = _pack(HQ // HKV, block_m)
-    units = B * HQ if pack == 1 else B * HKV
-    n_qb = triton.cdiv(S, block_m // pack)
-    grid = (units, n_qb) if heads_first else (n_qb, units)
+    grid = (B * HQ, triton.cdiv(S, block_m)) if heads_first else (triton.cdiv(S, block_m), B * HQ)
     g = q if gate is None else gate
     _attention_kernel[grid](
         q, k, v, o, lengths, g, S, HQ, HQ // HKV, sc * 1.4426950408889634, 0 if window is None else window // 2,
@@ -260,7 +227,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1), g.stride(2),
         D=D, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window is not None,
         F32=f32, GATE=gate is not None, LIBDEVICE=LIBDEVICE, SKIP_MASK=S >= SKIP_MASK_FROM,
-        HEADS_FIRST=heads_first, PACK=pack, num_warps=warps, num_stages=stages, **pdl.options(q.device))
+        HEADS_FIRST=heads_first, num_warps=warps, num_stages=stages, **pdl.options(q.device))
     return o
 
 

@@ -23,15 +23,12 @@ def bench(monkeypatch):
 def test_every_form_is_attention_and_the_shipped_form_comes_back(bench):
     from vsr.kernels import attention as A
 
-    config, skip_from, hf_from, pack = A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM, A.PACK_HEADS
+    config, skip_from, hf_from = A._config, A.SKIP_MASK_FROM, A.HEADS_FIRST_FROM
     row = bench.run_case(2, 70, "cpu")
     names = {"one", "two", "one_n32", "one_m128"}
-    names |= {n + "_hf" for n in names}
-    assert set(row["err"]) == names | {"p_" + n for n in names}, row
+    assert set(row["err"]) == names | {n + "_hf" for n in names}, row
     assert all(e < 1e-2 for e in row["err"].values()), row
-    assert row["shipped"] == [32, False, False, 64, pack] and all(row[n + "_us"] == 1e3 for n in row["err"])
+    assert row["shipped"] == [32, False, False] and all(row[n + "_us"] == 1e3 for n in row["err"])
     assert A._config is config and A.SKIP_MASK_FROM == skip_from and A.HEADS_FIRST_FROM == hf_from
-    assert A.PACK_HEADS == pack
     assert "one_n32" not in bench.forms(512)
-    assert bench.forms(512)["p_two_n128_hf"] == {"skip_from": 1, "block_n": 128, "heads_first": True, "pack": True}
-    assert bench.forms(512)["two_m128"]["block_m"] == 128
+    assert bench.forms(512)["two_n128_hf"] == {"skip_from": 1, "block_n": 128, "heads_first": True}

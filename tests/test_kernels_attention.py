@@ -1,7 +1,6 @@
 """kernels/attention.py against its pure-torch reference (Triton interpreter on the CPU)."""
 import pytest
 import torch
-import triton
 
 from test_kernels_norm import DEV, _poison
 from vsr.kernels import attention
@@ -127,25 +126,3 @@ def test_attention_gate(monkeypatch, dtype, D):
     assert torch.equal(attention.attention_reference(q, k, v, lengths, causal=True, gate=gate),
                        plain * torch.sigmoid(gate))
     assert torch.all(o[1, 9:] == 0) and (o - plain).abs().max() > 0.1
-
-
-@pytest.mark.parametrize("HQ,HKV,D", [(8, 2, 32), (6, 1, 32), (12, 2, 64), (6, 2, 256)])
-@pytest.mark.parametrize("causal", [True, False])
-def test_attention_packs_grouped_heads(monkeypatch, HQ, HKV, D, causal):
-    """With PACK_HEADS a program's rows hold queries of every query head of one key/value head
-    (slots padded to a power of two for groups of 3 and 6): against the reference, against one head a
-    program, and with the gate on the packed rows."""
-    _poison(monkeypatch)
-    g = torch.Generator().manual_seed(HQ * 100 + HKV * 10 + D)
-    S = 70
-    q, k, v = _qkv(2, S, HQ, HKV, D, torch.float16, g)
-    gate = torch.randn(2, S, HQ, D, generator=g).to(torch.float16).to(DEV)
-    lengths = torch.tensor([S, 23], dtype=torch.int32, device=DEV)
-    monkeypatch.setattr(attention, "PACK_HEADS", True)
-    assert attention._pack(HQ // HKV, 64) == triton.next_power_of_2(HQ // HKV)
-    packed = _check(q, k, v, lengths, causal=causal, gate=gate)
-    assert torch.all(packed[1, 23:] == 0)
-    monkeypatch.setattr(attention, "PACK_HEADS", False)
-    assert attention._pack(HQ // HKV, 64) == 1
-    one = _check(q, k, v, lengths, causal=causal, gate=gate)
-    torch.testing.assert_close(packed.float(), one.float(), rtol=2e-3, atol=2e-3)
