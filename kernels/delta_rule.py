@@ -55,6 +55,11 @@ PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf
 # The fastest of the forms tried at Qwen3.5's 27B-class heads (16 key, 48 value heads of 128, bf16)
 # on the H200: 64 value columns a scan program, 8 warps on the per-chunk kernel and 4 on the scan.
 SCAN_BLOCK_V = 64
+# The dtype of the workspaces that only ever enter the scan as TF32 operands (w, qg, kt, attn) by the
+# input dtype: fp16 for 16-bit inputs holds the same 10-bit mantissa a TF32 operand keeps in half
+# the bytes (values below fp16's 6e-5 lose bits, at most 3e-8 each); fp32 for fp32 inputs (tf32x3).
+# u stays fp32: v' = u - w S can cancel, and it is added, not multiplied, in the scan.
+WORKSPACE_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.float16, torch.float16: torch.float16}
 UT_WARPS = 8
 SCAN_WARPS = 4
 
@@ -149,11 +154,12 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
     t = _unit_lower_inverse(n, BT, PREC)
     ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
     kcols = tl.arange(0, BK)
-    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC))
-    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], q * tl.exp(gc)[:, None])
+    wdt = w_ptr.dtype.element_ty
+    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC).to(wdt))
+    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], (q * tl.exp(gc)[:, None]).to(wdt))
     chunk = bh.to(tl.int64) * (SP // BT) + c
-    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], k * tl.exp(g_last - gc)[:, None])
-    tl.store(attn_ptr + ws[:, None] * BT + r[None, :], tl.dot(q, tl.trans(k), input_precision=PREC) * decay)
+    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], (k * tl.exp(g_last - gc)[:, None]).to(wdt))
+    tl.store(attn_ptr + ws[:, None] * BT + r[None, :], (tl.dot(q, tl.trans(k), input_precision=PREC) * decay).to(wdt))
     tl.store(gl_ptr + chunk, g_last)
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
@@ -185,16 +191,16 @@ def _scan_kernel(w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, o_ptr, S, V, SP
         pos = c * BT + r
         ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
         chunk = bh.to(tl.int64) * (SP // BT) + c
-        w = tl.load(w_ptr + ws[:, None] * BK + kcols[None, :])
+        w = tl.load(w_ptr + ws[:, None] * BK + kcols[None, :]).to(tl.float32)
         u = tl.load(u_ptr + ws[:, None] * V + vcols[None, :], mask=vmask[None, :], other=0.0)
         vn = u - tl.dot(w, state, input_precision=PREC)
-        qg = tl.load(qg_ptr + ws[:, None] * BK + kcols[None, :])
-        attn = tl.load(attn_ptr + ws[:, None] * BT + r[None, :])
+        qg = tl.load(qg_ptr + ws[:, None] * BK + kcols[None, :]).to(tl.float32)
+        attn = tl.load(attn_ptr + ws[:, None] * BT + r[None, :]).to(tl.float32)
         o = tl.dot(qg, state, input_precision=PREC) + tl.dot(attn, vn, input_precision=PREC)
         om = (pos < S)[:, None] & vmask[None, :]
         tl.store(o_ptr + b.to(tl.int64) * sob + pos.to(tl.int64)[:, None] * sos + h * soh + vcols[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=om)
-        kt = tl.load(kt_ptr + chunk * BK * BT + kcols[:, None] * BT + r[None, :])
+        kt = tl.load(kt_ptr + chunk * BK * BT + kcols[:, None] * BT + r[None, :]).to(tl.float32)
         state = state * tl.exp(tl.load(gl_ptr + chunk)) + tl.dot(kt, vn, input_precision=PREC)
 
 
@@ -229,9 +235,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     g = g.float().contiguous()
     beta = beta.contiguous()
     f32 = dict(dtype=torch.float32, device=dev)
-    w, qg = torch.empty(B * Hv, SP, BK, **f32), torch.empty(B * Hv, SP, BK, **f32)
-    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **f32)
-    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **f32), torch.empty(B * Hv, SP // CHUNK, **f32)
+    wsp = dict(dtype=WORKSPACE_DTYPE[q.dtype], device=dev)
+    w, qg = torch.empty(B * Hv, SP, BK, **wsp), torch.empty(B * Hv, SP, BK, **wsp)
+    u, attn = torch.empty(B * Hv, SP, V, **f32), torch.empty(B * Hv, SP, CHUNK, **wsp)
+    kt, gl = torch.empty(B * Hv, SP // CHUNK, BK, CHUNK, **wsp), torch.empty(B * Hv, SP // CHUNK, **f32)
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
