@@ -43,10 +43,15 @@ from vsr.kernels import pdl
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, recurrent_gated_delta_rule_reference)
 from vsr.kernels.common import LIBDEVICE, exp_f32, sigmoid_f32
-# The scan's chunks depend on each other through the state, so its loop runs unpipelined: each
-# stage buffers the chunk's fp32 workspace tiles in shared memory (at K = V = 128 and 64 value
-# columns: 98 KB with one stage, 295 KB with two, more than an H200's 227 KB).
+# The scan's loop prefetches the next chunk's workspace tiles (two stages) where its programs are
+# one a multiprocessor at most (scan_stages), else it runs unpipelined (one): with the 16-bit
+# workspaces two stages fit a Hopper's 227 KB of shared memory at K = V = 128. Timed on an H100 at
+# Qwen3.5's 27B-class heads (96 programs a request), two stages took 0.90-0.91x the time of one at
+# one request of 512-2,048 tokens and 0.98x at 256, but 1.11x at two of 512 and 16 of 128 and 1.02x
+# at four of 1,024 (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "delta_rule_fp16_workspaces").
+# The stages schedule the same loads and products: the bytes are the same either way.
 SCAN_STAGES = 1
+TWO_STAGE_SHARED_MEMORY = 227 * 1024
 # Every product runs on the tensor cores: TF32 operands (10-bit mantissa, fp32 accumulation) for
 # 16-bit inputs, whose output rounds to 8 or 11 bits anyway; three TF32 products per product
 # (tf32x3, about fp32's accuracy) for fp32 inputs. IEEE fp32 products are FMA loops whose [64, 128]
@@ -62,6 +67,17 @@ SCAN_BLOCK_V = 64
 WORKSPACE_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.float16, torch.float16: torch.float16}
 UT_WARPS = 8
 SCAN_WARPS = 4
+
+
+def scan_stages(programs: int, device: torch.device) -> int:
+    """The scan's pipeline stages: two where its `programs` fit one to a multiprocessor of a GPU
+    with TWO_STAGE_SHARED_MEMORY a program, else SCAN_STAGES."""
+    if device.type != "cuda":
+        return SCAN_STAGES
+    props = torch.cuda.get_device_properties(device)
+    if programs <= props.multi_processor_count and props.shared_memory_per_block_optin >= TWO_STAGE_SHARED_MEMORY:
+        return 2
+    return SCAN_STAGES
 
 # ---------------------------------------------------------------------------------------------
 # Triton
@@ -247,9 +263,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
         BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
-    _scan_kernel[(triton.cdiv(V, BV), B * Hv)](
+    grid = (triton.cdiv(V, BV), B * Hv)
+    stages = scan_stages(grid[0] * grid[1], dev) if WORKSPACE_DTYPE[q.dtype] != torch.float32 else SCAN_STAGES
+    _scan_kernel[grid](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
-        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=SCAN_STAGES,
+        BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=stages,
         **pdl.options(w.device))
     return o
 

@@ -142,3 +142,41 @@ def test_gates_match_transformers(dtype):
     torch.testing.assert_close(got_g, ref_g, atol=0, rtol=1e-6)
     tol = 1e-6 if dtype == torch.float32 else 1e-3
     torch.testing.assert_close(got_beta.float(), ref_beta.float(), atol=0, rtol=tol)
+
+
+def test_scan_stages_two_only_where_its_programs_fit_one_a_multiprocessor(monkeypatch):
+    """Two pipeline stages for a scan of at most one program a multiprocessor on a GPU with a Hopper's
+    shared memory a program; one otherwise, and on the CPU."""
+    from types import SimpleNamespace
+
+    cuda = torch.device("cuda", 0)
+    props = SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=227 * 1024)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    assert delta_rule.scan_stages(96, cuda) == 2 and delta_rule.scan_stages(132, cuda) == 2
+    assert delta_rule.scan_stages(192, cuda) == delta_rule.SCAN_STAGES == 1
+    props.shared_memory_per_block_optin = 99 * 1024   # an Ada or consumer Blackwell GPU
+    assert delta_rule.scan_stages(96, cuda) == 1
+    assert delta_rule.scan_stages(96, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("dtype,ws", [(torch.float16, torch.float16), (torch.bfloat16, torch.float16),
+                                      (torch.float32, torch.float32)])
+def test_the_scan_operands_workspace_dtype(monkeypatch, dtype, ws):
+    """w, q's decayed terms, the decayed keys and q k^T go through fp16 workspaces for 16-bit inputs
+    (TF32 operands keep the same 10-bit mantissa), fp32 ones for fp32; u is fp32 either way."""
+    seen = {}
+    ut = delta_rule._ut_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.update(w=a[6].dtype, u=a[7].dtype, qg=a[8].dtype, kt=a[9].dtype, attn=a[10].dtype)
+                return ut[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(delta_rule, "_ut_kernel", Spy())
+    args = _inputs(1, 20, 1, 2, 16, 16, dtype if dtype != torch.bfloat16 else torch.float32)
+    if dtype == torch.bfloat16:   # (the interpreter's bf16 products are wrong: only the dtypes are checked)
+        args = tuple(x.to(dtype) if x.dtype == torch.float32 and i != 3 else x for i, x in enumerate(args))
+    delta_rule.chunk_gated_delta_rule(*args)
+    assert seen == dict(w=ws, u=torch.float32, qg=ws, kt=ws, attn=ws)
