@@ -20,7 +20,7 @@ substitution (the UT transform), u = T (beta v), w = T (beta exp(gc) k); across 
 
 Kernels: `_ut_kernel` (one program per (chunk, batch x value head), chunks in parallel: T by a
 blocked triangular solve, w, u, and the chunk's state-independent terms exp(gc) q, the decayed
-keys and the masked q k^T, into fp32 workspaces) and `_scan_kernel` (one program per (value block,
+keys and the masked q k^T, into workspaces: WORKSPACE_DTYPE) and `_scan_kernel` (one program per (value block,
 batch x value head): the chunks in order, the state in registers, four products a chunk). No
 atomics; the chunking starts at position 0 of each request and every program reads one request
 only, so a request's bytes do not depend on the batch it shares or its padding. Right padding: with `lengths`, positions
@@ -143,7 +143,8 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
                WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
-    fp32 workspaces (rows bh * SP + position; SP is S rounded up to BT): T = (I + N)^-1,
+    workspaces (rows bh * SP + position; SP is S rounded up to BT; u and gl in fp32, the rest in
+    WORKSPACE_DTYPE[input dtype]): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
     kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
     gl = gc_last [SP / BT]."""
