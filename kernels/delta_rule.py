@@ -69,10 +69,10 @@ UT_WARPS = 8
 SCAN_WARPS = 4
 
 
-def scan_stages(programs: int, device: torch.device) -> int:
-    """The scan's pipeline stages: two where its `programs` fit one to a multiprocessor of a GPU
-    with TWO_STAGE_SHARED_MEMORY a program, else SCAN_STAGES."""
-    if device.type != "cuda":
+def scan_stages(programs: int, device: torch.device, workspace_dtype: torch.dtype) -> int:
+    """The scan's pipeline stages: two over 16-bit workspaces where its `programs` fit one to a
+    multiprocessor of a GPU with TWO_STAGE_SHARED_MEMORY a program, else SCAN_STAGES."""
+    if device.type != "cuda" or workspace_dtype == torch.float32:
         return SCAN_STAGES
     props = torch.cuda.get_device_properties(device)
     if programs <= props.multi_processor_count and props.shared_memory_per_block_optin >= TWO_STAGE_SHARED_MEMORY:
@@ -265,7 +265,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
         BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
     grid = (triton.cdiv(V, BV), B * Hv)
-    stages = scan_stages(grid[0] * grid[1], dev) if WORKSPACE_DTYPE[q.dtype] != torch.float32 else SCAN_STAGES
+    stages = scan_stages(grid[0] * grid[1], dev, wsp["dtype"])
     _scan_kernel[grid](
         w, u, qg, kt, attn, gl, o, S, V, SP, o.stride(0), o.stride(1), o.stride(2), Hv,
         BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_warps=SCAN_WARPS, num_stages=stages,
