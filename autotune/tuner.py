@@ -155,18 +155,6 @@ def _get(tile: dict, *names: str, default=None):
     return default
 
 
-def max_shared_memory(device: torch.device) -> int | None:
-    """Bytes of shared memory one block may use on `device` (None where unknown, e.g. CPU)."""
-    if device.type != "cuda":
-        return None
-    try:
-        from triton.runtime import driver
-        return int(driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"])
-    except Exception:  # older/newer Triton layouts: fall back on torch's figure
-        props = torch.cuda.get_device_properties(device)
-        return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
-
-
 _WEIGHT_BYTES = {"fp8": 1.0, "int4": 0.5, "nvfp4": 0.5}
 
 
@@ -403,7 +391,7 @@ def sweep(template, weight, x: torch.Tensor, tiles: list[dict] | None = None, *,
         results.append({"tile": dict(t), "ms": None, "ok": False, "error": None, "index": i, "graph": False})
 
     device = x.device
-    smem = max_shared_memory(device)
+    smem = common.device_features(device).shared_memory
     for r in results:
         r["error"] = prune_reason(r["tile"], weight, x, smem)
     live = [r for r in results if r["error"] is None]

@@ -283,6 +283,7 @@ class DeviceFeatures:
     capability: tuple[int, int] | None    # compute capability of a CUDA device
     pdl: bool            # programmatic dependent launch (griddepcontrol): NVIDIA sm_90+
     hardware_e4m3: bool  # fp32 -> e4m3 converted in hardware, to nearest even as torch's cast: NVIDIA sm_89+
+    shared_memory: int | None = None   # bytes of shared memory one program may use (None: unknown, CPU)
 
 def device_features(device: torch.device) -> DeviceFeatures:
     """The DeviceFeatures of `device`, once per device (an index-less "cuda" is the current one)."""
@@ -293,7 +294,19 @@ def device_features(device: torch.device) -> DeviceFeatures:
 def _device_features(device: torch.device) -> DeviceFeatures:
     cap = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     nv = device.type == "cuda" and torch.version.hip is None
-    return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9))
+    return DeviceFeatures(nvidia=nv, capability=cap, pdl=nv and cap >= (9, 0), hardware_e4m3=nv and cap >= (8, 9),
+                          shared_memory=_max_shared_memory(device))
+
+
+def _max_shared_memory(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from triton.runtime import driver
+        return int(driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"])
+    except Exception:  # older/newer Triton layouts: fall back on torch's figure
+        props = torch.cuda.get_device_properties(device)
+        return int(getattr(props, "shared_memory_per_block_optin", 0)) or None
 
 def pdl_option(wait: bool) -> dict:
     """The launch option for programmatic dependent launch, given only when the launch waits:

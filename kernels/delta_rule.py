@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from vsr.kernels import pdl
+from vsr.kernels import common, gemm, pdl
 
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
@@ -74,10 +74,8 @@ def scan_stages(programs: int, device: torch.device, workspace_dtype: torch.dtyp
     multiprocessor of a GPU with TWO_STAGE_SHARED_MEMORY a program, else SCAN_STAGES."""
     if device.type != "cuda" or workspace_dtype == torch.float32:
         return SCAN_STAGES
-    props = torch.cuda.get_device_properties(device)
-    if programs <= props.multi_processor_count and props.shared_memory_per_block_optin >= TWO_STAGE_SHARED_MEMORY:
-        return 2
-    return SCAN_STAGES
+    smem = common.device_features(device).shared_memory or 0
+    return 2 if programs <= gemm.multiprocessors(device) and smem >= TWO_STAGE_SHARED_MEMORY else SCAN_STAGES
 
 # ---------------------------------------------------------------------------------------------
 # Triton

@@ -147,16 +147,18 @@ def test_gates_match_transformers(dtype):
 def test_scan_stages_two_only_where_its_programs_fit_one_a_multiprocessor(monkeypatch):
     """Two pipeline stages for a scan over 16-bit workspaces of at most one program a multiprocessor on
     a GPU with a Hopper's shared memory a program; one otherwise, and on the CPU."""
-    from types import SimpleNamespace
+    from vsr.kernels import common, gemm
 
     cuda = torch.device("cuda", 0)
-    props = SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=227 * 1024)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    smem = {"bytes": 227 * 1024}
+    monkeypatch.setattr(common, "device_features", lambda d: common.DeviceFeatures(
+        True, (9, 0), True, True, shared_memory=smem["bytes"]))
+    monkeypatch.setattr(gemm, "multiprocessors", lambda d: 132)
     f16, f32 = torch.float16, torch.float32
     assert delta_rule.scan_stages(96, cuda, f16) == 2 and delta_rule.scan_stages(132, cuda, f16) == 2
     assert delta_rule.scan_stages(192, cuda, f16) == delta_rule.SCAN_STAGES == 1
     assert delta_rule.scan_stages(96, cuda, f32) == 1   # fp32 tiles: two stages do not fit
-    props.shared_memory_per_block_optin = 99 * 1024   # an Ada or consumer Blackwell GPU
+    smem["bytes"] = 99 * 1024   # an Ada or consumer Blackwell GPU
     assert delta_rule.scan_stages(96, cuda, f16) == 1
     assert delta_rule.scan_stages(96, torch.device("cpu"), f16) == 1
 

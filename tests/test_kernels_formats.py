@@ -690,13 +690,18 @@ def test_device_features_are_read_once_per_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: reads.append(d.index) or caps[d.index])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 8)
     monkeypatch.setattr(torch.version, "hip", None)
+    smem = {7: 101376, 8: 232448, 9: 166912}
+    smem_reads = []
+    monkeypatch.setattr(common, "_max_shared_memory", lambda d: smem_reads.append(d.index) or smem[d.index])
     common._device_features.cache_clear()
     try:
         ada, hopper, ampere = (common.device_features(torch.device("cuda", i)) for i in (7, 8, 9))
         assert (ada.pdl, ada.hardware_e4m3, hopper.pdl, hopper.hardware_e4m3) == (False, True, True, True)
+        assert (ada.shared_memory, hopper.shared_memory, ampere.shared_memory) == (101376, 232448, 166912)
+        assert cpu.shared_memory is None
         assert ampere.nvidia and not ampere.pdl and not ampere.hardware_e4m3 and ampere.capability == (8, 0)
         assert common.device_features(torch.device("cuda")) is hopper and common.pdl_supported(torch.device("cuda"))
-        assert reads == [7, 8, 9], "one read per device"
+        assert reads == [7, 8, 9] and smem_reads == [7, 8, 9], "one read per device"
         monkeypatch.setattr(torch.version, "hip", "6.0")
         common._device_features.cache_clear()
         rocm = common.device_features(torch.device("cuda", 8))
