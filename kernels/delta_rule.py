@@ -18,9 +18,10 @@ substitution (the UT transform), u = T (beta v), w = T (beta exp(gc) k); across 
     v' = u - w S;  o = (exp(gc) q) S + (q k^T * exp(gc_i - gc_j) [j <= i]) v'
     S  = exp(gc_last) S + (exp(gc_last - gc) k)^T v'
 
-Kernels: `_ut_kernel` (one program per (chunk, batch x value head), chunks in parallel: T by a
-blocked triangular solve, w, u, and the chunk's state-independent terms exp(gc) q, the decayed
-keys and the masked q k^T, into workspaces: WORKSPACE_DTYPE) and `_scan_kernel` (one program per (value block,
+Kernels: `_ut_kernel` (two programs per (chunk, batch x value head), chunks in parallel: one
+solves T by a blocked triangular solve and writes w and u, the other the chunk's
+state-independent terms exp(gc) q, the decayed keys and the masked q k^T; into workspaces:
+WORKSPACE_DTYPE) and `_scan_kernel` (one program per (value block,
 batch x value head): the chunks in order, the state in registers, four products a chunk). No
 atomics; the chunking starts at position 0 of each request and every program reads one request
 only, so a request's bytes do not depend on the batch it shares or its padding. Right padding: with `lengths`, positions
@@ -58,14 +59,21 @@ TWO_STAGE_SHARED_MEMORY = 227 * 1024
 # fp32 operands spill many KB of registers a thread at K = V = 128.
 PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
 # The fastest of the forms tried at Qwen3.5's 27B-class heads (16 key, 48 value heads of 128, bf16)
-# on the H200: 64 value columns a scan program, 8 warps on the per-chunk kernel and 4 on the scan.
+# on the H200: 64 value columns a scan program, 4 warps on the scan.
 SCAN_BLOCK_V = 64
 # The dtype of the workspaces that only ever enter the scan as TF32 operands (w, qg, kt, attn) by the
 # input dtype: fp16 for 16-bit inputs holds the same 10-bit mantissa a TF32 operand keeps in half
 # the bytes (values below fp16's 6e-5 lose bits, at most 3e-8 each); fp32 for fp32 inputs (tf32x3).
 # u stays fp32: v' = u - w S can cancel, and it is added, not multiplied, in the scan.
 WORKSPACE_DTYPE = {torch.float32: torch.float32, torch.bfloat16: torch.float16, torch.float16: torch.float16}
-UT_WARPS = 8
+# The per-chunk kernel: two programs a chunk (T, w and u | q's terms, kt and attn), 4 warps each.
+# One program a chunk on 8 warps holds 255 registers a thread and spills: one program a
+# multiprocessor, each waiting on its own chain. Split, neither part spills (Triton 3.6, sm_90) and
+# two programs fit a multiprocessor. On an H100 at Qwen3.5's 27B-class heads the kernel takes
+# 0.83x the time of one program on 8 warps at 1x128 and 0.68-0.71x at 1x1024, 16x128 and 4x1024,
+# with the same bytes (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "delta_rule_ut_parts").
+UT_WARPS = 4
+UT_PARTS = 2
 SCAN_WARPS = 4
 
 
@@ -135,47 +143,17 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
-               S, Hv, GROUP, K, V, SP, scale,
-               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
-               WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """Everything of one chunk of one (request, value head) that does not depend on the state, into
-    workspaces (rows bh * SP + position; SP is S rounded up to BT; u and gl in fp32, the rest in
-    WORKSPACE_DTYPE[input dtype]): T = (I + N)^-1,
-    w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
-    kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
-    gl = gc_last [SP / BT]."""
-    pdl.begin(WAIT, RELEASE)
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // Hv
-    h = bh % Hv
-    L = tl.minimum(tl.load(len_ptr + b), S)
-    r = tl.arange(0, BT)
-    pos = c * BT + r
-    real = pos < L
-    q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
-    k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
-    gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
-    g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
-    gc = tl.cumsum(g, axis=0)
-    g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
+def _ut_solved(k, v_ptr, w_ptr, u_ptr, beta, gc, decay, b, h, r, pos, real, ws, svb, svs, svh, V,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """T = (I + N)^-1 of one chunk (N = beta_i k_i.k_j exp(gc_i - gc_j) below the diagonal), then
+    w = T (beta exp(gc) k) and u = T (beta v) (BV value columns at a time) into their workspace
+    rows ws."""
     kb = k * beta[:, None]
-    causal = r[:, None] >= r[None, :]
-    decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
     n = tl.dot(kb, tl.trans(k), input_precision=PREC) * tl.where(r[:, None] > r[None, :], decay, 0.0)
     t = _unit_lower_inverse(n, BT, PREC)
-    ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
     kcols = tl.arange(0, BK)
-    wdt = w_ptr.dtype.element_ty
-    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC).to(wdt))
-    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], (q * tl.exp(gc)[:, None]).to(wdt))
-    chunk = bh.to(tl.int64) * (SP // BT) + c
-    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], (k * tl.exp(g_last - gc)[:, None]).to(wdt))
-    tl.store(attn_ptr + ws[:, None] * BT + r[None, :], (tl.dot(q, tl.trans(k), input_precision=PREC) * decay).to(wdt))
-    tl.store(gl_ptr + chunk, g_last)
+    w = tl.dot(t, kb * tl.exp(gc)[:, None], input_precision=PREC)
+    tl.store(w_ptr + ws[:, None] * BK + kcols[None, :], w.to(w_ptr.dtype.element_ty))
     for v0 in range(0, V, BV):
         vcols = v0 + tl.arange(0, BV)
         vm = real[:, None] & (vcols < V)[None, :]
@@ -183,6 +161,67 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_p
                      mask=vm, other=0.0).to(tl.float32)
         u = tl.dot(t, vv * beta[:, None], input_precision=PREC)
         tl.store(u_ptr + ws[:, None] * V + vcols[None, :], u, mask=(vcols < V)[None, :])
+
+
+@triton.jit
+def _ut_query(q_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, k, gc, g_last, decay, b, h, GROUP, r, pos, ws, chunk,
+              L, K, scale, sqb, sqs, sqh, BT: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
+              PREC: tl.constexpr):
+    """The chunk's terms that do not need T: qg = exp(gc) q, kt = (exp(gc_last - gc) k)^T,
+    attn = q k^T exp(gc_i - gc_j) [j <= i] and gl = gc_last."""
+    q = _load_qk(q_ptr, b, pos, h // GROUP, sqb, sqs, sqh, L, K, BT, BK, L2NORM) * scale
+    kcols = tl.arange(0, BK)
+    wdt = qg_ptr.dtype.element_ty
+    tl.store(qg_ptr + ws[:, None] * BK + kcols[None, :], (q * tl.exp(gc)[:, None]).to(wdt))
+    tl.store(kt_ptr + chunk * BK * BT + kcols[None, :] * BT + r[:, None], (k * tl.exp(g_last - gc)[:, None]).to(wdt))
+    tl.store(attn_ptr + ws[:, None] * BT + r[None, :], (tl.dot(q, tl.trans(k), input_precision=PREC) * decay).to(wdt))
+    tl.store(gl_ptr + chunk, g_last)
+
+
+@triton.jit
+def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
+               S, Hv, GROUP, K, V, SP, scale,
+               sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
+               PARTS: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    """Everything of one chunk of one (request, value head) that does not depend on the state, into
+    workspaces (rows bh * SP + position; SP is S rounded up to BT; u and gl in fp32, the rest in
+    WORKSPACE_DTYPE[input dtype]): T = (I + N)^-1,
+    w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
+    kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
+    gl = gc_last [SP / BT]. PARTS programs a chunk (program_id(2), UT_PARTS): 1 does it all; 2 gives
+    T, w and u to one and qg, kt, attn and gl to the other, the same operations either way."""
+    pdl.begin(WAIT, RELEASE)
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    part = tl.program_id(2)
+    b = bh // Hv
+    h = bh % Hv
+    L = tl.minimum(tl.load(len_ptr + b), S)
+    r = tl.arange(0, BT)
+    pos = c * BT + r
+    real = pos < L
+    k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
+    gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
+    g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    gc = tl.cumsum(g, axis=0)
+    g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
+    causal = r[:, None] >= r[None, :]
+    decay = tl.where(causal, tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    ws = bh.to(tl.int64) * SP + pos.to(tl.int64)
+    chunk = bh.to(tl.int64) * (SP // BT) + c
+    if PARTS == 1:
+        _ut_solved(k, v_ptr, w_ptr, u_ptr, beta, gc, decay, b, h, r, pos, real, ws, svb, svs, svh, V, BT, BK, BV, PREC)
+        _ut_query(q_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, k, gc, g_last, decay, b, h, GROUP, r, pos, ws, chunk,
+                  L, K, scale, sqb, sqs, sqh, BT, BK, L2NORM, PREC)
+    else:
+        if part == 1:
+            _ut_query(q_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, k, gc, g_last, decay, b, h, GROUP, r, pos, ws, chunk,
+                      L, K, scale, sqb, sqs, sqh, BT, BK, L2NORM, PREC)
+        else:
+            _ut_solved(k, v_ptr, w_ptr, u_ptr, beta, gc, decay, b, h, r, pos, real, ws, svb, svs, svh, V,
+                       BT, BK, BV, PREC)
 
 
 @triton.jit
@@ -257,11 +296,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     o = torch.empty(B, S, Hv, V, dtype=q.dtype, device=dev) if out is None else out
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
-    _ut_kernel[(SP // CHUNK, B * Hv)](
+    parts = UT_PARTS
+    _ut_kernel[(SP // CHUNK, B * Hv, parts)](
         q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, num_warps=UT_WARPS, **pdl.options(q.device))
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, PARTS=parts, num_warps=UT_WARPS, **pdl.options(q.device))
     grid = (triton.cdiv(V, BV), B * Hv)
     stages = scan_stages(grid[0] * grid[1], dev, wsp["dtype"])
     _scan_kernel[grid](

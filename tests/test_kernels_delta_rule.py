@@ -184,3 +184,15 @@ def test_the_scan_operands_workspace_dtype(monkeypatch, dtype, ws):
         args = tuple(x.to(dtype) if x.dtype == torch.float32 and i != 3 else x for i, x in enumerate(args))
     delta_rule.chunk_gated_delta_rule(*args)
     assert seen == dict(w=ws, u=torch.float32, qg=ws, kt=ws, attn=ws)
+
+
+def test_the_per_chunk_kernel_split_gives_the_same_bytes(monkeypatch):
+    """_ut_kernel's two programs a chunk (UT_PARTS) change which program computes what, not how:
+    the bytes of one program a chunk."""
+    args = _inputs(2, 70, 2, 4, 32, 48)
+    assert delta_rule.UT_PARTS == 2
+    split = delta_rule.chunk_gated_delta_rule(*args, block_v=32, out=_poisoned(2, 70, 4, 48, dtype=torch.float32))
+    monkeypatch.setattr(delta_rule, "UT_PARTS", 1)
+    assert torch.equal(split, delta_rule.chunk_gated_delta_rule(*args, block_v=32))
+    ref = delta_rule.chunk_gated_delta_rule_reference(*args)
+    torch.testing.assert_close(split, ref, atol=2e-6 * float(ref.abs().max()), rtol=0)
