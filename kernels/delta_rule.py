@@ -297,6 +297,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     if o.shape != (B, S, Hv, V) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"out must be a contiguous [B, S, Hv, V] = {[B, S, Hv, V]} tensor of {q.dtype}")
     parts = UT_PARTS
+    if parts not in (1, 2):   # the kernel splits a chunk's work in two at most
+        raise ValueError(f"UT_PARTS must be 1 or 2, got {parts}")
     _ut_kernel[(SP // CHUNK, B * Hv, parts)](
         q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -196,3 +196,6 @@ def test_the_per_chunk_kernel_split_gives_the_same_bytes(monkeypatch):
     assert torch.equal(split, delta_rule.chunk_gated_delta_rule(*args, block_v=32))
     ref = delta_rule.chunk_gated_delta_rule_reference(*args)
     torch.testing.assert_close(split, ref, atol=2e-6 * float(ref.abs().max()), rtol=0)
+    monkeypatch.setattr(delta_rule, "UT_PARTS", 3)
+    with pytest.raises(ValueError, match="UT_PARTS"):
+        delta_rule.chunk_gated_delta_rule(*args)
