@@ -174,7 +174,7 @@ def test_the_scan_operands_workspace_dtype(monkeypatch, dtype, ws):
     class Spy:
         def __getitem__(self, grid):
             def launch(*a, **kw):
-                seen.update(w=a[6].dtype, u=a[7].dtype, qg=a[8].dtype, kt=a[9].dtype, attn=a[10].dtype)
+                seen.update(w=a[8].dtype, u=a[9].dtype, qg=a[10].dtype, kt=a[11].dtype, attn=a[12].dtype)
                 return ut[grid](*a, **kw)
             return launch
 
@@ -199,3 +199,69 @@ def test_the_per_chunk_kernel_split_gives_the_same_bytes(monkeypatch):
     monkeypatch.setattr(delta_rule, "UT_PARTS", 3)
     with pytest.raises(ValueError, match="UT_PARTS"):
         delta_rule.chunk_gated_delta_rule(*args)
+
+
+def _mixer_inputs(B, S, heads, dtype, seed=0, W=4):
+    """in_proj's output as the model slices it: x = q | k | v (before the convolution) and ba = b | a,
+    row-strided column slices of one wider product output; the conv weights and gate parameters."""
+    Hk, K, Hv, V = heads
+    g = torch.Generator().manual_seed(seed)
+    C = 2 * Hk * K + Hv * V
+    out = torch.randn(B, S, C + Hv * V + 2 * Hv + 3, generator=g).to(dtype)   # q | k | v | z | b | a | 3 more
+    x, ba = out[..., :C], out[..., C + Hv * V:C + Hv * V + 2 * Hv]
+    conv_w = (torch.randn(C, W, generator=g) * 0.5).to(dtype)
+    neg_a = -torch.rand(Hv, generator=g).exp()
+    dt_bias = torch.randn(Hv, generator=g)
+    return x, conv_w, ba, neg_a, dt_bias
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 2e-3)])
+def test_mixer_matches_its_reference(dtype, tol):
+    """deltanet_mixer (the conv kernel, then the rule with the gates computed in its per-chunk
+    kernel) against the reference: conv1d, gates, chunked rule; a full chunk and a partial one,
+    right padding."""
+    heads = (2, 32, 4, 48)
+    x, conv_w, ba, neg_a, dt = _mixer_inputs(2, 70, heads, dtype)
+    lengths = torch.tensor([70, 41])
+    ref = delta_rule.deltanet_mixer_reference(x, conv_w, ba, neg_a, dt, heads, lengths)
+    got = delta_rule.deltanet_mixer(x, conv_w, ba, neg_a, dt, heads, lengths, block_v=32,
+                                    out=_poisoned(2, 70, 4, 48, dtype=dtype))
+    assert got.dtype == dtype and not got.isnan().any() and ref.abs().max() > 0.1
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol * float(ref.abs().max()), rtol=0)
+    assert torch.equal(got[1, 41:], torch.zeros_like(got[1, 41:]))
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_mixer_gives_the_bytes_of_its_parts(monkeypatch, parts):
+    """The gates computed in the per-chunk kernel give the bytes of conv1d.causal_conv1d_silu,
+    deltanet_gates and chunk_gated_delta_rule run one after another (either per-chunk split), and a
+    request's bytes do not depend on its batch or the padding after it."""
+    monkeypatch.setattr(delta_rule, "UT_PARTS", parts)
+    heads = (2, 16, 6, 32)
+    Hk, K, Hv, V = heads
+    x, conv_w, ba, neg_a, dt = _mixer_inputs(3, 80, heads, torch.float32, seed=1)
+    lengths = torch.tensor([80, 37, 64])
+    got = delta_rule.deltanet_mixer(x, conv_w, ba, neg_a, dt, heads, lengths)
+    mixed = conv1d.causal_conv1d_silu(x, conv_w)
+    g, beta = delta_rule.deltanet_gates(ba.reshape(-1, 2 * Hv), neg_a, dt)
+    kd = Hk * K
+    apart = delta_rule.chunk_gated_delta_rule(
+        mixed[..., :kd].unflatten(-1, (Hk, K)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, K)),
+        mixed[..., 2 * kd:].unflatten(-1, (Hv, V)), g.view(3, 80, Hv), beta.view(3, 80, Hv), lengths)
+    assert torch.equal(got, apart)
+    x2 = x.clone()
+    x2[1, 37:] = 1e3
+    assert torch.equal(delta_rule.deltanet_mixer(x2, conv_w, ba, neg_a, dt, heads, lengths), got)
+    alone = delta_rule.deltanet_mixer(x[1:2, :37], conv_w, ba[1:2, :37], neg_a, dt, heads)
+    assert torch.equal(alone[0], got[1, :37])
+
+
+def test_mixer_shapes_are_checked():
+    heads = (2, 16, 4, 16)
+    x, conv_w, ba, neg_a, dt = _mixer_inputs(1, 8, heads, torch.float32)
+    with pytest.raises(ValueError, match="x must be"):
+        delta_rule.deltanet_mixer(x[..., 1:], conv_w, ba, neg_a, dt, heads)
+    with pytest.raises(ValueError, match="ba must be"):
+        delta_rule.deltanet_mixer(x, conv_w, ba[..., 1:], neg_a, dt, heads)
+    with pytest.raises(ValueError, match="neg_a"):
+        delta_rule.deltanet_mixer(x, conv_w, ba, neg_a.double(), dt, heads)

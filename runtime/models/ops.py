@@ -3,7 +3,7 @@
 `REFERENCE` is pure torch with transformers' roundings: the CPU path's numerics (and the emulated
 mode's), imported with no Triton (the Gated DeltaNet's references come from
 vsr.kernels.deltanet_reference, which imports none). `triton_ops()` is the Triton kernels of
-vsr.kernels.norm, rope, activation, attention, head, conv1d and delta_rule, imported on first use
+vsr.kernels.norm, rope, activation, attention, head and delta_rule, imported on first use
 (the CPU path never imports them). Both take and give the same tensors (the signatures of those
 modules' wrappers and their `*_reference` twins):
 
@@ -21,11 +21,12 @@ modules' wrappers and their `*_reference` twins):
 - attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None) -> o
                                               q [B, S, Hq, D], k/v [B, S, Hkv, D] -> [B, S, Hq, D];
                                               window: |i - j| <= window // 2; gate: o · sigmoid(gate)
-- causal_conv1d_silu(x, w) -> y               [B, S, C], w [C, W] (Gated DeltaNet's short conv)
-- chunk_gated_delta_rule(q, k, v, g, beta, lengths) -> o        [B, S, Hv, V]
-- deltanet_gates(ba, neg_a, dt_bias) -> (g, beta)
-                                              ba [T, 2H] (b | a): g = neg_a · softplus(a + dt_bias)
-                                              fp32, beta = sigmoid(b) in ba's dtype, both [T, H]
+- deltanet_mixer(x, conv_w, ba, neg_a, dt_bias, heads, lengths) -> o
+                                              Gated DeltaNet's token mixer: x [B, S, 2 Hk K + Hv V]
+                                              (q | k | v before the causal conv1d + SiLU, conv_w
+                                              [C, W]), ba [B, S, 2 Hv] (b | a: beta = sigmoid(b),
+                                              g = neg_a · softplus(a + dt_bias)), heads (Hk, K, Hv, V)
+                                              -> the chunked gated delta rule's o [B, S, Hv, V]
 - last_token_score(h, lengths, weight) -> logits (fp32 [B, L]) from row lengths[b] - 1 of [B*S, H]
 
 s is x + residual (the next residual; None when no residual is given). A quantized package at
@@ -161,9 +162,7 @@ def attention(q, k, v, lengths, *, causal, window=None, scale=None, gate=None):
     return a if gate is None else a * torch.sigmoid(gate.contiguous())
 
 
-causal_conv1d_silu = _gdn.causal_conv1d_silu_reference
-chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule_reference
-deltanet_gates = _gdn.deltanet_gates_reference
+deltanet_mixer = _gdn.deltanet_mixer_reference
 
 
 def last_token_score(h, lengths, weight):
@@ -175,21 +174,20 @@ def last_token_score(h, lengths, weight):
 
 
 NAMES = ("rms_norm", "layer_norm", "gated_rms_norm", "qk_norm_rope", "rope", "silu_mul", "gelu", "gelu_mul",
-         "attention", "causal_conv1d_silu", "chunk_gated_delta_rule", "deltanet_gates", "last_token_score")
+         "attention", "deltanet_mixer", "last_token_score")
 REFERENCE = SimpleNamespace(**{n: globals()[n] for n in NAMES})
 
 
 def triton_ops() -> SimpleNamespace:
     """The Triton kernels' wrappers under the same names (imported here, on the GPU path only).
     rope is kernels.rope.rope's one-rounding form (exact=False), ModernBERT's numerics."""
-    from vsr.kernels import activation, attention as attn, conv1d, delta_rule, head, norm, rope as rp
+    from vsr.kernels import activation, attention as attn, delta_rule, head, norm, rope as rp
 
     return SimpleNamespace(rms_norm=norm.rms_norm, layer_norm=norm.layer_norm, gated_rms_norm=norm.gated_rms_norm,
                            qk_norm_rope=rp.qk_norm_rope, rope=functools.partial(rp.rope, exact=False),
                            silu_mul=activation.silu_mul, gelu=activation.gelu, gelu_mul=activation.gelu_mul,
-                           attention=attn.attention, causal_conv1d_silu=conv1d.causal_conv1d_silu,
-                           chunk_gated_delta_rule=delta_rule.chunk_gated_delta_rule,
-                           deltanet_gates=delta_rule.deltanet_gates, last_token_score=head.last_token_score)
+                           attention=attn.attention, deltanet_mixer=delta_rule.deltanet_mixer,
+                           last_token_score=head.last_token_score)
 
 
 def kernel_twins() -> SimpleNamespace:
@@ -202,7 +200,5 @@ def kernel_twins() -> SimpleNamespace:
                            rope=functools.partial(rp.rope_reference, exact=False),
                            silu_mul=activation.silu_mul_reference, gelu=activation.gelu_reference,
                            gelu_mul=activation.gelu_mul_reference, attention=attn.attention_reference,
-                           causal_conv1d_silu=_gdn.causal_conv1d_silu_reference,
-                           chunk_gated_delta_rule=_gdn.chunk_gated_delta_rule_reference,
-                           deltanet_gates=_gdn.deltanet_gates_reference,
+                           deltanet_mixer=_gdn.deltanet_mixer_reference,
                            last_token_score=head.last_token_score_reference)

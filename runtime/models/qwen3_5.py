@@ -204,17 +204,13 @@ class Qwen3_5Router(DecoderRouter):
         in_proj gives qkv | z | b | a in one product where the four share a weight; else b | a
         runs apart on the norm's output (in_proj_qkvz and in_proj_ba: Projection.split)."""
         o, X = self.ops, self.exact
-        kd, c, vd = self.lk_heads * self.lk_dim, self.conv_dim, self.lv_heads * self.lv_dim
+        c, vd = self.conv_dim, self.lv_heads * self.lv_dim
         apart = "in_proj_ba" in m
         qkvz, h, res = normed_product(o, m["in_proj_qkvz"] if apart else m["in_proj"], d, p["input_layernorm"],
                                       self.eps, residual=res, zero_centered=True, exact=X, keep_output=apart)
         ba = m["in_proj_ba"](h) if apart else qkvz[:, c + vd:]
-        mixed = o.causal_conv1d_silu(qkvz[:, :c].unflatten(0, (B, S)), p["conv"])
-        q = mixed[..., :kd].unflatten(-1, (self.lk_heads, self.lk_dim))
-        k = mixed[..., kd:2 * kd].unflatten(-1, (self.lk_heads, self.lk_dim))
-        v = mixed[..., 2 * kd:].unflatten(-1, (self.lv_heads, self.lv_dim))
-        g, beta = o.deltanet_gates(ba, p["neg_a"], p["dt_bias"])
-        core = o.chunk_gated_delta_rule(q, k, v, g.view(B, S, -1), beta.view(B, S, -1), lengths)
+        core = o.deltanet_mixer(qkvz[:, :c].unflatten(0, (B, S)), p["conv"], ba.unflatten(0, (B, S)), p["neg_a"],
+                                p["dt_bias"], (self.lk_heads, self.lk_dim, self.lv_heads, self.lv_dim), lengths)
         y = o.gated_rms_norm(core.reshape(B * S, -1), qkvz[:, c:c + vd], p["norm"], self.eps, exact=X)
         return m["out_proj"](y), res
 

@@ -45,6 +45,35 @@ def test_delta_rule_fp32_is_tight():
     torch.testing.assert_close(delta_rule.chunk_gated_delta_rule(q, k, v, g, beta), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("B,S", [(1, 128), (1, 1024), (4, 200)])
+def test_mixer_27b_shapes_gives_the_bytes_of_its_parts(B, S):
+    """deltanet_mixer (the gates computed in the rule's per-chunk kernel) on in_proj's output as the
+    model slices it: the bytes of conv1d, the gates and the chunk rule in turn, and the reference's
+    values."""
+    Hk, Hv, D = 16, 48, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    C = 2 * Hk * D + Hv * D
+    buf = torch.randn(B, S, C + Hv * D + 2 * Hv, generator=g, device="cuda").to(torch.bfloat16)
+    x, ba = buf[..., :C], buf[..., C + Hv * D:]
+    w = (torch.randn(C, 4, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
+    neg_a = -torch.empty(Hv, device="cuda").uniform_(0.01, 16, generator=g)
+    dt = torch.randn(Hv, generator=g, device="cuda")
+    lengths = torch.tensor([S] + [S // 2 + 3] * (B - 1), dtype=torch.int32, device="cuda")
+    heads = (Hk, D, Hv, D)
+    got = delta_rule.deltanet_mixer(x, w, ba, neg_a, dt, heads, lengths,
+                                    out=torch.full((B, S, Hv, D), float("nan"), device="cuda", dtype=torch.bfloat16))
+    mixed = conv1d.causal_conv1d_silu(x, w)
+    gate, beta = delta_rule.deltanet_gates(ba.reshape(B * S, -1), neg_a, dt)
+    kd = Hk * D
+    apart = delta_rule.chunk_gated_delta_rule(
+        mixed[..., :kd].unflatten(-1, (Hk, D)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, D)),
+        mixed[..., 2 * kd:].unflatten(-1, (Hv, D)), gate.view(B, S, Hv), beta.view(B, S, Hv), lengths)
+    assert torch.equal(got, apart)
+    ref = delta_rule.deltanet_mixer_reference(x, w, ba, neg_a, dt, heads, lengths)
+    torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * float(ref.float().abs().max()), rtol=0)
+    assert torch.equal(got, delta_rule.deltanet_mixer(x, w, ba, neg_a, dt, heads, lengths))
+
+
 @pytest.mark.parametrize("S", [128, 1024])
 def test_conv1d_27b_shapes(S):
     mixed, *_ = _inputs(2, S)
