@@ -45,7 +45,7 @@ from vsr.kernels import common, conv1d, gemm, pdl
 # The references live in a module without Triton (the CPU path imports them); re-exported here.
 from vsr.kernels.deltanet_reference import (CHUNK, L2_EPS, chunk_gated_delta_rule_reference,  # noqa: F401
                                             deltanet_gates_reference, deltanet_mixer_reference,
-                                            recurrent_gated_delta_rule_reference)
+                                            recurrent_gated_delta_rule_reference, split_mixed)
 from vsr.kernels.common import LIBDEVICE, exp_f32, sigmoid_f32
 # The scan's loop prefetches the next chunk's workspace tiles (two stages) where its programs are
 # one a multiprocessor at most (scan_stages), else it runs unpipelined (one): with the 16-bit
@@ -271,11 +271,12 @@ def _scan_kernel(w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, o_ptr, S, V, SP
         state = state * tl.exp(tl.load(gl_ptr + chunk)) + tl.dot(kt, vn, input_precision=PREC)
 
 
-def _check(q, k, v, g, beta):
+def _check_heads(q, k, v):
+    """q, k [B, S, Hk, K] and v [B, S, Hv, V], Hv a multiple of Hk, each head dimension contiguous."""
     B, S, Hk, K = k.shape
-    if q.shape != k.shape or v.shape[:2] != (B, S) or g.shape != (B, S, v.shape[2]) or beta.shape != g.shape:
-        raise ValueError(f"shapes: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
-                         f"beta {tuple(beta.shape)}; expected q, k [B, S, Hk, K], v [B, S, Hv, V], g, beta [B, S, Hv]")
+    if q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, S):
+        raise ValueError(f"shapes: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}; expected q, k "
+                         f"[B, S, Hk, K], v [B, S, Hv, V]")
     if v.shape[2] % Hk:
         raise ValueError(f"value heads {v.shape[2]} are not a multiple of key heads {Hk}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -283,12 +284,20 @@ def _check(q, k, v, g, beta):
             raise ValueError(f"{name}: the head dimension must be contiguous (stride 1), got strides {x.stride()}")
 
 
+def _check_gate_params(neg_a, dt_bias, H):
+    if neg_a.shape != (H,) or dt_bias.shape != (H,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
+        raise ValueError(f"neg_a and dt_bias must be fp32 [{H}]")
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block_v: int | None = None, out=None):
     """The Triton form of chunk_gated_delta_rule_reference (same signature; q/k/v may be strided views,
     e.g. column slices of the conv output, with the head dimension contiguous). o [B, S, Hv, V] in
     q's dtype, contiguous (written into `out` when given). Products in PRECISION[q.dtype];
     `block_v`: the scan's value columns a program (default SCAN_BLOCK_V)."""
-    _check(q, k, v, g, beta)
+    _check_heads(q, k, v)
+    if g.shape != (*k.shape[:2], v.shape[2]) or beta.shape != g.shape:
+        raise ValueError(f"shapes: g {tuple(g.shape)} beta {tuple(beta.shape)}; expected [B, S, Hv] = "
+                         f"{[*k.shape[:2], v.shape[2]]}")
     return _rule(q, k, v, g.float().contiguous(), beta.contiguous(), None, lengths, l2norm, block_v, out)
 
 
@@ -304,12 +313,9 @@ def deltanet_mixer(x, conv_w, ba, neg_a, dt_bias, heads, lengths=None, *, block_
         raise ValueError(f"x must be [B, S, 2 Hk K + Hv V] = [B, S, {2 * Hk * K + Hv * V}], got {tuple(x.shape)}")
     if ba.shape != (B, S, 2 * Hv) or ba.stride(2) != 1:
         raise ValueError(f"ba must be [B, S, 2 Hv] = {[B, S, 2 * Hv]} with unit column stride, got {tuple(ba.shape)}")
-    if neg_a.shape != (Hv,) or dt_bias.shape != (Hv,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
-        raise ValueError(f"neg_a and dt_bias must be fp32 [{Hv}]")
-    mixed = conv1d.causal_conv1d_silu(x, conv_w)
-    kd = Hk * K
-    q, k = mixed[..., :kd].unflatten(-1, (Hk, K)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, K))
-    v = mixed[..., 2 * kd:].unflatten(-1, (Hv, V))
+    _check_gate_params(neg_a, dt_bias, Hv)
+    _check_heads(*split_mixed(x, heads))   # the conv output's q, k and v are these views' shapes
+    q, k, v = split_mixed(conv1d.causal_conv1d_silu(x, conv_w), heads)
     return _rule(q, k, v, ba, None, (neg_a.contiguous(), dt_bias.contiguous()), lengths, True, block_v, out)
 
 
@@ -396,8 +402,7 @@ def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor)
     if ba.dim() != 2 or ba.shape[1] % 2 or ba.stride(1) != 1:
         raise ValueError(f"ba must be [T, 2H] with unit column stride, got {tuple(ba.shape)} {ba.stride()}")
     T, H = ba.shape[0], ba.shape[1] // 2
-    if neg_a.shape != (H,) or dt_bias.shape != (H,) or neg_a.dtype != torch.float32 or dt_bias.dtype != torch.float32:
-        raise ValueError(f"neg_a and dt_bias must be fp32 [{H}]")
+    _check_gate_params(neg_a, dt_bias, H)
     g = torch.empty(T, H, dtype=torch.float32, device=ba.device)
     beta = torch.empty(T, H, dtype=ba.dtype, device=ba.device)
     if T:

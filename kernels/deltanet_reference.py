@@ -104,11 +104,16 @@ def deltanet_mixer_reference(x, conv_w, ba, neg_a, dt_bias, heads, lengths=None)
     it: the causal conv1d + SiLU of x [B, S, 2 Hk K + Hv V] (q | k | v) with conv_w [C, W], the gates
     of ba [B, S, 2 Hv] (b | a), then the chunked gated delta rule (q and k L2-normalised);
     heads (Hk, K, Hv, V). o [B, S, Hv, V] in x's dtype."""
-    Hk, K, Hv, V = heads
     B, S = x.shape[:2]
-    mixed = causal_conv1d_silu_reference(x, conv_w)
-    kd = Hk * K
-    q, k = mixed[..., :kd].unflatten(-1, (Hk, K)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, K))
-    v = mixed[..., 2 * kd:].unflatten(-1, (Hv, V))
+    q, k, v = split_mixed(causal_conv1d_silu_reference(x, conv_w), heads)
     g, beta = deltanet_gates_reference(ba.reshape(B * S, -1), neg_a, dt_bias)
     return chunk_gated_delta_rule_reference(q, k, v, g.view(B, S, -1), beta.view(B, S, -1), lengths)
+
+
+def split_mixed(mixed: torch.Tensor, heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B, S, Hk, K], k [B, S, Hk, K], v [B, S, Hv, V]: views of the conv output's columns
+    [B, S, 2 Hk K + Hv V] (q | k | v), heads (Hk, K, Hv, V)."""
+    Hk, K, Hv, V = heads
+    kd = Hk * K
+    return (mixed[..., :kd].unflatten(-1, (Hk, K)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, K)),
+            mixed[..., 2 * kd:].unflatten(-1, (Hv, V)))

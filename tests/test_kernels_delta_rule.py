@@ -238,16 +238,14 @@ def test_mixer_gives_the_bytes_of_its_parts(monkeypatch, parts):
     request's bytes do not depend on its batch or the padding after it."""
     monkeypatch.setattr(delta_rule, "UT_PARTS", parts)
     heads = (2, 16, 6, 32)
-    Hk, K, Hv, V = heads
+    Hv = heads[2]
     x, conv_w, ba, neg_a, dt = _mixer_inputs(3, 80, heads, torch.float32, seed=1)
     lengths = torch.tensor([80, 37, 64])
     got = delta_rule.deltanet_mixer(x, conv_w, ba, neg_a, dt, heads, lengths)
     mixed = conv1d.causal_conv1d_silu(x, conv_w)
     g, beta = delta_rule.deltanet_gates(ba.reshape(-1, 2 * Hv), neg_a, dt)
-    kd = Hk * K
-    apart = delta_rule.chunk_gated_delta_rule(
-        mixed[..., :kd].unflatten(-1, (Hk, K)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, K)),
-        mixed[..., 2 * kd:].unflatten(-1, (Hv, V)), g.view(3, 80, Hv), beta.view(3, 80, Hv), lengths)
+    apart = delta_rule.chunk_gated_delta_rule(*delta_rule.split_mixed(mixed, heads), g.view(3, 80, Hv),
+                                              beta.view(3, 80, Hv), lengths)
     assert torch.equal(got, apart)
     x2 = x.clone()
     x2[1, 37:] = 1e3
@@ -265,3 +263,5 @@ def test_mixer_shapes_are_checked():
         delta_rule.deltanet_mixer(x, conv_w, ba[..., 1:], neg_a, dt, heads)
     with pytest.raises(ValueError, match="neg_a"):
         delta_rule.deltanet_mixer(x, conv_w, ba, neg_a.double(), dt, heads)
+    with pytest.raises(ValueError, match="not a multiple"):   # 1 value head of 64 for 2 key heads of 16
+        delta_rule.deltanet_mixer(x, conv_w, ba[..., :2], neg_a[:1], dt[:1], (2, 16, 1, 64))

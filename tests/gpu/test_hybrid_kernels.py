@@ -64,10 +64,8 @@ def test_mixer_27b_shapes_gives_the_bytes_of_its_parts(B, S):
                                     out=torch.full((B, S, Hv, D), float("nan"), device="cuda", dtype=torch.bfloat16))
     mixed = conv1d.causal_conv1d_silu(x, w)
     gate, beta = delta_rule.deltanet_gates(ba.reshape(B * S, -1), neg_a, dt)
-    kd = Hk * D
-    apart = delta_rule.chunk_gated_delta_rule(
-        mixed[..., :kd].unflatten(-1, (Hk, D)), mixed[..., kd:2 * kd].unflatten(-1, (Hk, D)),
-        mixed[..., 2 * kd:].unflatten(-1, (Hv, D)), gate.view(B, S, Hv), beta.view(B, S, Hv), lengths)
+    apart = delta_rule.chunk_gated_delta_rule(*delta_rule.split_mixed(mixed, heads), gate.view(B, S, Hv),
+                                              beta.view(B, S, Hv), lengths)
     assert torch.equal(got, apart)
     ref = delta_rule.deltanet_mixer_reference(x, w, ba, neg_a, dt, heads, lengths)
     torch.testing.assert_close(got.float(), ref.float(), atol=2e-2 * float(ref.float().abs().max()), rtol=0)
