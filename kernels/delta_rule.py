@@ -29,9 +29,8 @@ t >= lengths[b] count as q = k = v = beta = g = 0 (they leave the state unchange
 output rows are zeros).
 
 The gates: beta = sigmoid(b) and g = -exp(A_log) * softplus(a + dt_bias) from the fused
-in_proj_b | in_proj_a output; deltanet_gates computes them one program per token, and
-deltanet_mixer (the model's call: the conv kernel, then the rule) in the per-chunk kernel, for the
-chunk's rows, with the same operations (one launch fewer a layer).
+in_proj_b | in_proj_a output (deltanet_gates, one program per token). deltanet_mixer, the model's
+call, runs the conv kernel, the gates kernel and the rule in turn.
 """
 from __future__ import annotations
 
@@ -182,21 +181,18 @@ def _ut_query(q_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, k, gc, g_last, decay, b, 
 
 
 @triton.jit
-def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, na_ptr, dt_ptr, len_ptr,
-               w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr, S, Hv, GROUP, K, V, SP, scale,
+def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, len_ptr, w_ptr, u_ptr, qg_ptr, kt_ptr, attn_ptr, gl_ptr,
+               S, Hv, GROUP, K, V, SP, scale,
                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sgb, sgs,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr,
-               PARTS: tl.constexpr, GATES: tl.constexpr, LIBDEVICE: tl.constexpr,
-               WAIT: tl.constexpr, RELEASE: tl.constexpr):
+               PARTS: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
     """Everything of one chunk of one (request, value head) that does not depend on the state, into
     workspaces (rows bh * SP + position; SP is S rounded up to BT; u and gl in fp32, the rest in
     WORKSPACE_DTYPE[input dtype]): T = (I + N)^-1,
     w = T (beta exp(gc) k) [SP, BK], u = T (beta v) [SP, V], qg = exp(gc) q [SP, BK],
     kt = (exp(gc_last - gc) k)^T [SP / BT, BK, BT], attn = q k^T exp(gc_i - gc_j) [j <= i] [SP, BT],
     gl = gc_last [SP / BT]. PARTS programs a chunk (program_id(2), UT_PARTS): 1 does it all; 2 gives
-    T, w and u to one and qg, kt, attn and gl to the other, the same operations either way.
-    GATES: g_ptr is the Gated DeltaNet's in_proj b | a output ([.., 2 Hv]) and g, beta are
-    _gate_values of it (na, dt: -exp(A_log), dt_bias), as deltanet_gates computes them."""
+    T, w and u to one and qg, kt, attn and gl to the other, the same operations either way."""
     pdl.begin(WAIT, RELEASE)
     c = tl.program_id(0)
     bh = tl.program_id(1)
@@ -209,15 +205,8 @@ def _ut_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, na_ptr, dt_ptr, len_ptr,
     real = pos < L
     k = _load_qk(k_ptr, b, pos, h // GROUP, skb, sks, skh, L, K, BT, BK, L2NORM)
     gb = b.to(tl.int64) * sgb + pos.to(tl.int64) * sgs + h
-    if GATES:
-        braw = tl.load(g_ptr + gb, mask=real, other=0.0)
-        g, beta = _gate_values(braw.to(tl.float32), tl.load(g_ptr + gb + Hv, mask=real, other=0.0).to(tl.float32),
-                               tl.load(na_ptr + h), tl.load(dt_ptr + h), LIBDEVICE)
-        g = tl.where(real, g, 0.0)
-        beta = tl.where(real, beta.to(braw.dtype).to(tl.float32), 0.0)
-    else:
-        g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + gb, mask=real, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + gb, mask=real, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
     g_last = tl.sum(tl.where(r == BT - 1, gc, 0.0), axis=0)
     causal = r[:, None] >= r[None, :]
@@ -298,13 +287,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, lengths=None, *, l2norm=True, block
     if g.shape != (*k.shape[:2], v.shape[2]) or beta.shape != g.shape:
         raise ValueError(f"shapes: g {tuple(g.shape)} beta {tuple(beta.shape)}; expected [B, S, Hv] = "
                          f"{[*k.shape[:2], v.shape[2]]}")
-    return _rule(q, k, v, g.float().contiguous(), beta.contiguous(), None, lengths, l2norm, block_v, out)
+    return _rule(q, k, v, g.float().contiguous(), beta.contiguous(), lengths, l2norm, block_v, out)
 
 
 def deltanet_mixer(x, conv_w, ba, neg_a, dt_bias, heads, lengths=None, *, block_v: int | None = None, out=None):
     """The Triton form of deltanet_mixer_reference: Gated DeltaNet's token mixer from in_proj's
-    outputs, conv1d.causal_conv1d_silu then the rule with the gates computed in its per-chunk
-    kernel (the bytes of deltanet_gates then chunk_gated_delta_rule). x [B, S, C] (C = 2 Hk K + Hv V:
+    outputs, conv1d.causal_conv1d_silu, deltanet_gates and the rule in turn. x [B, S, C] (C = 2 Hk K + Hv V:
     q | k | v before the convolution; a row-strided view allowed), conv_w [C, W], ba [B, S, 2 Hv]
     (b | a; row-strided allowed), neg_a and dt_bias fp32 [Hv], heads (Hk, K, Hv, V)."""
     Hk, K, Hv, V = heads
@@ -316,12 +304,12 @@ def deltanet_mixer(x, conv_w, ba, neg_a, dt_bias, heads, lengths=None, *, block_
     _check_gate_params(neg_a, dt_bias, Hv)
     _check_heads(*split_mixed(x, heads))   # the conv output's q, k and v are these views' shapes
     q, k, v = split_mixed(conv1d.causal_conv1d_silu(x, conv_w), heads)
-    return _rule(q, k, v, ba, None, (neg_a.contiguous(), dt_bias.contiguous()), lengths, True, block_v, out)
+    g, beta = deltanet_gates(ba.reshape(B * S, 2 * Hv), neg_a, dt_bias)
+    return _rule(q, k, v, g.view(B, S, Hv), beta.view(B, S, Hv), lengths, True, block_v, out)
 
 
-def _rule(q, k, v, g, beta, gates, lengths, l2norm, block_v, out):
-    """Both kernels: g fp32 [B, S, Hv] and beta (contiguous), or with `gates` (neg_a, dt_bias) g the
-    b | a output [B, S, 2 Hv] and beta None."""
+def _rule(q, k, v, g, beta, lengths, l2norm, block_v, out):
+    """Both kernels: g fp32 [B, S, Hv] and beta, contiguous."""
     B, S, Hk, K = k.shape
     Hv, V = v.shape[2:]
     BK = triton.next_power_of_2(K)
@@ -343,14 +331,11 @@ def _rule(q, k, v, g, beta, gates, lengths, l2norm, block_v, out):
     parts = UT_PARTS
     if parts not in (1, 2):   # the kernel splits a chunk's work in two at most
         raise ValueError(f"UT_PARTS must be 1 or 2, got {parts}")
-    na, dt = gates if gates is not None else (g, g)
     _ut_kernel[(SP // CHUNK, B * Hv, parts)](
-        q, k, v, g, beta if beta is not None else g, na, dt, lengths, w, u, qg, kt, attn, gl,
-        S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
+        q, k, v, g, beta, lengths, w, u, qg, kt, attn, gl, S, Hv, Hv // Hk, K, V, SP, K ** -0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), g.stride(0), g.stride(1),
-        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, PARTS=parts, GATES=gates is not None,
-        LIBDEVICE=LIBDEVICE, num_warps=UT_WARPS, **pdl.options(q.device))
+        BT=CHUNK, BK=BK, BV=BV, L2NORM=l2norm, PREC=prec, PARTS=parts, num_warps=UT_WARPS, **pdl.options(q.device))
     grid = (triton.cdiv(V, BV), B * Hv)
     stages = scan_stages(grid[0] * grid[1], dev, wsp["dtype"])
     _scan_kernel[grid](
@@ -365,10 +350,17 @@ def _rule(q, k, v, g, beta, gates, lengths, l2norm, block_v, out):
 
 
 @triton.jit
-def _gate_values(b, a, na, dt, LIBDEVICE: tl.constexpr):
-    """(g, beta) in fp32 of fp32 b and a: beta = sigmoid(b) (unrounded), g = na · softplus(a + dt)
-    (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
-    x = a + dt
+def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
+                  LIBDEVICE: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
+    """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
+    dt_bias) in fp32 (torch's softplus: x past 20 is x itself, else log1p(exp(x)))."""
+    pdl.begin(WAIT, RELEASE)
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)
+    m = h < H
+    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
+    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
+    x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
     e = exp_f32(x, LIBDEVICE)
     if LIBDEVICE:
         sp = libdevice.log1p(e)
@@ -376,24 +368,8 @@ def _gate_values(b, a, na, dt, LIBDEVICE: tl.constexpr):
         u = 1.0 + e
         sp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
     sp = tl.where(x > 20.0, x, sp)
-    return na * sp, sigmoid_f32(b, LIBDEVICE)
-
-
-@triton.jit
-def _gates_kernel(ba_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, stride_ba, BLOCK_H: tl.constexpr,
-                  LIBDEVICE: tl.constexpr, WAIT: tl.constexpr, RELEASE: tl.constexpr):
-    """Row program_id(0): beta = sigmoid(b) (fp32, rounded to ba's dtype), g = neg_a · softplus(a +
-    dt_bias) in fp32 (_gate_values)."""
-    pdl.begin(WAIT, RELEASE)
-    row = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)
-    m = h < H
-    b = tl.load(ba_ptr + row * stride_ba + h, mask=m, other=0.0).to(tl.float32)
-    a = tl.load(ba_ptr + row * stride_ba + H + h, mask=m, other=0.0).to(tl.float32)
-    g, beta = _gate_values(b, a, tl.load(na_ptr + h, mask=m, other=0.0), tl.load(dt_ptr + h, mask=m, other=0.0),
-                           LIBDEVICE)
-    tl.store(beta_ptr + row * H + h, beta.to(beta_ptr.dtype.element_ty), mask=m)
-    tl.store(g_ptr + row * H + h, g, mask=m)
+    tl.store(beta_ptr + row * H + h, sigmoid_f32(b, LIBDEVICE).to(beta_ptr.dtype.element_ty), mask=m)
+    tl.store(g_ptr + row * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * sp, mask=m)
 
 
 def deltanet_gates(ba: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor):

@@ -174,7 +174,7 @@ def test_the_scan_operands_workspace_dtype(monkeypatch, dtype, ws):
     class Spy:
         def __getitem__(self, grid):
             def launch(*a, **kw):
-                seen.update(w=a[8].dtype, u=a[9].dtype, qg=a[10].dtype, kt=a[11].dtype, attn=a[12].dtype)
+                seen.update(w=a[6].dtype, u=a[7].dtype, qg=a[8].dtype, kt=a[9].dtype, attn=a[10].dtype)
                 return ut[grid](*a, **kw)
             return launch
 
@@ -217,8 +217,7 @@ def _mixer_inputs(B, S, heads, dtype, seed=0, W=4):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-6), (torch.float16, 2e-3)])
 def test_mixer_matches_its_reference(dtype, tol):
-    """deltanet_mixer (the conv kernel, then the rule with the gates computed in its per-chunk
-    kernel) against the reference: conv1d, gates, chunked rule; a full chunk and a partial one,
+    """deltanet_mixer (the conv, gates and rule kernels in turn) against the reference: conv1d, gates, chunked rule; a full chunk and a partial one,
     right padding."""
     heads = (2, 32, 4, 48)
     x, conv_w, ba, neg_a, dt = _mixer_inputs(2, 70, heads, dtype)
@@ -232,24 +231,18 @@ def test_mixer_matches_its_reference(dtype, tol):
 
 
 @pytest.mark.parametrize("parts", [1, 2])
-def test_mixer_gives_the_bytes_of_its_parts(monkeypatch, parts):
-    """The gates computed in the per-chunk kernel give the bytes of conv1d.causal_conv1d_silu,
-    deltanet_gates and chunk_gated_delta_rule run one after another (either per-chunk split), and a
-    request's bytes do not depend on its batch or the padding after it."""
+def test_mixer_bytes_do_not_depend_on_batch_or_padding(monkeypatch, parts):
+    """A request's bytes from deltanet_mixer (either per-chunk split) do not depend on the batch it
+    shares or on the padding after it, and its padded rows are zeros."""
     monkeypatch.setattr(delta_rule, "UT_PARTS", parts)
     heads = (2, 16, 6, 32)
-    Hv = heads[2]
     x, conv_w, ba, neg_a, dt = _mixer_inputs(3, 80, heads, torch.float32, seed=1)
     lengths = torch.tensor([80, 37, 64])
     got = delta_rule.deltanet_mixer(x, conv_w, ba, neg_a, dt, heads, lengths)
-    mixed = conv1d.causal_conv1d_silu(x, conv_w)
-    g, beta = delta_rule.deltanet_gates(ba.reshape(-1, 2 * Hv), neg_a, dt)
-    apart = delta_rule.chunk_gated_delta_rule(*delta_rule.split_mixed(mixed, heads), g.view(3, 80, Hv),
-                                              beta.view(3, 80, Hv), lengths)
-    assert torch.equal(got, apart)
-    x2 = x.clone()
-    x2[1, 37:] = 1e3
-    assert torch.equal(delta_rule.deltanet_mixer(x2, conv_w, ba, neg_a, dt, heads, lengths), got)
+    assert torch.equal(got[1, 37:], torch.zeros_like(got[1, 37:]))
+    x2, ba2 = x.clone(), ba.clone()
+    x2[1, 37:], ba2[1, 37:] = 1e3, -1e3
+    assert torch.equal(delta_rule.deltanet_mixer(x2, conv_w, ba2, neg_a, dt, heads, lengths), got)
     alone = delta_rule.deltanet_mixer(x[1:2, :37], conv_w, ba[1:2, :37], neg_a, dt, heads)
     assert torch.equal(alone[0], got[1, :37])
 

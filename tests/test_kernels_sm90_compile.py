@@ -53,9 +53,6 @@ for dt in (torch.bfloat16, torch.float32):
     qq, kk = torch.randn(1, 70, 2, 128).to(dt), torch.randn(1, 70, 2, 128).to(dt)
     v, g, beta = torch.randn(1, 70, 6, 128).to(dt), -torch.rand(1, 70, 6), torch.rand(1, 70, 6).to(dt)
     delta_rule.chunk_gated_delta_rule(qq, kk, v, g, beta)
-    x, ba = torch.randn(1, 70, 4 * 128 + 6 * 128).to(dt), torch.randn(1, 70, 12).to(dt)
-    delta_rule.deltanet_mixer(x, torch.randn(4 * 128 + 6 * 128, 4).to(dt), ba, -torch.rand(6), torch.rand(6),
-                              (2, 128, 6, 128))
 
 # fp32 products as on the H200 (common.f32_precision asks the device's features): the built-in
 # router's shapes, each row bucket's default tile of the dense and int4 templates.
@@ -102,8 +99,6 @@ with pdl.programmatic_forward():
     delta_rule.chunk_gated_delta_rule(qq, kk, torch.randn(1, 70, 6, 128).bfloat16(), -torch.rand(1, 70, 6),
                                       torch.rand(1, 70, 6).bfloat16())
     delta_rule.deltanet_gates(torch.randn(T, 12).bfloat16(), -torch.rand(6), torch.rand(6))
-    delta_rule.deltanet_mixer(torch.randn(1, 70, 10 * 128).bfloat16(), torch.randn(10 * 128, 4).bfloat16(),
-                              torch.randn(1, 70, 12).bfloat16(), -torch.rand(6), torch.rand(6), (2, 128, 6, 128))
     wd = random_weight("dense", 1536, 384, {}, torch.bfloat16, "cpu", bias=True)
     dense.launch(torch.randn(128, 384).bfloat16(), wd, dense.default_tile(dense.problem(wd, 128, torch.bfloat16)))
 pdl_ptx = {n: [("griddepcontrol.wait" in t, "griddepcontrol.launch_dependents" in t) for t in v[start.get(n, 0):]]
