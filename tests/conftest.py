@@ -27,6 +27,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def pytest_collection_finish(session):
+    """A module with compiling processes to run (start_background_probes) starts them now, for its
+    selected tests, so they run beside the modules collected before it."""
+    modules = {}
+    for item in session.items:
+        start = getattr(getattr(item, "module", None), "start_background_probes", None)
+        if start is not None:
+            modules.setdefault(start, []).append(item.name)
+    for start, names in modules.items():
+        start(names)
+
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

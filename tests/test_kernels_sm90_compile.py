@@ -8,10 +8,13 @@ common.f32_precision gives them on an NVIDIA GPU (tf32x3), issue TF32 MMAs; the 
 weight operand never passes through shared memory."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,18 +117,128 @@ def _compile_env() -> dict:
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
-def _run(probe: str, timeout: int) -> dict:
-    """The JSON a probe prints last, run without the interpreter."""
-    env = _compile_env()
-    p = subprocess.run([sys.executable, "-c", probe, str(BENCH)], capture_output=True, text=True, env=env,
-                       timeout=timeout)
+def _triton() -> tuple[int, int]:
+    return tuple(int(p) for p in __import__("triton").__version__.split(".")[:2])
+
+
+def _ptxas() -> str:
+    """Triton's pre-Hopper ptxas (Triton >= 3.9 ships one of its own for sm_90 and newer)."""
+    from triton import knobs
+    return knobs.nvidia.ptxas.path
+
+
+def _probes() -> dict:
+    """Each compiling process of this module by name: (argv given its output directory, timeout s,
+    the tests that read it)."""
+    fit = [sys.executable, str(BENCH / "sm90_fit.py")]
+    return {"ops": (lambda d: [sys.executable, "-c", _PROBE, str(BENCH)], 300, _USES_COMPILED),
+            "frag": (lambda d: [sys.executable, "-c", _FRAG_PROBE, str(BENCH)], 600,
+                     {"test_int4_frag_operand_never_passes_through_shared_memory",
+                      "test_int4_register_operand_wgmmas_are_never_overwritten_in_flight"}),
+            "older_ptxas": (lambda d: [sys.executable, str(BENCH / "rs_wgmma_hazards.py"), "--ptxas", _ptxas(),
+                                       "--buckets", "128", "--out", str(d / "hazards.json")], 600,
+                            {"test_int4_kernels_wait_under_an_older_ptxas"} if _triton() >= (3, 9) else set()),
+            "glu": (lambda d: [sys.executable, "-c", _GLU_PROBE, str(BENCH)], 600,
+                    {"test_swiglu_products_compile_for_the_h200"}),
+            "glu_fit": (lambda d: fit + ["--formats", "bf16,fp8", "--shapes", "gate_up", "--buckets", "128,1024,2048",
+                                         "--tiles", "shipped", "--glu", "--out", str(d / "fit.json")], 600,
+                        {"test_swiglu_gate_up_products_keep_their_wgmma_pipelined"}),
+            "fit_report": (lambda d: fit + ["--formats", "bf16", "--shapes", "gate_up", "--buckets", "1", "--glu",
+                                            "--out", str(d / "fit.json")], 300,
+                           {"test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request"}),
+            "wgmma": (lambda d: [sys.executable, "-c", _WGMMA_PROBE, str(BENCH)], 600,
+                      {"test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory"})}
+
+
+class _Background:
+    """The probes of the selected tests, run one after another on a thread from the end of
+    collection (tests/conftest.py calls start), so that they compile, on a core of their own,
+    while the modules before this one run; a test waits for its own probe only. A probe no thread
+    started runs when its test asks for it."""
+
+    def __init__(self):
+        self.done: dict[str, threading.Event] = {}
+        self.results: dict[str, tuple] = {}
+        self.dirs: list[tempfile.TemporaryDirectory] = []
+        self.running: set[subprocess.Popen] = set()
+        atexit.register(self.stop)
+
+    def _run(self, name: str) -> None:
+        argv, timeout, _ = _probes()[name]
+        d = tempfile.TemporaryDirectory()
+        self.dirs.append(d)
+        try:
+            self.results[name] = (self._call(argv(Path(d.name)), timeout), Path(d.name))
+        except Exception as e:   # a probe past its timeout fails its tests, not the thread
+            self.results[name] = (e, Path(d.name))
+        self.done[name].set()
+
+    def _call(self, argv: list[str], timeout: int) -> subprocess.CompletedProcess:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_compile_env()) as proc:
+            self.running.add(proc)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+            finally:
+                self.running.discard(proc)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """At exit: no probe outlives the test run."""
+        for proc in list(self.running):
+            proc.kill()
+
+    def start(self, tests: set[str]) -> None:
+        names = [n for n, (_, _, uses) in _probes().items() if uses & tests and n not in self.done]
+        for n in names:
+            self.done[n] = threading.Event()
+        threading.Thread(target=lambda: [self._run(n) for n in names], daemon=True).start()
+
+    def result(self, name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        if name not in self.done:
+            self.done[name] = threading.Event()
+            self._run(name)
+        self.done[name].wait()
+        p, d = self.results[name]
+        if isinstance(p, Exception):
+            raise p
+        return p, d
+
+
+_BACKGROUND = _Background()
+
+
+def start_background_probes(tests: list[str]) -> None:
+    """Called by tests/conftest.py with the names of this module's selected tests."""
+    _BACKGROUND.start({t.split("[")[0] for t in tests})
+
+
+def _json(name: str) -> dict:
+    """The JSON probe `name` prints last."""
+    p, _ = _BACKGROUND.result(name)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _out(name: str, file: str) -> dict:
+    """The JSON file probe `name` writes."""
+    p, d = _BACKGROUND.result(name)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    return json.loads((d / file).read_text())
+
+
+_USES_COMPILED = {"test_exact_rope_keeps_every_rounding", "test_delta_rule_fits_the_h200",
+                  "test_delta_rule_runs_on_tensor_cores_within_its_registers",
+                  "test_fp32_products_run_on_the_tensor_cores", "test_fp32_attention_fits_the_h200_at_every_head_dim",
+                  "test_programmatic_forward_compiles_waits_and_releases"}
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    return _run(_PROBE, 300)
+    return _json("ops")
 
 
 def test_exact_rope_keeps_every_rounding(compiled):
@@ -234,7 +347,7 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared, "mma_wait": waits, "
 
 @pytest.fixture(scope="module")
 def frag_compiled():
-    return _run(_FRAG_PROBE, 600)
+    return _json("frag")
 
 
 def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
@@ -267,20 +380,14 @@ def test_int4_register_operand_wgmmas_are_never_overwritten_in_flight(frag_compi
         assert r["hazards"] == [], (r["tile"], r["hazards"][:3])
 
 
-@pytest.mark.skipif(tuple(int(p) for p in __import__("triton").__version__.split(".")[:2]) < (3, 9),
+@pytest.mark.skipif(_triton() < (3, 9),
                     reason="before Triton 3.9 the kernels wait whatever the ptxas (the test above)")
-def test_int4_kernels_wait_under_an_older_ptxas(tmp_path):
+def test_int4_kernels_wait_under_an_older_ptxas():
     """Triton 3.9's SASS of the frag and SCALE_W join kernels keeps a pending wgmma's operand
     intact only as its own ptxas (13.4) assembles it: pointed at an older one (its pre-Hopper
     ptxas, CUDA 12.9, as a system toolkit would be), the launcher turns the wait on and no kernel
     writes such a register; without the wait they do (benchmarks/rs_wgmma_hazards.py, bucket 128)."""
-    from triton import knobs
-    out = tmp_path / "hazards.json"
-    env = _compile_env()
-    p = subprocess.run([sys.executable, str(BENCH / "rs_wgmma_hazards.py"), "--ptxas", knobs.nvidia.ptxas.path,
-                        "--buckets", "128", "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
-    (got,) = json.loads(out.read_text())["rows"]
+    (got,) = _out("older_ptxas", "hazards.json")["rows"]
     if got["ptxas"] is None or tuple(got["ptxas"]) >= (13, 4):
         pytest.skip(f"this Triton's pre-Hopper ptxas is {got['ptxas']}, not an older one")
     assert got["mma_wait"] is True
@@ -325,7 +432,7 @@ print(json.dumps({"launches": launches, "limit": rec.device.shared}))
 def test_swiglu_products_compile_for_the_h200():
     """Every path with the SwiGLU epilogue compiles for sm_90 and fits its shared memory (the
     interpreter reads globals a compiled kernel may not: this is where such an error shows)."""
-    got = _run(_GLU_PROBE, 600)
+    got = _json("glu")
     assert len(got["launches"]) == 28
     for launch in got["launches"]:
         assert launch["kernels"], launch["tile"]
@@ -335,17 +442,12 @@ def test_swiglu_products_compile_for_the_h200():
         assert glu, (launch["tile"], [k["kernel"] for k in launch["kernels"]])
 
 
-def test_swiglu_gate_up_products_keep_their_wgmma_pipelined(tmp_path):
+def test_swiglu_gate_up_products_keep_their_wgmma_pipelined():
     # The 27B gate|up on the shipped tiles with the SwiGLU epilogue (the runtime's dense and FP8
     # forms: one tile a program at 128 rows, stream-K at 1,024, FP8 persistent at 2,048): ptxas
     # serializes none of their wgmma instructions. With two accumulators in a walk of tiles
     # flattened into the K loop it did (C7515), and the product took 1.4x as long on an H100.
-    out = tmp_path / "fit.json"
-    p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16,fp8", "--shapes", "gate_up",
-                        "--buckets", "128,1024,2048", "--tiles", "shipped", "--glu", "--out", str(out)],
-                       capture_output=True, text=True, env=_compile_env(), timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = _out("glu_fit", "fit.json")["rows"]
     assert len(rows) == 6 and all(r["glu"] for r in rows)
     tma = [k for r in rows for k in r["kernels"] if k["kernel"] in ("tma_gemm_kernel", "tma_streamk_kernel")]
     assert len(tma) == 6
@@ -354,16 +456,10 @@ def test_swiglu_gate_up_products_keep_their_wgmma_pipelined(tmp_path):
             assert k["wgmma_serialized"] is None, (r["format"], r["bucket"], k)
 
 
-def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request(tmp_path):
+def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request():
     # --glu: gate_up launches with the SwiGLU epilogue whatever the runtime does; every compiled
     # kernel carries the registers and stack bytes cuobjdump reads off its cubin.
-    out = tmp_path / "fit.json"
-    env = _compile_env()
-    p = subprocess.run([sys.executable, str(BENCH / "sm90_fit.py"), "--formats", "bf16", "--shapes", "gate_up",
-                        "--buckets", "1", "--glu", "--out", str(out)], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = _out("fit_report", "fit.json")
     assert result["glu"] is True
     (row,) = result["rows"]
     assert row["glu"] is True and row["kernels"]
@@ -425,7 +521,7 @@ def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memo
     # hazard check finds), one MMA stays in flight across a step (a wait for 1), the ring is filled
     # by TMA and the partitions resize their registers (warp specialisation); scales in x's dtype
     # convert by packed pairs, fp32 scales (fp16 x, a K that ends inside a step) in fp32.
-    got = _run(_WGMMA_PROBE, 600)
+    got = _json("wgmma")
     rows = got["rows"]
     assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (128, 256)} | {
         (False, "fp32 scales")}
