@@ -153,29 +153,36 @@ def _probes() -> dict:
 class _Background:
     """The probes of the selected tests, run one after another on a thread from the end of
     collection (tests/conftest.py calls start), so that they compile, on a core of their own,
-    while the modules before this one run; a test waits for its own probe only. A probe no thread
-    started runs when its test asks for it."""
+    while the modules before this one run; a test waits for its own probe only. Their command
+    lines and environment are taken at start, before any test can patch what they read. A probe
+    no thread started runs when its test asks for it."""
 
     def __init__(self):
         self.done: dict[str, threading.Event] = {}
         self.results: dict[str, tuple] = {}
         self.dirs: list[tempfile.TemporaryDirectory] = []
         self.running: set[subprocess.Popen] = set()
+        self.env: dict | None = None   # the environment at start: tests that run meanwhile may patch theirs
         atexit.register(self.stop)
 
-    def _run(self, name: str) -> None:
+    def _plan(self, name: str) -> tuple[list[str], int, Path]:
+        """Probe `name`'s command line, timeout and output directory, made now."""
         argv, timeout, _ = _probes()[name]
         d = tempfile.TemporaryDirectory()
         self.dirs.append(d)
+        return argv(Path(d.name)), timeout, Path(d.name)
+
+    def _run(self, name: str, plan: tuple[list[str], int, Path]) -> None:
+        argv, timeout, d = plan
         try:
-            self.results[name] = (self._call(argv(Path(d.name)), timeout), Path(d.name))
+            self.results[name] = (self._call(argv, timeout), d)
         except Exception as e:   # a probe past its timeout fails its tests, not the thread
-            self.results[name] = (e, Path(d.name))
+            self.results[name] = (e, d)
         self.done[name].set()
 
     def _call(self, argv: list[str], timeout: int) -> subprocess.CompletedProcess:
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_compile_env()) as proc:
+                              env=self.env or _compile_env()) as proc:
             self.running.add(proc)
             try:
                 out, err = proc.communicate(timeout=timeout)
@@ -193,14 +200,16 @@ class _Background:
 
     def start(self, tests: set[str]) -> None:
         names = [n for n, (_, _, uses) in _probes().items() if uses & tests and n not in self.done]
+        self.env = _compile_env()
+        plans = {n: self._plan(n) for n in names}
         for n in names:
             self.done[n] = threading.Event()
-        threading.Thread(target=lambda: [self._run(n) for n in names], daemon=True).start()
+        threading.Thread(target=lambda: [self._run(n, plans[n]) for n in names], daemon=True).start()
 
     def result(self, name: str) -> tuple[subprocess.CompletedProcess, Path]:
         if name not in self.done:
             self.done[name] = threading.Event()
-            self._run(name)
+            self._run(name, self._plan(name))
         self.done[name].wait()
         p, d = self.results[name]
         if isinstance(p, Exception):
