@@ -603,8 +603,8 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     M, K = x.shape
     N = w.N
     y = common.output(x, common.glu_width(N, glu), out)
-    if M == 0:   # nothing to compute: no dequantized copy, and the GEMV takes exactly one row
-        return y
+    if M == 0 or tile.get("TAIL_TILES"):   # no rows: nothing to run (the GEMV takes one); a tail: two launches
+        return _launch_tail(x, w, tile, y, glu) if M else y
     dtile = dense_tile(tile)
     if dtile is not None:
         from vsr.kernels import dense
@@ -905,6 +905,27 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
         raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
                          f"K={w.K} does not allow: {tile}")
     int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split)
+
+
+def _weight_rows(w: Int4Weight, lo: int, hi: int) -> Int4Weight:
+    """Rows lo..hi of w (views of its contiguous tensors), x's columns already in w's order."""
+    part = lambda t: None if t is None else t[lo:hi]  # noqa: E731
+    return Int4Weight(part(w.packed), part(w.scale), w.K, w.group_size, part(w.zero_point), None, part(w.bias))
+
+
+def _launch_tail(x: torch.Tensor, w: Int4Weight, tile: dict, y: torch.Tensor, glu: bool) -> torch.Tensor:
+    """A tile with TAIL_TILES = t > 0: its last t blocks of BLOCK_N weight rows launched apart, K split
+    TAIL_SPLIT ways, after the others as the tile itself. A grid whose last wave of programs is
+    nearly empty runs that wave on a few multiprocessors; split over K, those rows' programs
+    spread over all of them. x is in w's column order (launch gathers it first)."""
+    nd = (common.cdiv(w.N, tile["BLOCK_N"]) - tile["TAIL_TILES"]) * tile["BLOCK_N"]
+    if glu or dense_tile(tile) is not None or not 0 < nd < w.N or tile.get("TAIL_SPLIT", 0) < 1:
+        raise ValueError(f"TAIL_TILES takes an unpacking path's tile, no SwiGLU epilogue, fewer blocks than "
+                         f"N={w.N}'s and a TAIL_SPLIT: {tile}")
+    head = {k: v for k, v in tile.items() if k not in ("TAIL_TILES", "TAIL_SPLIT")}
+    launch(x, _weight_rows(w, 0, nd), head, out=y[:, :nd])
+    launch(x, _weight_rows(w, nd, w.N), dict(head, SPLIT_K=tile["TAIL_SPLIT"]), out=y[:, nd:])
+    return y
 
 
 TEMPLATE = common.KernelTemplate(name="int4_w4a16", module=sys.modules[__name__], search_space=search_space,

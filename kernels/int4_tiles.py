@@ -251,6 +251,36 @@ def _frag_tiles(p: Problem) -> list[dict]:
     return out
 
 
+def _frag_programs_per_sm(t: dict) -> int:
+    """Programs of a frag tile a multiprocessor holds: its pipeline's stages of x's tile (half
+    precision) and the packed words in shared memory, at most 16 warps of them."""
+    stage = t["BLOCK_M"] * t["BLOCK_K"] * 2 + t["BLOCK_N"] * t["BLOCK_K"] // 2
+    return max(1, min(gemm_tiles.SMEM_LIMIT // (t["num_stages"] * stage + 2048), 16 // t["num_warps"]))
+
+
+def _tail_tiles(p: Problem, tiles: list[dict], sms: int = gemm_tiles.SMS) -> list[dict]:
+    """Each whole-K tile (SPLIT_K 1: a split tile's grid is sized by its split) whose last wave of
+    programs is under half full, with that wave's blocks of weight rows launched apart, K split 8
+    or 16 ways (int4._launch_tail: TAIL_TILES, TAIL_SPLIT), so they spread over every
+    multiprocessor instead of running on a few while the rest idle. On the H200, gate|up's frag
+    tile at 128 rows (544 programs, two a multiprocessor: 2.06 waves) took 113-115 us so against
+    126.9 (benchmarks/results/ab-nvidia-h200-2026-12-06.json, "int4_tail_split")."""
+    out = []
+    for t in tiles:
+        if t["SPLIT_K"] != 1:
+            continue
+        per = common.cdiv(p.bucket, t["BLOCK_M"]) * t["SPLIT_K"]
+        blocks = common.cdiv(p.N, t["BLOCK_N"])
+        slots = sms * _frag_programs_per_sm(t)
+        last = blocks * per % slots
+        if blocks * per < slots or not 0 < last < slots / 2:
+            continue
+        tail = blocks - (blocks * per - last) // per
+        out += [dict(t, TAIL_TILES=tail, TAIL_SPLIT=s) for s in (8, 16)
+                if s > t["SPLIT_K"] and p.K // s >= 2 * t["BLOCK_K"]]
+    return out
+
+
 # The wgmma path's forms (int4_wgmma.py: warp-specialised, one program a multiprocessor) by bucket,
 # as (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): x's rows on the MMA's narrow side, one MMA
 # warpgroup. 128 weight rows x 128 x rows at 128 and 256 rows; 64 weight rows x 256 x rows (m64n256
@@ -319,15 +349,17 @@ def search_space(p: Problem) -> list[dict]:
     d = default_tile(p)
     mma = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
     slices = slices_tiles(p) if p.bucket <= 128 and _slices_ok(p) else []
+    frag = _frag_tiles(p)
+    frag += _tail_tiles(p, frag) if p.bucket <= 256 else []
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:
         b = _dense_bytes(p)
         dequant = _dequant_paths()
         rest = [dict(t, path=dequant[t["path"]]) for t in gemm_tiles.gemm_space(p.bucket, p.N, p.K, b, b, d)[1:]
-                if t["path"] in dequant] + _wgmma_tiles(p) + mma[:4] + _interleave(_frag_tiles(p), _join_tiles(p))
+                if t["path"] in dequant] + _wgmma_tiles(p) + mma[:4] + _interleave(frag, _join_tiles(p))
     else:
-        rest = _interleave(_wgmma_tiles(p), _interleave(_interleave(_interleave(_frag_tiles(p), slices),
+        rest = _interleave(_wgmma_tiles(p), _interleave(_interleave(_interleave(frag, slices),
                                                                     _join_tiles(p)),
                                                         _interleave(_swap_tiles(p, bks), mma)))
     out, seen = [d], {tuple(sorted(d.items()))}

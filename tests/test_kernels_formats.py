@@ -982,6 +982,34 @@ def test_int4_frag_path_refuses_fp32_activations_and_odd_block_k():
         int4.launch(torch.randn(2, K).half().to(DEV), w, dict(SLICES, path="frag", BLOCK_K=8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, BF16_ON_GPU])
+@pytest.mark.parametrize("symmetric,act_order,fixup", [(True, False, 0), (False, True, 1)])
+def test_int4_tail_tiles_split_their_last_weight_rows(dtype, symmetric, act_order, fixup):
+    # TAIL_TILES: the last blocks of BLOCK_N weight rows launched apart with K split TAIL_SPLIT ways
+    # (N = 37 on 16-row blocks: the tail is the partial block and the one before it). The rows
+    # before the tail are the plain tile's launch on them, byte for byte; the tail is split over
+    # K (reduction kernel or in-kernel fixup), x gathered once for both launches.
+    g = gen(140 + symmetric + act_order)
+    w = int4_weight(g, 128, symmetric, act_order, True, dtype)
+    x = torch.randn(40, K, generator=g).to(dtype).to(DEV)
+    tile = dict(SLICES, path="frag", BLOCK_M=64, BLOCK_N=16, BLOCK_K=64, SPLIT_K=1, FIXUP=fixup)
+    y = run(int4.launch, x, w, dict(tile, TAIL_TILES=2, TAIL_SPLIT=3))
+    assert_close(y, int4.reference_linear(x, w))
+    assert torch.equal(y[:, :N - 21], run(int4.launch, x, w, tile)[:, :N - 21])
+
+
+def test_int4_tail_tiles_are_refused_where_they_cannot_run():
+    w = int4_weight(gen(143), 128, True, False, bias=False)
+    x = torch.randn(4, K).half().to(DEV)
+    tile = dict(SLICES, path="frag", BLOCK_M=16, BLOCK_N=16, BLOCK_K=64)
+    for bad in (dict(tile, TAIL_TILES=3, TAIL_SPLIT=2), dict(tile, TAIL_TILES=1),
+                dict(tile, path="dequant", TAIL_TILES=1, TAIL_SPLIT=2)):
+        with pytest.raises(ValueError, match="TAIL_TILES"):
+            int4.launch(x, w, bad)
+    with pytest.raises(ValueError, match="SwiGLU"):
+        int4.launch(x, w, dict(tile, TAIL_TILES=1, TAIL_SPLIT=2), glu=True)
+
+
 def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
     # The packed words' TMA descriptor is kept on the weight (host time per call otherwise), per
     # block shape, and rebuilt for a weight whose words moved.
