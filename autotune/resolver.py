@@ -186,12 +186,14 @@ class TileResolver:
                 lock.release()
 
     def tune(self, template, problem, *, weight=None, x=None, deadline=None, progress=None,
-             max_candidates: int | None = None, incumbents: list | None = None) -> tuple[dict, bool]:
+             max_candidates: int | None = None, incumbents: list | None = None,
+             paths: tuple[str, ...] | None = None) -> tuple[dict, bool]:
         """Make sure `problem` has a recorded tile (for vsr-tune): (tile, tuned_now). The sweep
         tries the template's whole search space, or `max_candidates` of it (tuner.candidates: the
         default tile and a pick over the rest, shared among the template's pick groups,
         Template.pick_group, where n allows) plus the `incumbents` the space still holds
-        (tuner.with_incumbents)."""
+        (tuner.with_incumbents). `paths`: only the space's tiles of those kernel paths (a tile's
+        "path"), then the pick and the incumbents as above; a ValueError if it holds none."""
         key = self.key(template, problem)
         d = key.digest()
         with self._lock:
@@ -201,11 +203,15 @@ class TileResolver:
                 return dict(tile), False
             n = len(self.tuned)
             tiles = None
-            if max_candidates is not None:
+            if max_candidates is not None or paths:
                 from vsr.autotune import tuner
                 space = template.search_space(problem)
-                tiles = tuner.with_incumbents(tuner.candidates(space, max_candidates, template.pick_group), space,
-                                              incumbents or [])
+                of_paths = [t for t in space if t.get("path") in paths] if paths else space
+                if not of_paths:
+                    raise ValueError(f"the search space of {key.short()} holds no tile of the paths {', '.join(paths)}")
+                pick = of_paths if max_candidates is None else tuner.candidates(of_paths, max_candidates,
+                                                                                template.pick_group)
+                tiles = tuner.with_incumbents(pick, space, incumbents or [])
             tile = self._tune(template, problem, key, weight, x, deadline, progress, tiles)
             self._memo[d] = tile
             return dict(tile), len(self.tuned) > n

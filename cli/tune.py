@@ -1,7 +1,7 @@
 """vsr-tune: pre-record tiles into the shared autotune cache, and inspect / ship / check it.
 
     vsr-tune PACKAGE-or-SHAPES --autotune-cache PATH [--buckets 1,16|all] [--formats ...]
-             [--jobs N] [--time-budget S] [--max-candidates N [--incumbents CACHE ...]] [--json]
+             [--jobs N] [--time-budget S] [--max-candidates N] [--paths P,...] [--incumbents CACHE ...] [--json]
     vsr-tune ls|show KEY|export|import SRC|merge SRC|verify|coverage PACKAGE --autotune-cache PATH
 
 SHAPES is "27b", "27b-hybrid", "minilm" or "NxK[,NxK]" (with --formats); a PACKAGE is a built-in name or a
@@ -165,18 +165,23 @@ def _fail(msg: str) -> None:
                    "source or Triton, joins that key's --max-candidates pick when the search space "
                    "still holds it: a re-tune then cannot lose a tile it already had (without "
                    "--max-candidates the whole space is tried anyway).")
+@click.option("--paths", default=None,
+              help="Comma-separated kernel paths (a tile's \"path\", e.g. frag,wgmma): try only the "
+                   "search space's tiles of those paths (then the --max-candidates pick, if given), "
+                   "plus the --incumbents. A key whose space has none fails.")
 @device_option
 @json_option
 def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_candidates, incumbents_from,
-             device, as_json):
+             paths, device, as_json):
     """Tune every (format, N, K, bucket) of a PACKAGE or shape spec that the cache lacks."""
     from vsr.autotune.resolver import TileResolver
 
     t0 = time.monotonic()
     dev = _device(device)
-    if incumbents_from and max_candidates is None:
-        click.echo("vsr-tune: note: --incumbents matters only with --max-candidates (the whole search space "
-                   "is tried without it)", err=True)
+    paths = tuple(p for p in paths.split(",") if p) if paths else None
+    if incumbents_from and max_candidates is None and not paths:
+        click.echo("vsr-tune: note: --incumbents matters only with --max-candidates or --paths (the whole "
+                   "search space is tried without them)", err=True)
     try:
         bks = parse_buckets(buckets)
         incumbents = incumbent_tiles(incumbents_from)   # before the cache is opened: a bad file creates nothing
@@ -214,7 +219,7 @@ def tune_cmd(target, cache, buckets, formats, act_dtype, jobs, time_budget, max_
         try:
             _, tuned_now = resolver.tune(job["template"], job["problem"], weight=job["weight"],
                                          progress=progress, max_candidates=max_candidates,
-                                         incumbents=key_inc)
+                                         incumbents=key_inc, paths=paths)
         except (CacheError, ValueError, RuntimeError) as e:
             report["failed"].append({"key": key.short(), "error": str(e)})
             click.echo(f"\n[{i}/{len(work)}] {key.short()}: FAILED: {e}", err=True)

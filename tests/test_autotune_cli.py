@@ -217,7 +217,25 @@ def test_incumbents_join_a_retune_from_a_cache_of_older_kernels(tuned, tmp_path)
     assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "x.db").exists()
     res = run("40x64", "--formats", "fp16", "--buckets", "1", "--autotune-cache", tmp_path / "y.db",
               "--incumbents", tmp_path / "old.json")
-    assert "--incumbents matters only with --max-candidates" in res.output
+    assert "--incumbents matters only with --max-candidates or --paths" in res.output
+
+
+def test_paths_tune_only_the_tiles_of_those_paths(tmp_path):
+    # --paths: the space's tiles of the named kernel paths (here gemv, not the default tma-swap),
+    # all of them without --max-candidates; a key whose space has none fails, naming the paths.
+    from vsr.kernels import registry
+    from vsr.kernels.template import Problem
+    space = registry.TEMPLATES["dense"].search_space(Problem(40, 64, 1, torch.float16, (("wdtype", "float16"),)))
+    gemv = [t for t in space if t["path"] == "gemv"]
+    assert space[0]["path"] != "gemv" and len(gemv) > 1
+    one = ["40x64", "--formats", "fp16", "--buckets", "1"]
+    run(*one, "--paths", "gemv", "--autotune-cache", tmp_path / "g.db")
+    (row,) = json.loads(run("ls", "--autotune-cache", tmp_path / "g.db", "--json").stdout)
+    shown = json.loads(run("show", row["digest"], "--autotune-cache", tmp_path / "g.db", "--json").stdout)
+    key = functools.partial(json.dumps, sort_keys=True)
+    assert sorted(key(c["tile"]) for c in shown["candidates"]) == sorted(map(key, gemv))
+    res = run(*one, "--paths", "frag", "--autotune-cache", tmp_path / "f.db", ok=False)
+    assert res.exit_code == 1 and "holds no tile of the paths frag" in res.output
 
 
 def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path):
