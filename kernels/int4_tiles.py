@@ -263,21 +263,20 @@ def _tail_tiles(p: Problem, tiles: list[dict], sms: int = gemm_tiles.SMS) -> lis
     programs is under half full, with that wave's blocks of weight rows launched apart, K split 8
     or 16 ways (int4._launch_tail: TAIL_TILES, TAIL_SPLIT), so they spread over every
     multiprocessor instead of running on a few while the rest idle. On the H200, gate|up's frag
-    tile at 128 rows (544 programs, two a multiprocessor: 2.06 waves) took 113-115 us so against
+    tile at 128 rows (544 programs, two a multiprocessor: 2.06 waves) took 113-115 us against
     126.9 (benchmarks/results/ab-nvidia-h200-2026-12-06.json, "int4_tail_split")."""
     out = []
     for t in tiles:
         if t["SPLIT_K"] != 1:
             continue
-        per = common.cdiv(p.bucket, t["BLOCK_M"]) * t["SPLIT_K"]
+        per = common.cdiv(p.bucket, t["BLOCK_M"])
         blocks = common.cdiv(p.N, t["BLOCK_N"])
         slots = sms * _frag_programs_per_sm(t)
         last = blocks * per % slots
         if blocks * per < slots or not 0 < last < slots / 2:
             continue
         tail = blocks - (blocks * per - last) // per
-        out += [dict(t, TAIL_TILES=tail, TAIL_SPLIT=s) for s in (8, 16)
-                if s > t["SPLIT_K"] and p.K // s >= 2 * t["BLOCK_K"]]
+        out += [dict(t, TAIL_TILES=tail, TAIL_SPLIT=s) for s in (8, 16) if p.K // s >= 2 * t["BLOCK_K"]]
     return out
 
 
@@ -350,7 +349,7 @@ def search_space(p: Problem) -> list[dict]:
     mma = gemm_tiles.gemm_space(p.bucket, p.N, p.K, 2, 0.5, d, bk_choices=bks, tma=False)[1:]
     slices = slices_tiles(p) if p.bucket <= 128 and _slices_ok(p) else []
     frag = _frag_tiles(p)
-    frag += _tail_tiles(p, frag) if p.bucket <= 256 else []
+    frag += _tail_tiles(p, frag) if p.bucket <= 256 else []   # above, the dequantizing paths win
     if p.bucket == 1:
         rest = _interleave(slices, _gemv_tiles(p) + mma)
     elif p.bucket >= 256:

@@ -998,6 +998,23 @@ def test_int4_tail_tiles_split_their_last_weight_rows(dtype, symmetric, act_orde
     assert torch.equal(y[:, :N - 21], run(int4.launch, x, w, tile)[:, :N - 21])
 
 
+def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
+    # The 27B-class gate|up (34816 rows) at 128 rows on 64-row frag tiles: 544 programs, two a
+    # multiprocessor on 132, so the last 16 blocks are the tail and the rest fill two whole
+    # waves; qkv's frag tiles split K, so their grids are sized already and get none.
+    from vsr.kernels import int4_tiles
+    t = int4.TEMPLATE
+    w = int4_weight(gen(144), 128, True, False, bias=False)
+    for N, want in ((34816, True), (10240, False)):
+        p = dataclasses.replace(t.problem(w, 128, torch.bfloat16), N=N, K=5120)
+        tails = [c for c in t.search_space(p) if c.get("TAIL_TILES")]
+        assert bool(tails) == want
+        for c in tails:
+            slots = 132 * int4_tiles._frag_programs_per_sm(c)
+            assert c["SPLIT_K"] == 1 and c["TAIL_SPLIT"] in (8, 16) and c["BLOCK_N"] == 64
+            assert (N // 64 - c["TAIL_TILES"]) % slots == 0 and c["TAIL_TILES"] == 16
+
+
 def test_int4_tail_tiles_are_refused_where_they_cannot_run():
     w = int4_weight(gen(143), 128, True, False, bias=False)
     x = torch.randn(4, K).half().to(DEV)
