@@ -14,7 +14,8 @@ Triton's own argument binder, then reads the shared memory the compiled kernel a
 sm_90, checks its SASS for a write into the registers of a register-operand wgmma still in flight
 (kernels/wgmma_hazard.py). The gate_up shape launches as the runtime runs it: with the SwiGLU
 epilogue in the formats that have one (runtime/fuse.GLU_FORMATS) where runtime/fuse.SWIGLU_IN_PRODUCT
-is on. A launch that would not fit,
+is on and the template gives the tile the epilogue (Template.glu_in_epilogue: int4 only on its
+large-M tiles). A launch that would not fit,
 that Triton's backend refuses, or whose kernel has such a write is reported (and the exit status
 is 1): on the GPU it would raise, or could race. Only shared memory and those writes are checked;
 each NVIDIA kernel's registers and stack a thread (where ptxas puts what it spills) are reported
@@ -208,14 +209,16 @@ def drive(rec: Recorder, fmts, shape_names, buckets, log, shipped: bool = False,
                 if fmt in ("fp16", "fp32"):
                     w = type(w)(w.weight.to(dtype), None)
                 t = registry.template_for(w, dtype, emulate=fmt.split("@")[0] == "nvfp4-emulated")
-                # gate|up products of these formats apply SwiGLU in their epilogue where the runtime's
-                # do (fuse.SWIGLU_IN_PRODUCT), or as asked (glu).
-                in_product = sh in GLU_SHAPES and (glu or fuse.SWIGLU_IN_PRODUCT) and w.format in fuse.GLU_FORMATS
+                glu_shape = sh in GLU_SHAPES and w.format in fuse.GLU_FORMATS
                 x = torch.empty(max(buckets), K, dtype=dtype)
                 for b in buckets:
                     p = t.problem(w, b, dtype)
                     tile = shipped_tile(t, p, "cpu", SHIPPED_CACHE, identity=H200_IDENTITY) if shipped else None
                     source, tile = ("shipped", tile) if tile else ("default", t.default_tile(p))
+                    # gate|up products of these formats apply SwiGLU in their epilogue where the
+                    # runtime's do (fuse.SWIGLU_IN_PRODUCT, on the tiles the template gives it:
+                    # Template.glu_in_epilogue), or as asked (glu).
+                    in_product = glu_shape and (glu or (fuse.SWIGLU_IN_PRODUCT and t.glu_in_epilogue(tile)))
                     rec.current = []
                     err = None
                     try:

@@ -143,6 +143,9 @@ def _probes() -> dict:
             "glu_fit": (lambda d: fit + ["--formats", "bf16,fp8", "--shapes", "gate_up", "--buckets", "128,1024,2048",
                                          "--tiles", "shipped", "--glu", "--out", str(d / "fit.json")], 600,
                         {"test_swiglu_gate_up_products_keep_their_wgmma_pipelined"}),
+            "int4_glu_fit": (lambda d: fit + ["--formats", "int4-gptq", "--shapes", "gate_up", "--buckets", "128,1024",
+                                              "--tiles", "shipped", "--out", str(d / "fit.json")], 600,
+                             {"test_sm90_fit_gives_int4_gate_up_swiglu_where_the_runtime_does"}),
             "fit_report": (lambda d: fit + ["--formats", "bf16", "--shapes", "gate_up", "--buckets", "1", "--glu",
                                             "--out", str(d / "fit.json")], 300,
                            {"test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request"}),
@@ -465,6 +468,17 @@ def test_swiglu_gate_up_products_keep_their_wgmma_pipelined():
     for r in rows:
         for k in r["kernels"]:
             assert k["wgmma_serialized"] is None, (r["format"], r["bucket"], k)
+
+
+def test_sm90_fit_gives_int4_gate_up_swiglu_where_the_runtime_does():
+    # int4's gate|up takes SwiGLU in the product on its large-M tiles only (int4.glu_in_epilogue:
+    # the transient copy's TMA product), as the runtime runs it: the shipped frag tile with a tail
+    # at 128 rows launches plain (its two launches), the dequantized copy's at 1,024 with SwiGLU;
+    # both fit.
+    rows = {r["bucket"]: r for r in _out("int4_glu_fit", "fit.json")["rows"]}
+    assert rows[128]["tile"]["path"] == "frag" and rows[128]["tile"].get("TAIL_TILES")
+    assert rows[128]["glu"] is False and rows[1024]["glu"] is True
+    assert all(r["error"] is None and r["kernels"] for r in rows.values()), rows
 
 
 def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request():
