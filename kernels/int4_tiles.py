@@ -254,8 +254,7 @@ def _frag_tiles(p: Problem) -> list[dict]:
 def _frag_programs_per_sm(t: dict) -> int:
     """Programs of a frag tile a multiprocessor holds: its pipeline's stages of x's tile (half
     precision) and the packed words in shared memory, at most 16 warps of them."""
-    stage = t["BLOCK_M"] * t["BLOCK_K"] * 2 + t["BLOCK_N"] * t["BLOCK_K"] // 2
-    return max(1, min(gemm_tiles.SMEM_LIMIT // (t["num_stages"] * stage + 2048), 16 // t["num_warps"]))
+    return max(1, min(gemm_tiles.SMEM_LIMIT // (gemm_tiles.smem_bytes(t, 2, 0.5) + 2048), 16 // t["num_warps"]))
 
 
 def _tail_tiles(p: Problem, tiles: list[dict], sms: int = gemm_tiles.SMS) -> list[dict]:

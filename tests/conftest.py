@@ -34,7 +34,7 @@ def pytest_collection_finish(session):
     for item in session.items:
         start = getattr(getattr(item, "module", None), "start_background_probes", None)
         if start is not None:
-            modules.setdefault(start, []).append(item.name)
+            modules.setdefault(start, []).append(item)
     for start, names in modules.items():
         start(names)
 

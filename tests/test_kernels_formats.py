@@ -1000,7 +1000,7 @@ def test_int4_tail_tiles_split_their_last_weight_rows(dtype, symmetric, act_orde
 
 def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
     # The 27B-class gate|up (34816 rows) at 128 rows on 64-row frag tiles: 544 programs, two a
-    # multiprocessor on 132, so the last 16 blocks are the tail and the rest fill two whole
+    # multiprocessor on the H200's 132, so the last 16 blocks are the tail and the rest fill two whole
     # waves; qkv's frag tiles split K, so their grids are sized already and get none.
     from vsr.kernels import int4_tiles
     t = int4.TEMPLATE
@@ -1010,7 +1010,7 @@ def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
         tails = [c for c in t.search_space(p) if c.get("TAIL_TILES")]
         assert bool(tails) == want
         for c in tails:
-            slots = 132 * int4_tiles._frag_programs_per_sm(c)
+            slots = gemm_tiles.SMS * int4_tiles._frag_programs_per_sm(c)
             assert c["SPLIT_K"] == 1 and c["TAIL_SPLIT"] in (8, 16) and c["BLOCK_N"] == 64
             assert (N // 64 - c["TAIL_TILES"]) % slots == 0 and c["TAIL_TILES"] == 16
 

@@ -128,29 +128,30 @@ def _ptxas() -> str:
 
 
 def _probes() -> dict:
-    """Each compiling process of this module by name: (argv given its output directory, timeout s,
-    the tests that read it)."""
+    """Each compiling process of this module by name: (argv given its output directory, timeout s).
+    A test reads one through the fixture of its name (compiled, frag_compiled) or names it in a
+    `probe` mark; _probes_of derives from those which probes the selected tests need."""
     fit = [sys.executable, str(BENCH / "sm90_fit.py")]
-    return {"ops": (lambda d: [sys.executable, "-c", _PROBE, str(BENCH)], 300, _USES_COMPILED),
-            "frag": (lambda d: [sys.executable, "-c", _FRAG_PROBE, str(BENCH)], 600,
-                     {"test_int4_frag_operand_never_passes_through_shared_memory",
-                      "test_int4_register_operand_wgmmas_are_never_overwritten_in_flight"}),
+    return {"compiled": (lambda d: [sys.executable, "-c", _PROBE, str(BENCH)], 300),
+            "frag_compiled": (lambda d: [sys.executable, "-c", _FRAG_PROBE, str(BENCH)], 600),
             "older_ptxas": (lambda d: [sys.executable, str(BENCH / "rs_wgmma_hazards.py"), "--ptxas", _ptxas(),
-                                       "--buckets", "128", "--out", str(d / "hazards.json")], 600,
-                            {"test_int4_kernels_wait_under_an_older_ptxas"} if _triton() >= (3, 9) else set()),
-            "glu": (lambda d: [sys.executable, "-c", _GLU_PROBE, str(BENCH)], 600,
-                    {"test_swiglu_products_compile_for_the_h200"}),
+                                       "--buckets", "128", "--out", str(d / "hazards.json")], 600),
+            "glu": (lambda d: [sys.executable, "-c", _GLU_PROBE, str(BENCH)], 600),
             "glu_fit": (lambda d: fit + ["--formats", "bf16,fp8", "--shapes", "gate_up", "--buckets", "128,1024,2048",
-                                         "--tiles", "shipped", "--glu", "--out", str(d / "fit.json")], 600,
-                        {"test_swiglu_gate_up_products_keep_their_wgmma_pipelined"}),
+                                         "--tiles", "shipped", "--glu", "--out", str(d / "fit.json")], 600),
             "int4_glu_fit": (lambda d: fit + ["--formats", "int4-gptq", "--shapes", "gate_up", "--buckets", "128,1024",
-                                              "--tiles", "shipped", "--out", str(d / "fit.json")], 600,
-                             {"test_sm90_fit_gives_int4_gate_up_swiglu_where_the_runtime_does"}),
+                                              "--tiles", "shipped", "--out", str(d / "fit.json")], 600),
             "fit_report": (lambda d: fit + ["--formats", "bf16", "--shapes", "gate_up", "--buckets", "1", "--glu",
-                                            "--out", str(d / "fit.json")], 300,
-                           {"test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request"}),
-            "wgmma": (lambda d: [sys.executable, "-c", _WGMMA_PROBE, str(BENCH)], 600,
-                      {"test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory"})}
+                                            "--out", str(d / "fit.json")], 300),
+            "wgmma": (lambda d: [sys.executable, "-c", _WGMMA_PROBE, str(BENCH)], 600)}
+
+
+def _probes_of(item) -> set[str]:
+    """The probes a collected test reads: its `probe` marks and the probe fixtures it requests;
+    none for a test its skipif marks skip (their conditions are evaluated by now)."""
+    if any(m.args and m.args[0] is True for m in item.iter_markers("skipif")):
+        return set()
+    return {m.args[0] for m in item.iter_markers("probe")} | (set(item.fixturenames) & set(_probes()))
 
 
 class _Background:
@@ -170,7 +171,7 @@ class _Background:
 
     def _plan(self, name: str) -> tuple[list[str], int, Path]:
         """Probe `name`'s command line, timeout and output directory, made now."""
-        argv, timeout, _ = _probes()[name]
+        argv, timeout = _probes()[name]
         d = tempfile.TemporaryDirectory()
         self.dirs.append(d)
         return argv(Path(d.name)), timeout, Path(d.name)
@@ -201,8 +202,8 @@ class _Background:
         for proc in list(self.running):
             proc.kill()
 
-    def start(self, tests: set[str]) -> None:
-        names = [n for n, (_, _, uses) in _probes().items() if uses & tests and n not in self.done]
+    def start(self, wanted: set[str]) -> None:
+        names = [n for n in _probes() if n in wanted and n not in self.done]
         self.env = _compile_env()
         plans = {n: self._plan(n) for n in names}
         for n in names:
@@ -223,9 +224,9 @@ class _Background:
 _BACKGROUND = _Background()
 
 
-def start_background_probes(tests: list[str]) -> None:
-    """Called by tests/conftest.py with the names of this module's selected tests."""
-    _BACKGROUND.start({t.split("[")[0] for t in tests})
+def start_background_probes(items: list) -> None:
+    """Called by tests/conftest.py with this module's selected tests."""
+    _BACKGROUND.start(set().union(*map(_probes_of, items)))
 
 
 def _json(name: str) -> dict:
@@ -242,15 +243,9 @@ def _out(name: str, file: str) -> dict:
     return json.loads((d / file).read_text())
 
 
-_USES_COMPILED = {"test_exact_rope_keeps_every_rounding", "test_delta_rule_fits_the_h200",
-                  "test_delta_rule_runs_on_tensor_cores_within_its_registers",
-                  "test_fp32_products_run_on_the_tensor_cores", "test_fp32_attention_fits_the_h200_at_every_head_dim",
-                  "test_programmatic_forward_compiles_waits_and_releases"}
-
-
 @pytest.fixture(scope="module")
 def compiled():
-    return _json("ops")
+    return _json("compiled")
 
 
 def test_exact_rope_keeps_every_rounding(compiled):
@@ -359,7 +354,7 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared, "mma_wait": waits, "
 
 @pytest.fixture(scope="module")
 def frag_compiled():
-    return _json("frag")
+    return _json("frag_compiled")
 
 
 def test_int4_frag_operand_never_passes_through_shared_memory(frag_compiled):
@@ -396,6 +391,7 @@ def test_int4_register_operand_wgmmas_are_never_overwritten_in_flight(frag_compi
 
 @pytest.mark.skipif(_triton() < (3, 9),
                     reason="before Triton 3.9 the kernels wait whatever the ptxas (the test above)")
+@pytest.mark.probe("older_ptxas")
 def test_int4_kernels_wait_under_an_older_ptxas():
     """Triton 3.9's SASS of the frag and SCALE_W join kernels keeps a pending wgmma's operand
     intact only as its own ptxas (13.4) assembles it: pointed at an older one (its pre-Hopper
@@ -443,6 +439,7 @@ print(json.dumps({"launches": launches, "limit": rec.device.shared}))
 """
 
 
+@pytest.mark.probe("glu")
 def test_swiglu_products_compile_for_the_h200():
     """Every path with the SwiGLU epilogue compiles for sm_90 and fits its shared memory (the
     interpreter reads globals a compiled kernel may not: this is where such an error shows)."""
@@ -456,6 +453,7 @@ def test_swiglu_products_compile_for_the_h200():
         assert glu, (launch["tile"], [k["kernel"] for k in launch["kernels"]])
 
 
+@pytest.mark.probe("glu_fit")
 def test_swiglu_gate_up_products_keep_their_wgmma_pipelined():
     # The 27B gate|up on the shipped tiles with the SwiGLU epilogue (the runtime's dense and FP8
     # forms: one tile a program at 128 rows, stream-K at 1,024, FP8 persistent at 2,048): ptxas
@@ -470,6 +468,7 @@ def test_swiglu_gate_up_products_keep_their_wgmma_pipelined():
             assert k["wgmma_serialized"] is None, (r["format"], r["bucket"], k)
 
 
+@pytest.mark.probe("int4_glu_fit")
 def test_sm90_fit_gives_int4_gate_up_swiglu_where_the_runtime_does():
     # int4's gate|up takes SwiGLU in the product on its large-M tiles only (int4.glu_in_epilogue:
     # the transient copy's TMA product), as the runtime runs it: the shipped frag tile with a tail
@@ -481,6 +480,7 @@ def test_sm90_fit_gives_int4_gate_up_swiglu_where_the_runtime_does():
     assert all(r["error"] is None and r["kernels"] for r in rows.values()), rows
 
 
+@pytest.mark.probe("fit_report")
 def test_sm90_fit_reports_registers_and_stack_and_launches_the_swiglu_epilogue_on_request():
     # --glu: gate_up launches with the SwiGLU epilogue whatever the runtime does; every compiled
     # kernel carries the registers and stack bytes cuobjdump reads off its cubin.
@@ -539,6 +539,7 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 """
 
 
+@pytest.mark.probe("wgmma")
 def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory():
     # Every wgmma tile of the space (buckets 128 and 256; 27B-class gate_up, GPTQ and AWQ, bf16 x)
     # compiles for sm_90 without spilling and fits the H200's shared memory; its MMAs read both
