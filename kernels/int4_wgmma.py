@@ -244,10 +244,11 @@ def int4_wgmma_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
                            [1, UNPACK_WARPS], [LOADER_REGS, UNPACK_REGS])
 
 
-def max_registers(mma_warps: int, unpack_warps: int) -> int:
-    """Registers a thread at launch: the register file (64K) shared by the MMA warps, the unpacking
-    warps and the loader's warpgroup (register budgets are a warpgroup's), a multiple of 8."""
-    return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4))) // 8 * 8
+def max_registers(mma_warps: int, unpack_warps: int, programs: int = 1) -> int:
+    """Registers a thread at launch: the register file (64K) shared by `programs` programs' MMA
+    warps, unpacking warps and loader's warpgroup (register budgets are a warpgroup's), a multiple
+    of 8."""
+    return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4) * programs)) // 8 * 8
 
 
 def words_descriptor(t, block: list[int]) -> TensorDescriptor:
@@ -256,7 +257,7 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
 
 
-def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
+def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, mma_wait: bool = True) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
     int4_wgmma_kernel; x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
     (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
@@ -268,8 +269,176 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], dt))
     q_desc = gemm.weight_descriptor(w, w.packed, [bn, bk // 8], words_descriptor)
     nw = tile["num_warps"]
+    if tile.get("RS"):
+        words, nbytes = rs_layouts(bn, bk, nw)
+        int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
+            x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
+            k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            HAS_BIAS=w.bias is not None and split == 1, SPLIT_K=split, STAGES=tile["num_stages"],
+            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, MMA_WAIT=mma_wait, WORDS=words, BYTES=nbytes, num_warps=nw,
+            maxnreg=max_registers(nw, 0, tile.get("OCC", 1)))
+        return
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
         k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None, HAS_BIAS=w.bias is not None and split == 1,
         SPLIT_K=split, STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), UNPACK_WARPS=UNPACK_WARPS,
         LOADER_REGS=_LOADER_REGS, UNPACK_REGS=_UNPACK_REGS, num_warps=nw, maxnreg=max_registers(nw, UNPACK_WARPS))
+
+
+# Form "RS" (a tile's RS field): the MMA warps unpack the words themselves, into the register
+# operand of their MMAs (wgmma's A from registers, x's tile from shared memory), so W_q never
+# passes through shared memory. Per K step of 64 at 128 x 128, the form above moves about 200 bytes
+# a clock through shared memory at the tensor cores' rate (the ring's two copies, W_q stored and
+# read back, both MMA operands read), more than the 128 a multiprocessor serves; this one about 110.
+# Kernels are added below the others: a Gluon kernel's cache key counts the line it starts on.
+
+
+def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
+    """The packed words' register layouts of an RS program: ([BN, BK / 8] words as loaded, [BN,
+    BK / 16, 2, 4] bytes), such that each thread holds byte l = lane % 4 of the words of its MMA
+    fragment's rows and K columns: with byte l's two nibbles joined last and the tensor reshaped to
+    [BN, BK], it is wgmma's register operand (DotOperandLayout(0, acc, k_width=2): k = 16c + 8h +
+    2l + e, rows lane / 4 and + 8 a warp's 16, warps 16 rows apart, then repeats), as laid out by
+    Triton's linear layouts. BN a multiple of 16 x warps, BK of 16."""
+    assert bn % (16 * warps) == 0 and bk % 16 == 0 and warps & (warps - 1) == 0, (bn, bk, warps)
+    c_bits = [1 << i for i in range((bk // 16).bit_length() - 1)]
+    n_reps = [16 * warps << i for i in range((bn // (16 * warps)).bit_length() - 1)]
+    warp_rows = [16 << i for i in range(warps.bit_length() - 1)]
+    words = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1]] + [[0, 2 * c] for c in c_bits] + [[8, 0]] + [[n, 0] for n in n_reps],
+        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[n, 0] for n in warp_rows],
+        block_bases=[], shape=[bn, bk // 8])
+    nbytes = gl.DistributedLinearLayout(
+        reg_bases=[[8, 0, 0, 0], [0, 0, 1, 0]] + [[0, c, 0, 0] for c in c_bits] + [[n, 0, 0, 0] for n in n_reps],
+        lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[n, 0, 0, 0] for n in warp_rows], block_bases=[], shape=[bn, bk // 16, 2, 4])
+    return words, nbytes
+
+
+@gluon.jit
+def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, M, N, KG,
+                      stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
+                      HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, MMA_WAIT: gl.constexpr, ACC: gl.constexpr,
+                      WORDS: gl.constexpr, BYTES: gl.constexpr):
+    """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
+    once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ with one MMA in flight, whose
+    register operand stays live until the MMA retired (the wait's deps); once step i - 1's MMA
+    retired, its ring slot is released. MMA_WAIT (int4.mma_wait: where ptxas may write a pending
+    wgmma's register operand): each step's MMA retired within the step, its slot released then.
+    Then y (one split) or the split's fp32 partials."""
+    STAGES: gl.constexpr = x_s.type.shape[0]
+    BM: gl.constexpr = x_s.type.shape[1]
+    BK: gl.constexpr = x_s.type.shape[2]
+    BN: gl.constexpr = q_s.type.shape[1]
+    W8: gl.constexpr = BK // 8
+    PAIRS: gl.constexpr = sc_ptr.dtype.element_ty == x_s.dtype
+    F16: gl.constexpr = x_s.dtype == gl.float16
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+    words3: gl.constexpr = gl.SliceLayout(3, BYTES)
+    rows1: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, words3))
+    rn = gl.minimum(off_n + gl.arange(0, BN, layout=rows1), N - 1).to(gl.int64)   # rows past N: never stored
+    lanes1: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, BYTES)))
+    shifts = gl.expand_dims(gl.expand_dims(gl.expand_dims(8 * gl.arange(0, 4, layout=lanes1), 0), 0), 0)
+    shifts = shifts.to(gl.uint32)
+    s_nxt = gl.load(sc_ptr + rn * KG + (kw_lo * 8) // GROUP)
+    if HAS_ZP:
+        z_nxt = gl.load(zp_ptr + rn * KG + (kw_lo * 8) // GROUP)
+    else:
+        z_nxt = gl.full([BN], 8, gl.int32, rows1)
+    acc = gl.zeros([BN, BM], gl.float32, ACC)
+    a_prev = gl.zeros([BN, BK], x_s.dtype, a_l)
+    for i in range(steps):
+        slot = i % STAGES
+        s_cur = s_nxt
+        z_cur = z_nxt
+        g_nxt = gl.minimum(((kw_lo + (i + 1) * W8) * 8) // GROUP, KG - 1)
+        s_nxt = gl.load(sc_ptr + rn * KG + g_nxt)
+        if HAS_ZP:
+            z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
+        mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
+        words = gl.convert_layout(gl.reshape(q_s.index(slot).load(WORDS), [BN, BK // 16, 2]), words3)
+        b = (gl.expand_dims(words.to(gl.uint32, bitcast=True), 3) >> shifts) & 0xFF        # [BN, C, H, L]
+        zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
+        sc = gl.expand_dims(gl.expand_dims(gl.expand_dims(s_cur, 1), 2), 3)
+        if PAIRS:
+            t = (b * 0x1001).to(gl.int32, bitcast=True)
+            zz = (0x64006400 if F16 else 0x43004300) + zc * 0x10001
+            ss = (sc.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
+            if F16:
+                lo, hi = _pair_f16(t, zz, ss)
+            else:
+                lo, hi = _pair_bf16(t, zz, ss)
+        else:   # the exact u - zu in fp32, times the fp32 scale, then x's dtype
+            bi = b.to(gl.int32, bitcast=True)
+            zf = zc.to(gl.float32)
+            sf = sc.to(gl.float32)
+            lo = ((((bi & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(x_s.dtype)
+            hi = (((((bi >> 4) & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(
+                x_s.dtype)
+        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_l, assert_trivial=True)
+        acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
+        if MMA_WAIT:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(in_empty.index(slot))
+        else:
+            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
+            mbarrier.arrive(in_empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
+            a_prev = a
+    acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
+
+    out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
+    out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
+    mask = (out_n[:, None] < N) & (out_m[None, :] < M)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + out_n, mask=out_n < N, other=0.0).to(gl.float32), 1)
+        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
+                 mask=mask)
+
+
+@gluon.jit
+def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
+                   GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr, MMA_WAIT: gl.constexpr,
+                   WORDS: gl.constexpr, BYTES: gl.constexpr):
+    """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (all of
+    the kernel's num_warps, 16 weight rows each) unpacking their own operand."""
+    BM: gl.constexpr = x_desc.block_type.shape[0]
+    BK: gl.constexpr = x_desc.block_type.shape[1]
+    BN: gl.constexpr = q_desc.block_type.shape[0]
+    W8: gl.constexpr = q_desc.block_type.shape[1]
+    NW: gl.constexpr = gl.num_warps()
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % width) % gm) * BM
+    off_n = ((pid % width) // gm) * BN
+    kw_lo = pid_k * KW_SPLIT
+    steps = gl.cdiv(gl.minimum(kw_lo + KW_SPLIT, K8) - kw_lo, W8)
+
+    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+    q_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, W8], q_desc.layout)
+    in_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    in_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(in_ready.index(s), count=1)
+        mbarrier.init(in_empty.index(s), count=1)   # released by the MMA warps (words read, x's MMA retired)
+    fence_async_shared()
+
+    # The loader's other arguments (the unpackers' and W_q's of the form above) are placeholders.
+    loader_args = (x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, x_s, in_ready, in_empty, in_ready, in_empty, off_n,
+                   off_m, kw_lo, steps, N, KG, GROUP)
+    gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
+                                             bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP, HAS_ZP,
+                                             HAS_BIAS, SPLIT_K, MMA_WAIT, acc_l, WORDS, BYTES)),
+                        (_load_partition, loader_args)],
+                       [1], [LOADER_REGS])

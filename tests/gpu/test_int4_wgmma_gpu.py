@@ -1,7 +1,7 @@
 """GPU (Hopper): int4's wgmma path (kernels/int4_wgmma.py, through int4.launch) against the
 rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up to the order of the
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
-both half-precision dtypes; the same bytes on a second call; a SwiGLU QLinear on a wgmma tile (the
+both half-precision dtypes, in both forms (the unpacking warpgroup, RS); the same bytes on a second call; a SwiGLU QLinear on a wgmma tile (the
 plain product, then the activation kernel); and every wgmma tile of the search space at the
 27B-class shapes against the format's reference."""
 import pytest
@@ -29,9 +29,9 @@ def _rounded_reference(x, w):
     return y + w.bias.float() if w.bias is not None else y
 
 
-def _tile(bm, bn, bk, split, warps, stages):
+def _tile(bm, bn, bk, split, warps, stages, **rs):
     return dict(path="wgmma", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, GROUP_M=8, num_warps=warps,
-                num_stages=stages)
+                num_stages=stages, **rs)
 
 
 @pytest.mark.parametrize("M,N,K,sym,dtype,bias,tile", [
@@ -41,6 +41,13 @@ def _tile(bm, bn, bk, split, warps, stages):
     (129, 2304, 5120, False, torch.float16, False, _tile(128, 128, 64, 3, 4, 4)),      # split with a short last
     (16, 512, 4096, True, torch.bfloat16, True, _tile(16, 128, 64, 2, 4, 5)),
     (300, 1000, 2048, False, torch.bfloat16, True, _tile(256, 64, 64, 2, 4, 4)),     # m64n256 MMAs, partial
+    # The RS form: the MMA warps unpack into their register operand (16 weight rows a warp)
+    (128, 1024, 2048, True, torch.bfloat16, False, _tile(128, 128, 64, 1, 8, 4, RS=1)),
+    (37, 1000, 2048, False, torch.bfloat16, True, _tile(64, 128, 128, 4, 8, 3, RS=1)),
+    (300, 777, 1056, True, torch.float16, True, _tile(128, 64, 64, 1, 4, 3, RS=1, OCC=2)),
+    (129, 2304, 5120, False, torch.float16, False, _tile(128, 128, 64, 3, 8, 4, RS=1)),
+    (16, 512, 4096, True, torch.bfloat16, True, _tile(16, 64, 64, 2, 4, 5, RS=1)),
+    (300, 1000, 2048, False, torch.bfloat16, True, _tile(256, 64, 64, 2, 4, 4, RS=1)),
 ])
 def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, tile):
     w = _weight(N, K, sym, dtype, bias=bias)
@@ -54,11 +61,12 @@ def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, til
 
 
 @pytest.mark.parametrize("sym", [True, False])
-def test_wgmma_path_with_fp32_scales_unpacks_in_fp32(sym):
+@pytest.mark.parametrize("rs", [{}, {"RS": 1}])
+def test_wgmma_path_with_fp32_scales_unpacks_in_fp32(sym, rs):
     # Scales not in x's dtype take the fp32 conversion instead of the packed pairs: the same bytes.
     w = _weight(384, 1024, sym, torch.bfloat16)
     x = torch.randn(64, 1024, device="cuda").bfloat16()
-    tile = _tile(64, 128, 64, 2, 4, 3)
+    tile = _tile(64, 128, 64, 2, 8 if rs else 4, 3, **rs)
     y = int4.launch(x, w, tile)
     w.scale = w.scale.float()
     assert torch.equal(int4.launch(x, w, tile), y)
