@@ -300,7 +300,9 @@ def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
     [BN, BK], it is wgmma's register operand (DotOperandLayout(0, acc, k_width=2): k = 16c + 8h +
     2l + e, rows lane / 4 and + 8 a warp's 16, warps 16 rows apart, then repeats), as laid out by
     Triton's linear layouts. BN a multiple of 16 x warps, BK of 16."""
-    assert bn % (16 * warps) == 0 and bk % 16 == 0 and warps & (warps - 1) == 0, (bn, bk, warps)
+    if bn % (16 * warps) or bk % 16 or warps & (warps - 1):
+        raise ValueError(f"an RS tile gives each of its num_warps={warps} (a power of two) 16 of its "
+                         f"BLOCK_N={bn} weight rows a step of BLOCK_K={bk} (a multiple of 16)")
     c_bits = [1 << i for i in range((bk // 16).bit_length() - 1)]
     n_reps = [16 * warps << i for i in range((bn // (16 * warps)).bit_length() - 1)]
     warp_rows = [16 << i for i in range(warps.bit_length() - 1)]
@@ -357,6 +359,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
             z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
         mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
         words = gl.convert_layout(gl.reshape(q_s.index(slot).load(WORDS), [BN, BK // 16, 2]), words3)
+        fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
         b = (gl.expand_dims(words.to(gl.uint32, bitcast=True), 3) >> shifts) & 0xFF        # [BN, C, H, L]
         zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
         sc = gl.expand_dims(gl.expand_dims(gl.expand_dims(s_cur, 1), 2), 3)

@@ -1,9 +1,10 @@
 """GPU (Hopper): int4's wgmma path (kernels/int4_wgmma.py, through int4.launch) against the
 rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up to the order of the
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
-both half-precision dtypes, in both forms (the unpacking warpgroup, RS); the same bytes on a second call; a SwiGLU QLinear on a wgmma tile (the
-plain product, then the activation kernel); and every wgmma tile of the search space at the
-27B-class shapes against the format's reference."""
+both half-precision dtypes, in both forms (the unpacking warpgroup's, and RS: the MMA warps
+unpacking into their register operand); the same bytes on a second call; a SwiGLU QLinear on a
+wgmma tile (the plain product, then the activation kernel); and every wgmma tile of the search
+space at the 27B-class shapes against the format's reference."""
 import pytest
 import torch
 
