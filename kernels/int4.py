@@ -904,7 +904,7 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
     if not gemm.tma_aligned(w.K, x.element_size(), 0.5):
         raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
                          f"K={w.K} does not allow: {tile}")
-    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split, mma_wait(dev))
+    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split)
 
 
 def _weight_rows(w: Int4Weight, lo: int, hi: int) -> Int4Weight:

@@ -289,6 +289,14 @@ def _tail_tiles(p: Problem, tiles: list[dict], sms: int = gemm_tiles.SMS) -> lis
 # against two MMA warpgroups of 128 x 256 (the same record).
 _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64, 4, 4)),
           512: ((256, 64, 64, 4, 4),)}
+# The RS form (int4_wgmma.int4_rs_kernel: the MMA warps unpack into their register operand, 16
+# weight rows a warp; no W_q round trip through shared memory), by bucket, as (BLOCK_M, BLOCK_N,
+# BLOCK_K, warps, stages, programs a multiprocessor): two warpgroups of one program, or one
+# warpgroup in each of two programs, so that one unpacks while the other's MMAs run where each
+# retires its MMAs every step (int4.mma_wait).
+_WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1), (64, 64, 64, 4, 4, 2)),
+             128: ((128, 128, 64, 8, 4, 1), (128, 64, 64, 4, 4, 2)),
+             256: ((128, 128, 64, 8, 4, 1), (256, 64, 64, 4, 4, 1))}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
@@ -303,14 +311,20 @@ def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS
 
 
 def _wgmma_tiles(p: Problem) -> list[dict]:
-    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's
-    buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows of x and the
-    packed words (the launcher's gemm.tma_aligned)."""
+    """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's and
+    _WGMMA_RS's buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows
+    of x and the packed words (the launcher's gemm.tma_aligned); K splits for whole waves of the
+    form's programs a multiprocessor."""
     if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
-    return [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages)
-            for bm, bn, bk, warps, stages in _WGMMA.get(p.bucket, ()) if p.param("group", 128) % bk == 0
-            for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk)]
+    plain = [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages)
+             for bm, bn, bk, warps, stages in _WGMMA.get(p.bucket, ()) if p.param("group", 128) % bk == 0
+             for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk)]
+    rs = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages), RS=1, **({"OCC": occ} if occ > 1 else {}))
+          for bm, bn, bk, warps, stages, occ in _WGMMA_RS.get(p.bucket, ()) if p.param("group", 128) % bk == 0
+          for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
+                                          gemm_tiles.SMS * occ)]
+    return plain + rs
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -257,7 +257,7 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
 
 
-def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, mma_wait: bool = True) -> None:
+def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
     int4_wgmma_kernel; x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
     (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
@@ -275,7 +275,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, mma_wait
             x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
             k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None and split == 1, SPLIT_K=split, STAGES=tile["num_stages"],
-            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, MMA_WAIT=mma_wait, WORDS=words, BYTES=nbytes, num_warps=nw,
+            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words, BYTES=nbytes, num_warps=nw,
             maxnreg=max_registers(nw, 0, tile.get("OCC", 1)))
         return
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
@@ -320,14 +320,14 @@ def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
 @gluon.jit
 def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, M, N, KG,
                       stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
-                      HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, MMA_WAIT: gl.constexpr, ACC: gl.constexpr,
-                      WORDS: gl.constexpr, BYTES: gl.constexpr):
+                      HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, ACC: gl.constexpr, WORDS: gl.constexpr,
+                      BYTES: gl.constexpr):
     """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
-    once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ with one MMA in flight, whose
-    register operand stays live until the MMA retired (the wait's deps); once step i - 1's MMA
-    retired, its ring slot is released. MMA_WAIT (int4.mma_wait: where ptxas may write a pending
-    wgmma's register operand): each step's MMA retired within the step, its slot released then.
-    Then y (one split) or the split's fp32 partials."""
+    once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
+    for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.x alike,
+    may give it those of a pending wgmma's register operand, which the wait's deps do not keep);
+    then the slot is released. A program's other warpgroup, or the multiprocessor's other program,
+    unpacks while these MMAs run. Then y (one split) or the split's fp32 partials."""
     STAGES: gl.constexpr = x_s.type.shape[0]
     BM: gl.constexpr = x_s.type.shape[1]
     BK: gl.constexpr = x_s.type.shape[2]
@@ -348,7 +348,6 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
     else:
         z_nxt = gl.full([BN], 8, gl.int32, rows1)
     acc = gl.zeros([BN, BM], gl.float32, ACC)
-    a_prev = gl.zeros([BN, BK], x_s.dtype, a_l)
     for i in range(steps):
         slot = i % STAGES
         s_cur = s_nxt
@@ -380,14 +379,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
                 x_s.dtype)
         a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_l, assert_trivial=True)
         acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
-        if MMA_WAIT:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(in_empty.index(slot))
-        else:
-            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_prev))
-            mbarrier.arrive(in_empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
-            a_prev = a
-    acc, a_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_prev))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(in_empty.index(slot))
 
     out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
     out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
@@ -405,8 +398,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
 @gluon.jit
 def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
                    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
-                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr, MMA_WAIT: gl.constexpr,
-                   WORDS: gl.constexpr, BYTES: gl.constexpr):
+                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr, WORDS: gl.constexpr,
+                   BYTES: gl.constexpr):
     """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (all of
     the kernel's num_warps, 16 weight rows each) unpacking their own operand."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -442,6 +435,6 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
                    off_m, kw_lo, steps, N, KG, GROUP)
     gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
                                              bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP, HAS_ZP,
-                                             HAS_BIAS, SPLIT_K, MMA_WAIT, acc_l, WORDS, BYTES)),
+                                             HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES)),
                         (_load_partition, loader_args)],
                        [1], [LOADER_REGS])

@@ -500,10 +500,11 @@ from vsr.autotune.synth import random_weight
 rec, rows, found = Recorder(H200), [], {}
 def compile_and_keep(src, *a, **k):
     kernel = compile_(src, *a, **k)
-    if src.fn.__name__ == "int4_wgmma_kernel":
+    if src.fn.__name__ in ("int4_wgmma_kernel", "int4_rs_kernel"):
         ptx = kernel.asm["ptx"]
         rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
         found["k"] = {"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
+                      "kernel": src.fn.__name__, "st_shared_v4": ptx.count("st.shared.v4"),
                       "wgmma": ptx.count("wgmma.mma_async"), "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
                       "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                       "pairs": ptx.count("mul.rn.bf16x2") + ptx.count("mul.rn.f16x2"), "rs_wgmma": rs,
@@ -521,7 +522,7 @@ for sym in (True, False):
         x = torch.randn(bucket, 5120).bfloat16()
         for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]:
             t.launch(x, w, tile)
-            key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k)
+            key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k)
             if key not in kernels:
                 kernels[key] = dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
                                                            if k in ("registers", "error")})
@@ -530,29 +531,39 @@ for sym in (True, False):
 w = random_weight("int4", 777, 1056, {"bits": 4, "group": 128, "symmetric": False, "act_order": False},
                   torch.float16, "cpu")
 w.scale = w.scale.float()
-tile = dict(path="wgmma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=3)
-t.launch(torch.randn(300, 1056).half(), w, tile)
-key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k)
-rows.append(dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items() if k in ("registers", "error")},
-                 tile=tile, sym=False, bucket="fp32 scales"))
+for tile in (dict(path="wgmma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=3),
+             dict(path="wgmma", RS=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8,
+                  num_stages=3)):
+    t.launch(torch.randn(300, 1056).half(), w, tile)
+    key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k)
+    rows.append(dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
+                                            if k in ("registers", "error")}, tile=tile, sym=False,
+                     bucket="fp32 scales"))
 print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 """
 
 
 @pytest.mark.probe("wgmma")
-def test_int4_wgmma_tiles_compile_for_the_h200_with_both_operands_in_shared_memory():
+def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
     # Every wgmma tile of the space (buckets 128 and 256; 27B-class gate_up, GPTQ and AWQ, bf16 x)
-    # compiles for sm_90 without spilling and fits the H200's shared memory; its MMAs read both
-    # operands from shared memory (no register operand a later step could overwrite: no write the
-    # hazard check finds), one MMA stays in flight across a step (a wait for 1), the ring is filled
-    # by TMA and the partitions resize their registers (warp specialisation); scales in x's dtype
-    # convert by packed pairs, fp32 scales (fp16 x, a K that ends inside a step) in fp32.
+    # compiles for sm_90 without spilling and fits the H200's shared memory, the ring filled by TMA
+    # and the partitions resizing their registers (warp specialisation); scales in x's dtype convert
+    # by packed pairs, fp32 scales (fp16 x, a K that ends inside a step) in fp32. The unpacking
+    # warpgroup's form: its MMAs read both operands from shared memory (no register operand a later
+    # step could overwrite), one MMA in flight across a step (a wait for 1). The RS form: its MMAs
+    # read W_q from registers, which no shared-memory store carries (the other form's 16-byte
+    # stores of it), and no instruction writes a pending wgmma's register operand (the hazard
+    # check): it retires each step's MMA.
     got = _json("wgmma")
     rows = got["rows"]
     assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (128, 256)} | {
         (False, "fp32 scales")}
     for r in rows:
         assert "error" not in r and r["stack"] == 0 and r["shared"] <= got["limit"], r
-        assert r["wgmma"] > 0 and r["rs_wgmma"] == 0 and r["hazards"] == 0, r
-        assert r["wait1"] > 0 and r["tma"] > 0 and r["setmaxnreg"] > 0, r
+        assert r["wgmma"] > 0 and r["hazards"] == 0 and r["tma"] > 0 and r["setmaxnreg"] > 0, r
         assert (r["pairs"] > 0) == (r["bucket"] != "fp32 scales"), r
+        if r["kernel"] == "int4_wgmma_kernel":
+            assert r["rs_wgmma"] == 0 and r["wait1"] > 0 and r["st_shared_v4"] > 0, r
+        else:
+            assert r["rs_wgmma"] > 0 and r["st_shared_v4"] == 0, r
+    assert {r["kernel"] for r in rows} == {"int4_wgmma_kernel", "int4_rs_kernel"}
