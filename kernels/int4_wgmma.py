@@ -259,7 +259,8 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
 
 def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
-    int4_wgmma_kernel; x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
+    int4_wgmma_kernel, or int4_rs_kernel for a tile with RS (OCC: its programs a multiprocessor,
+    which share the register file); x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
     (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
     placeholder where it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
     M, K = x.shape
