@@ -1044,7 +1044,8 @@ def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
     # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
-    # the in-kernel fixup, fp32 x and a K whose x or packed rows are not whole 16-byte TMA rows.
+    # the in-kernel fixup, fp32 x, a K whose x or packed rows are not whole 16-byte TMA rows and an
+    # RS tile whose weight rows do not come 16 to each of its warps.
     # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
     x = torch.randn(32, K).half().to(DEV)
@@ -1062,6 +1063,9 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
         int4.launch(x, w, dict(tile, FIXUP=1))
     with pytest.raises(AssertionError, match="bf16/fp16 x"):
         int4.launch(x.float(), w, tile)
+    for warps in (16, 3):
+        with pytest.raises(ValueError, match=f"num_warps={warps} .*16 of its BLOCK_N=128"):
+            int4.launch(x, w, dict(tile, RS=1, num_warps=warps))
     for k in (K - 4, K - 8):   # x rows of 504 bytes; x rows of 496 bytes, packed rows of 124
         odd = int4_weight(gen(128), 128, True, False, bias=False, Kx=k)
         with pytest.raises(ValueError, match="by TMA"):
