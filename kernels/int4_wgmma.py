@@ -172,18 +172,7 @@ def _mma_partition(x_s, w_s, in_ready, in_empty, w_ready, w_empty, steps, y_ptr,
         mbarrier.arrive(in_empty.index((i + STAGES - 1) % STAGES), pred=i > 0)
         mbarrier.arrive(w_empty.index((i + 1) % 2), pred=i > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-
-    out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, LAYOUT))
-    out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, LAYOUT))
-    mask = (out_n[:, None] < N) & (out_m[None, :] < M)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + out_n, mask=out_n < N, other=0.0).to(gl.float32), 1)
-        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
-                 mask=mask)
-    else:
-        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
-                 mask=mask)
+    _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
 
 
 @gluon.jit
@@ -198,18 +187,7 @@ def int4_wgmma_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M
     NW: gl.constexpr = gl.num_warps()
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
 
-    # Tile order: GROUP_M blocks of x's rows per weight-row block sweep (common.swizzle's).
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gm = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % width) % gm) * BM
-    off_n = ((pid % width) // gm) * BN
-    kw_lo = pid_k * KW_SPLIT
-    steps = gl.cdiv(gl.minimum(kw_lo + KW_SPLIT, K8) - kw_lo, W8)
+    off_m, off_n, pid_k, kw_lo, steps = _program_tile(M, N, K8, KW_SPLIT, BM, BN, W8, GROUP_M)
 
     x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
     q_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, W8], q_desc.layout)
@@ -291,7 +269,6 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
 # passes through shared memory. Per K step of 64 at 128 x 128, the form above moves about 200 bytes
 # a clock through shared memory at the tensor cores' rate (the ring's two copies, W_q stored and
 # read back, both MMA operands read), more than the 128 a multiprocessor serves; this one about 110.
-# Kernels are added below the others: a Gluon kernel's cache key counts the line it starts on.
 
 
 def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
@@ -382,18 +359,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(in_empty.index(slot))
-
-    out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
-    out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
-    mask = (out_n[:, None] < N) & (out_m[None, :] < M)
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias_ptr + out_n, mask=out_n < N, other=0.0).to(gl.float32), 1)
-        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
-                 mask=mask)
-    else:
-        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
-                 mask=mask)
+    _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
 
 
 @gluon.jit
@@ -410,17 +376,7 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
     NW: gl.constexpr = gl.num_warps()
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
 
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    gm = gl.minimum(num_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % width) % gm) * BM
-    off_n = ((pid % width) // gm) * BN
-    kw_lo = pid_k * KW_SPLIT
-    steps = gl.cdiv(gl.minimum(kw_lo + KW_SPLIT, K8) - kw_lo, W8)
+    off_m, off_n, pid_k, kw_lo, steps = _program_tile(M, N, K8, KW_SPLIT, BM, BN, W8, GROUP_M)
 
     x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
     q_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, W8], q_desc.layout)
@@ -439,3 +395,41 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
                                              HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES)),
                         (_load_partition, loader_args)],
                        [1], [LOADER_REGS])
+
+
+@gluon.jit
+def _program_tile(M, N, K8, KW_SPLIT, BM: gl.constexpr, BN: gl.constexpr, W8: gl.constexpr, GROUP_M: gl.constexpr):
+    """This program's x-row and weight-row offsets, K split, first word and steps, in the tile order
+    of both kernels: GROUP_M blocks of x's rows per weight-row block sweep (common.swizzle's)."""
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_m = gl.cdiv(M, BM)
+    num_n = gl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gm = gl.minimum(num_m - first_m, GROUP_M)
+    off_m = (first_m + (pid % width) % gm) * BM
+    off_n = ((pid % width) // gm) * BN
+    kw_lo = pid_k * KW_SPLIT
+    steps = gl.cdiv(gl.minimum(kw_lo + KW_SPLIT, K8) - kw_lo, W8)
+    return off_m, off_n, pid_k, kw_lo, steps
+
+
+@gluon.jit
+def _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS: gl.constexpr,
+               SPLIT_K: gl.constexpr):
+    """acc [BN weight rows, BM x rows] into y (one split, with the bias) or the split's fp32 partials."""
+    LAYOUT: gl.constexpr = acc.type.layout
+    BN: gl.constexpr = acc.type.shape[0]
+    BM: gl.constexpr = acc.type.shape[1]
+    out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, LAYOUT))
+    out_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, LAYOUT))
+    mask = (out_n[:, None] < N) & (out_m[None, :] < M)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias_ptr + out_n, mask=out_n < N, other=0.0).to(gl.float32), 1)
+        gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
+                 mask=mask)
