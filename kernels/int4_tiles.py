@@ -292,15 +292,16 @@ _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64
 # The RS form (int4_wgmma.int4_rs_kernel: the MMA warps unpack into their register operand, 16
 # weight rows a warp; no W_q round trip through shared memory), by bucket, as (BLOCK_M, BLOCK_N,
 # BLOCK_K, warps, stages, programs a multiprocessor): two warpgroups of one program, or one
-# warpgroup in each of two programs, so that one unpacks while the other's MMAs run where each
-# retires its MMAs every step (int4.mma_wait).
+# warpgroup in each of two programs, so that one unpacks while the other's MMAs run (each retires
+# its MMAs every step).
 _WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1), (64, 64, 64, 4, 4, 2)),
              128: ((128, 128, 64, 8, 4, 1), (128, 64, 64, 4, 4, 2)),
              256: ((128, 128, 64, 8, 4, 1), (256, 64, 64, 4, 4, 1))}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
-    """K splits (1-8, at least 4 steps a split) for one program a multiprocessor: the fewest whose
+    """K splits (1-8, at least 4 steps a split) for `sms` programs a wave (one a multiprocessor by
+    default; the multiprocessors times their programs for a form that runs several): the fewest whose
     programs fill 85% of their last wave (a partial last wave idles the rest; every split adds a
     pass over fp32 partials), and up to two others of at most 4 that fill 75% of it."""
     def fill(s):
