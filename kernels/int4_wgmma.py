@@ -302,8 +302,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
                       BYTES: gl.constexpr):
     """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
     once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
-    for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.x alike,
-    may give it those of a pending wgmma's register operand, which the wait's deps do not keep);
+    for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.4 alike,
+    gave it those of a pending wgmma's register operand, which the wait's deps do not keep);
     then the slot is released. A program's other warpgroup, or the multiprocessor's other program,
     unpacks while these MMAs run. Then y (one split) or the split's fp32 partials."""
     STAGES: gl.constexpr = x_s.type.shape[0]
