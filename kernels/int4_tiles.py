@@ -318,14 +318,12 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
     form's programs a multiprocessor."""
     if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
-    plain = [gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages)
-             for bm, bn, bk, warps, stages in _WGMMA.get(p.bucket, ()) if p.param("group", 128) % bk == 0
-             for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk)]
-    rs = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages), RS=1, **({"OCC": occ} if occ > 1 else {}))
-          for bm, bn, bk, warps, stages, occ in _WGMMA_RS.get(p.bucket, ()) if p.param("group", 128) % bk == 0
-          for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
-                                          gemm_tiles.SMS * occ)]
-    return plain + rs
+    forms = [(f, {}, 1) for f in _WGMMA.get(p.bucket, ())] + \
+        [(f[:5], {"RS": 1, **({"OCC": f[5]} if f[5] > 1 else {})}, f[5]) for f in _WGMMA_RS.get(p.bucket, ())]
+    return [dict(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages), **fields)
+            for (bm, bn, bk, warps, stages), fields, occ in forms if p.param("group", 128) % bk == 0
+            for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
+                                            gemm_tiles.SMS * occ)]
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -22,6 +22,8 @@ Hopper (sm_90) only; Gluon is Triton's explicit-layout dialect, so its layouts a
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -271,6 +273,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
 # read back, both MMA operands read), more than the 128 a multiprocessor serves; this one about 110.
 
 
+@functools.cache   # per launch otherwise: two layout objects built on the host each call
 def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
     """The packed words' register layouts of an RS program: ([BN, BK / 8] words as loaded, [BN,
     BK / 16, 2, 4] bytes), such that each thread holds byte l = lane % 4 of the words of its MMA

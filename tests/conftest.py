@@ -35,8 +35,8 @@ def pytest_collection_finish(session):
         start = getattr(getattr(item, "module", None), "start_background_probes", None)
         if start is not None:
             modules.setdefault(start, []).append(item)
-    for start, names in modules.items():
-        start(names)
+    for start, items in modules.items():
+        start(items)
 
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
