@@ -291,12 +291,14 @@ _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64
           512: ((256, 64, 64, 4, 4),)}
 # The RS form (int4_wgmma.int4_rs_kernel: the MMA warps unpack into their register operand, 16
 # weight rows a warp; no W_q round trip through shared memory), by bucket, as (BLOCK_M, BLOCK_N,
-# BLOCK_K, warps, stages, programs a multiprocessor): two warpgroups of one program, or one
-# warpgroup in each of two programs, so that one unpacks while the other's MMAs run (each retires
-# its MMAs every step).
-_WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1), (64, 64, 64, 4, 4, 2)),
-             128: ((128, 128, 64, 8, 4, 1), (128, 64, 64, 4, 4, 2)),
-             256: ((128, 128, 64, 8, 4, 1), (256, 64, 64, 4, 4, 1))}
+# BLOCK_K, warps, stages, programs a multiprocessor, MMA partitions): so that one warpgroup unpacks
+# while another's MMAs run (each retires its MMAs every step), two warpgroups of one program (which
+# wait for each other every step), two partitions of one program sharing x's tiles (which do not),
+# or one warpgroup in each of two programs.
+_WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1, 1), (64, 128, 64, 4, 4, 1, 2), (64, 64, 64, 4, 4, 2, 1)),
+             128: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (128, 64, 64, 4, 4, 2, 1)),
+             256: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (256, 128, 64, 4, 3, 1, 2),
+                   (256, 64, 64, 4, 4, 1, 1))}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
@@ -319,7 +321,8 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
     if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
     forms = [(f, {}, 1) for f in _WGMMA.get(p.bucket, ())] + \
-        [(f[:5], {"RS": 1, **({"OCC": f[5]} if f[5] > 1 else {})}, f[5]) for f in _WGMMA_RS.get(p.bucket, ())]
+        [(f[:5], {"RS": 1, **({"OCC": f[5]} if f[5] > 1 else {}), **({"PARTS": f[6]} if f[6] > 1 else {})}, f[5])
+         for f in _WGMMA_RS.get(p.bucket, ())]
     return [dict(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages), **fields)
             for (bm, bn, bk, warps, stages), fields, occ in forms if p.param("group", 128) % bk == 0
             for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,

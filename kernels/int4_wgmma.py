@@ -231,6 +231,13 @@ def max_registers(mma_warps: int, unpack_warps: int, programs: int = 1) -> int:
     return min(256, 65536 // (32 * (mma_warps + unpack_warps + 4) * programs)) // 8 * 8
 
 
+def partition_registers(regs: int, mma_warps: int, loader_regs: int) -> int:
+    """Registers a thread of each MMA warpgroup once the loader's warpgroup keeps `loader_regs` of the
+    `regs` every warpgroup starts with (the MMA partitions share the rest evenly), a multiple of 8."""
+    groups = mma_warps // 4
+    return min(256, (regs * (groups + 1) - loader_regs) // groups) // 8 * 8
+
+
 def words_descriptor(t, block: list[int]) -> TensorDescriptor:
     """A Gluon TMA descriptor of packed int4 words (gemm.weight_descriptor's `build`, which keeps it
     on the weight)."""
@@ -251,13 +258,18 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     q_desc = gemm.weight_descriptor(w, w.packed, [bn, bk // 8], words_descriptor)
     nw = tile["num_warps"]
     if tile.get("RS"):
-        words, nbytes = rs_layouts(bn, bk, nw)
+        parts = tile.get("PARTS", 1)
+        if parts not in (1, 2):
+            raise ValueError(f"an RS tile runs its MMA warps as one partition or two (PARTS): {tile}")
+        words, nbytes = rs_layouts(bn // parts, bk, nw)
+        regs = max_registers(nw * parts, 0, tile.get("OCC", 1))
         int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
             x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
             k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
             HAS_BIAS=w.bias is not None and split == 1, SPLIT_K=split, STAGES=tile["num_stages"],
-            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words, BYTES=nbytes, num_warps=nw,
-            maxnreg=max_registers(nw, 0, tile.get("OCC", 1)))
+            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words, BYTES=nbytes, PARTS=parts,
+            MMA_REGS=partition_registers(regs, nw * parts, _LOADER_REGS) if parts > 1 else 0, num_warps=nw,
+            maxnreg=regs)
         return
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
@@ -302,23 +314,25 @@ def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
 def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, M, N, KG,
                       stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
                       HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, ACC: gl.constexpr, WORDS: gl.constexpr,
-                      BYTES: gl.constexpr):
+                      BYTES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
     once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
     for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.4 alike,
     gave it those of a pending wgmma's register operand, which the wait's deps do not keep);
     then the slot is released. A program's other warpgroup, or the multiprocessor's other program,
-    unpacks while these MMAs run. Then y (one split) or the split's fp32 partials."""
+    unpacks while these MMAs run. The partition's weight rows are the tile's ROW0 .. ROW0 + ROWS.
+    Then y (one split) or the split's fp32 partials."""
     STAGES: gl.constexpr = x_s.type.shape[0]
     BM: gl.constexpr = x_s.type.shape[1]
     BK: gl.constexpr = x_s.type.shape[2]
-    BN: gl.constexpr = q_s.type.shape[1]
+    BN: gl.constexpr = ROWS
     W8: gl.constexpr = BK // 8
     PAIRS: gl.constexpr = sc_ptr.dtype.element_ty == x_s.dtype
     F16: gl.constexpr = x_s.dtype == gl.float16
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     words3: gl.constexpr = gl.SliceLayout(3, BYTES)
     rows1: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, words3))
+    off_n = off_n + ROW0
     rn = gl.minimum(off_n + gl.arange(0, BN, layout=rows1), N - 1).to(gl.int64)   # rows past N: never stored
     lanes1: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, BYTES)))
     shifts = gl.expand_dims(gl.expand_dims(gl.expand_dims(8 * gl.arange(0, 4, layout=lanes1), 0), 0), 0)
@@ -338,7 +352,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         if HAS_ZP:
             z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
         mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
-        words = gl.convert_layout(gl.reshape(q_s.index(slot).load(WORDS), [BN, BK // 16, 2]), words3)
+        words = gl.convert_layout(gl.reshape(q_s.index(slot).slice(ROW0, BN).load(WORDS), [BN, BK // 16, 2]), words3)
         fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
         b = (gl.expand_dims(words.to(gl.uint32, bitcast=True), 3) >> shifts) & 0xFF        # [BN, C, H, L]
         zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
@@ -369,9 +383,12 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
 def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
                    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
                    STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr, WORDS: gl.constexpr,
-                   BYTES: gl.constexpr):
-    """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (all of
-    the kernel's num_warps, 16 weight rows each) unpacking their own operand."""
+                   BYTES: gl.constexpr, PARTS: gl.constexpr, MMA_REGS: gl.constexpr):
+    """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (16 weight
+    rows each) unpacking their own operand: the kernel's num_warps, or with PARTS = 2 those and as
+    many again in a second partition, each partition BLOCK_N / 2 of the rows. A partition's warps
+    wait for each other every step (its release of the ring slot); two partitions do not, so one
+    unpacks while the other's MMAs run."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     BN: gl.constexpr = q_desc.block_type.shape[0]
@@ -387,17 +404,29 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
     in_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(in_ready.index(s), count=1)
-        mbarrier.init(in_empty.index(s), count=1)   # released by the MMA warps (words read, x's MMA retired)
+        # released by each MMA partition (its words read, its MMA of x retired)
+        mbarrier.init(in_empty.index(s), count=PARTS)
     fence_async_shared()
 
     # The loader's other arguments (the unpackers' and W_q's of the form above) are placeholders.
     loader_args = (x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, x_s, in_ready, in_empty, in_ready, in_empty, off_n,
                    off_m, kw_lo, steps, N, KG, GROUP)
-    gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                             bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP, HAS_ZP,
-                                             HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES)),
-                        (_load_partition, loader_args)],
-                       [1], [LOADER_REGS])
+    ROWS: gl.constexpr = BN // PARTS
+    if PARTS == 1:
+        gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
+                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
+                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, 0, ROWS)),
+                            (_load_partition, loader_args)],
+                           [1], [LOADER_REGS])
+    else:
+        gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
+                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
+                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, 0, ROWS)),
+                            (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
+                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
+                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, ROWS, ROWS)),
+                            (_load_partition, loader_args)],
+                           [NW, 1], [MMA_REGS, LOADER_REGS])
 
 
 @gluon.jit

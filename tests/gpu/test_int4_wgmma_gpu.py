@@ -49,6 +49,10 @@ def _tile(bm, bn, bk, split, warps, stages, **rs):
     (129, 2304, 5120, False, torch.float16, False, _tile(128, 128, 64, 3, 8, 4, RS=1)),
     (16, 512, 4096, True, torch.bfloat16, True, _tile(16, 64, 64, 2, 4, 5, RS=1)),
     (300, 1000, 2048, False, torch.bfloat16, True, _tile(256, 64, 64, 2, 4, 4, RS=1)),
+    # two MMA partitions, each half the weight rows (the second partition's rows partly past N)
+    (128, 1024, 2048, True, torch.bfloat16, False, _tile(128, 128, 64, 1, 4, 4, RS=1, PARTS=2)),
+    (37, 1000, 2048, False, torch.float16, True, _tile(64, 128, 64, 3, 4, 4, RS=1, PARTS=2)),
+    (300, 1100, 2048, False, torch.bfloat16, True, _tile(256, 128, 64, 2, 4, 3, RS=1, PARTS=2)),
 ])
 def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, tile):
     w = _weight(N, K, sym, dtype, bias=bias)
@@ -62,12 +66,12 @@ def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, til
 
 
 @pytest.mark.parametrize("sym", [True, False])
-@pytest.mark.parametrize("rs", [{}, {"RS": 1}])
+@pytest.mark.parametrize("rs", [{}, {"RS": 1}, {"RS": 1, "PARTS": 2}])
 def test_wgmma_path_with_fp32_scales_unpacks_in_fp32(sym, rs):
     # Scales not in x's dtype take the fp32 conversion instead of the packed pairs: the same bytes.
     w = _weight(384, 1024, sym, torch.bfloat16)
     x = torch.randn(64, 1024, device="cuda").bfloat16()
-    tile = _tile(64, 128, 64, 2, 8 if rs else 4, 3, **rs)
+    tile = _tile(64, 128, 64, 2, 8 if rs == {"RS": 1} else 4, 3, **rs)
     y = int4.launch(x, w, tile)
     w.scale = w.scale.float()
     assert torch.equal(int4.launch(x, w, tile), y)
