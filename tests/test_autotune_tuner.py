@@ -240,7 +240,7 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     # flight, which the fp32-scaled join's do not), those of 256 weight rows apart, and so are the
     # frag and wgmma tiles (their paths): the 20-tile pick of caches/retune.sh sees two of each
     # SCALE_W group's four (the first and last of each), all three frag tiles and the first and last
-    # of the six wgmma tiles at bucket 128 (one of each form: the unpacking warpgroup's, RS), beside
+    # of the eight wgmma tiles at bucket 128 (one of each form: the unpacking warpgroup's, RS), beside
     # fp32-scaled join tiles. At 256, with more groups,
     # the pick spreads over the whole space and still sees both SCALE_W groups.
     from vsr.kernels import int4_tiles
@@ -253,7 +253,7 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     frag = [c for c in space if c["path"] == "frag"]
     assert len(frag) == 3 and all(c in pick for c in frag)
     wgmma = [c for c in space if c["path"] == "wgmma"]
-    assert len(wgmma) == 6 and [c for c in pick if c["path"] == "wgmma"] == [wgmma[0], wgmma[-1]]
+    assert len(wgmma) == 8 and [c for c in pick if c["path"] == "wgmma"] == [wgmma[0], wgmma[-1]]
     assert not wgmma[0].get("RS") and wgmma[-1].get("RS")
     assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
     space, pick, scaled, got, groups = _int4_pick(True, 256, "SCALE_W")

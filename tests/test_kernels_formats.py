@@ -1066,6 +1066,10 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
     for warps in (16, 3):
         with pytest.raises(ValueError, match=f"num_warps={warps} .*16 of its BLOCK_N=128"):
             int4.launch(x, w, dict(tile, RS=1, num_warps=warps))
+    with pytest.raises(ValueError, match="num_warps=8 .*16 of its BLOCK_N=64"):   # each partition's rows
+        int4.launch(x, w, dict(tile, RS=1, PARTS=2, num_warps=8))
+    with pytest.raises(ValueError, match="one partition or two"):
+        int4.launch(x, w, dict(tile, RS=1, PARTS=4, num_warps=1))
     for k in (K - 4, K - 8):   # x rows of 504 bytes; x rows of 496 bytes, packed rows of 124
         odd = int4_weight(gen(128), 128, True, False, bias=False, Kx=k)
         with pytest.raises(ValueError, match="by TMA"):
