@@ -1076,6 +1076,19 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
             int4.launch(torch.randn(32, k).half().to(DEV), odd, tile)
 
 
+def test_int4_rs_partitions_share_the_register_file():
+    # With two MMA partitions the loader's warpgroup gives back all but its own registers and the
+    # partitions share the rest: never more than the register file held at launch, and more than
+    # each warpgroup started with.
+    from vsr.kernels import int4_wgmma
+    for warps, parts, occ in ((4, 2, 1), (8, 2, 1), (4, 2, 2)):
+        regs = int4_wgmma.max_registers(warps * parts, 0, occ)
+        got = int4_wgmma.partition_registers(regs, warps * parts, 24)
+        groups = warps * parts // 4
+        assert got % 8 == 0 and regs < got <= 256 and got * groups + 24 <= regs * (groups + 1), (warps, parts, got)
+    assert int4_wgmma.partition_registers(168, 8, 24) == 240
+
+
 def test_int4_frag_pairs_need_scales_in_x_dtype():
     # The packed multiply takes both operands in x's dtype: bf16 scales under fp16 x (or fp32
     # scales) take the fp32 twin, as do devices without the pairs.
