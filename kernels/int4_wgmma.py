@@ -247,8 +247,8 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
 def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
     """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
     int4_wgmma_kernel, or int4_rs_kernel for a tile with RS (OCC: its programs a multiprocessor,
-    which share the register file); x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides
-    (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
+    which share the register file; PARTS: its MMA partitions); x [M, K] bf16/fp16 and w.packed with
+    16-byte aligned bases and row strides (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
     placeholder where it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
     M, K = x.shape
     N = w.N
@@ -319,7 +319,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
     once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
     for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.4 alike,
     gave it those of a pending wgmma's register operand, which the wait's deps do not keep);
-    then the slot is released. A program's other warpgroup, or the multiprocessor's other program,
+    then the slot is released. The program's other partition, or the multiprocessor's other program,
     unpacks while these MMAs run. The partition's weight rows are the tile's ROW0 .. ROW0 + ROWS.
     Then y (one split) or the split's fp32 partials."""
     STAGES: gl.constexpr = x_s.type.shape[0]
@@ -412,6 +412,8 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
     loader_args = (x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, x_s, in_ready, in_empty, in_ready, in_empty, off_n,
                    off_m, kw_lo, steps, N, KG, GROUP)
     ROWS: gl.constexpr = BN // PARTS
+    # Each partition's arguments written out: Gluon takes a worker's constants only from a tuple
+    # written at the call (a tuple held in a variable takes tensors only).
     if PARTS == 1:
         gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
                                                  bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
