@@ -177,7 +177,9 @@ def prune_reason(tile: dict, weight, x: torch.Tensor, smem_limit: int | None) ->
     smem = stages * (bm * bk * a_bytes + bn * bk * w_bytes)
     if smem_limit is not None and smem > smem_limit:
         return f"pruned: needs ~{int(smem)} B of shared memory, the device has {smem_limit}"
-    acc_regs = bm * bn / (32 * max(1, warps))  # fp32 accumulator registers per thread
+    # fp32 accumulator registers per thread; a tile with PARTS runs that many MMA partitions of
+    # num_warps each, every one holding its share of the weight rows (int4_wgmma's RS form)
+    acc_regs = bm * bn / (32 * max(1, warps) * int(tile.get("PARTS", 1)))
     if acc_regs > 255:
         return f"pruned: the accumulator alone needs {acc_regs:.0f} registers per thread (max 255)"
     return None

@@ -1089,6 +1089,27 @@ def test_int4_rs_partitions_share_the_register_file():
     assert int4_wgmma.partition_registers(168, 8, 24) == 240
 
 
+def test_the_tuner_prunes_no_int4_wgmma_tile_of_the_space():
+    # Every wgmma tile of the space at 64-256 rows compiles for sm_90 without spilling
+    # (tests/test_kernels_sm90_compile.py), so the tuner's fit estimate must let each one be timed:
+    # a PARTS tile's accumulator is split between its partitions (256 x 128 on two partitions of
+    # 4 warps: 128 registers a thread, not 256).
+    from vsr.autotune.tuner import prune_reason
+    w = types.SimpleNamespace(format="int4")
+    x = torch.empty(1, 8, dtype=torch.bfloat16)
+    seen = 0
+    for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
+        for b in (64, 128, 256):
+            p = Problem(N=N, K=K, bucket=b, act_dtype=torch.bfloat16,
+                        params=(("act_order", False), ("bits", 4), ("group", 128), ("symmetric", True)))
+            for t in (t for t in int4.TEMPLATE.search_space(p) if t.get("path") == "wgmma"):
+                assert prune_reason(t, w, x, gemm_tiles.SMEM_LIMIT) is None, t
+                seen += t.get("PARTS", 1) == 2 and t["BLOCK_M"] == 256
+    assert seen > 0
+    assert "registers" in prune_reason({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4,
+                                        "num_stages": 3}, w, x, None)
+
+
 def test_int4_frag_pairs_need_scales_in_x_dtype():
     # The packed multiply takes both operands in x's dtype: bf16 scales under fp16 x (or fp32
     # scales) take the fp32 twin, as do devices without the pairs.
