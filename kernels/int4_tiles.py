@@ -257,20 +257,21 @@ def _frag_programs_per_sm(t: dict) -> int:
     return max(1, min(gemm_tiles.SMEM_LIMIT // (gemm_tiles.smem_bytes(t, 2, 0.5) + 2048), 16 // t["num_warps"]))
 
 
-def _tail_tiles(p: Problem, tiles: list[dict], sms: int = gemm_tiles.SMS) -> list[dict]:
+def _tail_tiles(p: Problem, tiles: list[dict], per_sm=_frag_programs_per_sm, sms: int = gemm_tiles.SMS
+                ) -> list[dict]:
     """Each whole-K tile (SPLIT_K 1: a split tile's grid is sized by its split) whose last wave of
-    programs is under half full, with that wave's blocks of weight rows launched apart, K split 8
-    or 16 ways (int4._launch_tail: TAIL_TILES, TAIL_SPLIT), so they spread over every
-    multiprocessor instead of running on a few while the rest idle. On the H200, gate|up's frag
-    tile at 128 rows (544 programs, two a multiprocessor: 2.06 waves) took 113-115 us against
-    126.9 (benchmarks/results/ab-nvidia-h200-2026-12-06.json, "int4_tail_split")."""
+    programs (per_sm(tile) a multiprocessor) is under half full, with that wave's blocks of weight
+    rows launched apart, K split 8 or 16 ways (int4._launch_tail: TAIL_TILES, TAIL_SPLIT), so they
+    spread over every multiprocessor instead of running on a few while the rest idle. On the H200,
+    gate|up's frag tile at 128 rows (544 programs, two a multiprocessor: 2.06 waves) took 113-115 us
+    against 126.9 (benchmarks/results/ab-nvidia-h200-2026-12-06.json, "int4_tail_split")."""
     out = []
     for t in tiles:
         if t["SPLIT_K"] != 1:
             continue
         per = common.cdiv(p.bucket, t["BLOCK_M"])
         blocks = common.cdiv(p.N, t["BLOCK_N"])
-        slots = sms * _frag_programs_per_sm(t)
+        slots = sms * per_sm(t)
         last = blocks * per % slots
         if blocks * per < slots or not 0 < last < slots / 2:
             continue
@@ -317,16 +318,23 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
     """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's and
     _WGMMA_RS's buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows
     of x and the packed words (the launcher's gemm.tma_aligned); K splits for whole waves of the
-    form's programs a multiprocessor."""
+    form's programs a multiprocessor. The RS forms also whole-K with a tail (_tail_tiles) where
+    their last wave is nearly empty: a split doubles or triples the fp32 partials the reduction
+    kernel reads, which on gate|up at 128 rows (35.7 MB at two splits against a 8.9 MB output)
+    outweighs the wave it fills."""
     if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
     forms = [(f, {}, 1) for f in _WGMMA.get(p.bucket, ())] + \
         [(f[:5], {"RS": 1, **({"OCC": f[5]} if f[5] > 1 else {}), **({"PARTS": f[6]} if f[6] > 1 else {})}, f[5])
          for f in _WGMMA_RS.get(p.bucket, ())]
-    return [dict(gemm_tiles.tile("wgmma", bm, bn, bk, split, warps, stages), **fields)
-            for (bm, bn, bk, warps, stages), fields, occ in forms if p.param("group", 128) % bk == 0
-            for split in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
-                                            gemm_tiles.SMS * occ)]
+    forms = [f for f in forms if p.param("group", 128) % f[0][2] == 0]
+    split = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, s, warps, stages), **fields)
+             for (bm, bn, bk, warps, stages), fields, occ in forms
+             for s in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
+                                         gemm_tiles.SMS * occ)]
+    whole = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, 1, warps, stages), **fields)
+             for (bm, bn, bk, warps, stages), fields, occ in forms if fields]
+    return split + _tail_tiles(p, whole, per_sm=lambda t: t.get("OCC", 1))
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

@@ -1001,7 +1001,9 @@ def test_int4_tail_tiles_split_their_last_weight_rows(dtype, symmetric, act_orde
 def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
     # The 27B-class gate|up (34816 rows) at 128 rows on 64-row frag tiles: 544 programs, two a
     # multiprocessor on the H200's 132, so the last 16 blocks are the tail and the rest fill two whole
-    # waves; qkv's frag tiles split K, so their grids are sized already and get none.
+    # waves; the RS form's whole-K tiles likewise, one program a multiprocessor (two with OCC): 272
+    # blocks of 128 rows leave 8, 544 of 64 rows on two programs 16. qkv's frag tiles split K, so
+    # their grids are sized already, and its RS grids fill under one wave: none.
     from vsr.kernels import int4_tiles
     t = int4.TEMPLATE
     w = int4_weight(gen(144), 128, True, False, bias=False)
@@ -1009,10 +1011,16 @@ def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
         p = dataclasses.replace(t.problem(w, 128, torch.bfloat16), N=N, K=5120)
         tails = [c for c in t.search_space(p) if c.get("TAIL_TILES")]
         assert bool(tails) == want
+        assert {c["path"] for c in tails} == ({"frag", "wgmma"} if want else set())
         for c in tails:
-            slots = gemm_tiles.SMS * int4_tiles._frag_programs_per_sm(c)
-            assert c["SPLIT_K"] == 1 and c["TAIL_SPLIT"] in (8, 16) and c["BLOCK_N"] == 64
-            assert (N // 64 - c["TAIL_TILES"]) % slots == 0 and c["TAIL_TILES"] == 16
+            per_sm = c.get("OCC", 1) if c["path"] == "wgmma" else int4_tiles._frag_programs_per_sm(c)
+            blocks = N // c["BLOCK_N"]
+            assert c["SPLIT_K"] == 1 and c["TAIL_SPLIT"] in (8, 16), c
+            assert (blocks - c["TAIL_TILES"]) % (gemm_tiles.SMS * per_sm) == 0, c
+            assert 0 < c["TAIL_TILES"] < gemm_tiles.SMS * per_sm / 2, c
+            assert c["path"] == "frag" or c.get("RS"), c
+        assert {c["TAIL_TILES"] for c in tails if c["path"] == "frag"} <= {16}
+        assert {(c["BLOCK_N"], c["TAIL_TILES"]) for c in tails if c["path"] == "wgmma"} <= {(128, 8), (64, 16)}
 
 
 def test_int4_tail_tiles_are_refused_where_they_cannot_run():

@@ -497,36 +497,42 @@ _WGMMA_PROBE = _PRELUDE + r"""
 from vsr.kernels import common, int4, wgmma_hazard
 from vsr.autotune.synth import random_weight
 
-rec, rows, found = Recorder(H200), [], {}
+rec, rows, found = Recorder(H200), [], []
 def compile_and_keep(src, *a, **k):
     kernel = compile_(src, *a, **k)
     if src.fn.__name__ in ("int4_wgmma_kernel", "int4_rs_kernel"):
         ptx = kernel.asm["ptx"]
         rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
-        found["k"] = {"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
+        found.append({"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
                       "kernel": src.fn.__name__, "st_shared_v4": ptx.count("st.shared.v4"),
                       "wgmma": ptx.count("wgmma.mma_async"), "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
                       "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                       "pairs": ptx.count("mul.rn.bf16x2") + ptx.count("mul.rn.f16x2"), "rs_wgmma": rs,
-                      "hazards": len(hazards)}
+                      "hazards": len(hazards)})
     return kernel
 triton.compile = compile_and_keep
 JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
 common.device_features = lambda device: H200.features
 t = int4.TEMPLATE
 kernels = {}
+def launched(x, w, tile):
+    # The wgmma kernels one launch ran (a tile with a tail runs two), each with what its compile
+    # found (kernels compile once, in launch order; a failed compile finds nothing).
+    n, before = len(rec.current), set(rec.compiled)
+    t.launch(x, w, tile)
+    keys = [k for k in dict.fromkeys(rec.current[n:]) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k]
+    for key in keys:
+        if key not in kernels:
+            got = found.pop(0) if key not in before and "error" not in rec.compiled[key] else {}
+            kernels[key] = dict(got, **{k: v for k, v in rec.compiled[key].items() if k in ("registers", "error")})
+    return [kernels[k] for k in keys]
 for sym in (True, False):
     w = random_weight("int4", 34816, 5120, {"bits": 4, "group": 128, "symmetric": sym, "act_order": False},
                       torch.bfloat16, "cpu")
     for bucket in (64, 128, 256):
         x = torch.randn(bucket, 5120).bfloat16()
         for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]:
-            t.launch(x, w, tile)
-            key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k)
-            if key not in kernels:
-                kernels[key] = dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
-                                                           if k in ("registers", "error")})
-            rows.append(dict(kernels[key], tile=tile, sym=sym, bucket=bucket))
+            rows += [dict(k, tile=tile, sym=sym, bucket=bucket) for k in launched(x, w, tile)]
 # fp16 with fp32 scales (the fp32 conversion, not the packed pairs), a K that ends inside a step.
 w = random_weight("int4", 777, 1056, {"bits": 4, "group": 128, "symmetric": False, "act_order": False},
                   torch.float16, "cpu")
@@ -534,11 +540,7 @@ w.scale = w.scale.float()
 for tile in (dict(path="wgmma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=3),
              dict(path="wgmma", RS=1, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, GROUP_M=8, num_warps=8,
                   num_stages=3)):
-    t.launch(torch.randn(300, 1056).half(), w, tile)
-    key = next(k for k in reversed(rec.current) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k)
-    rows.append(dict(found.pop("k", {}), **{k: v for k, v in rec.compiled[key].items()
-                                            if k in ("registers", "error")}, tile=tile, sym=False,
-                     bucket="fp32 scales"))
+    rows += [dict(k, tile=tile, sym=False, bucket="fp32 scales") for k in launched(torch.randn(300, 1056).half(), w, tile)]
 print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 """
 
@@ -553,7 +555,8 @@ def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
     # step could overwrite), one MMA in flight across a step (a wait for 1). The RS form: its MMAs
     # read W_q from registers, which no shared-memory store carries (the other form's 16-byte
     # stores of it), and no instruction writes a pending wgmma's register operand (the hazard
-    # check): it retires each step's MMA.
+    # check): it retires each step's MMA. An RS tile with a tail (TAIL_TILES) is held to this by
+    # both its launches' kernels, the whole-K one and the split one.
     got = _json("wgmma")
     rows = got["rows"]
     assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (64, 128, 256)} | {
@@ -567,3 +570,6 @@ def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
         else:
             assert r["rs_wgmma"] > 0 and r["st_shared_v4"] == 0, r
     assert {r["kernel"] for r in rows} == {"int4_wgmma_kernel", "int4_rs_kernel"}
+    tails = [r for r in rows if r["tile"].get("TAIL_TILES")]
+    assert {r["bucket"] for r in tails} == {64, 128, 256} and all(r["kernel"] == "int4_rs_kernel" for r in tails)
+    assert len(tails) == 2 * len({(r["sym"], r["bucket"], repr(sorted(r["tile"].items()))) for r in tails})

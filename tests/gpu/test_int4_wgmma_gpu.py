@@ -2,9 +2,9 @@
 rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up to the order of the
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
 both half-precision dtypes, in both forms (the unpacking warpgroup's, and RS: the MMA warps
-unpacking into their register operand); the same bytes on a second call; a SwiGLU QLinear on a
-wgmma tile (the plain product, then the activation kernel); and every wgmma tile of the search
-space at the 27B-class shapes against the format's reference."""
+unpacking into their register operand), RS tiles with a tail launched apart; the same bytes on a
+second call; a SwiGLU QLinear on a wgmma tile (the plain product, then the activation kernel); and
+every wgmma tile of the search space at the 27B-class shapes against the format's reference."""
 import pytest
 import torch
 
@@ -53,6 +53,11 @@ def _tile(bm, bn, bk, split, warps, stages, **rs):
     (128, 1024, 2048, True, torch.bfloat16, False, _tile(128, 128, 64, 1, 4, 4, RS=1, PARTS=2)),
     (37, 1000, 2048, False, torch.float16, True, _tile(64, 128, 64, 3, 4, 4, RS=1, PARTS=2)),
     (300, 1100, 2048, False, torch.bfloat16, True, _tile(256, 128, 64, 2, 4, 3, RS=1, PARTS=2)),
+    # whole K with the last blocks of weight rows launched apart, K split (TAIL_TILES, TAIL_SPLIT)
+    (128, 2200, 2048, False, torch.bfloat16, True, _tile(128, 128, 64, 1, 4, 4, RS=1, PARTS=2, TAIL_TILES=3,
+                                                         TAIL_SPLIT=4)),
+    (37, 1000, 2048, True, torch.float16, False, _tile(64, 64, 64, 1, 4, 4, RS=1, OCC=2, TAIL_TILES=2,
+                                                       TAIL_SPLIT=8)),
 ])
 def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, tile):
     w = _weight(N, K, sym, dtype, bias=bias)
