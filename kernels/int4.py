@@ -617,9 +617,9 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     dev = common.device_features(x.device)
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
     fixup = common.split_fixup(tile, split)
-    if fixup and path in ("gemv", "wgmma"):   # they stash their partial rows, for the reduction kernel
-        raise ValueError(f"the int4 {path} path has no in-kernel fixup (FIXUP): {tile}")
-    cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn), ws)
+    if fixup and (path == "gemv" or path == "wgmma" and not tile.get("RS")):   # they stash partials for the reduction
+        raise ValueError(f"the int4 {path} path has no in-kernel fixup (FIXUP) but in its RS form: {tile}")
+    cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn) * tile.get("PARTS", 1), ws)
     if path == "gemv":
         assert M == 1 and bk & (bk - 1) == 0, f"the gemv path takes one row in power-of-two word steps: {M=} {bk=}"
         # The GEMV steps in whole words: x beyond K (a partial last word) must read as zero.
@@ -664,7 +664,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
             FIXUP=fixup, MMA_WAIT=mma_wait(dev), GLU=glu, num_warps=tile["num_warps"],
             num_stages=tile["num_stages"])
     elif path == "wgmma":
-        _launch_wgmma(x, w, tile, y, ws, zp, bias, k_split, split, glu, dev)
+        _launch_wgmma(x, w, tile, y, ws, zp, bias, k_split, split, glu, dev, cnt if fixup else None)
     else:
         kernel = _int4_swap_kernel if path == "swap" else _int4_kernel
         kernel[(common.cdiv(M, bm) * common.cdiv(N, bn), split)](
@@ -889,7 +889,7 @@ def _retire(acc):
 
 
 def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, split: int, glu: bool,
-                  dev: common.DeviceFeatures) -> None:
+                  dev: common.DeviceFeatures, cnt: torch.Tensor | None = None) -> None:
     """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision, x's and the packed
     words' rows whole 16-byte TMA rows (K % 32 == 0; a misaligned view of x is copied once),
     BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (glu_in_epilogue keeps the runtime's
@@ -904,7 +904,7 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
     if not gemm.tma_aligned(w.K, x.element_size(), 0.5):
         raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
                          f"K={w.K} does not allow: {tile}")
-    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split)
+    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split, cnt)
 
 
 def _weight_rows(w: Int4Weight, lo: int, hi: int) -> Int4Weight:

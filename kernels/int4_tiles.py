@@ -318,9 +318,11 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
     """Candidates of the wgmma path (Hopper only: the launcher refuses it elsewhere) at _WGMMA's and
     _WGMMA_RS's buckets for half-precision x where BLOCK_K divides the group and K allows TMA rows
     of x and the packed words (the launcher's gemm.tma_aligned); K splits for whole waves of the
-    form's programs a multiprocessor. The RS forms also whole-K with a tail (_tail_tiles) where
-    their last wave is nearly empty: a split doubles or triples the fp32 partials the reduction
-    kernel reads, which on gate|up at 128 rows (35.7 MB at two splits against a 8.9 MB output)
+    form's programs a multiprocessor. The RS forms' split tiles also with FIXUP (the last split adds
+    the partials in the kernel: no reduction kernel, whose launch and pass over the partials a
+    1x128 int4 forward spends about 1 ms on, 192 of them), and whole-K with a tail (_tail_tiles)
+    where their last wave is nearly empty: a split doubles or triples the fp32 partials the
+    reduction reads, which on gate|up at 128 rows (35.7 MB at two splits against an 8.9 MB output)
     outweighs the wave it fills."""
     if p.act_dtype == torch.float32 or not gemm.tma_aligned(p.K, 2, 0.5):
         return []
@@ -334,7 +336,8 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
                                          gemm_tiles.SMS * occ)]
     whole = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, 1, warps, stages), **fields)
              for (bm, bn, bk, warps, stages), fields, occ in forms if fields]
-    return split + _tail_tiles(p, whole, per_sm=lambda t: t.get("OCC", 1))
+    fixup = [dict(t, FIXUP=1) for t in split if t.get("RS") and t["SPLIT_K"] > 1]
+    return split + fixup + _tail_tiles(p, whole, per_sm=lambda t: t.get("OCC", 1))
 
 
 def _swap_tiles(p: Problem, bks: tuple[int, ...]) -> list[dict]:

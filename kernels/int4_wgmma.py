@@ -244,12 +244,12 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
 
 
-def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
-    """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through
-    int4_wgmma_kernel, or int4_rs_kernel for a tile with RS (OCC: its programs a multiprocessor,
-    which share the register file; PARTS: its MMA partitions); x [M, K] bf16/fp16 and w.packed with
-    16-byte aligned bases and row strides (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or any
-    placeholder where it has none (int4.launch's). The caller adds the splits (common.reduce_splits)."""
+def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None) -> None:
+    """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through int4_wgmma_kernel,
+    or int4_rs_kernel for a tile with RS (OCC: its programs a multiprocessor, which share the register file; PARTS:
+    its MMA partitions); x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides (TMA), w an
+    int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or placeholders (int4.launch's). The
+    caller adds the splits (common.reduce_splits) unless cnt, an RS tile's FIXUP counters, has the kernel add them."""
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -264,12 +264,12 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int) -> None:
         words, nbytes = rs_layouts(bn // parts, bk, nw)
         regs = max_registers(nw * parts, 0, tile.get("OCC", 1))
         int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
-            x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
-            k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
-            HAS_BIAS=w.bias is not None and split == 1, SPLIT_K=split, STAGES=tile["num_stages"],
-            GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words, BYTES=nbytes, PARTS=parts,
-            MMA_REGS=partition_registers(regs, nw * parts, _LOADER_REGS) if parts > 1 else 0, num_warps=nw,
-            maxnreg=regs)
+            x_desc, q_desc, w.scale, zp, y, ws, bias, ws if cnt is None else cnt, M, N, w.packed.shape[1],
+            w.scale.stride(0), y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None,
+            HAS_BIAS=w.bias is not None and (split == 1 or cnt is not None), SPLIT_K=split, FIXUP=cnt is not None,
+            STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words,
+            BYTES=nbytes, PARTS=parts, MMA_REGS=partition_registers(regs, nw * parts, _LOADER_REGS) if parts > 1 else 0,
+            num_warps=nw, maxnreg=regs)
         return
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
@@ -311,17 +311,17 @@ def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
 
 
 @gluon.jit
-def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, M, N, KG,
-                      stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
-                      HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, ACC: gl.constexpr, WORDS: gl.constexpr,
-                      BYTES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N,
+                      KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
+                      HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, FIXUP: gl.constexpr, ACC: gl.constexpr,
+                      WORDS: gl.constexpr, BYTES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
     once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
     for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.4 alike,
     gave it those of a pending wgmma's register operand, which the wait's deps do not keep);
     then the slot is released. The program's other partition, or the multiprocessor's other program,
     unpacks while these MMAs run. The partition's weight rows are the tile's ROW0 .. ROW0 + ROWS.
-    Then y (one split) or the split's fp32 partials."""
+    Then y (one split) or the split's fp32 partials, with FIXUP summed by the last split (_fixup)."""
     STAGES: gl.constexpr = x_s.type.shape[0]
     BM: gl.constexpr = x_s.type.shape[1]
     BK: gl.constexpr = x_s.type.shape[2]
@@ -376,14 +376,14 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(in_empty.index(slot))
-    _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
+    _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K, FIXUP)
 
 
 @gluon.jit
-def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
+def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
                    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
-                   STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr, WORDS: gl.constexpr,
-                   BYTES: gl.constexpr, PARTS: gl.constexpr, MMA_REGS: gl.constexpr):
+                   FIXUP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr,
+                   WORDS: gl.constexpr, BYTES: gl.constexpr, PARTS: gl.constexpr, MMA_REGS: gl.constexpr):
     """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (16 weight
     rows each) unpacking their own operand: the kernel's num_warps, or with PARTS = 2 those and as
     many again in a second partition, each partition BLOCK_N / 2 of the rows. A partition's warps
@@ -416,19 +416,19 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, M, N
     # written at the call (a tuple held in a variable takes tensors only).
     if PARTS == 1:
         gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
-                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, 0, ROWS)),
+                                                 bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
+                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS)),
                             (_load_partition, loader_args)],
                            [1], [LOADER_REGS])
     else:
         gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
-                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, 0, ROWS)),
+                                                 bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
+                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS)),
                             (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                                 bias_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP,
-                                                 HAS_ZP, HAS_BIAS, SPLIT_K, acc_l, WORDS, BYTES, ROWS, ROWS)),
-                            (_load_partition, loader_args)],
-                           [NW, 1], [MMA_REGS, LOADER_REGS])
+                                                 bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
+                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, ROWS,
+                                                 ROWS)),
+                            (_load_partition, loader_args)], [NW, 1], [MMA_REGS, LOADER_REGS])
 
 
 @gluon.jit
@@ -467,3 +467,56 @@ def _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_
     else:
         gl.store(ws_ptr + pid_k.to(gl.int64) * M * N + out_m[None, :].to(gl.int64) * N + out_n[:, None], acc,
                  mask=mask)
+
+
+# A barrier over the calling partition's warps: Gluon's thread_barrier (Triton 3.6), barrier from 3.7 on.
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k,
+                  HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, FIXUP: gl.constexpr):
+    """_store_acc's y or partials of an RS partition; with FIXUP the last of its tile's SPLIT_K splits
+    to arrive then adds them up (_fixup)."""
+    _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
+    if FIXUP:
+        _fixup(y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS, SPLIT_K,
+               acc.type.shape[0], acc.type.shape[1])
+
+
+@gluon.jit
+def _fixup(y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr,
+           SPLIT_K: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr):
+    """common.last_to_finish and split_sum for the [BN weight rows, BM x rows] block at (off_n, off_m):
+    the partition's partial stores ordered before one acq_rel arrival on the block's counter (one a
+    block of BN rows, so an RS tile's two partitions count apart); the last of the SPLIT_K splits to
+    arrive resets it to 0 and adds the partials s = 0, 1, ..., SPLIT_K - 1 in that order, read from
+    L2, then the bias, rounded once to y's dtype: splitk_reduce_kernel's sum, the same bytes
+    whichever split arrives last. The counter counts arrivals only; no value is added atomically.
+    The sum runs over 4 x rows a warp at a time, weight rows on the lanes (y's and the partials'
+    contiguous side), in few registers: the accumulator's layout would hold a block of addresses."""
+    NW: gl.constexpr = gl.num_warps()
+    CH: gl.constexpr = 4 * NW
+    L: gl.constexpr = gl.BlockedLayout([BN // 32, 1], [32, 1], [1, NW], [0, 1])
+    _partition_barrier()
+    cnt = cnt_ptr + (off_m // BM) * gl.cdiv(N, BN) + off_n // BN
+    ticket = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT_K - 1:
+        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+        _partition_barrier()
+        mn = gl.to_tensor(M).to(gl.int64) * N   # (M or N may arrive as a plain int: Triton specialises 1)
+        out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+        n_ok = out_n < N
+        if HAS_BIAS:
+            b = gl.expand_dims(gl.load(bias_ptr + out_n, mask=n_ok, other=0.0).to(gl.float32), 1)
+        for m0 in range(off_m, off_m + BM, CH):
+            out_m = m0 + gl.arange(0, CH, layout=gl.SliceLayout(0, L))
+            mask = n_ok[:, None] & (out_m[None, :] < M)
+            part = ws_ptr + (out_m[None, :].to(gl.int64) * N + out_n[:, None])
+            acc = gl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in gl.static_range(1, SPLIT_K):
+                acc += gl.load(part + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                acc += b
+            gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
+                     mask=mask)

@@ -1052,8 +1052,8 @@ def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
     # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
-    # the in-kernel fixup, fp32 x, a K whose x or packed rows are not whole 16-byte TMA rows and an
-    # RS tile whose weight rows do not come 16 to each of its warps.
+    # the in-kernel fixup but in the RS form, fp32 x, a K whose x or packed rows are not whole
+    # 16-byte TMA rows and an RS tile whose weight rows do not come 16 to each of its warps.
     # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
     x = torch.randn(32, K).half().to(DEV)
@@ -1069,6 +1069,8 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
         int4.launch(x, even, tile, glu=True)
     with pytest.raises(ValueError, match="no in-kernel fixup"):
         int4.launch(x, w, dict(tile, FIXUP=1))
+    with pytest.raises(ValueError, match="num_warps=16"):   # an RS tile's FIXUP passes on to the RS launch
+        int4.launch(x, w, dict(tile, RS=1, FIXUP=1, num_warps=16))
     with pytest.raises(AssertionError, match="bf16/fp16 x"):
         int4.launch(x.float(), w, tile)
     for warps in (16, 3):
@@ -1095,6 +1097,21 @@ def test_int4_rs_partitions_share_the_register_file():
         groups = warps * parts // 4
         assert got % 8 == 0 and regs < got <= 256 and got * groups + 24 <= regs * (groups + 1), (warps, parts, got)
     assert int4_wgmma.partition_registers(168, 8, 24) == 240
+
+
+def test_int4_rs_split_tiles_come_with_and_without_the_in_kernel_fixup():
+    # Every RS tile of the space that splits K is offered twice: its partials added by the
+    # reduction kernel, and by the last split in the kernel (FIXUP); no whole-K tile and no tile of
+    # the unpacking form carries FIXUP.
+    for N, K in ((10240, 5120), (5120, 8192), (34816, 5120), (5120, 17408)):
+        for b in (64, 128, 256):
+            p = Problem(N=N, K=K, bucket=b, act_dtype=torch.bfloat16,
+                        params=(("act_order", False), ("bits", 4), ("group", 128), ("symmetric", False)))
+            tiles = [t for t in int4.TEMPLATE.search_space(p) if t["path"] == "wgmma"]
+            fixed = [t for t in tiles if t.get("FIXUP")]
+            assert all(t.get("RS") and t["SPLIT_K"] > 1 and not t.get("TAIL_TILES") for t in fixed)
+            plain = [t for t in tiles if t.get("RS") and t["SPLIT_K"] > 1 and not t.get("FIXUP")]
+            assert sorted(map(repr, fixed)) == sorted(repr(dict(t, FIXUP=1)) for t in plain) and fixed, (N, K, b)
 
 
 def test_the_tuner_prunes_no_int4_wgmma_tile_of_the_space():

@@ -508,7 +508,7 @@ def compile_and_keep(src, *a, **k):
                       "wgmma": ptx.count("wgmma.mma_async"), "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
                       "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                       "pairs": ptx.count("mul.rn.bf16x2") + ptx.count("mul.rn.f16x2"), "rs_wgmma": rs,
-                      "hazards": len(hazards)})
+                      "hazards": len(hazards), "atomics": ptx.count("atom.")})
     return kernel
 triton.compile = compile_and_keep
 JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k))
@@ -556,7 +556,8 @@ def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
     # read W_q from registers, which no shared-memory store carries (the other form's 16-byte
     # stores of it), and no instruction writes a pending wgmma's register operand (the hazard
     # check): it retires each step's MMA. An RS tile with a tail (TAIL_TILES) is held to this by
-    # both its launches' kernels, the whole-K one and the split one.
+    # both its launches' kernels, the whole-K one and the split one; one with FIXUP holds atomics
+    # (its arrivals), the rest none.
     got = _json("wgmma")
     rows = got["rows"]
     assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (64, 128, 256)} | {
@@ -570,6 +571,8 @@ def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
         else:
             assert r["rs_wgmma"] > 0 and r["st_shared_v4"] == 0, r
     assert {r["kernel"] for r in rows} == {"int4_wgmma_kernel", "int4_rs_kernel"}
+    assert all((r["atomics"] > 0) == bool(r["tile"].get("FIXUP")) for r in rows)
+    assert {r["bucket"] for r in rows if r["tile"].get("FIXUP")} == {64, 128, 256}
     tails = [r for r in rows if r["tile"].get("TAIL_TILES")]
     assert {r["bucket"] for r in tails} == {64, 128, 256} and all(r["kernel"] == "int4_rs_kernel" for r in tails)
     assert len(tails) == 2 * len({(r["sym"], r["bucket"], repr(sorted(r["tile"].items()))) for r in tails})

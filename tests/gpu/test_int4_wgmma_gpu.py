@@ -3,8 +3,9 @@ rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up t
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
 both half-precision dtypes, in both forms (the unpacking warpgroup's, and RS: the MMA warps
 unpacking into their register operand), RS tiles with a tail launched apart; the same bytes on a
-second call; a SwiGLU QLinear on a wgmma tile (the plain product, then the activation kernel); and
-every wgmma tile of the search space at the 27B-class shapes against the format's reference."""
+second call; the RS form's in-kernel fixup against the reduction kernel, byte for byte; a SwiGLU
+QLinear on a wgmma tile (the plain product, then the activation kernel); and every wgmma tile of
+the search space at the 27B-class shapes against the format's reference."""
 import pytest
 import torch
 
@@ -68,6 +69,35 @@ def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, til
     assert torch.isfinite(y).all()
     torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()))
     assert torch.equal(y, int4.launch(x, w, tile))
+
+
+@pytest.mark.parametrize("M,N,K,sym,dtype,bias,tile", [
+    (128, 1024, 2048, True, torch.bfloat16, False, _tile(128, 128, 64, 2, 8, 4, RS=1)),
+    (37, 1000, 2048, False, torch.bfloat16, True, _tile(64, 128, 64, 3, 4, 4, RS=1, PARTS=2)),
+    (300, 777, 1056, True, torch.float16, True, _tile(128, 64, 64, 2, 4, 3, RS=1, OCC=2)),
+    (300, 1100, 5120, False, torch.bfloat16, True, _tile(256, 128, 64, 4, 4, 3, RS=1, PARTS=2)),
+])
+def test_rs_in_kernel_fixup_gives_the_reduction_kernels_bytes(M, N, K, sym, dtype, bias, tile):
+    # FIXUP: the last split of each block adds the partials in the kernel, in the reduction
+    # kernel's order, so the bytes are those of the tile without it, every output written (NaN
+    # poison), on every call (the counters reset) and in every replay of a CUDA graph.
+    w = _weight(N, K, sym, dtype, bias=bias, seed=9)
+    x = torch.randn(M, K, device="cuda").to(dtype)
+    want = int4.launch(x, w, tile)
+    y = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    int4.launch(x, w, dict(tile, FIXUP=1), out=y)
+    assert torch.equal(y, want)
+    for _ in range(3):
+        assert torch.equal(int4.launch(x, w, dict(tile, FIXUP=1)), want)
+    g, out = torch.cuda.CUDAGraph(), torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    int4.launch(x, w, dict(tile, FIXUP=1), out=out)
+    with torch.cuda.graph(g):
+        int4.launch(x, w, dict(tile, FIXUP=1), out=out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
 
 
 @pytest.mark.parametrize("sym", [True, False])
