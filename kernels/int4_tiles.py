@@ -335,7 +335,7 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
              for s in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
                                          gemm_tiles.SMS * occ)]
     whole = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, 1, warps, stages), **fields)
-             for (bm, bn, bk, warps, stages), fields, occ in forms if fields]
+             for (bm, bn, bk, warps, stages), fields, occ in forms if fields.get("RS")]
     fixup = [dict(t, FIXUP=1) for t in split if t.get("RS") and t["SPLIT_K"] > 1]
     return split + fixup + _tail_tiles(p, whole, per_sm=lambda t: t.get("OCC", 1))
 
