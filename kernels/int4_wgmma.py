@@ -498,25 +498,28 @@ def _fixup(y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, HAS_
     NW: gl.constexpr = gl.num_warps()
     CH: gl.constexpr = 4 * NW
     L: gl.constexpr = gl.BlockedLayout([BN // 32, 1], [32, 1], [1, NW], [0, 1])
-    _partition_barrier()
-    cnt = cnt_ptr + (off_m // BM) * gl.cdiv(N, BN) + off_n // BN
-    ticket = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLIT_K - 1:
-        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    # A partition whose rows all lie past N stores nothing and takes no ticket: its counter would be
+    # the next block of x rows' first (the index counts blocks of BN rows up to N).
+    if off_n < N:
         _partition_barrier()
-        mn = gl.to_tensor(M).to(gl.int64) * N   # (M or N may arrive as a plain int: Triton specialises 1)
-        out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
-        n_ok = out_n < N
-        if HAS_BIAS:
-            b = gl.expand_dims(gl.load(bias_ptr + out_n, mask=n_ok, other=0.0).to(gl.float32), 1)
-        for m0 in range(off_m, off_m + BM, CH):
-            out_m = m0 + gl.arange(0, CH, layout=gl.SliceLayout(0, L))
-            mask = n_ok[:, None] & (out_m[None, :] < M)
-            part = ws_ptr + (out_m[None, :].to(gl.int64) * N + out_n[:, None])
-            acc = gl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in gl.static_range(1, SPLIT_K):
-                acc += gl.load(part + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+        cnt = cnt_ptr + (off_m // BM) * gl.cdiv(N, BN) + off_n // BN
+        ticket = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            _partition_barrier()
+            mn = gl.to_tensor(M).to(gl.int64) * N   # (M or N may arrive as a plain int: Triton specialises 1)
+            out_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+            n_ok = out_n < N
             if HAS_BIAS:
-                acc += b
-            gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None], acc.to(y_ptr.dtype.element_ty),
-                     mask=mask)
+                b = gl.expand_dims(gl.load(bias_ptr + out_n, mask=n_ok, other=0.0).to(gl.float32), 1)
+            for m0 in range(off_m, off_m + BM, CH):
+                out_m = m0 + gl.arange(0, CH, layout=gl.SliceLayout(0, L))
+                mask = n_ok[:, None] & (out_m[None, :] < M)
+                part = ws_ptr + (out_m[None, :].to(gl.int64) * N + out_n[:, None])
+                acc = gl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in gl.static_range(1, SPLIT_K):
+                    acc += gl.load(part + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    acc += b
+                gl.store(y_ptr + out_m[None, :].to(gl.int64) * stride_ym + out_n[:, None],
+                         acc.to(y_ptr.dtype.element_ty), mask=mask)

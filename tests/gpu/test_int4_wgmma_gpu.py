@@ -76,6 +76,8 @@ def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, til
     (37, 1000, 2048, False, torch.bfloat16, True, _tile(64, 128, 64, 3, 4, 4, RS=1, PARTS=2)),
     (300, 777, 1056, True, torch.float16, True, _tile(128, 64, 64, 2, 4, 3, RS=1, OCC=2)),
     (300, 1100, 5120, False, torch.bfloat16, True, _tile(256, 128, 64, 4, 4, 3, RS=1, PARTS=2)),
+    # the last block's second partition wholly past N (960 >= 900), three blocks of x rows
+    (300, 900, 2048, True, torch.bfloat16, True, _tile(128, 128, 64, 2, 4, 4, RS=1, PARTS=2)),
 ])
 def test_rs_in_kernel_fixup_gives_the_reduction_kernels_bytes(M, N, K, sym, dtype, bias, tile):
     # FIXUP: the last split of each block adds the partials in the kernel, in the reduction
