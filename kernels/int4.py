@@ -617,7 +617,7 @@ def launch(x: torch.Tensor, w: Int4Weight, tile: dict, out: torch.Tensor | None 
     dev = common.device_features(x.device)
     pairs = path in ("slices", "join") and dev.nvidia and ptx_pairs(x.dtype, dev.capability)
     fixup = common.split_fixup(tile, split)
-    if fixup and (path == "gemv" or path == "wgmma" and not tile.get("RS")):   # they stash partials for the reduction
+    if fixup and (path == "gemv" or path == "wgmma" and not tile.get("RS")):   # they leave partials to reduce_splits
         raise ValueError(f"the int4 {path} path has no in-kernel fixup (FIXUP) but in its RS form: {tile}")
     cnt = common.fixup_counters(fixup, y.device, common.cdiv(M, bm) * common.cdiv(N, bn) * tile.get("PARTS", 1), ws)
     if path == "gemv":

@@ -469,7 +469,7 @@ def _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_
                  mask=mask)
 
 
-# A barrier over the calling partition's warps: Gluon's thread_barrier (Triton 3.6), barrier from 3.7 on.
+# A barrier over the calling partition's warps: Gluon's thread_barrier on Triton 3.6, barrier on 3.9.
 _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
