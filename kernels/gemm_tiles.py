@@ -153,31 +153,6 @@ def pick_group(tile: dict):
         return "tma-sk", "tall"
     return tile.get("path")
 
-# Transposed TMA tiles over all the rows of bucket 128 (x the MMA's 128-wide side), as (weight rows,
-# bytes of K a step, warps, stages): every weight byte crosses from L2 once, and K splits until the
-# layer's programs fill the multiprocessors where its 64- or 128-column tiles leave many idle (o and
-# down make 80 programs of 64 x 128 on 132 multiprocessors).
-SWAP_ALL_ROWS = ((64, 256, 4, 4), (128, 256, 8, 3), (128, 128, 4, 4))
-
-
-def swap_all_rows_tiles(bucket: int, N: int, K: int, b_bytes: float) -> list[dict]:
-    """"tma-swap" tiles of `bucket` rows of x (SWAP_ALL_ROWS): one split where the weight tiles make
-    at least half a wave, and each split of 2-4 whose programs make 0.75-2 waves, with and without
-    the in-kernel fixup (without only, where the accumulator takes over 64 registers a thread: the
-    fixup's sums then spill, 632-672 bytes a thread for fp8 128 x 128 tiles on 4 warps, sm_90)."""
-    out = []
-    for bn, kbytes, warps, stages in SWAP_ALL_ROWS:
-        bk = int(kbytes / b_bytes)
-        tiles = common.cdiv(N, bn)
-        if 2 * tiles >= SMS:
-            out.append(swap_tile(bk, bn, stages, bm=bucket) | {"num_warps": warps})
-        for split in (2, 3, 4):
-            if 4 * tiles * split >= 3 * SMS and tiles * split <= 2 * SMS and K // split >= 4 * bk:
-                t = swap_tile(bk, bn, stages, split=split, bm=bucket) | {"num_warps": warps}
-                out += [t, dict(t, FIXUP=1)] if bn * bucket <= 64 * 32 * warps else [t]
-    return out
-
-
 def _one_wave_split_tiles(bucket: int, N: int, K: int, forms: list[tuple[int, int, int, int]],
                           halves: bool = False) -> list[dict]:
     """"splitk" tiles of 128 weight rows for forms (rows, BLOCK_K, warps, stages), K split for about
@@ -251,8 +226,6 @@ def gemm_space(bucket: int, N: int, K: int, a_bytes: float, b_bytes: float, defa
                 # 27B-class o and down make 40 output tiles of 128 columns, 80 programs of 64 x 128).
                 cands += _one_wave_split_tiles(bucket, N, K, [(128, bk, 8, 4 if bk == 64 else 3) for bk in bks[:2]],
                                                halves=True)
-                if a_bytes <= 2:
-                    cands += swap_all_rows_tiles(bucket, N, K, b_bytes)
         elif common.cdiv(bucket, 128) * common.cdiv(N, 128) < NARROW_TILES:
             # A narrow product leaves most multiprocessors idle without split-K: Qwen3.5's 96-row
             # in_proj_b|a at 1,024 rows makes 8 tiles of 128 x 128 (16 of 64 x 128), each 80 K steps.

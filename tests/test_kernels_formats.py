@@ -135,34 +135,6 @@ def test_128_row_split_k_tiles_of_bucket_128(fmt):
         assert_close(run(mod.launch, x, w, tile), mod.reference_linear(x, w))
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8"])
-def test_transposed_all_row_tiles_of_bucket_128(fmt, monkeypatch):
-    # The dense and fp8 spaces' transposed TMA tiles over all 128 rows (gemm_tiles.swap_all_rows_tiles),
-    # every form, split and fixup, each against the reference (and repeated: the same bytes); a
-    # machine of 4 multiprocessors makes this 256-row weight's 2-4 tiles worth splitting 2-4 ways. 100 rows:
-    # the copy engine zero-fills the rest of the tile.
-    monkeypatch.setattr(gemm_tiles, "SMS", 4)
-    g = gen(7 + (fmt == "fp8"))
-    Nw, Kw = 256, 4096
-    if fmt == "dense":
-        mod, w = dense, dense.DenseWeight(torch.randn(Nw, Kw, generator=g).half(), torch.randn(Nw, generator=g).half())
-    else:
-        mod, w = fp8, fp8.Fp8Weight(fp8.e4m3_rne(torch.randn(Nw, Kw, generator=g) * 40),
-                                    (torch.rand(Nw, generator=g) * 0.01 + 1e-3).half(), torch.randn(Nw, generator=g).half())
-    w = w.to(DEV)
-    x = torch.randn(100, Kw, generator=g).half().to(DEV)
-    tiles = [t for t in mod.search_space(mod.problem(w, 128, torch.float16)) if t["path"] == "tma-swap"]
-    forms = {(t["BLOCK_N"], t["num_warps"], t["SPLIT_K"], t.get("FIXUP", 0)) for t in tiles}
-    assert all(t["BLOCK_M"] == 128 for t in tiles)
-    assert {(64, 4, 1, 0), (64, 4, 2, 0), (64, 4, 2, 1), (128, 8, 4, 1), (128, 4, 3, 0)} <= forms, forms
-    assert (128, 4, 3, 1) not in forms   # (its fixup would spill)
-    ref = mod.reference_linear(x, w)
-    for tile in tiles:
-        y = run(mod.launch, x, w, tile)
-        assert_close(y, ref)
-        assert torch.equal(run(mod.launch, x, w, tile), y), tile
-
-
 TMA = dict(TILED, path="tma")
 
 
