@@ -1049,6 +1049,27 @@ def test_int4_wgmma_words_descriptor_is_built_once_per_weight_and_block():
     assert words([128, 8]) is not d
 
 
+def test_int4_rs_scale_and_zero_point_words():
+    # The RS form's one gather a step for AWQ: each word holds the scale's 16 bits and the zero point
+    # above them; made once a weight (anew for replaced zero points); GPTQ, scales in another dtype
+    # than x's and fp32 scales keep the scale tensor itself.
+    from vsr.kernels import int4_wgmma
+    for dt in (torch.bfloat16, torch.float16):
+        w = int4_weight(gen(131), 128, False, False, bias=False, dtype=dt)
+        words = int4_wgmma.rs_scales(w, dt)
+        assert words.dtype == torch.int32 and words.shape == w.scale.shape and words.is_contiguous()
+        assert torch.equal((words & 0xFFFF).to(torch.int16).view(dt), w.scale)
+        assert torch.equal(words >> 16, w.zero_point)
+        assert int4_wgmma.rs_scales(w, dt) is words
+        w.zero_point = w.zero_point.flip(0).contiguous()
+        assert torch.equal(int4_wgmma.rs_scales(w, dt) >> 16, w.zero_point)
+        assert int4_wgmma.rs_scales(w, torch.float16 if dt == torch.bfloat16 else torch.bfloat16) is w.scale
+    gptq = int4_weight(gen(132), 128, True, False, bias=False, dtype=torch.bfloat16)
+    assert int4_wgmma.rs_scales(gptq, torch.bfloat16) is gptq.scale
+    fp32 = int4_weight(gen(133), 128, False, False, bias=False, dtype=torch.float32)
+    assert int4_wgmma.rs_scales(fp32, torch.float32) is fp32.scale
+
+
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
     # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
