@@ -543,10 +543,10 @@ def _pair_operands(sc, zc, F16: gl.constexpr):
 def rs_scales(w, dtype: torch.dtype) -> torch.Tensor:
     """The scales an RS launch reads: w.scale, or for a weight with zero points and scales in x's
     dtype one int32 word a (row, group), the scale's 16 bits | the u-domain zero point << 16, so
-    each K step gathers one word a row where it gathered two (AWQ took 1.10-1.16x GPTQ's time on
-    o, down and gate|up at 128 rows on an H100 with the same tile, and as much with every zero point
-    8). Made once a weight and kept on it (the zero points' bytes again), anew for a weight whose
-    scales or zero points were replaced."""
+    each K step gathers one word a row where it gathered two (with two, AWQ took 1.1-1.2x GPTQ's
+    time on the same tile at 128 rows on an H100, and as much with every zero point 8:
+    benchmarks/results/ab-nvidia-h100-2026-12-06.json). Made once a weight and kept on it (the
+    zero points' bytes again), anew for a weight whose scales or zero points were replaced."""
     if w.zero_point is None or w.scale.dtype != dtype or dtype not in (torch.bfloat16, torch.float16):
         return w.scale
     key = (w.scale.data_ptr(), w.zero_point.data_ptr(), tuple(w.scale.shape))
