@@ -911,14 +911,13 @@ def _weight_rows(w: Int4Weight, lo: int, hi: int) -> Int4Weight:
     """Rows lo..hi of w (views of its contiguous tensors), x's columns already in w's order; kept on
     w, so that what a launch keeps on a weight (its TMA descriptors, the RS form's scale words) is
     made once, not on every call of a tile with a tail (anew where w's tensors were replaced)."""
-    ts = (w.packed, w.scale, w.zero_point, w.bias)
-    key = (lo, hi) + tuple(None if t is None else t.data_ptr() for t in ts)
+    tensors = tuple(None if t is None else t.data_ptr() for t in (w.packed, w.scale, w.zero_point, w.bias))
     kept = w.__dict__.setdefault("_row_parts", {})
-    if key not in kept:
+    if kept.get((lo, hi), (None,))[0] != tensors:   # (a part of replaced tensors is not kept)
         part = lambda t: None if t is None else t[lo:hi]  # noqa: E731
-        kept[key] = Int4Weight(part(w.packed), part(w.scale), w.K, w.group_size, part(w.zero_point), None,
-                               part(w.bias))
-    return kept[key]
+        kept[(lo, hi)] = (tensors, Int4Weight(part(w.packed), part(w.scale), w.K, w.group_size, part(w.zero_point),
+                                              None, part(w.bias)))
+    return kept[(lo, hi)][1]
 
 
 def _launch_tail(x: torch.Tensor, w: Int4Weight, tile: dict, y: torch.Tensor, glu: bool) -> torch.Tensor:

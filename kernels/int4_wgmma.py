@@ -555,4 +555,3 @@ def rs_scales(w, dtype: torch.dtype) -> torch.Tensor:
         words = (w.scale.view(torch.int16).to(torch.int32) & 0xFFFF) | (w.zero_point << 16)
         kept = w.__dict__["_rs_scale_zero"] = (key, words.contiguous())
     return kept[1]
-

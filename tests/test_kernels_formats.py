@@ -997,10 +997,13 @@ def test_int4_tail_tiles_split_their_last_weight_rows(dtype, symmetric, act_orde
     assert_close(y, int4.reference_linear(x, w))
     assert torch.equal(y[:, :N - 21], run(int4.launch, x, w, tile)[:, :N - 21])
     # The two row parts are made once and kept on the weight (what a launch keeps on them, made once).
-    parts = list(w._row_parts.values())
+    parts = [p for _, p in w._row_parts.values()]
     assert torch.equal(run(int4.launch, x, w, dict(tile, TAIL_TILES=2, TAIL_SPLIT=3)), y)
     assert [p.N for p in parts] == [N - 21, 21]
-    assert len(w._row_parts) == 2 and all(a is b for a, b in zip(w._row_parts.values(), parts))
+    assert len(w._row_parts) == 2 and all(a is b for (_, a), b in zip(w._row_parts.values(), parts))
+    w.scale = w.scale.clone()   # replaced tensors: new parts in the old ones' places
+    assert_close(run(int4.launch, x, w, dict(tile, TAIL_TILES=2, TAIL_SPLIT=3)), int4.reference_linear(x, w))
+    assert len(w._row_parts) == 2 and not any(a is b for (_, a), b in zip(w._row_parts.values(), parts))
 
 
 def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
