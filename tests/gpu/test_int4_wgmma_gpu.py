@@ -3,7 +3,8 @@ rounded-weight reference, x · round(W_q)ᵀ in fp32 (the kernel's numerics up t
 sum), on NaN-poisoned outputs, with partial tiles on every side, K splits, zero points, a bias and
 both half-precision dtypes, in both forms (the unpacking warpgroup's, and RS: the MMA warps
 unpacking into their register operand), RS tiles with a tail launched apart; the same bytes on a
-second call; the RS form's in-kernel fixup against the reduction kernel, byte for byte; a SwiGLU
+second call; the RS form's in-kernel fixup against the reduction kernel, and AWQ's scale-and-zero-point
+words against the two gathers, byte for byte; a SwiGLU
 QLinear on a wgmma tile (the plain product, then the activation kernel); and every wgmma tile of
 the search space at the 27B-class shapes against the format's reference."""
 import pytest
@@ -100,6 +101,26 @@ def test_rs_in_kernel_fixup_gives_the_reduction_kernels_bytes(M, N, K, sym, dtyp
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tile", [_tile(128, 128, 64, 3, 4, 4, RS=1, PARTS=2), _tile(64, 64, 64, 1, 4, 4, RS=1, OCC=2)])
+def test_rs_scale_and_zero_point_words_give_the_two_gathers_bytes(dtype, tile, monkeypatch):
+    # AWQ on the RS form reads one word a (row, group), the scale's bits and the zero point
+    # (int4_wgmma.rs_scales); the kernel's other branch gathers the scale and the zero point apart.
+    # Both give the same bytes, and the words are made once (not again on a second call).
+    from vsr.kernels import int4_wgmma
+    w = _weight(1100, 2048, False, dtype, bias=True, seed=11)
+    x = torch.randn(130, 2048, device="cuda").to(dtype)
+    y = torch.full((130, 1100), float("nan"), device="cuda", dtype=dtype)
+    int4.launch(x, w, tile, out=y)
+    words = int4_wgmma.rs_scales(w, dtype)
+    assert words.dtype == torch.int32 and int4_wgmma.rs_scales(w, dtype) is words
+    monkeypatch.setattr(int4_wgmma, "rs_scales", lambda w, dt: w.scale)
+    assert torch.equal(y, int4.launch(x, w, tile))
+    ref = _rounded_reference(x, w)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()))
 
 
 @pytest.mark.parametrize("sym", [True, False])
