@@ -335,8 +335,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
     off_n = off_n + ROW0
     rn = gl.minimum(off_n + gl.arange(0, BN, layout=rows1), N - 1).to(gl.int64)   # rows past N: never stored
     lanes1: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, BYTES)))
-    shifts = gl.expand_dims(gl.expand_dims(gl.expand_dims(8 * gl.arange(0, 4, layout=lanes1), 0), 0), 0)
-    shifts = shifts.to(gl.uint32)
+    # prmt's selector taking byte l of a word into byte 0, zeros above: one instruction for a shift and a mask
+    sel = gl.expand_dims(gl.expand_dims(gl.expand_dims(0x4440 + gl.arange(0, 4, layout=lanes1), 0), 0), 0)
     s_nxt = gl.load(sc_ptr + rn * KG + (kw_lo * 8) // GROUP)
     if HAS_ZP:
         z_nxt = gl.load(zp_ptr + rn * KG + (kw_lo * 8) // GROUP)
@@ -354,7 +354,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
         words = gl.convert_layout(gl.reshape(q_s.index(slot).slice(ROW0, BN).load(WORDS), [BN, BK // 16, 2]), words3)
         fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
-        b = (gl.expand_dims(words.to(gl.uint32, bitcast=True), 3) >> shifts) & 0xFF        # [BN, C, H, L]
+        b = _byte_of(gl.expand_dims(words, 3), sel)                                         # [BN, C, H, L]
         zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
         sc = gl.expand_dims(gl.expand_dims(gl.expand_dims(s_cur, 1), 2), 3)
         if PAIRS:
@@ -606,3 +606,13 @@ def int4_rs_parts_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr
                                              3 * ROWS, ROWS)),
                         (_load_partition, loader_args)], [NW, NW, NW, 1],
                        [MMA_REGS, MMA_REGS, MMA_REGS, LOADER_REGS])
+
+
+@gluon.jit
+def _byte_of(w, sel):
+    """prmt.b32 of w's bytes and zeros by sel (0x4440 + l: byte l of w, zero-extended), w [.., 1] and sel
+    [1, .., L] broadcast: the RS form's byte of each word, where a shift and a mask took two
+    integer instructions."""
+    w, sel = gl.broadcast(w, sel)
+    return gl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [w, sel], dtype=gl.int32, is_pure=True,
+                                     pack=1)
