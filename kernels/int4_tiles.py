@@ -297,14 +297,13 @@ _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64
 # wait for each other every step), two partitions of one program sharing x's tiles (which do not),
 # or one warpgroup in each of two programs. 256 weight rows on two partitions give each warpgroup
 # 128 of them (two m64 MMAs a K step on the same x tile): x's tile, 4x the packed words' bytes at
-# 128 x 64 weight rows, is then read from the L2 by half as many programs. On four partitions of 64
-# (int4_wgmma.int4_rs_parts_kernel) three warpgroups unpack while one's MMAs run.
+# 128 x 64 weight rows, is then read from the L2 by half as many programs.
 _WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1, 1), (64, 128, 64, 4, 4, 1, 2), (64, 64, 64, 4, 4, 2, 1),
-                  (64, 256, 64, 4, 4, 1, 2), (64, 256, 64, 4, 4, 1, 4)),
+                  (64, 256, 64, 4, 4, 1, 2)),
              128: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (128, 64, 64, 4, 4, 2, 1),
-                   (128, 256, 64, 4, 4, 1, 2), (128, 256, 64, 4, 4, 1, 4)),
+                   (128, 256, 64, 4, 4, 1, 2)),
              256: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (256, 128, 64, 4, 3, 1, 2),
-                   (256, 64, 64, 4, 4, 1, 1), (128, 256, 64, 4, 4, 1, 2), (128, 256, 64, 4, 4, 1, 4))}
+                   (256, 64, 64, 4, 4, 1, 1), (128, 256, 64, 4, 4, 1, 2))}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:

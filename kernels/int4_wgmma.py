@@ -259,11 +259,11 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None
     nw = tile["num_warps"]
     if tile.get("RS"):
         parts = tile.get("PARTS", 1)
-        if parts not in (1, 2, 4):
-            raise ValueError(f"an RS tile runs its MMA warps as one, two or four partitions (PARTS): {tile}")
+        if parts not in (1, 2):
+            raise ValueError(f"an RS tile runs its MMA warps as one partition or two (PARTS): {tile}")
         words, nbytes = rs_layouts(bn // parts, bk, nw)
         regs, sc = max_registers(nw * parts, 0, tile.get("OCC", 1)), rs_scales(w, x.dtype)
-        (int4_rs_kernel if parts < 3 else int4_rs_parts_kernel)[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
+        int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
             x_desc, q_desc, sc, zp, y, ws, bias, ws if cnt is None else cnt, M, N, w.packed.shape[1],
             sc.stride(0), y.stride(0), k_split // 8, GROUP=w.group_size, HAS_ZP=w.zero_point is not None and sc is w.scale,
             HAS_BIAS=w.bias is not None and (split == 1 or cnt is not None), SPLIT_K=split, FIXUP=cnt is not None,
@@ -555,57 +555,6 @@ def rs_scales(w, dtype: torch.dtype) -> torch.Tensor:
         words = (w.scale.view(torch.int16).to(torch.int32) & 0xFFFF) | (w.zero_point << 16)
         kept = w.__dict__["_rs_scale_zero"] = (key, words.contiguous())
     return kept[1]
-
-
-@gluon.jit
-def int4_rs_parts_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, K8, KG, stride_ym,
-                         KW_SPLIT, GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr,
-                         SPLIT_K: gl.constexpr, FIXUP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, WORDS: gl.constexpr, BYTES: gl.constexpr, PARTS: gl.constexpr,
-                         MMA_REGS: gl.constexpr):
-    """int4_rs_kernel with four MMA partitions (PARTS = 4), each BLOCK_N / 4 of the weight rows on the
-    same x tiles: while one partition's MMAs run, the others unpack, so the tensor cores wait
-    less where unpacking a step takes longer than its MMAs (two partitions of 128 rows kept them busy
-    54% of the time on 27B-class qkv at 128 rows under Nsight Compute on an H100, each partition
-    unpacking about twice as long as its MMAs ran)."""
-    BM: gl.constexpr = x_desc.block_type.shape[0]
-    BK: gl.constexpr = x_desc.block_type.shape[1]
-    BN: gl.constexpr = q_desc.block_type.shape[0]
-    W8: gl.constexpr = q_desc.block_type.shape[1]
-    NW: gl.constexpr = gl.num_warps()
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-
-    off_m, off_n, pid_k, kw_lo, steps = _program_tile(M, N, K8, KW_SPLIT, BM, BN, W8, GROUP_M)
-
-    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
-    q_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, W8], q_desc.layout)
-    in_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    in_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(in_ready.index(s), count=1)
-        mbarrier.init(in_empty.index(s), count=4)
-    fence_async_shared()
-
-    loader_args = (x_desc, q_desc, sc_ptr, zp_ptr, x_s, q_s, x_s, in_ready, in_empty, in_ready, in_empty, off_n,
-                   off_m, kw_lo, steps, N, KG, GROUP)
-    ROWS: gl.constexpr = BN // PARTS
-    gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                             bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                             GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS)),
-                        (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                             bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                             GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, ROWS,
-                                             ROWS)),
-                        (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                             bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                             GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES,
-                                             2 * ROWS, ROWS)),
-                        (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
-                                             bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                             GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES,
-                                             3 * ROWS, ROWS)),
-                        (_load_partition, loader_args)], [NW, NW, NW, 1],
-                       [MMA_REGS, MMA_REGS, MMA_REGS, LOADER_REGS])
 
 
 @gluon.jit
