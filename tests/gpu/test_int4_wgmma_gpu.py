@@ -58,6 +58,10 @@ def _tile(bm, bn, bk, split, warps, stages, **rs):
     # 128 weight rows a partition: two m64 MMAs a step on one x tile (the last block's second partly past N)
     (300, 1100, 2048, False, torch.float16, True, _tile(128, 256, 64, 2, 4, 4, RS=1, PARTS=2)),
     (128, 2304, 5120, True, torch.bfloat16, False, _tile(128, 256, 64, 1, 4, 4, RS=1, PARTS=2)),
+    # BLOCK_K 128: a group a step
+    (128, 2304, 5120, False, torch.bfloat16, True, _tile(128, 256, 128, 3, 4, 3, RS=1, PARTS=2)),
+    (300, 1000, 2048, True, torch.float16, False, _tile(128, 128, 128, 2, 4, 3, RS=1, PARTS=2)),
+    (37, 777, 2048, False, torch.bfloat16, True, _tile(128, 64, 128, 1, 4, 2, RS=1, OCC=2)),
     # whole K with the last blocks of weight rows launched apart, K split (TAIL_TILES, TAIL_SPLIT)
     (128, 2200, 2048, False, torch.bfloat16, True, _tile(128, 128, 64, 1, 4, 4, RS=1, PARTS=2, TAIL_TILES=3,
                                                          TAIL_SPLIT=4)),
@@ -83,6 +87,7 @@ def test_wgmma_path_against_the_rounded_reference(M, N, K, sym, dtype, bias, til
     # the last block's second partition wholly past N (960 >= 900), three blocks of x rows
     (300, 900, 2048, True, torch.bfloat16, True, _tile(128, 128, 64, 2, 4, 4, RS=1, PARTS=2)),
     (128, 2304, 5120, False, torch.bfloat16, True, _tile(128, 256, 64, 3, 4, 4, RS=1, PARTS=2)),
+    (128, 5120, 8192, True, torch.bfloat16, False, _tile(128, 128, 128, 3, 4, 3, RS=1, PARTS=2)),
 ])
 def test_rs_in_kernel_fixup_gives_the_reduction_kernels_bytes(M, N, K, sym, dtype, bias, tile):
     # FIXUP: the last split of each block adds the partials in the kernel, in the reduction
