@@ -295,17 +295,18 @@ _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64
 # BLOCK_K, warps, stages, programs a multiprocessor, MMA partitions): so that one warpgroup unpacks
 # while another's MMAs run (each retires its MMAs every step), two warpgroups of one program (which
 # wait for each other every step), two partitions of one program sharing x's tiles (which do not),
-# or one warpgroup in each of two programs. 256 weight rows on two partitions give each warpgroup
-# 128 of them (two m64 MMAs a K step on the same x tile): x's tile, 4x the packed words' bytes at
-# 128 x 64 weight rows, is then read from the L2 by half as many programs.
-_WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1, 1), (64, 128, 64, 4, 4, 1, 2), (64, 64, 64, 4, 4, 2, 1),
-                  (64, 256, 64, 4, 4, 1, 2)),
+# or one warpgroup in each of two programs. At 128 rows also 256 weight rows on two partitions (128
+# a warpgroup: two m64 MMAs a K step on one x tile, whose bytes are 4x the packed words' at 64 weight
+# rows, so the L2 serves half as much) and BLOCK_K 128 (one scale group a step: half the ring waits,
+# barriers and MMA drains): on an H100 the first took 0.77-0.98x the time of the forms above on six
+# of the eight 27B-class keys, and the second 0.65-0.97x that of the first's picks on all eight;
+# neither was faster at 256 rows (benchmarks/results/ab-nvidia-h100-2026-12-07.json).
+_WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1, 1), (64, 128, 64, 4, 4, 1, 2), (64, 64, 64, 4, 4, 2, 1)),
              128: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (128, 64, 64, 4, 4, 2, 1),
                    (128, 256, 64, 4, 4, 1, 2), (128, 128, 128, 4, 3, 1, 2), (128, 256, 128, 4, 3, 1, 2),
                    (128, 64, 128, 4, 2, 2, 1)),
              256: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (256, 128, 64, 4, 3, 1, 2),
-                   (256, 64, 64, 4, 4, 1, 1), (128, 256, 64, 4, 4, 1, 2),
-                   (128, 256, 128, 4, 3, 1, 2))}
+                   (256, 64, 64, 4, 4, 1, 1))}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:

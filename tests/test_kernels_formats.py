@@ -1010,8 +1010,8 @@ def test_int4_space_offers_tails_where_a_last_wave_is_nearly_empty():
     # The 27B-class gate|up (34816 rows) at 128 rows on 64-row frag tiles: 544 programs, two a
     # multiprocessor on the H200's 132, so the last 16 blocks are the tail and the rest fill two whole
     # waves; the RS form's whole-K tiles likewise, one program a multiprocessor (two with OCC): 272
-    # blocks of 128 rows leave 8, 544 of 64 rows on two programs 16, 136 of 256 rows 4. qkv's frag tiles split K, so
-    # their grids are sized already, and its RS grids fill under one wave: none.
+    # blocks of 128 rows leave 8, 544 of 64 rows on two programs 16, 136 of 256 rows 4. qkv's frag
+    # tiles split K, so their grids are sized already, and its RS grids fill under one wave: none.
     from vsr.kernels import int4_tiles
     t = int4.TEMPLATE
     w = int4_weight(gen(144), 128, True, False, bias=False)
