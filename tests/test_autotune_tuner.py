@@ -240,7 +240,7 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     # flight, which the fp32-scaled join's do not), those of 256 weight rows apart, and so are the
     # frag and wgmma tiles (their paths): the 20-tile pick of caches/retune.sh sees two of each
     # SCALE_W group's four (the first and last of each), all three frag tiles and the first and last
-    # of the fourteen wgmma tiles at bucket 128 (one of each form: the unpacking warpgroup's, RS with
+    # of the twenty-six wgmma tiles at bucket 128 (one of each form: the unpacking warpgroup's, RS with
     # the in-kernel fixup), beside
     # fp32-scaled join tiles. At 256, with more groups than the pick has pairs of tiles for (11),
     # it spreads evenly over the whole space: a SCALE_W group, both wgmma forms and the dequantizing
@@ -255,7 +255,7 @@ def test_int4_scale_w_join_tiles_get_a_share_of_the_pick_of_their_own():
     frag = [c for c in space if c["path"] == "frag"]
     assert len(frag) == 3 and all(c in pick for c in frag)
     wgmma = [c for c in space if c["path"] == "wgmma"]
-    assert len(wgmma) == 14 and [c for c in pick if c["path"] == "wgmma"] == [wgmma[0], wgmma[-1]]
+    assert len(wgmma) == 26 and [c for c in pick if c["path"] == "wgmma"] == [wgmma[0], wgmma[-1]]
     assert not wgmma[0].get("RS") and wgmma[-1].get("RS") and wgmma[-1].get("FIXUP")
     assert any(c["path"] == "join" and not c.get("SCALE_W") for c in pick)
     space, pick, scaled, got, groups = _int4_pick(True, 256, "SCALE_W")
