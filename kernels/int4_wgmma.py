@@ -261,7 +261,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None
         parts = tile.get("PARTS", 1)
         if parts not in (1, 2):
             raise ValueError(f"an RS tile runs its MMA warps as one partition or two (PARTS): {tile}")
-        words, nbytes = rs_layouts(bn // parts, bk // 2, nw)   # each half of a K step's
+        words, nbytes = rs_layouts(bn // parts, bk, nw)
         regs, sc = max_registers(nw * parts, 0, tile.get("OCC", 1)), rs_scales(w, x.dtype)
         int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
             x_desc, q_desc, sc, zp, y, ws, bias, ws if cnt is None else cnt, M, N, w.packed.shape[1],
@@ -327,6 +327,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
     BK: gl.constexpr = x_s.type.shape[2]
     BN: gl.constexpr = ROWS
     W8: gl.constexpr = BK // 8
+    PAIRS: gl.constexpr = sc_ptr.dtype.element_ty == x_s.dtype or sc_ptr.dtype.element_ty == gl.int32
+    F16: gl.constexpr = x_s.dtype == gl.float16
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     words3: gl.constexpr = gl.SliceLayout(3, BYTES)
     rows1: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, words3))
@@ -350,15 +352,29 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         if HAS_ZP:
             z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
         mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
-        # K in two halves: the second half's unpacking runs while the first half's MMAs do. Both
-        # operands are kept to the wait (its deps), so no register a pending MMA reads is reused.
-        q = q_s.index(slot).slice(ROW0, BN)
-        a0 = _rs_operand(q.slice(0, W8 // 2, dim=1), sel, s_cur, z_cur, x_s.dtype, a_l, WORDS, BYTES)
-        acc = warpgroup_mma(a0, x_s.index(slot).slice(0, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
-        a1 = _rs_operand(q.slice(W8 // 2, W8 // 2, dim=1), sel, s_cur, z_cur, x_s.dtype, a_l, WORDS, BYTES)
-        fence_async_shared()   # the reads are ordered before the loader's next TMA write of the slot
-        acc = warpgroup_mma(a1, x_s.index(slot).slice(BK // 2, BK // 2, dim=1).permute((1, 0)), acc, is_async=True)
-        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        words = gl.convert_layout(gl.reshape(q_s.index(slot).slice(ROW0, BN).load(WORDS), [BN, BK // 16, 2]), words3)
+        fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
+        b = _byte_of(gl.expand_dims(words, 3), sel)                                         # [BN, C, H, L]
+        zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
+        sc = gl.expand_dims(gl.expand_dims(gl.expand_dims(s_cur, 1), 2), 3)
+        if PAIRS:
+            t = (b * 0x1001).to(gl.int32, bitcast=True)
+            # sc: the scale, or with rs_scales' words its bits and the zero point (zc then unused)
+            zz, ss = _pair_operands(sc, zc, F16)
+            if F16:
+                lo, hi = _pair_f16(t, zz, ss)
+            else:
+                lo, hi = _pair_bf16(t, zz, ss)
+        else:   # the exact u - zu in fp32, times the fp32 scale, then x's dtype
+            bi = b.to(gl.int32, bitcast=True)
+            zf = zc.to(gl.float32)
+            sf = sc.to(gl.float32)
+            lo = ((((bi & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(x_s.dtype)
+            hi = (((((bi >> 4) & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(
+                x_s.dtype)
+        a = gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), a_l, assert_trivial=True)
+        acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(in_empty.index(slot))
     _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K, FIXUP)
 
@@ -545,39 +561,7 @@ def rs_scales(w, dtype: torch.dtype) -> torch.Tensor:
 def _byte_of(w, sel):
     """prmt.b32 of w's bytes and zeros by sel (0x4440 + l: byte l of w, zero-extended), w [.., 1] and sel
     [1, .., L] broadcast: the RS form's byte of each word, where a shift and a mask took two
-    integer instructions. Not pure, so that the compiler keeps it (and the unpacking that uses it)
-    after the MMAs issued before it, as written (pure, a K step's second half was unpacked before
-    its first half's MMAs were issued)."""
+    integer instructions."""
     w, sel = gl.broadcast(w, sel)
-    return gl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [w, sel], dtype=gl.int32, is_pure=False,
+    return gl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [w, sel], dtype=gl.int32, is_pure=True,
                                      pack=1)
-
-
-@gluon.jit
-def _rs_operand(q, sel, s, z, DTYPE: gl.constexpr, A_L: gl.constexpr, WORDS: gl.constexpr, BYTES: gl.constexpr):
-    """W_q [BN, BK] of the packed words q [BN, BK / 8] (shared memory; WORDS and BYTES: rs_layouts'
-    for BN and BK) in wgmma's register-operand layout A_L: ((u - zu)·s) rounded once to DTYPE, as
-    _unpack_steps does, s and z [BN] the rows' scales (or rs_scales' words) and zero points. With s
-    in DTYPE or as words, by packed pairs (_pair_bf16 / _pair_f16); else the exact u - zu in fp32,
-    times the fp32 scale, then DTYPE."""
-    BN: gl.constexpr = q.type.shape[0]
-    BK: gl.constexpr = q.type.shape[1] * 8
-    PAIRS: gl.constexpr = s.dtype == DTYPE or s.dtype == gl.int32
-    words = gl.convert_layout(gl.reshape(q.load(WORDS), [BN, BK // 16, 2]), gl.SliceLayout(3, BYTES))
-    b = _byte_of(gl.expand_dims(words, 3), sel)                                         # [BN, C, H, L]
-    zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z, 1), 2), 3)
-    sc = gl.expand_dims(gl.expand_dims(gl.expand_dims(s, 1), 2), 3)
-    if PAIRS:
-        t = (b * 0x1001).to(gl.int32, bitcast=True)
-        zz, ss = _pair_operands(sc, zc, DTYPE == gl.float16)   # sc: the scale, or a word (zc then unused)
-        if DTYPE == gl.float16:
-            lo, hi = _pair_f16(t, zz, ss)
-        else:
-            lo, hi = _pair_bf16(t, zz, ss)
-    else:
-        bi = b.to(gl.int32, bitcast=True)
-        zf = zc.to(gl.float32)
-        sf = sc.to(gl.float32)
-        lo = ((((bi & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(DTYPE)
-        hi = (((((bi >> 4) & 0xF) | 0x4B000000).to(gl.float32, bitcast=True) - 8388608.0 - zf) * sf).to(DTYPE)
-    return gl.convert_layout(gl.reshape(gl.join(lo, hi), [BN, BK]), A_L, assert_trivial=True)
