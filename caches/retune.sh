@@ -26,6 +26,12 @@
 #                                the file (FROM_JSON, default the file rebuilt) imported into DB and
 #                                the scratch store over it (its tiles preferred), DB exported: a
 #                                re-timing of unchanged kernels, which `stale` would not tune
+#   caches/retune.sh wgmma DB    int4's 27B-class and Qwen3.5 keys at 64-256 rows (WGMMA_BUCKETS)
+#                                over the wgmma path's whole space (the RS form's tiles included)
+#                                into a scratch store, each key's tile in the file joining its
+#                                sweep; then as `steady`: the file imported into DB, the scratch
+#                                store over it, DB exported (a space that gained wgmma tiles; run it
+#                                again if cut short, it resumes)
 #
 # Every stage passes vsr-tune --incumbents the file it rebuilds (OUT_JSON, default
 # caches/nvidia-h200.json; INCUMBENTS to name other files, space-separated, or none with ""): the
@@ -39,8 +45,8 @@
 # file into a DB that already holds other tiles for its keys stops on the conflicts.
 set -euo pipefail
 
-stage=${1:?usage: caches/retune.sh 27b|minilm|stale|retime|steady DB}
-db=${2:?usage: caches/retune.sh 27b|minilm|stale|retime|steady DB}
+stage=${1:?usage: caches/retune.sh 27b|minilm|stale|retime|steady|wgmma DB}
+db=${2:?usage: caches/retune.sh 27b|minilm|stale|retime|steady|wgmma DB}
 tune=${VSR_TUNE:-vsr-tune}
 out=${OUT_JSON:-$(dirname "$0")/nvidia-h200.json}   # beside this script, wherever it is run from
 # OUT_JSON missing is a first build: no incumbents; a file that INCUMBENTS names (split on blanks,
@@ -126,8 +132,20 @@ case "$stage" in
     $tune export --autotune-cache "$db" --out "$out"
     drop_store "$scratch"
     ;;
+  wgmma)
+    buckets=${WGMMA_BUCKETS:-64,128,256}
+    scratch="${db%.db}.wgmma.db"
+    for set in 27b 27b-hybrid; do
+      $tune $set --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --paths wgmma \
+        ${inc[@]+"${inc[@]}"}
+    done
+    $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
+    $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
+    $tune export --autotune-cache "$db" --out "$out"
+    drop_store "$scratch"
+    ;;
   *)
-    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale, retime or steady)" >&2
+    echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale, retime, steady or wgmma)" >&2
     exit 2
     ;;
 esac

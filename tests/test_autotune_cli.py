@@ -308,14 +308,23 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
     assert steady[4] == small[2]
     assert stage("steady", STEADY_BUCKETS="1024")[0][-1] == "1024"
+    # wgmma: int4's 27B-class and Qwen3.5 keys at 64-256 rows over the wgmma path's space, with
+    # incumbents, into a scratch store; then as steady: the file, the scratch store over it, export
+    wg = stage("wgmma")
+    assert [c[0] for c in wg] == ["27b", "27b-hybrid", "import", "import", "export"]
+    for c in wg[:2]:
+        assert c[1:] == ["--autotune-cache", str(tmp_path / "h200.wgmma.db"), "--formats", "int4-gptq,int4-awq",
+                         "--buckets", "64,128,256", "--paths", "wgmma", "--incumbents", str(shipped)]
+    assert wg[2:] == [steady[2], ["import", wg[0][2], "--autotune-cache", db, "--prefer-incoming"], small[2]]
+    assert stage("wgmma", WGMMA_BUCKETS="128")[1][6] == "128"
     # A finished stage removes its scratch store (and its lock files): a later run would otherwise
     # skip the keys it holds and import its old picks again.
-    for name, scratch in (("steady", "h200.steady.db"), ("27b", "h200.27b-16.db")):
+    for name, scratch in (("steady", "h200.steady.db"), ("27b", "h200.27b-16.db"), ("wgmma", "h200.wgmma.db")):
         left = [tmp_path / scratch, tmp_path / (scratch + ".lock"), tmp_path / (scratch + ".locks")]
         left[0].write_text(""), left[1].write_text(""), left[2].mkdir()
         stage(name)
         assert not any(p.exists() for p in left), name
-    for cmd in big + small + stale + steady + retime:
+    for cmd in big + small + stale + steady + retime + wg:
         assert CliRunner().invoke(main, cmd + ["--help"]).exit_code == 0, cmd
     bad = subprocess.run(["bash", str(script), "everything", db], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "VSR_TUNE": "echo"}, timeout=60)
