@@ -135,8 +135,8 @@ case "$stage" in
   wgmma)
     buckets=${WGMMA_BUCKETS:-64,128,256}
     scratch="${db%.db}.wgmma.db"
-    for set in 27b 27b-hybrid; do
-      $tune $set --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --paths wgmma \
+    for shapes in 27b 27b-hybrid; do
+      $tune "$shapes" --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --paths wgmma \
         ${inc[@]+"${inc[@]}"}
     done
     $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
