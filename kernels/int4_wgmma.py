@@ -134,9 +134,9 @@ def _unpack_steps(q_desc, sc_ptr, zp_ptr, x_s, q_s, w_s, in_ready, in_empty, w_r
         w32 = gl.expand_dims(words.to(gl.uint32, bitcast=True), 2)
         if PAIRS:
             t = (((w32 >> shifts) & 0xFF) * 0x1001).to(gl.int32, bitcast=True)
-            zz = gl.expand_dims(gl.expand_dims((0x64006400 if F16 else 0x43004300) + z_cur * 0x10001, 1), 2)
-            ss = gl.expand_dims(gl.expand_dims((s_cur.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001,
-                                               1), 2)
+            # the zero point's and the scale's 16-bit patterns, each twice in an int32
+            zz, ss = _pair_operands(gl.expand_dims(gl.expand_dims(s_cur, 1), 2),
+                                    gl.expand_dims(gl.expand_dims(z_cur, 1), 2), F16)
             if F16:
                 lo, hi = _pair_f16(t, zz, ss)
             else:
