@@ -300,13 +300,18 @@ _WGMMA = {128: ((128, 128, 64, 4, 4),), 256: ((256, 64, 64, 4, 4), (128, 128, 64
 # rows, so the L2 serves half as much) and BLOCK_K 128 (one scale group a step: half the ring waits,
 # barriers and MMA drains): on an H100 the first took 0.77-0.98x the time of the forms above on six
 # of the eight 27B-class keys, and the second 0.65-0.97x that of the first's picks on all eight;
-# neither was faster at 256 rows (benchmarks/results/ab-nvidia-h100-2026-12-07.json).
+# neither was faster at 256 rows (benchmarks/results/ab-nvidia-h100-2026-12-07.json). At 1,024 and
+# 2,048 rows 256 x rows x 128 weight rows on two partitions (m64n256 MMAs), whose MMAs outlast the
+# other partition's unpacking: 0.86-0.97x the transient dense copy's time on the four 27B-class
+# keys, the three below the fastest on every one (the same record, "int4_rs_large_m").
+_LARGE_M_RS = ((256, 128, 128, 4, 3, 1, 2), (256, 128, 128, 4, 2, 1, 2), (256, 128, 64, 4, 4, 1, 2))
 _WGMMA_RS = {64: ((64, 128, 64, 8, 4, 1, 1), (64, 128, 64, 4, 4, 1, 2), (64, 64, 64, 4, 4, 2, 1)),
              128: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (128, 64, 64, 4, 4, 2, 1),
                    (128, 256, 64, 4, 4, 1, 2), (128, 128, 128, 4, 3, 1, 2), (128, 256, 128, 4, 3, 1, 2),
                    (128, 64, 128, 4, 2, 2, 1)),
              256: ((128, 128, 64, 8, 4, 1, 1), (128, 128, 64, 4, 4, 1, 2), (256, 128, 64, 4, 3, 1, 2),
-                   (256, 64, 64, 4, 4, 1, 1))}
+                   (256, 64, 64, 4, 4, 1, 1)),
+             1024: _LARGE_M_RS, 2048: _LARGE_M_RS}
 
 
 def _whole_wave_splits(programs: int, K: int, bk: int, sms: int = gemm_tiles.SMS) -> list[int]:
@@ -341,6 +346,8 @@ def _wgmma_tiles(p: Problem) -> list[dict]:
              for (bm, bn, bk, warps, stages), fields, occ in forms
              for s in _whole_wave_splits(common.cdiv(p.N, bn) * common.cdiv(p.bucket, bm), p.K, bk,
                                          gemm_tiles.SMS * occ)]
+    if p.bucket > 256:   # the large-M forms: their split tiles only (FIXUP and tails untimed there)
+        return split
     whole = [dict(gemm_tiles.tile("wgmma", bm, bn, bk, 1, warps, stages), **fields)
              for (bm, bn, bk, warps, stages), fields, occ in forms if fields.get("RS")]
     fixup = [dict(t, FIXUP=1) for t in split if t.get("RS") and t["SPLIT_K"] > 1]
