@@ -767,12 +767,12 @@ def dense_tile(tile: dict) -> dict | None:
 
 
 def glu_in_epilogue(tile: dict) -> bool:
-    """The TEMPLATE's glu_in_epilogue: SwiGLU in the product on the large-M paths' tiles, whose dense
-    TMA product reads the interleaved copy's gate and up rows as one operand; the paths that unpack
-    in the kernel split one accumulator's columns into pairs instead, which took 1.17x, 1.25x and
-    1.16x the plain product and the activation kernel at 64, 128 and 256 rows on an H100
-    (benchmarks/results/ab-nvidia-h100-2026-12-06.json, "swiglu_in_product")."""
-    return dense_tile(tile) is not None
+    """The TEMPLATE's glu_in_epilogue: SwiGLU in the product on the large-M paths' tiles (the dense TMA product
+    of the interleaved copy) and the wgmma path's RS tiles without FIXUP (a gate row and its up row in one
+    thread's registers, int4_wgmma._store_glu; split ones by the reduction); frag and join split one
+    accumulator's columns into pairs, which took 1.17x, 1.25x and 1.16x the plain product and the activation
+    kernel at 64, 128 and 256 rows on an H100 (ab-nvidia-h100-2026-12-06.json, "swiglu_in_product")."""
+    return dense_tile(tile) is not None or bool(tile.get("RS")) and not tile.get("FIXUP")
 
 
 def dequant_block_k(group: int) -> int:
@@ -892,19 +892,19 @@ def _launch_wgmma(x, w: Int4Weight, tile: dict, y, ws, zp, bias, k_split: int, s
                   dev: common.DeviceFeatures, cnt: torch.Tensor | None = None) -> None:
     """Path "wgmma" (int4_wgmma.py, Gluon): Hopper only; x in half precision, x's and the packed
     words' rows whole 16-byte TMA rows (K % 32 == 0; a misaligned view of x is copied once),
-    BLOCK_K 64 or 128 dividing the group; no SwiGLU epilogue (glu_in_epilogue keeps the runtime's
-    SwiGLU products off it)."""
+    BLOCK_K 64 or 128 dividing the group; SwiGLU (glu) on RS tiles without FIXUP, in the kernel with one
+    split, else by launch's reduction of the partials."""
     if not (dev.nvidia and dev.capability == (9, 0)):
         raise ValueError(f"the int4 wgmma path runs on NVIDIA Hopper (sm_90) only, not on {dev.capability}: {tile}")
-    if glu:
-        raise ValueError(f"the int4 wgmma path has no SwiGLU epilogue: {tile}")
+    if glu and (not tile.get("RS") or cnt is not None):
+        raise ValueError(f"the int4 wgmma path takes SwiGLU on its RS tiles without FIXUP: {tile}")
     bk = tile["BLOCK_K"]
     assert bk in (64, 128) and w.group_size % bk == 0 and x.dtype in (torch.bfloat16, torch.float16), \
         f"the wgmma path takes bf16/fp16 x and BLOCK_K 64 or 128 dividing the group: {tile}"
     if not gemm.tma_aligned(w.K, x.element_size(), 0.5):
         raise ValueError(f"the int4 wgmma path copies x and the packed words by TMA (16-byte rows), which "
                          f"K={w.K} does not allow: {tile}")
-    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split, cnt)
+    int4_wgmma.launch(gemm.tma_rows(x), w, zp, bias, y, ws, tile, k_split, split, cnt, glu and split == 1)
 
 
 def _weight_rows(w: Int4Weight, lo: int, hi: int) -> Int4Weight:
@@ -924,14 +924,16 @@ def _launch_tail(x: torch.Tensor, w: Int4Weight, tile: dict, y: torch.Tensor, gl
     """A tile with TAIL_TILES = t > 0: its last t blocks of BLOCK_N weight rows launched apart, K split
     TAIL_SPLIT ways, after the others as the tile itself. A grid whose last wave of programs is
     nearly empty runs that wave on a few multiprocessors; split over K, those rows' programs
-    spread over all of them. x is in w's column order (launch gathers it first)."""
+    spread over all of them. x is in w's column order (launch gathers it first). With glu each launch
+    takes the SwiGLU of its own rows (whole gate and up pairs: BLOCK_N is even) into its half of y's columns."""
     nd = (common.cdiv(w.N, tile["BLOCK_N"]) - tile["TAIL_TILES"]) * tile["BLOCK_N"]
-    if glu or dense_tile(tile) is not None or not 0 < nd < w.N or tile.get("TAIL_SPLIT", 0) < 1:
-        raise ValueError(f"TAIL_TILES takes an unpacking path's tile, no SwiGLU epilogue, fewer blocks than "
-                         f"N={w.N}'s and a TAIL_SPLIT: {tile}")
+    if dense_tile(tile) is not None or not 0 < nd < w.N or tile.get("TAIL_SPLIT", 0) < 1 or nd % 2:
+        raise ValueError(f"TAIL_TILES takes an unpacking path's tile, fewer blocks than N={w.N}'s and a TAIL_SPLIT: "
+                         f"{tile}")
     head = {k: v for k, v in tile.items() if k not in ("TAIL_TILES", "TAIL_SPLIT")}
-    launch(x, _weight_rows(w, 0, nd), head, out=y[:, :nd])
-    launch(x, _weight_rows(w, nd, w.N), dict(head, SPLIT_K=tile["TAIL_SPLIT"]), out=y[:, nd:])
+    cut = nd // 2 if glu else nd
+    launch(x, _weight_rows(w, 0, nd), head, out=y[:, :cut], glu=glu)
+    launch(x, _weight_rows(w, nd, w.N), dict(head, SPLIT_K=tile["TAIL_SPLIT"]), out=y[:, cut:], glu=glu)
     return y
 
 

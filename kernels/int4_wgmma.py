@@ -244,12 +244,12 @@ def words_descriptor(t, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.int32))
 
 
-def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None) -> None:
-    """y (one split) or ws's [split, M, N] fp32 partials = x · W_qᵀ (+ bias with one split) through int4_wgmma_kernel,
-    or int4_rs_kernel for a tile with RS (OCC: its programs a multiprocessor, which share the register file; PARTS:
-    its MMA partitions); x [M, K] bf16/fp16 and w.packed with 16-byte aligned bases and row strides (TMA), w an
-    int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or placeholders (int4.launch's). The
-    caller adds the splits (common.reduce_splits) unless cnt, an RS tile's FIXUP counters, has the kernel add them."""
+def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None, glu=False) -> None:
+    """y (one split; glu: SwiGLU of interleaved gate and up rows, an RS tile's) or ws's [split, M, N] fp32
+    partials = x · W_qᵀ (+ bias with one split) through int4_wgmma_kernel, or int4_rs_kernel for a tile with RS
+    (OCC: its programs a multiprocessor; PARTS: its MMA partitions); x [M, K] bf16/fp16 and w.packed with 16-byte
+    aligned rows (TMA), w an int4.Int4Weight whose BLOCK_K divides its group, zp and bias its tensors or placeholders
+    (int4.launch's). The caller adds the splits (common.reduce_splits) unless cnt (FIXUP counters) has the kernel."""
     M, K = x.shape
     N = w.N
     bm, bn, bk = tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"]
@@ -259,9 +259,9 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None
     nw = tile["num_warps"]
     if tile.get("RS"):
         parts = tile.get("PARTS", 1)
-        if parts not in (1, 2):
-            raise ValueError(f"an RS tile runs its MMA warps as one partition or two (PARTS): {tile}")
-        words, nbytes = rs_layouts(bn // parts, bk, nw)
+        if parts not in (1, 2) or glu and split > 1:
+            raise ValueError(f"an RS tile runs its MMA warps as one partition or two (PARTS), GLU unsplit: {tile}")
+        words, nbytes = rs_layouts(bn // parts, bk, nw, glu)
         regs, sc = max_registers(nw * parts, 0, tile.get("OCC", 1)), rs_scales(w, x.dtype)
         int4_rs_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
             x_desc, q_desc, sc, zp, y, ws, bias, ws if cnt is None else cnt, M, N, w.packed.shape[1],
@@ -269,7 +269,7 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None
             HAS_BIAS=w.bias is not None and (split == 1 or cnt is not None), SPLIT_K=split, FIXUP=cnt is not None,
             STAGES=tile["num_stages"], GROUP_M=tile.get("GROUP_M", 8), LOADER_REGS=_LOADER_REGS, WORDS=words,
             BYTES=nbytes, PARTS=parts, MMA_REGS=partition_registers(regs, nw * parts, _LOADER_REGS) if parts > 1 else 0,
-            num_warps=nw, maxnreg=regs)
+            GLU=glu, num_warps=nw, maxnreg=regs)
         return
     int4_wgmma_kernel[(triton.cdiv(M, bm) * triton.cdiv(N, bn), split)](
         x_desc, q_desc, w.scale, zp, y, ws, bias, M, N, w.packed.shape[1], w.scale.stride(0), y.stride(0),
@@ -278,30 +278,29 @@ def launch(x, w, zp, bias, y, ws, tile: dict, k_split: int, split: int, cnt=None
         LOADER_REGS=_LOADER_REGS, UNPACK_REGS=_UNPACK_REGS, num_warps=nw, maxnreg=max_registers(nw, UNPACK_WARPS))
 
 
-# Form "RS" (a tile's RS field): the MMA warps unpack the words themselves, into the register
-# operand of their MMAs (wgmma's A from registers, x's tile from shared memory), so W_q never
-# passes through shared memory. Per K step of 64 at 128 x 128, the form above moves about 200 bytes
-# a clock through shared memory at the tensor cores' rate (the ring's two copies, W_q stored and
-# read back, both MMA operands read), more than the 128 a multiprocessor serves; this one about 110.
+# Form "RS" (a tile's RS field): the MMA warps unpack the words into their MMAs' register operand, so W_q never
+# passes through shared memory. Per K step of 64 at 128 x 128 the form above moves about 200 bytes a clock through
+# it at the tensor cores' rate (ring, W_q stored and read back, both operands), more than its 128; this one 110.
 
 
 @functools.cache   # per launch otherwise: two layout objects built on the host each call
-def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
-    """The packed words' register layouts of an RS program: ([BN, BK / 8] words as loaded, [BN,
-    BK / 16, 2, 4] bytes), such that each thread holds byte l = lane % 4 of the words of its MMA
-    fragment's rows and K columns: with byte l's two nibbles joined last and the tensor reshaped to
-    [BN, BK], it is wgmma's register operand (DotOperandLayout(0, acc, k_width=2): k = 16c + 8h +
-    2l + e, rows lane / 4 and + 8 a warp's 16, warps 16 rows apart, then repeats), as laid out by
-    Triton's linear layouts. BN a multiple of 16 x warps, BK of 16."""
+def rs_layouts(bn: int, bk: int, warps: int, pairs: bool = False) -> tuple:
+    """The packed words' register layouts of an RS program: ([BN, BK / 8] words as loaded, [BN, BK / 16, 2, 4]
+    bytes), such that each thread holds byte l = lane % 4 of the words of its MMA fragment's rows and K columns:
+    with byte l's two nibbles joined last and the tensor reshaped to [BN, BK], it is wgmma's register operand
+    (DotOperandLayout(0, acc, k_width=2): k = 16c + 8h + 2l + e, rows lane / 4 and + 8 a warp's 16, warps 16 rows
+    apart, then repeats), as laid out by Triton's linear layouts. BN a multiple of 16 x warps, BK of 16. With
+    pairs, weight rows 2j and 2j + 1 load into the thread of fragment rows j and j + 8 (_glu_order)."""
     if bn % (16 * warps) or bk % 16 or warps & (warps - 1):
         raise ValueError(f"an RS tile gives each of its num_warps={warps} (a power of two) 16 of its "
                          f"BLOCK_N={bn} weight rows a step of BLOCK_K={bk} (a multiple of 16)")
     c_bits = [1 << i for i in range((bk // 16).bit_length() - 1)]
     n_reps = [16 * warps << i for i in range((bn // (16 * warps)).bit_length() - 1)]
     warp_rows = [16 << i for i in range(warps.bit_length() - 1)]
+    r = {1: 2, 2: 4, 4: 8, 8: 1} if pairs else {}
     words = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1]] + [[0, 2 * c] for c in c_bits] + [[8, 0]] + [[n, 0] for n in n_reps],
-        lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]], warp_bases=[[n, 0] for n in warp_rows],
+        reg_bases=[[0, 1]] + [[0, 2 * c] for c in c_bits] + [[r.get(8, 8), 0]] + [[n, 0] for n in n_reps],
+        lane_bases=[[0, 0], [0, 0]] + [[r.get(n, n), 0] for n in (1, 2, 4)], warp_bases=[[n, 0] for n in warp_rows],
         block_bases=[], shape=[bn, bk // 8])
     nbytes = gl.DistributedLinearLayout(
         reg_bases=[[8, 0, 0, 0], [0, 0, 1, 0]] + [[0, c, 0, 0] for c in c_bits] + [[n, 0, 0, 0] for n in n_reps],
@@ -314,14 +313,12 @@ def rs_layouts(bn: int, bk: int, warps: int) -> tuple:
 def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N,
                       KG, stride_ym, off_m, off_n, kw_lo, pid_k, GROUP: gl.constexpr, HAS_ZP: gl.constexpr,
                       HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, FIXUP: gl.constexpr, ACC: gl.constexpr,
-                      WORDS: gl.constexpr, BYTES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
-    """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded
-    once to x's dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (a wait
-    for none in flight: the next step's unpacking writes registers, and ptxas, 12.8 and 13.4 alike,
-    gave it those of a pending wgmma's register operand, which the wait's deps do not keep);
-    then the slot is released. The program's other partition, or the multiprocessor's other program,
-    unpacks while these MMAs run. The partition's weight rows are the tile's ROW0 .. ROW0 + ROWS.
-    Then y (one split) or the split's fp32 partials, with FIXUP summed by the last split (_fixup)."""
+                      WORDS: gl.constexpr, BYTES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, GLU: gl.constexpr):
+    """Step i: its words (ring slot i % STAGES) unpacked into W_q in registers, (u - zu)·s rounded once to x's
+    dtype as _unpack_steps does; acc += W_q · x(i)ᵀ, retired within the step (the next step's unpacking writes
+    registers, and ptxas, 12.8 and 13.4 alike, gave it those of a pending wgmma's register operand, which the
+    wait's deps do not keep); then the slot is released, and the other partition (or program) unpacks while these
+    MMAs run. Its weight rows: ROW0 .. ROW0 + ROWS of the tile (with GLU in _glu_order). Then _store_rs_acc."""
     STAGES: gl.constexpr = x_s.type.shape[0]
     BM: gl.constexpr = x_s.type.shape[1]
     BK: gl.constexpr = x_s.type.shape[2]
@@ -333,7 +330,7 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
     words3: gl.constexpr = gl.SliceLayout(3, BYTES)
     rows1: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, words3))
     off_n = off_n + ROW0
-    rn = gl.minimum(off_n + gl.arange(0, BN, layout=rows1), N - 1).to(gl.int64)   # rows past N: never stored
+    rn = gl.minimum(off_n + _glu_rows(gl.arange(0, BN, layout=rows1), GLU), N - 1).to(gl.int64)   # past N: not stored
     lanes1: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, gl.SliceLayout(0, BYTES)))
     # prmt's selector taking byte l of a word into byte 0, zeros above: one instruction for a shift and a mask
     sel = gl.expand_dims(gl.expand_dims(gl.expand_dims(0x4440 + gl.arange(0, 4, layout=lanes1), 0), 0), 0)
@@ -352,7 +349,8 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         if HAS_ZP:
             z_nxt = gl.load(zp_ptr + rn * KG + g_nxt)
         mbarrier.wait(in_ready.index(slot), (i // STAGES) & 1)
-        words = gl.convert_layout(gl.reshape(q_s.index(slot).slice(ROW0, BN).load(WORDS), [BN, BK // 16, 2]), words3)
+        words = gl.convert_layout(gl.reshape(_glu_order(q_s.index(slot).slice(ROW0, BN).load(WORDS), GLU),
+                                             [BN, BK // 16, 2]), words3)
         fence_async_shared()   # the read is ordered before the loader's next TMA write of the slot
         b = _byte_of(gl.expand_dims(words, 3), sel)                                         # [BN, C, H, L]
         zc = gl.expand_dims(gl.expand_dims(gl.expand_dims(z_cur, 1), 2), 3)
@@ -376,19 +374,19 @@ def _rs_mma_partition(sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr
         acc = warpgroup_mma(a, x_s.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(in_empty.index(slot))
-    _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K, FIXUP)
+    _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K,
+                  FIXUP, GLU)
 
 
 @gluon.jit
 def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, K8, KG, stride_ym, KW_SPLIT,
                    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
                    FIXUP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, LOADER_REGS: gl.constexpr,
-                   WORDS: gl.constexpr, BYTES: gl.constexpr, PARTS: gl.constexpr, MMA_REGS: gl.constexpr):
-    """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (16 weight
-    rows each) unpacking their own operand: the kernel's num_warps, or with PARTS = 2 those and as
-    many again in a second partition, each partition BLOCK_N / 2 of the rows. A partition's warps
-    wait for each other every step (its release of the ring slot); two partitions do not, so one
-    unpacks while the other's MMAs run."""
+                   WORDS: gl.constexpr, BYTES: gl.constexpr, PARTS: gl.constexpr, MMA_REGS: gl.constexpr,
+                   GLU: gl.constexpr):
+    """The RS form: int4_wgmma_kernel's programs, tile order and loader, with the MMA warps (16 weight rows each)
+    unpacking their own operand: num_warps, or with PARTS = 2 as many again in a second partition, each BLOCK_N / 2
+    of the rows; a partition's warps wait for each other every step, two partitions do not (_rs_mma_partition)."""
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
     BN: gl.constexpr = q_desc.block_type.shape[0]
@@ -417,17 +415,19 @@ def int4_rs_kernel(x_desc, q_desc, sc_ptr, zp_ptr, y_ptr, ws_ptr, bias_ptr, cnt_
     if PARTS == 1:
         gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
                                                  bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS)),
+                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS,
+                                                 GLU)),
                             (_load_partition, loader_args)],
                            [1], [LOADER_REGS])
     else:
         gl.warp_specialize([(_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
                                                  bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
-                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS)),
+                                                 GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, 0, ROWS,
+                                                 GLU)),
                             (_rs_mma_partition, (sc_ptr, zp_ptr, x_s, q_s, in_ready, in_empty, steps, y_ptr, ws_ptr,
                                                  bias_ptr, cnt_ptr, M, N, KG, stride_ym, off_m, off_n, kw_lo, pid_k,
                                                  GROUP, HAS_ZP, HAS_BIAS, SPLIT_K, FIXUP, acc_l, WORDS, BYTES, ROWS,
-                                                 ROWS)),
+                                                 ROWS, GLU)),
                             (_load_partition, loader_args)], [NW, 1], [MMA_REGS, LOADER_REGS])
 
 
@@ -475,10 +475,13 @@ _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 @gluon.jit
 def _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, pid_k,
-                  HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, FIXUP: gl.constexpr):
-    """_store_acc's y or partials of an RS partition; with FIXUP the last of its tile's SPLIT_K splits
-    to arrive then adds them up (_fixup)."""
-    _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
+                  HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr, FIXUP: gl.constexpr, GLU: gl.constexpr):
+    """_store_acc's y or partials of an RS partition (with GLU _store_glu's y); with FIXUP the last of its
+    tile's SPLIT_K splits to arrive then adds them up (_fixup)."""
+    if GLU:
+        _store_glu(acc, y_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS)
+    else:
+        _store_acc(acc, y_ptr, ws_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, pid_k, HAS_BIAS, SPLIT_K)
     if FIXUP:
         _fixup(y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS, SPLIT_K,
                acc.type.shape[0], acc.type.shape[1])
@@ -487,14 +490,11 @@ def _store_rs_acc(acc, y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m,
 @gluon.jit
 def _fixup(y_ptr, ws_ptr, bias_ptr, cnt_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr,
            SPLIT_K: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr):
-    """common.last_to_finish and split_sum for the [BN weight rows, BM x rows] block at (off_n, off_m):
-    the partition's partial stores ordered before one acq_rel arrival on the block's counter (one a
-    block of BN rows, so an RS tile's two partitions count apart); the last of the SPLIT_K splits to
-    arrive resets it to 0 and adds the partials s = 0, 1, ..., SPLIT_K - 1 in that order, read from
-    L2, then the bias, rounded once to y's dtype: splitk_reduce_kernel's sum, the same bytes
-    whichever split arrives last. The counter counts arrivals only; no value is added atomically.
-    The sum runs over 4 x rows a warp at a time, weight rows on the lanes (y's and the partials'
-    contiguous side), in few registers: the accumulator's layout would hold a block of addresses."""
+    """common.last_to_finish and split_sum for the [BN weight rows, BM x rows] block at (off_n, off_m): the partition's
+    partial stores ordered before one acq_rel arrival on the block's counter (one a block of BN rows: an RS tile's
+    partitions count apart); the last of the SPLIT_K splits to arrive resets it to 0 and adds the partials s = 0 ..
+    SPLIT_K - 1 in order, read from L2, then the bias, rounded once: splitk_reduce_kernel's sum, the same bytes
+    whichever split arrives last. 4 x rows a warp at a time, weight rows on the lanes (the contiguous side)."""
     NW: gl.constexpr = gl.num_warps()
     CH: gl.constexpr = 4 * NW
     L: gl.constexpr = gl.BlockedLayout([BN // 32, 1], [32, 1], [1, NW], [0, 1])
@@ -565,3 +565,46 @@ def _byte_of(w, sel):
     w, sel = gl.broadcast(w, sel)
     return gl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [w, sel], dtype=gl.int32, is_pure=True,
                                      pack=1)
+
+
+@gluon.jit
+def _glu_rows(r, GLU: gl.constexpr):
+    """The weight row (of the partition's) that fragment row r holds: r, or with GLU (_glu_order)
+    16a + 2c + b for r = 16a + 8b + c (c < 8), so each thread holds a gate row and its up row."""
+    if GLU:
+        r = (r & -16) + 2 * (r & 7) + ((r >> 3) & 1)
+    return r
+
+
+@gluon.jit
+def _glu_order(words, GLU: gl.constexpr):
+    """words [BN, W8] as loaded (rs_layouts with pairs: weight row 16a + 2c + b in the thread of
+    fragment row 16a + 8b + c) re-indexed by fragment row, which relabels registers and moves no data;
+    words unchanged without GLU."""
+    if GLU:   # (one return: Gluon types a function's every return, a pruned branch's too)
+        BN: gl.constexpr = words.type.shape[0]
+        W8: gl.constexpr = words.type.shape[1]
+        words = gl.reshape(gl.permute(gl.reshape(words, [BN // 16, 8, 2, W8]), (0, 2, 1, 3)), [BN, W8])
+    return words
+
+
+@gluon.jit
+def _store_glu(acc, y_ptr, bias_ptr, M, N, stride_ym, off_m, off_n, HAS_BIAS: gl.constexpr):
+    """y[m, off_n / 2 + h] = silu(gate) · up of an RS partition's acc [BN, BM] whose rows are in
+    _glu_order (gate row 2h in fragment row 16a + c, its up row in 16a + 8 + c, h = 8a + c: one
+    thread's registers), with one split: each plus its bias and rounded to y's dtype, then
+    common.store_glu_tile's SwiGLU (libdevice's exp, IEEE division; silu rounded before the product)."""
+    BN: gl.constexpr = acc.type.shape[0]
+    BM: gl.constexpr = acc.type.shape[1]
+    dt: gl.constexpr = y_ptr.dtype.element_ty
+    gate, up = gl.split(gl.reshape(gl.permute(gl.reshape(acc, [BN // 16, 2, 8, BM]), (0, 2, 3, 1)), [BN // 2, BM, 2]))
+    L: gl.constexpr = gate.type.layout
+    h = off_n // 2 + gl.arange(0, BN // 2, layout=gl.SliceLayout(1, L))
+    m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, L))
+    if HAS_BIAS:
+        gate += gl.expand_dims(gl.load(bias_ptr + 2 * h, mask=h < N // 2, other=0.0).to(gl.float32), 1)
+        up += gl.expand_dims(gl.load(bias_ptr + 2 * h + 1, mask=h < N // 2, other=0.0).to(gl.float32), 1)
+    g = gate.to(dt).to(gl.float32)
+    silu = gl.div_rn(g, 1.0 + gl.extra.libdevice.exp(-g)).to(dt).to(gl.float32)
+    gl.store(y_ptr + m[None, :].to(gl.int64) * stride_ym + h[:, None], (silu * up.to(dt).to(gl.float32)).to(dt),
+             mask=(h[:, None] < N // 2) & (m[None, :] < M))

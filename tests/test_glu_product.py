@@ -228,12 +228,17 @@ def test_int4_glu_gemv(split):
     assert_same(glu(int4.launch, x, w, tile), plain_then_activation(int4.launch, x, w, tile), split)
 
 
-def test_int4_takes_swiglu_in_the_product_on_its_large_m_tiles_only():
+def test_int4_takes_swiglu_in_the_product_on_its_large_m_and_rs_tiles_only():
     assert int4.TEMPLATE.glu_in_epilogue is int4.glu_in_epilogue
     for path in ("dequant", "dequant-tma", "dequant-sk"):
         assert int4.glu_in_epilogue(dict(TILE, path=path)), path
     for path in ("gemv", "splitk", "swap", "slices", "join", "frag", "wgmma"):
         assert not int4.glu_in_epilogue(dict(TILE, path=path)), path
+    # the wgmma path's RS tiles, whole-K, split (the reduction's) or with a tail, but not with FIXUP
+    rs = dict(TILE, path="wgmma", RS=1, PARTS=2)
+    assert int4.glu_in_epilogue(rs) and int4.glu_in_epilogue(dict(rs, SPLIT_K=3))
+    assert int4.glu_in_epilogue(dict(rs, TAIL_TILES=4, TAIL_SPLIT=8))
+    assert not int4.glu_in_epilogue(dict(rs, SPLIT_K=3, FIXUP=1))
     assert dense.TEMPLATE.glu_in_epilogue(dict(TILE, path="tiled")) and fp8.TEMPLATE.glu_in_epilogue(TILE)
 
 

@@ -1080,8 +1080,8 @@ def test_int4_rs_scale_and_zero_point_words():
 
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
-    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue,
-    # the in-kernel fixup but in the RS form, fp32 x, a K whose x or packed rows are not whole
+    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue
+    # and the in-kernel fixup but in the RS form (SwiGLU there without FIXUP), fp32 x, a K whose x or packed rows are not whole
     # 16-byte TMA rows and an RS tile whose weight rows do not come 16 to each of its warps.
     # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
@@ -1094,8 +1094,9 @@ def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatc
             int4.launch(x, w, tile)
     monkeypatch.setattr(common, "device_features", lambda d: common.DeviceFeatures(True, (9, 0), True, True))
     even = int4.Int4Weight(w.packed[:36], w.scale[:36], w.K, w.group_size)   # gate and up rows in pairs
-    with pytest.raises(ValueError, match="no SwiGLU epilogue"):
-        int4.launch(x, even, tile, glu=True)
+    for t in (tile, dict(tile, RS=1, FIXUP=1)):   # SwiGLU: the RS form's, without FIXUP
+        with pytest.raises(ValueError, match="SwiGLU on its RS tiles without FIXUP"):
+            int4.launch(x, even, t, glu=True)
     with pytest.raises(ValueError, match="no in-kernel fixup"):
         int4.launch(x, w, dict(tile, FIXUP=1))
     with pytest.raises(ValueError, match="num_warps=16"):   # an RS tile's FIXUP passes on to the RS launch

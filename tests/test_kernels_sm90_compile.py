@@ -515,11 +515,11 @@ JITFunction.__getitem__ = lambda fn, grid: (lambda *a, **k: rec.launch(fn, a, k)
 common.device_features = lambda device: H200.features
 t = int4.TEMPLATE
 kernels = {}
-def launched(x, w, tile):
+def launched(x, w, tile, glu=False):
     # The wgmma kernels one launch ran (a tile with a tail runs two), each with what its compile
     # found (kernels compile once, in launch order; a failed compile finds nothing).
     n, before = len(rec.current), set(rec.compiled)
-    t.launch(x, w, tile)
+    t.launch(x, w, tile, glu=glu)
     keys = [k for k in dict.fromkeys(rec.current[n:]) if "int4_wgmma_kernel" in k or "int4_rs_kernel" in k]
     for key in keys:
         if key not in kernels:
@@ -533,6 +533,10 @@ for sym in (True, False):
         x = torch.randn(bucket, 5120).bfloat16()
         for tile in [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]:
             rows += [dict(k, tile=tile, sym=sym, bucket=bucket) for k in launched(x, w, tile)]
+    # The large-M RS forms whole-K with the SwiGLU epilogue (their split tiles are the 128-row kernels' kin).
+    x = torch.randn(1024, 5120).bfloat16()
+    for tile in [c for c in t.search_space(t.problem(w, 1024, x.dtype)) if c["path"] == "wgmma" and c["SPLIT_K"] == 1]:
+        rows += [dict(k, tile=tile, sym=sym, bucket="1024 glu") for k in launched(x, w, tile, glu=True)]
 # fp16 with fp32 scales (the fp32 conversion, not the packed pairs), a K that ends inside a step.
 w = random_weight("int4", 777, 1056, {"bits": 4, "group": 128, "symmetric": False, "act_order": False},
                   torch.float16, "cpu")
@@ -547,7 +551,8 @@ print(json.dumps({"rows": rows, "limit": rec.device.shared}))
 
 @pytest.mark.probe("wgmma")
 def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
-    # Every wgmma tile of the space (buckets 64-256; 27B-class gate_up, GPTQ and AWQ, bf16 x)
+    # Every wgmma tile of the space (buckets 64-256, and the whole-K RS tiles at 1,024 with their SwiGLU
+    # epilogue, "1024 glu"; 27B-class gate_up, GPTQ and AWQ, bf16 x)
     # compiles for sm_90 without spilling and fits the H200's shared memory, the ring filled by TMA
     # and the partitions resizing their registers (warp specialisation); scales in x's dtype convert
     # by packed pairs, fp32 scales (fp16 x, a K that ends inside a step) in fp32. The unpacking
@@ -560,8 +565,10 @@ def test_int4_wgmma_tiles_compile_for_the_h200_in_both_forms():
     # (its arrivals), the rest none.
     got = _json("wgmma")
     rows = got["rows"]
-    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in (64, 128, 256)} | {
+    buckets = (64, 128, 256, "1024 glu")
+    assert {(r["sym"], r["bucket"]) for r in rows} == {(s, b) for s in (True, False) for b in buckets} | {
         (False, "fp32 scales")}
+    assert len([r for r in rows if r["bucket"] == "1024 glu"]) == 6
     for r in rows:
         assert "error" not in r and r["stack"] == 0 and r["shared"] <= got["limit"], r
         assert r["wgmma"] > 0 and r["hazards"] == 0 and r["tma"] > 0 and r["setmaxnreg"] > 0, r

@@ -5,7 +5,8 @@ both half-precision dtypes, in both forms (the unpacking warpgroup's, and RS: th
 unpacking into their register operand), RS tiles with a tail launched apart; the same bytes on a
 second call; the RS form's in-kernel fixup against the reduction kernel, and AWQ's scale-and-zero-point
 words against the two gathers, byte for byte; a SwiGLU
-QLinear on a wgmma tile (the plain product, then the activation kernel); and every wgmma tile of
+QLinear on a wgmma tile (the plain product, then the activation kernel) and the RS form's SwiGLU
+epilogue (the same bytes); and every wgmma tile of
 the search space at the 27B-class shapes against the format's reference."""
 import pytest
 import torch
@@ -146,7 +147,7 @@ def test_wgmma_path_with_fp32_scales_unpacks_in_fp32(sym, rs):
 
 @pytest.mark.parametrize("split", [1, 2])
 def test_swiglu_qlinear_on_a_wgmma_tile_is_the_product_then_the_activation(split):
-    # The Gluon kernel has no SwiGLU epilogue (int4.glu_in_epilogue): a glu QLinear on its tile runs
+    # The unpacking warpgroup's form has no SwiGLU epilogue (int4.glu_in_epilogue): a glu QLinear on its tile runs
     # the plain product over the interleaved rows, then silu_mul over the interleaved columns, the
     # bytes of silu_mul over the product's columns put in gate|up order.
     import types
@@ -159,6 +160,32 @@ def test_swiglu_qlinear_on_a_wgmma_tile_is_the_product_then_the_activation(split
     y = int4.launch(x, w, tile)
     got = QLinear(w, "triton", tiles=types.SimpleNamespace(tile=lambda template, problem: tile), glu=True)(x)
     assert torch.equal(got, activation.silu_mul(torch.cat([y[:, 0::2], y[:, 1::2]], 1)))
+
+
+@pytest.mark.parametrize("M,N,K,sym,dtype,bias,tile", [
+    (300, 1100, 2048, False, torch.bfloat16, True, _tile(256, 128, 128, 1, 4, 3, RS=1, PARTS=2)),   # past M and N
+    (1024, 2048, 2048, True, torch.bfloat16, False, _tile(256, 128, 64, 1, 4, 4, RS=1, PARTS=2)),
+    (129, 1040, 1056, True, torch.float16, True, _tile(128, 256, 128, 1, 4, 3, RS=1, PARTS=2)),    # K tail
+    (37, 1000, 2048, False, torch.float16, True, _tile(64, 128, 64, 1, 8, 4, RS=1)),
+    (200, 1000, 2048, True, torch.bfloat16, True, _tile(128, 64, 64, 1, 4, 4, RS=1, OCC=2)),
+    (128, 2048, 2048, False, torch.bfloat16, True, _tile(128, 256, 128, 3, 4, 3, RS=1, PARTS=2)),   # the reduction's
+    (128, 2560, 2048, True, torch.bfloat16, True,
+     _tile(128, 256, 128, 1, 4, 3, RS=1, PARTS=2, TAIL_TILES=3, TAIL_SPLIT=8)),                   # a tail apart
+])
+def test_rs_swiglu_epilogue_gives_the_plain_product_then_the_activation_bytes(M, N, K, sym, dtype, bias, tile):
+    # An RS tile's SwiGLU over interleaved gate|up rows (int4_wgmma._store_glu: each gate row and its
+    # up row in one thread's registers by the pair order of the words' loads; split tiles through the
+    # reduction; a tail's two launches each over their own pairs): the bytes of the plain product on the
+    # same tile followed by the activation kernel over its interleaved columns, on a NaN-poisoned output.
+    from vsr.kernels import activation
+    assert int4.glu_in_epilogue(tile)
+    w = _weight(N, K, sym, dtype, bias=bias, seed=9)
+    x = torch.randn(M, K, device="cuda").to(dtype)
+    want = activation.silu_mul(int4.launch(x, w, tile), interleaved=True)
+    out = torch.full((M, N // 2), float("nan"), device="cuda", dtype=dtype)
+    got = int4.launch(x, w, tile, out=out, glu=True)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(int4.launch(x, w, tile, glu=True), got)
 
 
 def test_every_wgmma_tile_of_the_space_at_27b_shapes():
