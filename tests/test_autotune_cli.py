@@ -308,13 +308,13 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
     assert steady[3] == ["import", steady[0][2], "--autotune-cache", db, "--prefer-incoming"]
     assert steady[4] == small[2]
     assert stage("steady", STEADY_BUCKETS="1024")[0][-1] == "1024"
-    # wgmma: int4's 27B-class and Qwen3.5 keys at 64-256 rows over the wgmma path's space, with
+    # wgmma: int4's 27B-class and Qwen3.5 keys at 64-2,048 rows over the wgmma path's space, with
     # incumbents, into a scratch store; then as steady: the file, the scratch store over it, export
     wg = stage("wgmma")
     assert [c[0] for c in wg] == ["27b", "27b-hybrid", "import", "import", "export"]
     for c in wg[:2]:
         assert c[1:] == ["--autotune-cache", str(tmp_path / "h200.wgmma.db"), "--formats", "int4-gptq,int4-awq",
-                         "--buckets", "64,128,256", "--paths", "wgmma", "--incumbents", str(shipped)]
+                         "--buckets", "64,128,256,1024,2048", "--paths", "wgmma", "--incumbents", str(shipped)]
     assert wg[2:] == [steady[2], ["import", wg[0][2], "--autotune-cache", db, "--prefer-incoming"], small[2]]
     assert stage("wgmma", WGMMA_BUCKETS="128")[1][6] == "128"
     # A finished stage removes its scratch store (and its lock files): a later run would otherwise
