@@ -193,7 +193,7 @@ def test_every_wgmma_tile_of_the_space_at_27b_shapes():
     for (N, K) in ((10240, 5120), (5120, 17408)):
         for sym in (True, False):
             w = _weight(N, K, sym, torch.bfloat16)
-            for bucket in (128, 256, 512):
+            for bucket in (128, 256, 512, 1024, 2048):
                 x = torch.randn(bucket - 3, K, device="cuda").bfloat16()
                 ref = _rounded_reference(x, w)
                 tiles = [c for c in t.search_space(t.problem(w, bucket, x.dtype)) if c["path"] == "wgmma"]
