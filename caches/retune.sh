@@ -97,6 +97,15 @@ retime_all() {
     --formats bf16,fp32,fp8,fp8@fp32,int4-gptq,int4-awq,int4-gptq@fp32,int4-awq@fp32
 }
 
+# The file (FROM_JSON, default the file rebuilt) imported into DB, scratch store $1 over it (its
+# tiles preferred), DB exported, $1 dropped: the end of the steady and wgmma stages.
+file_then_scratch() {
+  $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
+  $tune import "$1" --autotune-cache "$db" --prefer-incoming
+  $tune export --autotune-cache "$db" --out "$out"
+  drop_store "$1"
+}
+
 case "$stage" in
   27b)
     scratch="${db%.db}.27b-16.db"   # a .db name: ignored by git, as DB is
@@ -127,10 +136,7 @@ case "$stage" in
     scratch="${db%.db}.steady.db"
     tune_27b_dense "$scratch" --buckets "$buckets"
     tune_27b_int4_pick "$scratch" --buckets "$buckets"
-    $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
-    $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
-    $tune export --autotune-cache "$db" --out "$out"
-    drop_store "$scratch"
+    file_then_scratch "$scratch"
     ;;
   wgmma)
     buckets=${WGMMA_BUCKETS:-64,128,256,1024,2048}
@@ -139,10 +145,7 @@ case "$stage" in
       $tune "$shapes" --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --paths wgmma \
         ${inc[@]+"${inc[@]}"}
     done
-    $tune import "${FROM_JSON:-$out}" --autotune-cache "$db"
-    $tune import "$scratch" --autotune-cache "$db" --prefer-incoming
-    $tune export --autotune-cache "$db" --out "$out"
-    drop_store "$scratch"
+    file_then_scratch "$scratch"
     ;;
   *)
     echo "caches/retune.sh: unknown stage '$stage' (27b, minilm, stale, retime, steady or wgmma)" >&2

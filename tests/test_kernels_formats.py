@@ -1080,9 +1080,10 @@ def test_int4_rs_scale_and_zero_point_words():
 
 def test_int4_wgmma_path_is_refused_off_hopper_and_with_what_it_lacks(monkeypatch):
     # The Gluon wgmma path (int4_wgmma.py) runs on sm_90 only: anywhere else (the interpreter, Ampere,
-    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue
-    # and the in-kernel fixup but in the RS form (SwiGLU there without FIXUP), fp32 x, a K whose x or packed rows are not whole
-    # 16-byte TMA rows and an RS tile whose weight rows do not come 16 to each of its warps.
+    # Blackwell) the launch says so before any kernel; on Hopper it refuses the SwiGLU epilogue and
+    # the in-kernel fixup but in the RS form (SwiGLU there without FIXUP), fp32 x, a K whose x or
+    # packed rows are not whole 16-byte TMA rows and an RS tile whose weight rows do not come 16 to
+    # each of its warps.
     # (Its numerics: tests/gpu/test_int4_wgmma_gpu.py.)
     w = int4_weight(gen(127), 128, True, False, bias=False)
     x = torch.randn(32, K).half().to(DEV)
