@@ -927,7 +927,7 @@ def _launch_tail(x: torch.Tensor, w: Int4Weight, tile: dict, y: torch.Tensor, gl
     spread over all of them. x is in w's column order (launch gathers it first). With glu each launch
     takes the SwiGLU of its own rows (whole gate and up pairs: BLOCK_N is even) into its half of y's columns."""
     nd = (common.cdiv(w.N, tile["BLOCK_N"]) - tile["TAIL_TILES"]) * tile["BLOCK_N"]
-    if dense_tile(tile) is not None or not 0 < nd < w.N or tile.get("TAIL_SPLIT", 0) < 1:
+    if dense_tile(tile) is not None or not 0 < nd < w.N or tile.get("TAIL_SPLIT", 0) < 1 or nd % 2:
         raise ValueError(f"TAIL_TILES takes an unpacking path's tile, fewer blocks than N={w.N}'s and a TAIL_SPLIT: "
                          f"{tile}")
     head = {k: v for k, v in tile.items() if k not in ("TAIL_TILES", "TAIL_SPLIT")}
