@@ -60,3 +60,28 @@ def test_a_taken_name_is_refused(toy):
     with pytest.raises(ValueError, match="record format 'bf16'"):
         formats.register(dataclasses.replace(toy_format.FORMAT, name="toy2", weight_class=type(
             "W", (), {"format": "toy2"}), templates=(), records=(formats.Record("bf16"),)))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_random_int4_weights_are_quantized_gaussians(symmetric):
+    """The tuner's and the benchmarks' random int4 weight holds a package's codes (Gaussian weights
+    quantized per group, GPTQ's absmax or AWQ's min-max), not uniform ones: the tensor cores' power,
+    and so a forward's time at 1,024 rows, follows the values (builtin_formats.int4_random)."""
+    from vsr.kernels import int4
+    from vsr.kernels.builtin_formats import INT4_RANDOM_STD
+    w = synth.random_weight("int4", 64, 1000, {"group": 128, "symmetric": symmetric}, torch.bfloat16, "cpu", seed=5)
+    u = int4.unpack_int4(w.packed, 1000)
+    assert u.shape == (64, 1000) and w.scale.shape == (64, 8)
+    z = torch.full_like(w.scale, 8, dtype=torch.int32) if symmetric else w.zero_point
+    centred = u - z.repeat_interleave(128, dim=1)[:, :1000]
+    # N(0, 1) over 7.5 / 2.6 codes a standard deviation: 3/4 of the codes within 3 of the zero point,
+    # where uniform codes put 7/16
+    assert (centred.abs() <= 3).float().mean() > 0.65
+    if symmetric:   # each group's largest |w| reaches the end of the range
+        assert (u.view(64, -1)[:, :896].view(64, 7, 128).sub(8).abs().amax(-1) >= 7).all()
+    else:   # each group's min and max: codes 0 and 15; the zero points near the middle
+        full = u[:, :896].reshape(64, 7, 128)
+        assert (full.amin(-1) == 0).all() and (full.amax(-1) == 15).all()
+        assert (w.zero_point - 7.5).abs().float().mean() < 1.5
+    deq = centred.float() * w.scale.float().repeat_interleave(128, dim=1)[:, :1000]
+    assert abs(deq.std().item() / INT4_RANDOM_STD - 1) < 0.1
