@@ -181,7 +181,7 @@ def int4_random(N, K, params, model_dtype, g, device):
     """Codes, scales (and zero points) of N(0, INT4_RANDOM_STD²) weights quantized per group as
     GPTQ and AWQ quantize: symmetric s = absmax / 7.5, u = round(w / s) + 8; asymmetric (min-max)
     s = (max - min) / 15, z = round(-min / s), u = round(w / s) + z; u and z clamped to 0..15.
-    Uniform random codes, with zero points drawn apart from them, are not what a package holds, and
+    Uniform random codes, with zero points drawn independently of them, are not what a package holds, and
     the tensor cores' power follows the values: at 1,024 rows on an H100 uniform GPTQ codes kept the
     card under its 700 W cap where these (as BF16's weights) hold it there and lower its clock, and
     the 1x1024 int4 forward took 10% less with them than with these
