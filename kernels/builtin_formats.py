@@ -247,15 +247,25 @@ def nvfp4_load(src, m: str, scheme, N: int, K: int, bias):
                              src.tensor(f"{m}.weight_global_scale").reshape(1), igs, bias)
 
 
+# The random NVFP4 weight's global scale stands for a tensor amax of 8 standard deviations (a
+# 27B-class weight's largest of 10^8 Gaussians is about 6): fixed, not the weight's own amax, so
+# the parts of a fused product (q, k, v; gate, up) share it as llm-compressor makes them share theirs.
+NVFP4_RANDOM_AMAX = 8 * INT4_RANDOM_STD
+
+
 def nvfp4_random(N, K, params, model_dtype, g, device):
+    """N(0, INT4_RANDOM_STD²) weights quantized as llm-compressor quantizes NVFP4 (FORMATS.md §7):
+    gs = 448·6 / amax, s_blk = e4m3(gs · amax_blk / 6), c = e2m1(w / (s_blk / gs)); codes as a
+    package holds them, not uniform ones (int4_random says why the values matter)."""
     kw = {"generator": g, "device": device}
-    packed = torch.randint(0, 256, (N, K // 2), dtype=torch.int32, **kw).to(torch.uint8)
-    bs = (torch.rand(N, K // nvfp4.BLOCK, **kw) * 2 + 0.25).to(torch.float8_e4m3fn)
-    # Global scales that keep the products in range: 448 · 6 is the largest e4m3 · e2m1 value.
-    gs = torch.tensor(448.0 * 6.0 / 2.0, dtype=torch.float32, device=device)
+    gs = torch.tensor(448.0 * 6.0 / NVFP4_RANDOM_AMAX, dtype=torch.float32, device=device)
+    w = torch.randn(N, K // nvfp4.BLOCK, nvfp4.BLOCK, **kw).mul_(INT4_RANDOM_STD)
+    s = (w.abs().amax(-1, keepdim=True) * (gs / nvfp4.FP4_MAX)).clamp_(max=448.0).to(torch.float8_e4m3fn)
+    s32 = s.float().masked_fill_(s.float() == 0, 0.125)
+    codes = nvfp4.e2m1_encode(w.mul_(gs).div_(s32).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)).reshape(N, K)
     igs = None if params.get("act", "none") == "none" else torch.tensor(448.0 * 6.0 / 4.0, dtype=torch.float32,
                                                                           device=device)
-    return nvfp4.Nvfp4Weight(packed, bs, gs, igs)
+    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), s32.to(torch.float8_e4m3fn).reshape(N, K // nvfp4.BLOCK), gs, igs)
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:

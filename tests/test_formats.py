@@ -85,3 +85,20 @@ def test_random_int4_weights_are_quantized_gaussians(symmetric):
         assert (w.zero_point - 7.5).abs().float().mean() < 1.5
     deq = centred.float() * w.scale.float().repeat_interleave(128, dim=1)[:, :1000]
     assert abs(deq.std().item() / INT4_RANDOM_STD - 1) < 0.1
+
+
+def test_random_nvfp4_weights_are_quantized_gaussians():
+    """The random NVFP4 weight is Gaussian weights quantized as llm-compressor quantizes them (every
+    block's largest |w| on code ±6, its scale e4m3(gs · amax / 6)), with a fixed global scale that fused
+    parts share (builtin_formats.nvfp4_random)."""
+    from vsr.kernels import nvfp4
+    from vsr.kernels.builtin_formats import INT4_RANDOM_STD
+    a, b = (synth.random_weight("nvfp4", 64, 1024, {"act": "e2m1-block16-dynamic"}, torch.bfloat16, "cpu", seed=s)
+            for s in (5, 6))
+    assert torch.equal(a.global_scale, b.global_scale) and not torch.equal(a.packed, b.packed)
+    mag = (nvfp4.unpack_fp4(a.packed) & 7).reshape(64, 64, 16)
+    assert (mag.amax(-1) == 7).all()   # code 7 is 6.0: each block's amax reaches the end of the range
+    # uniform codes put 1/8 on each magnitude; a Gaussian block's values crowd below its amax
+    assert (mag <= 4).float().mean() > 0.55
+    deq = nvfp4.dequantize(a)
+    assert abs(deq.std().item() / INT4_RANDOM_STD - 1) < 0.1
