@@ -26,7 +26,8 @@
 #                                the file (FROM_JSON, default the file rebuilt) imported into DB and
 #                                the scratch store over it (its tiles preferred), DB exported: a
 #                                re-timing of unchanged kernels, which `stale` would not tune
-#   caches/retune.sh wgmma DB    int4's 27B-class and Qwen3.5 keys at 64-2,048 rows (WGMMA_BUCKETS)
+#   caches/retune.sh wgmma DB    int4's 27B-class and Qwen3.5 keys at 64-2,048 rows (WGMMA_BUCKETS;
+#                                WGMMA_SHAPES=27b for the Qwen3 keys alone)
 #                                over the wgmma path's whole space (the RS form's tiles included)
 #                                into a scratch store, each key's tile in the file joining its
 #                                sweep; then as `steady`: the file imported into DB, the scratch
@@ -141,7 +142,7 @@ case "$stage" in
   wgmma)
     buckets=${WGMMA_BUCKETS:-64,128,256,1024,2048}
     scratch="${db%.db}.wgmma.db"
-    for shapes in 27b 27b-hybrid; do
+    for shapes in ${WGMMA_SHAPES:-27b 27b-hybrid}; do
       $tune "$shapes" --autotune-cache "$scratch" --formats int4-gptq,int4-awq --buckets "$buckets" --paths wgmma \
         ${inc[@]+"${inc[@]}"}
     done

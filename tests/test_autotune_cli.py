@@ -317,6 +317,7 @@ def test_the_shipped_cache_rebuild_script_runs_valid_vsr_tune_commands(tmp_path)
                          "--buckets", "64,128,256,1024,2048", "--paths", "wgmma", "--incumbents", str(shipped)]
     assert wg[2:] == [steady[2], ["import", wg[0][2], "--autotune-cache", db, "--prefer-incoming"], small[2]]
     assert stage("wgmma", WGMMA_BUCKETS="128")[1][6] == "128"
+    assert [c[0] for c in stage("wgmma", WGMMA_SHAPES="27b")] == ["27b", "import", "import", "export"]
     # A finished stage removes its scratch store (and its lock files): a later run would otherwise
     # skip the keys it holds and import its old picks again.
     for name, scratch in (("steady", "h200.steady.db"), ("27b", "h200.27b-16.db"), ("wgmma", "h200.wgmma.db")):
