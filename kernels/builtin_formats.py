@@ -173,12 +173,12 @@ def int4_load(src, m: str, scheme, N: int, K: int, bias):
     return int4.Int4Weight(packed, src.tensor(f"{m}.weight_scale"), K, G, zero, perm, bias)
 
 
-# The random int4 weight's spread before quantization: a trained layer's order of magnitude.
-INT4_RANDOM_STD = 0.02
+# The random int4 and NVFP4 weights' spread before quantization: a trained layer's order of magnitude.
+RANDOM_WEIGHT_STD = 0.02
 
 
 def int4_random(N, K, params, model_dtype, g, device):
-    """Codes, scales (and zero points) of N(0, INT4_RANDOM_STD²) weights quantized per group as
+    """Codes, scales (and zero points) of N(0, RANDOM_WEIGHT_STD²) weights quantized per group as
     GPTQ and AWQ quantize: symmetric s = absmax / 7.5, u = round(w / s) + 8; asymmetric (min-max)
     s = (max - min) / 15, z = round(-min / s), u = round(w / s) + z; u and z clamped to 0..15.
     Uniform random codes, with zero points drawn independently of them, are not what a package holds, and
@@ -190,7 +190,7 @@ def int4_random(N, K, params, model_dtype, g, device):
     groups = _cdiv(K, G)
     kw = {"generator": g, "device": device}
     symmetric = params.get("symmetric", True)
-    w = torch.randn(N, groups, G, **kw).mul_(INT4_RANDOM_STD)
+    w = torch.randn(N, groups, G, **kw).mul_(RANDOM_WEIGHT_STD)
     if symmetric:
         s, z = w.abs().amax(-1, keepdim=True) / 7.5, 8.0
     else:
@@ -250,22 +250,22 @@ def nvfp4_load(src, m: str, scheme, N: int, K: int, bias):
 # The random NVFP4 weight's global scale stands for a tensor amax of 8 standard deviations (a
 # 27B-class weight's largest of 10^8 Gaussians is about 6): fixed, not the weight's own amax, so
 # the parts of a fused product (q, k, v; gate, up) share it as llm-compressor makes them share theirs.
-NVFP4_RANDOM_AMAX = 8 * INT4_RANDOM_STD
+NVFP4_RANDOM_AMAX = 8 * RANDOM_WEIGHT_STD
 
 
 def nvfp4_random(N, K, params, model_dtype, g, device):
-    """N(0, INT4_RANDOM_STD²) weights quantized as llm-compressor quantizes NVFP4 (FORMATS.md §7):
+    """N(0, RANDOM_WEIGHT_STD²) weights quantized as llm-compressor quantizes NVFP4 (FORMATS.md §7):
     gs = 448·6 / amax, s_blk = e4m3(gs · amax_blk / 6), c = e2m1(w / (s_blk / gs)); codes as a
     package holds them, not uniform ones (int4_random says why the values matter)."""
     kw = {"generator": g, "device": device}
     gs = torch.tensor(448.0 * 6.0 / NVFP4_RANDOM_AMAX, dtype=torch.float32, device=device)
-    w = torch.randn(N, K // nvfp4.BLOCK, nvfp4.BLOCK, **kw).mul_(INT4_RANDOM_STD)
-    s = (w.abs().amax(-1, keepdim=True) * (gs / nvfp4.FP4_MAX)).clamp_(max=448.0).to(torch.float8_e4m3fn)
-    s32 = s.float().masked_fill_(s.float() == 0, 0.125)
-    codes = nvfp4.e2m1_encode(w.mul_(gs).div_(s32).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)).reshape(N, K)
+    w = torch.randn(N, K // nvfp4.BLOCK, nvfp4.BLOCK, **kw).mul_(RANDOM_WEIGHT_STD)
+    s = (w.abs().amax(-1, keepdim=True) * (gs / nvfp4.FP4_MAX)).clamp_(max=448.0).to(torch.float8_e4m3fn).float()
+    s.masked_fill_(s == 0, 0.125)
+    codes = nvfp4.e2m1_encode(w.mul_(gs).div_(s).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)).reshape(N, K)
     igs = None if params.get("act", "none") == "none" else torch.tensor(448.0 * 6.0 / 4.0, dtype=torch.float32,
                                                                           device=device)
-    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), s32.to(torch.float8_e4m3fn).reshape(N, K // nvfp4.BLOCK), gs, igs)
+    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), s.to(torch.float8_e4m3fn).reshape(N, K // nvfp4.BLOCK), gs, igs)
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:

@@ -68,7 +68,7 @@ def test_random_int4_weights_are_quantized_gaussians(symmetric):
     quantized per group, GPTQ's absmax or AWQ's min-max), not uniform ones: the tensor cores' power,
     and so a forward's time at 1,024 rows, follows the values (builtin_formats.int4_random)."""
     from vsr.kernels import int4
-    from vsr.kernels.builtin_formats import INT4_RANDOM_STD
+    from vsr.kernels.builtin_formats import RANDOM_WEIGHT_STD
     w = synth.random_weight("int4", 64, 1000, {"group": 128, "symmetric": symmetric}, torch.bfloat16, "cpu", seed=5)
     u = int4.unpack_int4(w.packed, 1000)
     assert u.shape == (64, 1000) and w.scale.shape == (64, 8)
@@ -84,7 +84,7 @@ def test_random_int4_weights_are_quantized_gaussians(symmetric):
         assert (full.amin(-1) == 0).all() and (full.amax(-1) == 15).all()
         assert (w.zero_point - 7.5).abs().float().mean() < 1.5
     deq = centred.float() * w.scale.float().repeat_interleave(128, dim=1)[:, :1000]
-    assert abs(deq.std().item() / INT4_RANDOM_STD - 1) < 0.1
+    assert abs(deq.std().item() / RANDOM_WEIGHT_STD - 1) < 0.1
 
 
 def test_random_nvfp4_weights_are_quantized_gaussians():
@@ -92,7 +92,7 @@ def test_random_nvfp4_weights_are_quantized_gaussians():
     block's largest |w| on code ±6, its scale e4m3(gs · amax / 6)), with a fixed global scale that fused
     parts share (builtin_formats.nvfp4_random)."""
     from vsr.kernels import nvfp4
-    from vsr.kernels.builtin_formats import INT4_RANDOM_STD
+    from vsr.kernels.builtin_formats import RANDOM_WEIGHT_STD
     a, b = (synth.random_weight("nvfp4", 64, 1024, {"act": "e2m1-block16-dynamic"}, torch.bfloat16, "cpu", seed=s)
             for s in (5, 6))
     assert torch.equal(a.global_scale, b.global_scale) and not torch.equal(a.packed, b.packed)
@@ -101,4 +101,4 @@ def test_random_nvfp4_weights_are_quantized_gaussians():
     # uniform codes put 1/8 on each magnitude; a Gaussian block's values crowd below its amax
     assert (mag <= 4).float().mean() > 0.55
     deq = nvfp4.dequantize(a)
-    assert abs(deq.std().item() / INT4_RANDOM_STD - 1) < 0.1
+    assert abs(deq.std().item() / RANDOM_WEIGHT_STD - 1) < 0.1
