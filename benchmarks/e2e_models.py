@@ -13,8 +13,8 @@ vsr.runtime.models.qwen3.Qwen3Router and qwen3_5.Qwen3_5Router build through a B
 package on disk (some 50 GB in bf16). A loader's Linear layers come in one benchmark format
 (common_bench.FORMATS): "bf16" is the dense random weight ~ N(0, 1/K) that tensor() gives; any
 other format is common_bench.make_weight's random weight of that format (the one bench_gemm and the
-tuner time; int4's: Gaussian weights quantized per group as GPTQ and AWQ do, whose power draw is a
-package's), its scales multiplied so that the dequantized weight's spread is that of the dense
+tuner time; int4's and NVFP4's: Gaussian weights quantized as GPTQ, AWQ and NVFP4 packages are,
+whose power draw is a package's), its scales multiplied so that the dequantized weight's spread is that of the dense
 one, 1/sqrt(K) (activations stay O(1) through 64 layers, as in a trained model).
 
 transformers_twin(): transformers' model of the same config, built on the meta device and given the

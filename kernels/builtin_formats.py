@@ -259,13 +259,11 @@ def nvfp4_random(N, K, params, model_dtype, g, device):
     package holds them, not uniform ones (int4_random says why the values matter)."""
     kw = {"generator": g, "device": device}
     gs = torch.tensor(448.0 * 6.0 / NVFP4_RANDOM_AMAX, dtype=torch.float32, device=device)
-    w = torch.randn(N, K // nvfp4.BLOCK, nvfp4.BLOCK, **kw).mul_(RANDOM_WEIGHT_STD)
-    s = (w.abs().amax(-1, keepdim=True) * (gs / nvfp4.FP4_MAX)).clamp_(max=448.0).to(torch.float8_e4m3fn).float()
-    s.masked_fill_(s == 0, 0.125)
-    codes = nvfp4.e2m1_encode(w.mul_(gs).div_(s).clamp_(-nvfp4.FP4_MAX, nvfp4.FP4_MAX)).reshape(N, K)
+    # the weight producer's numerics are the activation quantizer's, global scale fixed (FORMATS.md §7)
+    codes, s = nvfp4.quantize_activation(torch.randn(N, K, **kw).mul_(RANDOM_WEIGHT_STD), gs)
     igs = None if params.get("act", "none") == "none" else torch.tensor(448.0 * 6.0 / 4.0, dtype=torch.float32,
                                                                           device=device)
-    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), s.to(torch.float8_e4m3fn).reshape(N, K // nvfp4.BLOCK), gs, igs)
+    return nvfp4.Nvfp4Weight(nvfp4.pack_fp4(codes), s, gs, igs)
 
 
 def _fp4_tensor_cores(device: torch.device | None) -> bool:
