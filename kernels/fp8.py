@@ -99,7 +99,7 @@ def _quantize_chunk(v, s, r, xq_ptrs, mask, HW_CVT: tl.constexpr, BF16_RCP: tl.c
     odd/2^9 in [1/2, 1), would need 2^8 to divide m_s) and lies more than 2^-17 (relative) from
     every one (2^-16.86 at the closest pair, m_v = 233, m_s = 241), while fp32(v · r) and
     torch's fp32(v / s) are both within 2^-23 of v/s: they round to the same bf16 value
-    (tests/test_kernels_formats.py checks every bf16 significand pair). fp16 divides: with 11-bit
+    (tests/test_kernels_fp8.py checks every bf16 significand pair). fp16 divides: with 11-bit
     significands the margin is no larger than the error."""
     if BF16_RCP:
         if r > 0.0:

@@ -124,7 +124,7 @@ def module_code_text(module: ModuleType) -> str:
 # Modules that only choose tiles: the candidates a tuner tries and the default tile a cache miss
 # runs. What a recorded tile computes does not depend on them (the launchers and kernels never
 # call into them), so no source hash covers them, and a change to a search space leaves every
-# recorded tile valid (tests/test_kernels_formats.py runs each template's launch with them disabled).
+# recorded tile valid (tests/test_kernels_launch.py runs each template's launch with them disabled).
 TILE_CHOICE_MODULES = frozenset({"vsr.kernels.gemm_tiles", "vsr.kernels.int4_tiles"})
 
 

@@ -43,7 +43,7 @@ DENSE_TILES = {
     "tma-sk": dict(TILE, path="tma-sk"),
     "tma-sk-fixup": dict(TILE, path="tma-sk", FIXUP=1),
 }
-INT4_TILES = {   # (the forms tests/test_kernels_formats.py runs on the GPU; groups of 128)
+INT4_TILES = {   # (the forms tests/test_kernels_int4.py runs on the GPU; groups of 128)
     "splitk": dict(TILE, path="splitk", SPLIT_K=2),
     "swap": dict(TILE, path="swap"),
     "slices": dict(TILE, path="slices", BLOCK_K=128),
