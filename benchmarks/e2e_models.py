@@ -14,8 +14,8 @@ package on disk (some 50 GB in bf16). A loader's Linear layers come in one bench
 (common_bench.FORMATS): "bf16" is the dense random weight ~ N(0, 1/K) that tensor() gives; any
 other format is common_bench.make_weight's random weight of that format (the one bench_gemm and the
 tuner time; int4's and NVFP4's: Gaussian weights quantized as GPTQ, AWQ and NVFP4 packages are,
-whose power draw is a package's), its scales multiplied so that the dequantized weight's spread is that of the dense
-one, 1/sqrt(K) (activations stay O(1) through 64 layers, as in a trained model).
+whose power draw is a package's), its scales multiplied so that the dequantized weight's spread is
+that of the dense one, 1/sqrt(K) (activations stay O(1) through 64 layers, as in a trained model).
 
 transformers_twin(): transformers' model of the same config, built on the meta device and given the
 vsr model's own tensors (its linears as views of the fused weights): no second copy of the weights

@@ -199,36 +199,32 @@ def _wgmma_tiles(w, bucket):
 
 @pytest.fixture(scope="module")
 def every_tile_compiled():
-    """The space's wgmma kernels (about 130), compiled in parallel processes into this process's
-    Triton cache dir (kernel_compile, as `vsr-tune compile` does), so the test launches them compiled:
-    one after another they take longer to compile than a GPU call allows."""
+    """The 27B-class weights, with the space's wgmma kernels for them (about 130) compiled in parallel
+    processes into this process's Triton cache dir (kernel_compile, as `vsr-tune compile` does), so the
+    test launches them compiled: one after another they take longer to compile than a GPU call allows."""
     import os
 
     from triton import knobs
 
     from vsr.autotune.kernel_compile import compile_into
-    jobs = []
-    for (N, K) in _SHAPES_27B:
-        for sym in (True, False):
-            params = {"bits": 4, "group": 128, "symmetric": sym, "act_order": False}
-            w = random_weight("int4", N, K, params, torch.bfloat16, "cpu", 0)
-            jobs += [{"template": int4.TEMPLATE.name, "N": N, "K": K, "bucket": b, "act": "bfloat16",
-                      "params": params, "tile": tile} for b in _BUCKETS for tile in _wgmma_tiles(w, b)]
+    weights = {(N, K, sym): _weight(N, K, sym, torch.bfloat16) for (N, K) in _SHAPES_27B for sym in (True, False)}
+    jobs = [{"template": int4.TEMPLATE.name, "N": N, "K": K, "bucket": b, "act": "bfloat16",
+             "params": dict(w.params()), "tile": tile}
+            for (N, K, _), w in weights.items() for b in _BUCKETS for tile in _wgmma_tiles(w, b)]
     compile_into(knobs.cache.dir, jobs, workers=max(1, min(16, (os.cpu_count() or 2) - 1)))
+    return weights
 
 
 @pytest.mark.parametrize("bucket", _BUCKETS)
 def test_every_wgmma_tile_of_the_space_at_27b_shapes(bucket, every_tile_compiled):
     t = int4.TEMPLATE
-    for (N, K) in _SHAPES_27B:
-        for sym in (True, False):
-            w = _weight(N, K, sym, torch.bfloat16)
-            x = torch.randn(bucket - 3, K, device="cuda").bfloat16()
-            ref = _rounded_reference(x, w)
-            tiles = _wgmma_tiles(w, bucket)
-            assert tiles, bucket
-            for tile in tiles:
-                y = t.launch(x, w, tile)
-                torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()),
-                                           msg=lambda m, tile=tile: f"{tile}: {m}")
-                assert torch.equal(y, t.launch(x, w, tile)), tile
+    for (N, K, sym), w in every_tile_compiled.items():
+        x = torch.randn(bucket - 3, K, device="cuda").bfloat16()
+        ref = _rounded_reference(x, w)
+        tiles = _wgmma_tiles(w, bucket)
+        assert tiles, bucket
+        for tile in tiles:
+            y = t.launch(x, w, tile)
+            torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=2e-3 * float(ref.abs().max()),
+                                       msg=lambda m, tile=tile: f"{tile}: {m}")
+            assert torch.equal(y, t.launch(x, w, tile)), tile
