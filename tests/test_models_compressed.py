@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinypkgs import TEST_TEXTS, Pkg, compressed, minilm_router, tiny_qwen3  # noqa: F401
+from tinypkgs import (assert_linears_agree, assert_logits_agree, linear_io, TEST_TEXTS, Pkg, compressed,  # noqa: F401
+                      minilm_router, tiny_qwen3)
 from vsr.runtime.engine import load_engine
 
 pytestmark = pytest.mark.slow
@@ -57,45 +58,23 @@ def test_compressed_package_agrees_with_transformers(kind, scheme, request):
     assert {q.weight.format for q in e.linears.values()} == {FORMAT[scheme]}
     hf = _hf_model(kind, path, torch.bfloat16 if bf16 else torch.float32)
 
-    # Layer level: capture what transformers fed and got from every Linear we run.
-    seen = {}
-
-    def capture(n):
-        def hook(mod, inp, out):  # returns None: the module's output is left as it is
-            seen.setdefault(n, (inp[0].detach().clone(), out.detach().clone()))
-        return hook
-
-    # A fused product (q|k|v, gate|up) is compared with its parts' outputs side by side.
-    parts = {n: e.fused.get(n, (n,)) for n in e.linears}
-    hooks = [hf.get_submodule(p).register_forward_hook(capture(p)) for ps in parts.values() for p in ps]
+    # Layer level: what transformers fed and got from every Linear we run (a fused product, q|k|v
+    # or gate|up, against its parts' outputs side by side).
     b = e.tokenizer.batch(TEST_TEXTS)
-    ours, ref = _outputs(kind, e, hf, b)
-    for h in hooks:
-        h.remove()
-    assert set(seen) == {p for ps in parts.values() for p in ps}
+    (ours, ref), seen = linear_io(hf, e.linears, lambda: _outputs(kind, e, hf, b), e.fused)
+    assert set(seen) == set(e.linears)
     # llm-compressor gives q/k/v and gate/up one NVFP4 global scale on Llama-style names only
     # (q_proj, ...): BERT's query/key/value keep their own, so they run as three products.
-    assert any(len(ps) > 1 for ps in parts.values()) == (kind == "qwen3" or not scheme.startswith("NVFP4"))
-    for n, ps in parts.items():
-        x = seen[ps[0]][0]
-        with torch.no_grad():
-            y = e.linears[n](x.to(e.act_dtype)).float()
-        y_ref = torch.cat([seen[p][1] for p in ps], dim=-1).float()
-        # bf16: two ulps of the layer's largest output; fp32: accumulation-order noise.
-        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.abs().max())
-        err = float((y - y_ref).abs().max())
-        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
+    assert any(len(ps) > 1 for ps in e.fused.values()) == (kind == "qwen3" or not scheme.startswith("NVFP4"))
+    assert_linears_agree(e, seen, scheme, bf16)
 
     # Model level.
-    scale = float(ref.abs().max())
-    err = float((ours - ref).abs().max())
-    assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: model outputs differ by {err:.3g} (scale {scale:.3g})"
     if kind == "qwen3":
-        top2 = ref.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) > 2 * err
-        assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+        assert_logits_agree(ours, ref, MODEL_TOL[scheme], scheme)
     else:
-        # Embeddings: each request is still nearest to its own reference embedding.
+        err, scale = float((ours - ref).abs().max()), float(ref.abs().max())
+        assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: embeddings differ by {err:.3g} (scale {scale:.3g})"
+        # Each request is still nearest to its own reference embedding.
         assert torch.equal((ours @ ref.t()).argmax(-1), torch.arange(len(TEST_TEXTS)))
     # And the engine answers end to end.
     res = e.predict(TEST_TEXTS[:2])

@@ -6,7 +6,8 @@ import shutil
 import pytest
 import torch
 
-from tinypkgs import linear_io, LONG_TEXT, QWEN3_LABELS, TEST_TEXTS, Pkg, compressed, tiny_qwen3_5  # noqa: F401
+from tinypkgs import (assert_linears_agree, assert_logits_agree, linear_io, LONG_TEXT, QWEN3_LABELS,  # noqa: F401
+                      TEST_TEXTS, Pkg, compressed, tiny_qwen3_5)
 from vsr.runtime.engine import load_engine
 from vsr.runtime.errors import PackageError
 from vsr.runtime.models import qwen3_5
@@ -219,18 +220,8 @@ def test_compressed_package_agrees_with_transformers(scheme, tiny_qwen3_5):  # n
     ours = _ours_logits(e, b)
     ref, seen = linear_io(hf, e.linears, lambda: _hf_logits(hf, b), e.fused)
     assert set(seen) == set(e.linears)
-    for n, (x, y_ref) in seen.items():
-        with torch.no_grad():
-            y = e.linears[n](x.to(e.act_dtype)).float()
-        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.float().abs().max())
-        err = float((y - y_ref.float()).abs().max())
-        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
-    scale = float(ref.abs().max())
-    err = float((ours - ref).abs().max())
-    assert err <= MODEL_TOL[scheme] * scale, f"{scheme}: logits differ by {err:.3g} (scale {scale:.3g})"
-    top2 = ref.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * err
-    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    assert_linears_agree(e, seen, scheme, bf16)
+    clear = assert_logits_agree(ours, ref, MODEL_TOL[scheme], scheme)
     if not bf16:
         assert clear.float().mean() >= 0.5   # the top-1 check covers most requests
 
@@ -259,8 +250,6 @@ def test_dense_b_and_a_beside_quantized_qkv_and_z_run_as_two_products(tmp_path, 
     """A package that leaves in_proj_b / in_proj_a dense beside FP8 in_proj_qkv / in_proj_z runs
     qkv|z and b|a as one product each (fuse.fuse_runs), tuned as such, and still agrees with
     transformers."""
-    from vsr.runtime import models
-
     path, dense = _with_dense(compressed(tiny_qwen3_5, "FP8_DYNAMIC"), tmp_path / "mixed",
                               ("in_proj_b", "in_proj_a"))
     assert len(dense) == 2 * 2   # two DeltaNet layers

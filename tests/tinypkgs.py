@@ -289,3 +289,29 @@ def linear_io(hf, names, run, fused=None):
             h.remove()
     return out, {n: (raw[ps[0]][0], torch.cat([raw[p][1] for p in ps], dim=-1))
                  for n, ps in parts.items() if all(p in raw for p in ps)}
+
+
+def assert_linears_agree(e, seen, scheme, bf16, skip=lambda name, x: False):
+    """Each of the engine's products on the input transformers gave it (`linear_io`'s seen) against
+    transformers' output: within two bf16 ulps of the layer's largest output, or fp32 accumulation
+    noise (1e-5 of it). skip(name, x) leaves a product to the model-level check."""
+    for n, (x, y_ref) in seen.items():
+        if skip(n, x):
+            continue
+        with torch.no_grad():
+            y = e.linears[n](x.to(e.act_dtype)).float()
+        tol = (2 ** -6 if bf16 else 1e-5) * float(y_ref.float().abs().max())
+        err = float((y - y_ref.float()).abs().max())
+        assert err <= tol, f"{scheme} {n}: max |ours - transformers| = {err:.3g} > {tol:.3g}"
+
+
+def assert_logits_agree(ours, ref, rel_tol, what=""):
+    """ours within rel_tol of ref's largest logit, and the same top-1 wherever ref's top two are
+    further apart than twice the error. Returns that mask of clear requests."""
+    scale = float(ref.abs().max())
+    err = float((ours - ref).abs().max())
+    assert err <= rel_tol * scale, f"{what}: logits differ by {err:.3g} (scale {scale:.3g})"
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * err
+    assert torch.equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+    return clear
