@@ -18,6 +18,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Refuse, with the reason, an interpreter that cannot run the kernels (rather than fail
+    every kernel test with the same cryptic error)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy
+    import triton
+    from packaging.version import Version
+    # Triton 3.6's interpreter takes a loop bound from a one-element array with int(), which
+    # numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars");
+    # Triton 3.7 squeezes the array first.
+    if Version(triton.__version__) < Version("3.7") and Version(numpy.__version__) >= Version("2.4"):
+        raise pytest.UsageError(
+            f"Triton {triton.__version__}'s interpreter cannot run the kernels with numpy {numpy.__version__}: "
+            "install numpy<2.4 beside it (pip install 'numpy<2.4'), or Triton 3.7 or later")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
