@@ -504,7 +504,9 @@ def compile_and_keep(src, *a, **k):
         ptx = kernel.asm["ptx"]
         rs, hazards = wgmma_hazard.check_cubin(kernel.asm["cubin"])
         found.append({"stack": resource_usage(kernel.asm["cubin"])[1], "shared": int(kernel.metadata.shared),
-                      "kernel": src.fn.__name__, "st_shared_v4": ptx.count("st.shared.v4"),
+                      "kernel": src.fn.__name__,
+                      # Triton 3.8 writes the state space's scope (st.shared::cta.v4)
+                      "st_shared_v4": len(re.findall(r"st\.shared(?:::cta)?\.v4", ptx)),
                       "wgmma": ptx.count("wgmma.mma_async"), "wait1": ptx.count("wgmma.wait_group.sync.aligned 1;"),
                       "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                       "pairs": ptx.count("mul.rn.bf16x2") + ptx.count("mul.rn.f16x2"), "rs_wgmma": rs,
