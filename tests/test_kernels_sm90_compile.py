@@ -127,12 +127,16 @@ def _ptxas() -> str:
     return knobs.nvidia.ptxas.path
 
 
+PROBE_THREADS = 2
+
+
 def _probes() -> dict:
     """Each compiling process of this module by name: (argv given its output directory, timeout s).
     A test reads one through the fixture of its name (compiled, frag_compiled) or names it in a
     `probe` mark; _probes_of derives from those which probes the selected tests need."""
     fit = [sys.executable, str(BENCH / "sm90_fit.py")]
-    return {"compiled": (lambda d: [sys.executable, "-c", _PROBE, str(BENCH)], 300),
+    return {"wgmma": (lambda d: [sys.executable, "-c", _WGMMA_PROBE, str(BENCH)], 600),   # the longest first
+            "compiled": (lambda d: [sys.executable, "-c", _PROBE, str(BENCH)], 300),
             "frag_compiled": (lambda d: [sys.executable, "-c", _FRAG_PROBE, str(BENCH)], 600),
             "older_ptxas": (lambda d: [sys.executable, str(BENCH / "rs_wgmma_hazards.py"), "--ptxas", _ptxas(),
                                        "--buckets", "128", "--out", str(d / "hazards.json")], 600),
@@ -142,8 +146,7 @@ def _probes() -> dict:
             "int4_glu_fit": (lambda d: fit + ["--formats", "int4-gptq", "--shapes", "gate_up", "--buckets", "128,1024",
                                               "--tiles", "shipped", "--out", str(d / "fit.json")], 600),
             "fit_report": (lambda d: fit + ["--formats", "bf16", "--shapes", "gate_up", "--buckets", "1", "--glu",
-                                            "--out", str(d / "fit.json")], 300),
-            "wgmma": (lambda d: [sys.executable, "-c", _WGMMA_PROBE, str(BENCH)], 600)}
+                                            "--out", str(d / "fit.json")], 300)}
 
 
 def _probes_of(item) -> set[str]:
@@ -155,11 +158,13 @@ def _probes_of(item) -> set[str]:
 
 
 class _Background:
-    """The probes of the selected tests, run one after another on a thread from the end of
-    collection (tests/conftest.py calls start), so that they compile, on a core of their own,
-    while the modules before this one run; a test waits for its own probe only. Their command
-    lines and environment are taken at start, before any test can patch what they read. A probe
-    no thread started runs when its test asks for it."""
+    """The probes of the selected tests, run from the end of collection (tests/conftest.py calls
+    start) by two threads that take them in _probes() order, so that they compile while the
+    modules before this one run; a test waits for its own probe only. Two threads, because in
+    series the probes (about 530 s on a 2-core machine) outlast the modules before this one, and
+    its tests would wait on the last of them with a core idle. Their command lines and
+    environment are taken at start, before any test can patch what they read. A probe no thread
+    started runs when its test asks for it."""
 
     def __init__(self):
         self.done: dict[str, threading.Event] = {}
@@ -208,7 +213,19 @@ class _Background:
         plans = {n: self._plan(n) for n in names}
         for n in names:
             self.done[n] = threading.Event()
-        threading.Thread(target=lambda: [self._run(n, plans[n]) for n in names], daemon=True).start()
+        queue = list(names)
+        lock = threading.Lock()
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    n = queue.pop(0)
+                self._run(n, plans[n])
+
+        for _ in range(min(PROBE_THREADS, len(names))):
+            threading.Thread(target=work, daemon=True).start()
 
     def result(self, name: str) -> tuple[subprocess.CompletedProcess, Path]:
         if name not in self.done:
