@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -213,17 +214,20 @@ class _Background:
         plans = {n: self._plan(n) for n in names}
         for n in names:
             self.done[n] = threading.Event()
-        queue = list(names)
-        lock = threading.Lock()
+        todo = queue.SimpleQueue()
+        for n in names:
+            todo.put(n)
 
         def work() -> None:
             while True:
-                with lock:
-                    if not queue:
-                        return
-                    n = queue.pop(0)
+                try:
+                    n = todo.get_nowait()
+                except queue.Empty:
+                    return
                 self._run(n, plans[n])
 
+        # Daemon threads, not a ThreadPoolExecutor: its workers are joined at exit, so a run that
+        # stops early would wait for every queued probe.
         for _ in range(min(PROBE_THREADS, len(names))):
             threading.Thread(target=work, daemon=True).start()
 
