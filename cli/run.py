@@ -58,7 +58,8 @@ class _RunCommand(click.Command):
 
 @click.group(cls=_DefaultToRun, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
-    """Run quantized router packages. See `vsr-run --help` (inference) and `vsr-run eval --help`."""
+    """Run quantized router packages. See `vsr-run --help` (inference), `vsr-run serve --help` and
+    `vsr-run eval --help`."""
 
 
 def _read_requests(texts: tuple[str, ...], input_file) -> list[Request]:
@@ -171,8 +172,9 @@ def run(package, texts, input_file, as_json, dtype, revision, device, allow_unve
     PACKAGE is a built-in name (see --list) or a package folder. The device is checked
     before any weight is read, then the package's identity against its MODEL_MANIFEST.json.
 
-    Subcommands: `vsr-run eval PACKAGE... --against vsr/intent-minilm` (the agreement
-    record) and `vsr-run check-device` (same as --check-device).
+    Subcommands: `vsr-run serve [PACKAGE]` (the HTTP service, docs/serve.md), `vsr-run eval
+    PACKAGE... --against vsr/intent-minilm` (the agreement record) and `vsr-run check-device`
+    (same as --check-device).
     """
     if list_only:
         _list_builtins(as_json)
